@@ -1,0 +1,57 @@
+"""Shared base for the project's text environments.
+
+Every env here has a text observation and a text action, puts the task under ``info["task"]``,
+the valid actions under ``info["admissible_actions"]`` where it knows them, ``info["success"]``
+at the end of the episode, and ``info["turn"]`` every step. An invalid action is a turn, never
+an exception: the observation says so and lists the valid actions.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+
+# Printable ASCII plus a few symbols NetHack/Sokoban maps use; Text spaces check the charset.
+TEXT_CHARSET: frozenset[str] = frozenset(string.printable) | frozenset("·░▓█—–’‘“”…×°")
+MAX_TEXT = 1 << 16
+
+
+def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
+    """A Gymnasium ``Text`` space wide enough for free-form observations and actions."""
+    return spaces.Text(max_length=max_length, min_length=0, charset=TEXT_CHARSET)
+
+
+def to_charset(text: str) -> str:
+    """Replace characters outside :data:`TEXT_CHARSET` so observations stay in the space."""
+    return "".join(c if c in TEXT_CHARSET else "?" for c in text)
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class: text spaces, ``ansi`` rendering of the last observation, a turn counter."""
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+
+    def __init__(self, max_turns: int, render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.observation_space = text_space()
+        self.action_space = text_space()
+        self.turn = 0
+        self._last_obs = ""
+
+    def render(self) -> str | None:  # type: ignore[override]
+        if self.render_mode == "ansi":
+            return self._last_obs
+        return None
+
+    def invalid_action_observation(self, action: str, valid: list[str], prefix: str = "") -> str:
+        """The observation for an action the env cannot take; it lists the valid ones."""
+        listing = ", ".join(valid) if valid else "(none)"
+        return f"{prefix}Invalid action: {action!r}. Valid actions: {listing}."
