@@ -17,6 +17,8 @@ from gymnasium import spaces
 # Printable ASCII plus a few symbols NetHack/Sokoban maps use; Text spaces check the charset.
 TEXT_CHARSET: frozenset[str] = frozenset(string.printable) | frozenset("·░▓█—–’‘“”…×°")
 MAX_TEXT = 1 << 16
+MAX_ECHO = 80
+"""An invalid action is echoed up to this many characters (a sampled ``Text`` action can be 64k)."""
 
 
 def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
@@ -32,7 +34,7 @@ def to_charset(text: str) -> str:
 class TextEnv(gym.Env[str, str]):
     """Base class: text spaces, ``ansi`` rendering of the last observation, a turn counter."""
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, max_turns: int, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -51,7 +53,17 @@ class TextEnv(gym.Env[str, str]):
             return self._last_obs
         return None
 
-    def invalid_action_observation(self, action: str, valid: list[str], prefix: str = "") -> str:
-        """The observation for an action the env cannot take; it lists the valid ones."""
+    def invalid_action_observation(self, action: Any, valid: list[str], prefix: str = "") -> str:
+        """The observation for an action the env cannot take; it lists the valid ones.
+
+        The action is echoed shortened and mapped into the charset, so the observation stays
+        inside the observation space whatever the agent wrote.
+
+        >>> TextEnv(1).invalid_action_observation("jump", ["north", "south"])
+        "Invalid action: 'jump'. Valid actions: north, south."
+        """
+        shown = action if isinstance(action, str) else repr(action)
+        if len(shown) > MAX_ECHO:
+            shown = shown[:MAX_ECHO] + "..."
         listing = ", ".join(valid) if valid else "(none)"
-        return f"{prefix}Invalid action: {action!r}. Valid actions: {listing}."
+        return to_charset(f"{prefix}Invalid action: {shown!r}. Valid actions: {listing}.")

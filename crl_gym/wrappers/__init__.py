@@ -1,0 +1,45 @@
+"""Gymnasium wrappers that make any text env experience-augmented.
+
+* :class:`ExperienceWrapper` — guided/free episodes, trajectory recording, distillation requests.
+* :class:`SearchAndAskWrapper` — the agent's ``search_and_ask[<query>]`` tool.
+* :func:`wrap` — both, in the order that records the tool calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from crl_gym.wrappers.experience import DEFAULT_TEMPLATE, ExperienceWrapper
+from crl_gym.wrappers.search_and_ask import DEFAULT_PATTERN, SearchAndAskWrapper
+
+
+def wrap(
+    env: gym.Env,
+    client: Any,
+    *,
+    search_and_ask: bool = True,
+    max_calls: int = 2,
+    **experience_kwargs: Any,
+) -> ExperienceWrapper:
+    """``ExperienceWrapper(SearchAndAskWrapper(env, client, max_calls), client, **experience_kwargs)``.
+
+    The recorder goes outside so that it sees (and records) every ``search_and_ask`` turn.
+
+    >>> from crl_gym.wrappers.examples import CorridorEnv
+    >>> class NoBank:  # any object with the ExperienceClient methods will do
+    ...     def search(self, query): return None
+    ...     def search_many(self, queries): return [None] * len(queries)
+    ...     def ask(self, query, entry, context): return entry.text, None
+    ...     def submit(self, request): pass
+    >>> env = wrap(CorridorEnv(length=1), NoBank())
+    >>> _ = env.reset(seed=0)
+    >>> env.step("east")[4]["distillation_request"].success
+    True
+    """
+    inner = SearchAndAskWrapper(env, client, max_calls=max_calls) if search_and_ask else env
+    return ExperienceWrapper(inner, client, **experience_kwargs)
+
+
+__all__ = ["DEFAULT_PATTERN", "DEFAULT_TEMPLATE", "ExperienceWrapper", "SearchAndAskWrapper", "wrap"]

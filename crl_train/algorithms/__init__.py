@@ -1,0 +1,39 @@
+"""Pure-torch algorithms: advantages, losses, extractor rewards, reweighting, EDGE.
+
+Importing this package registers every estimator and loss in
+:data:`~crl_train.algorithms.registry.ADVANTAGES` and :data:`~crl_train.algorithms.registry.LOSSES`.
+"""
+
+from crl_train.algorithms import edge, extractor_rewards, losses, reweighting
+from crl_train.algorithms.advantages import (
+    FREE,
+    GUIDED,
+    grpo_advantages,
+    sequence_weights,
+    split_subgroup_advantages,
+)
+from crl_train.algorithms.edge import (
+    edge_pooled_advantages,
+    edge_train_mask,
+    ema_utility,
+    gain_gate,
+    marginal_gain,
+    prune_mask,
+)
+from crl_train.algorithms.extractor_rewards import (
+    GATE_SCORES,
+    batch_advantages,
+    entry_rewards,
+    outcome_rewards,
+)
+from crl_train.algorithms.losses import cispo_loss, clip_surrogate_loss, reverse_kl_topk_loss
+from crl_train.algorithms.registry import ADVANTAGES, LOSSES, AdvantageEstimator, PolicyLoss
+from crl_train.algorithms.reweighting import training_count_weights
+
+__all__ = [
+    "ADVANTAGES", "LOSSES", "AdvantageEstimator", "PolicyLoss", "FREE", "GUIDED", "GATE_SCORES",
+    "grpo_advantages", "split_subgroup_advantages", "sequence_weights", "edge_pooled_advantages",
+    "edge_train_mask", "ema_utility", "gain_gate", "marginal_gain", "prune_mask", "batch_advantages",
+    "entry_rewards", "outcome_rewards", "cispo_loss", "clip_surrogate_loss", "reverse_kl_topk_loss",
+    "training_count_weights", "edge", "extractor_rewards", "losses", "reweighting",
+]

@@ -1,0 +1,195 @@
+"""``crl/SWEBench-v0``: resolve a GitHub issue inside a locked-down Docker container.
+
+The observation is text: first the issue and the tool instructions, then each tool's result.
+The action is the model's text holding ONE tool call (format: :mod:`crl_gym.envs.swebench.tools`).
+A malformed call is a turn whose observation is the error. ``submit`` takes ``git diff`` of the
+work tree, grades it in a fresh container with swebench's grading (:mod:`.grading`) and ends the
+episode: reward 1 when resolved, else 0, with the report under ``info["grading"]``.
+
+Example (needs Docker and the base image; see ``docs/swebench.md``)::
+
+    env = SWEBenchEnv(tasks="tasks.jsonl")
+    obs, info = env.reset(options={"instance_id": "calc__calc-1"})
+    obs, reward, terminated, truncated, info = env.step(
+        '<function=execute_bash><parameter=command>pytest -q</parameter></function>')
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
+from crl_gym.envs.swebench.editor import Editor
+from crl_gym.envs.swebench.grading import GradeResult, grade_patch
+from crl_gym.envs.swebench.image import ImageChoice, instance_image
+from crl_gym.envs.swebench.sandbox import (
+    DockerSandbox,
+    EpisodeTimeoutError,
+    SandboxConfig,
+    docker_client,
+)
+from crl_gym.envs.swebench.tasks import load_tasks
+from crl_gym.envs.swebench.tools import (
+    TOOL_FORMAT_HELP,
+    ToolCallError,
+    parse_timeout,
+    parse_tool_call,
+)
+
+log = logging.getLogger(__name__)
+
+PROMPT = """You are working in a Linux sandbox on the repository at {workdir} (no network access).
+Resolve the following issue by editing the source code (not the tests) so that it is fixed.
+
+<issue>
+{problem_statement}
+</issue>
+
+{tool_help}
+When you are done, call submit."""
+
+
+class SWEBenchEnv(TextEnv):
+    """SWE-bench instances as a Gymnasium text env with a Docker sandbox per episode."""
+
+    def __init__(
+        self,
+        tasks: str | Path | list[dict[str, Any]] | None = None,
+        *,
+        split: str = "test",
+        instance_ids: list[str] | None = None,
+        max_turns: int = 50,
+        sandbox_config: SandboxConfig | None = None,
+        grading_timeout: float = 900.0,
+        render_mode: str | None = None,
+        client: Any = None,
+        prompt_template: str = PROMPT,
+    ) -> None:
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        if tasks is None:
+            raise ValueError("SWEBenchEnv needs tasks: a .jsonl/.json file of SWE-bench instances, a list, or a dataset id")
+        self.tasks = load_tasks(tasks, split=split, instance_ids=instance_ids)
+        if not self.tasks:
+            raise ValueError(f"no tasks loaded from {tasks!r}")
+        self._by_id = {t["instance_id"]: t for t in self.tasks}
+        self.sandbox_config = sandbox_config or SandboxConfig()
+        self.grading_timeout = grading_timeout
+        self.prompt_template = prompt_template
+        self._client = client
+        self.sandbox: DockerSandbox | None = None
+        self.editor: Editor | None = None
+        self.instance: dict[str, Any] | None = None
+        self.image: ImageChoice | None = None
+        self._patch = ""
+        self.stats: dict[str, int] = {"episodes": 0, "malformed_calls": 0, "sandbox_errors": 0, "timeouts": 0}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = docker_client()
+        return self._client
+
+    # -- episode -------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._close_sandbox()
+        options = options or {}
+        if "instance_id" in options:
+            if options["instance_id"] not in self._by_id:
+                raise KeyError(f"unknown instance_id {options['instance_id']!r}; known: {', '.join(self._by_id)}")
+            instance = self._by_id[options["instance_id"]]
+        elif "index" in options:
+            instance = self.tasks[int(options["index"]) % len(self.tasks)]
+        else:
+            instance = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        self.instance = instance
+        self.image = instance_image(self.client, instance)
+        cfg = SandboxConfig(**{**self.sandbox_config.__dict__, "env_setup": self.image.env_setup,
+                               "chown_workdir": self.image.chown_workdir})
+        self.sandbox = DockerSandbox(self.image.name, cfg, self.client).start()
+        self.editor = Editor(self.sandbox.fs)
+        self.turn = 0
+        self.stats["episodes"] += 1
+        obs = self.prompt_template.format(workdir=cfg.workdir, problem_statement=instance["problem_statement"],
+                                          tool_help=TOOL_FORMAT_HELP)
+        self._last_obs = self._fit(obs)
+        info = {"task": instance["problem_statement"], "instance_id": instance["instance_id"], "turn": 0,
+                "image": self.image.name, "latency": {"container_start": self.sandbox.start_latency}}
+        return self._last_obs, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.sandbox is None or self.instance is None:
+            raise RuntimeError("call reset() before step() (the episode has ended or never started)")
+        self.turn += 1
+        info: dict[str, Any] = {"task": self.instance["problem_statement"], "instance_id": self.instance["instance_id"],
+                                "turn": self.turn}
+        reward, terminated, truncated = 0.0, False, False
+        t0 = time.monotonic()
+        try:
+            call = parse_tool_call(action)
+            info["tool"] = call.name
+            if call.name == "submit":
+                result = self._submit()
+                obs = f"Submitted. {result.reason}"
+                reward, terminated = result.reward, True
+                info.update(success=result.resolved, grading=result.to_info(), patch=self._patch)
+                info["latency"] = {"grading": result.duration}
+            elif call.name == "execute_bash":
+                cfg = self.sandbox.config
+                res = self.sandbox.exec(call.params["command"],
+                                        parse_timeout(call.params.get("timeout"), cfg.command_timeout, cfg.max_command_timeout))
+                obs = f"{res.output}\n[exit code: {res.exit_code}]" + (f"\n{res.note}" if res.note else "")
+                self.stats["timeouts"] += int(res.timed_out)
+                info["exit_code"], info["timed_out"] = res.exit_code, res.timed_out
+            else:
+                assert self.editor is not None
+                obs = self.editor.run(call.params)
+        except ToolCallError as exc:
+            self.stats["malformed_calls"] += 1
+            obs = f"ERROR: {exc}" + ("\n\n" + TOOL_FORMAT_HELP if "tool call" in str(exc).lower() else "")
+            info["error"] = str(exc)
+        except EpisodeTimeoutError as exc:
+            obs, truncated = f"Episode stopped: {exc}.", True
+            info["error"] = str(exc)
+        except Exception as exc:  # the engine failed under us: end the episode, never crash the trainer
+            self.stats["sandbox_errors"] += 1
+            log.exception("sandbox error in %s", self.instance["instance_id"])
+            obs, truncated = f"Episode stopped: sandbox error ({type(exc).__name__}: {exc}).", True
+            info["error"] = f"{type(exc).__name__}: {exc}"
+        info.setdefault("latency", {})["tool_call"] = time.monotonic() - t0
+        if not terminated and not truncated and self.turn >= self.max_turns:
+            truncated = True
+            info["error"] = f"turn limit of {self.max_turns} reached without submit"
+        if terminated or truncated:
+            info.setdefault("success", False)
+            self._close_sandbox()
+        self._last_obs = self._fit(obs)
+        return self._last_obs, reward, terminated, truncated, info
+
+    def _submit(self) -> GradeResult:
+        assert self.sandbox is not None and self.instance is not None and self.image is not None
+        self._patch = self.sandbox.diff()
+        self._close_sandbox()  # grading runs in a fresh container; the agent's is gone
+        return grade_patch(self.instance, self._patch, self.image.name, client=self.client,
+                           config=SandboxConfig(**{**self.sandbox_config.__dict__, "env_setup": self.image.env_setup,
+                                                   "chown_workdir": self.image.chown_workdir}),
+                           timeout=self.grading_timeout)
+
+    def _fit(self, text: str) -> str:
+        text = to_charset(text)
+        if len(text) > MAX_TEXT:
+            cut = len(text) - MAX_TEXT + 100
+            text = text[: MAX_TEXT - 100] + f"\n[... observation truncated: {cut} characters cut ...]"
+        return text
+
+    def _close_sandbox(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+        self.sandbox, self.editor = None, None
+
+    def close(self) -> None:
+        self._close_sandbox()
+        super().close()

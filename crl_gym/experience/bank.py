@@ -1,0 +1,424 @@
+"""The experience bank M: a usearch vector index (cosine, f32) plus SQLite (WAL) for the rest.
+
+SQLite is the source of truth; the index is rebuilt from it whenever the index file is missing,
+unreadable or out of date (e.g. after a crash). Readers take ``bank.lock.read()``, writers take
+``bank.lock.write()`` (writer-preferring), so a search never sees half of an ``apply_batch``.
+
+>>> import numpy as np
+>>> bank = ExperienceBank(None, dim=2)
+>>> a = bank.add("go north", np.array([1.0, 0.0], np.float32))
+>>> b = bank.add("go east", np.array([0.0, 1.0], np.float32))
+>>> [[i for i, _ in hits] for hits in bank.search(np.array([[0.9, 0.1]], np.float32), k=2)]
+[[1, 2]]
+>>> bank.update(a, "go north twice", np.array([1.0, 0.0], np.float32)).history
+['go north']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from usearch.index import Index
+
+from crl_gym.experience.entry import ExperienceEntry
+from crl_gym.experience.rwlock import RWLock
+from crl_gym.experience.store import BankCorruptError, SQLiteStore
+from crl_gym.protocol import ExtractorSample
+
+log = logging.getLogger(__name__)
+MAX_ID = 2**63 - 1  # ids are uint64 restricted to SQLite's native INTEGER range
+DB_FILE, INDEX_FILE, INDEX_META_FILE = "bank.sqlite", "index.usearch", "index.json"
+
+
+@dataclass
+class PendingAdd:
+    """An entry to add in :meth:`ExperienceBank.apply_batch`."""
+
+    text: str
+    embedding: np.ndarray
+    created_step: int = 0
+    tags: tuple[str, ...] = ()
+    provenance: ExtractorSample | None = None
+
+
+@dataclass
+class PendingUpdate:
+    """A new text (and its embedding) for an existing entry in :meth:`ExperienceBank.apply_batch`."""
+
+    id: int
+    text: str
+    embedding: np.ndarray
+    provenance: ExtractorSample | None = None
+
+
+def _copy(e: ExperienceEntry) -> ExperienceEntry:
+    # Embeddings are stored read-only, so copies can share them safely.
+    return dataclasses.replace(e, history=list(e.history))
+
+
+class ExperienceBank:
+    """Persistent (``path`` = directory) or in-memory (``path=None``) experience bank."""
+
+    def __init__(self, path: str | Path | None, dim: int) -> None:
+        if int(dim) <= 0:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        self.dim = int(dim)
+        self.path = None if path is None else Path(path)
+        self.lock = RWLock()
+        self._db_lock = threading.Lock()  # serialises use of the single SQLite connection
+        self.index_recoveries: list[str] = []  # why the index had to be rebuilt (logged)
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._store = SQLiteStore(None if self.path is None else self.path / DB_FILE)
+        stored_dim = self._store.get_meta("dim")
+        if stored_dim is None:
+            self._store.commit([], [], {"dim": self.dim, "next_id": 1, "generation": 0})
+        elif int(stored_dim) != self.dim:
+            self._store.close()
+            raise ValueError(
+                f"{self._store.file}: bank was created with embedding dim {int(stored_dim)}, "
+                f"but dim {self.dim} was requested"
+            )
+        self._next_id = int(self._store.get_meta("next_id") or 1)
+        self._generation = int(self._store.get_meta("generation") or 0)
+        self._entries = {e.id: e for e in self._store.load_all(self.dim)}
+        self._dirty_stats: set[int] = set()
+        self._index = self._open_index()
+
+    # -- index maintenance -------------------------------------------------------------------
+    def _new_index(self) -> Index:
+        return Index(ndim=self.dim, metric="cos", dtype="f32")
+
+    def _open_index(self) -> Index:
+        if self.path is None:
+            return self._rebuild_index(None)
+        ipath, mpath = self.path / INDEX_FILE, self.path / INDEX_META_FILE
+        if not ipath.exists():
+            return self._rebuild_index(f"{ipath} is missing" if self._entries else None)
+        try:
+            meta = json.loads(mpath.read_text())
+            if meta != {"generation": self._generation, "count": len(self._entries), "dim": self.dim}:
+                return self._rebuild_index(f"{ipath} is out of date ({meta})")
+            index = Index.restore(str(ipath))
+            if index is None or index.ndim != self.dim or len(index) != len(self._entries):
+                return self._rebuild_index(f"{ipath} does not match {DB_FILE}")
+            return index
+        except (OSError, ValueError, RuntimeError) as exc:
+            return self._rebuild_index(f"{ipath} or {mpath.name} unreadable ({exc})")
+
+    def _rebuild_index(self, reason: str | None) -> Index:
+        if reason:
+            log.warning("rebuilding the vector index from SQLite: %s", reason)
+            self.index_recoveries.append(reason)
+        index = self._new_index()
+        if self._entries:
+            ids = np.fromiter(self._entries.keys(), dtype=np.uint64, count=len(self._entries))
+            index.add(ids, np.stack([self._entries[int(i)].embedding for i in ids]))  # type: ignore[misc]
+        return index
+
+    def flush(self) -> None:
+        """Save the vector index next to the database (atomic replace), so reopening is fast."""
+        if self.path is None:
+            return
+        with self.lock.read():
+            ipath, mpath = self.path / INDEX_FILE, self.path / INDEX_META_FILE
+            tmp = ipath.with_suffix(".tmp")
+            self._index.save(str(tmp))
+            os.replace(tmp, ipath)
+            meta = {"generation": self._generation, "count": len(self._entries), "dim": self.dim}
+            mtmp = mpath.with_suffix(".tmp")
+            mtmp.write_text(json.dumps(meta))
+            os.replace(mtmp, mpath)
+
+    # -- validation --------------------------------------------------------------------------
+    def _vector(self, emb: Any, what: str) -> np.ndarray:
+        v = np.asarray(emb, dtype=np.float32).reshape(-1)
+        if v.shape != (self.dim,):
+            raise ValueError(f"{what}: embedding has dim {v.size}, the bank's dim is {self.dim}")
+        if not np.all(np.isfinite(v)) or not np.any(v):
+            raise ValueError(f"{what}: embedding must be finite and non-zero")
+        v = v.copy()
+        v.flags.writeable = False
+        return v
+
+    # -- writes ------------------------------------------------------------------------------
+    def _commit(self, upserts: list[ExperienceEntry], deletes: list[int], next_id: int) -> None:
+        """Durably write, then swap into memory and the index, all under the writer lock."""
+        with self.lock.write():
+            gen = self._generation + 1
+            with self._db_lock:
+                self._store.commit(upserts, deletes, {"next_id": next_id, "generation": gen})
+            self._generation, self._next_id = gen, next_id
+            try:
+                stale = [e.id for e in upserts if e.id in self._entries] + deletes
+                if stale:
+                    self._index.remove(np.asarray(stale, dtype=np.uint64))
+                if upserts:
+                    self._index.add(
+                        np.asarray([e.id for e in upserts], dtype=np.uint64),
+                        np.stack([e.embedding for e in upserts]),  # type: ignore[misc]
+                    )
+            except Exception as exc:  # SQLite holds the truth: rebuild rather than diverge
+                for i in deletes:
+                    self._entries.pop(i, None)
+                self._entries.update({e.id: e for e in upserts})
+                self._index = self._rebuild_index(f"index update failed ({exc})")
+                return
+            for i in deletes:
+                self._entries.pop(i, None)
+            self._entries.update({e.id: e for e in upserts})
+
+    def apply_batch(
+        self,
+        adds: Sequence[PendingAdd | Mapping[str, Any]] = (),
+        updates: Sequence[PendingUpdate | Mapping[str, Any]] = (),
+        deletes: Iterable[int] = (),
+    ) -> list[int]:
+        """Apply adds, updates and deletes atomically; returns the new ids of ``adds`` in order.
+
+        Everything is validated first (unknown ids, dims), so a bad item changes nothing.
+        """
+        with self.lock.write():
+            adds_ = [a if isinstance(a, PendingAdd) else PendingAdd(**a) for a in adds]
+            upds = [u if isinstance(u, PendingUpdate) else PendingUpdate(**u) for u in updates]
+            dels = [int(i) for i in deletes]
+            for i in dels:
+                if i not in self._entries:
+                    raise KeyError(f"delete: no entry with id {i}")
+            upserts: list[ExperienceEntry] = []
+            touched: dict[int, ExperienceEntry] = {}
+            for n, u in enumerate(upds):
+                if u.id in dels or (u.id not in self._entries and u.id not in touched):
+                    raise KeyError(f"updates[{n}]: no entry with id {u.id}")
+                old = touched.get(u.id) or self._entries[u.id]
+                new = dataclasses.replace(
+                    old, text=u.text, embedding=self._vector(u.embedding, f"updates[{n}]"),
+                    version=old.version + 1, history=[*old.history, old.text],
+                    provenance=u.provenance if u.provenance is not None else old.provenance,
+                )
+                touched[u.id] = new
+            upserts.extend(touched.values())
+            next_id, new_ids = self._next_id, []
+            for n, a in enumerate(adds_):
+                if not isinstance(a.text, str):
+                    raise ValueError(f"adds[{n}]: text must be a string, got {a.text!r}")
+                upserts.append(ExperienceEntry(
+                    id=next_id, text=a.text, embedding=self._vector(a.embedding, f"adds[{n}]"),
+                    created_step=int(a.created_step), tags=tuple(a.tags), provenance=a.provenance,
+                ))
+                new_ids.append(next_id)
+                next_id += 1
+            if next_id > MAX_ID:
+                raise OverflowError("the bank ran out of ids")
+            self._commit(upserts, dels, next_id)
+            return new_ids
+
+    def add(
+        self, text: str, embedding: np.ndarray, *, created_step: int = 0,
+        tags: Iterable[str] = (), provenance: ExtractorSample | None = None,
+    ) -> int:
+        """Add one entry; returns its id."""
+        return self.apply_batch([PendingAdd(text, embedding, created_step, tuple(tags), provenance)])[0]
+
+    def update(
+        self, id: int, text: str, embedding: np.ndarray, *, provenance: ExtractorSample | None = None
+    ) -> ExperienceEntry:
+        """New text for ``id``: version + 1, the old text appended to ``history``."""
+        with self.lock.write():
+            self.apply_batch(updates=[PendingUpdate(int(id), text, embedding, provenance)])
+            return _copy(self._entries[int(id)])
+
+    def delete(self, id: int) -> None:
+        """Remove ``id`` (``KeyError`` if absent). Ids are never reused."""
+        self.apply_batch(deletes=[int(id)])
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, id: int) -> ExperienceEntry | None:
+        """A copy of entry ``id`` or None."""
+        with self.lock.read():
+            e = self._entries.get(int(id))
+            return None if e is None else _copy(e)
+
+    def get_many(self, ids: Iterable[int]) -> list[ExperienceEntry | None]:
+        """Copies of several entries taken under one read lock (a consistent snapshot)."""
+        with self.lock.read():
+            return [None if (e := self._entries.get(int(i))) is None else _copy(e) for i in ids]
+
+    def search(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Top-``k`` (id, cosine similarity) per query row, best first; ``[]`` rows on an empty bank."""
+        q = np.asarray(vectors, dtype=np.float32)
+        if q.ndim == 1:
+            q = q[None, :]
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise ValueError(f"search: queries have shape {q.shape}, expected (n, {self.dim})")
+        if k < 1:
+            raise ValueError(f"search: k must be >= 1, got {k}")
+        with self.lock.read():
+            if not self._entries or len(q) == 0:
+                return [[] for _ in range(len(q))]
+            res = self._index.search(q, min(k, len(self._entries)), threads=1)
+        keys = res.keys.reshape(len(q), -1)
+        sims = 1.0 - res.distances.reshape(len(q), -1)
+        # usearch answers a one-row batch with a single Matches (no .counts).
+        counts = np.atleast_1d(getattr(res, "counts", len(res.keys)))
+        return [
+            [(int(keys[r, j]), float(sims[r, j])) for j in range(int(counts[r]))]
+            for r in range(len(q))
+        ]
+
+    def ids(self) -> list[int]:
+        with self.lock.read():
+            return sorted(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, id: object) -> bool:
+        return id in self._entries
+
+    def __iter__(self) -> Iterator[ExperienceEntry]:
+        """Copies of all entries in id order, from one consistent snapshot."""
+        with self.lock.read():
+            snapshot = [_copy(self._entries[i]) for i in sorted(self._entries)]
+        return iter(snapshot)
+
+    # -- statistics (not part of atomic batches; persisted immediately) -----------------------
+    def _bump(self, sql: str, ids: Iterable[int], fn: Any, persist: bool = True) -> int:
+        with self._db_lock:
+            params: list[tuple[Any, ...]] = []
+            for i in ids:
+                e = self._entries.get(int(i))
+                if e is not None:  # an entry merged away since retrieval is skipped
+                    params.append(fn(e))
+            if not persist:
+                self._dirty_stats.update(p[-1] for p in params)
+            elif params:
+                self._store.update_stats(sql, params)
+            return len(params)
+
+    @property
+    def generation(self) -> int:
+        """Write counter: changes whenever entries or vectors change (not on counters)."""
+        return self._generation
+
+    def retrieval_stats(self, ids: Iterable[int]) -> dict[int, tuple[int, float]]:
+        """``{id: (retrieval_count, last_retrieved)}`` for the ids that exist."""
+        with self._db_lock:
+            return {
+                i: (e.retrieval_count, e.last_retrieved)
+                for i in ids if (e := self._entries.get(i)) is not None
+            }
+
+    def record_retrieval(self, ids: Iterable[int], now: float, *, persist: bool = True) -> int:
+        """c(m) += 1 and last_retrieved = now per occurrence of each id; returns how many.
+
+        ``persist=False`` updates memory now and leaves SQLite to :meth:`flush_stats` (the
+        manager's hot path); retrieval counters are statistics, not acknowledged data.
+        """
+        def fn(e: ExperienceEntry) -> tuple[Any, ...]:
+            e.retrieval_count += 1
+            e.last_retrieved = max(e.last_retrieved, float(now))
+            return (e.retrieval_count, e.last_retrieved, e.id)
+        return self._bump(
+            "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?", ids, fn, persist
+        )
+
+    def flush_stats(self) -> int:
+        """Persist retrieval counters recorded with ``persist=False``; returns rows written."""
+        with self._db_lock:
+            params = [
+                (e.retrieval_count, e.last_retrieved, e.id)
+                for i in self._dirty_stats if (e := self._entries.get(i)) is not None
+            ]
+            self._dirty_stats.clear()
+            if params and not getattr(self, "_closed", False):
+                self._store.update_stats(
+                    "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?", params
+                )
+            return len(params)
+
+    def record_training(self, ids: Iterable[int], step: int) -> int:
+        """c_train(m) += 1 and t_last(m) = step for each id (the trainer calls this per update)."""
+        def fn(e: ExperienceEntry) -> tuple[Any, ...]:
+            e.train_count += 1
+            e.last_trained_step = max(e.last_trained_step, int(step))
+            return (e.train_count, e.last_trained_step, e.id)
+        return self._bump(
+            "UPDATE entries SET train_count=?, last_trained_step=? WHERE id=?", ids, fn
+        )
+
+    def set_utility(self, id: int, value: float) -> None:
+        """Set the EDGE EMA utility of ``id`` (``KeyError`` if absent)."""
+        if int(id) not in self._entries:
+            raise KeyError(f"set_utility: no entry with id {id}")
+        def fn(e: ExperienceEntry) -> tuple[Any, ...]:
+            e.utility = float(value)
+            return (e.utility, e.id)
+        self._bump("UPDATE entries SET utility=? WHERE id=?", [int(id)], fn)
+
+    # -- JSONL ---------------------------------------------------------------------------------
+    def export_jsonl(self, path: str | Path) -> int:
+        """Write every entry (with embedding) as one JSON object per line; returns the count."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        entries = list(self)
+        with open(tmp, "w", encoding="utf-8") as f:
+            for e in entries:
+                f.write(json.dumps(e.to_dict(), ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+        return len(entries)
+
+    def import_jsonl(self, path: str | Path) -> int:
+        """Insert or replace the entries of a JSONL export, all in one transaction.
+
+        Errors name the file and line; a bad line imports nothing.
+        """
+        path = Path(path)
+        entries: list[ExperienceEntry] = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    e = ExperienceEntry.from_dict(json.loads(line))
+                    if e.id > MAX_ID:
+                        raise ValueError(f"id {e.id} exceeds {MAX_ID}")
+                    e.embedding = self._vector(e.embedding, "embedding")
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{path}:{lineno}: {exc}") from exc
+                entries.append(e)
+        with self.lock.write():
+            next_id = max([self._next_id] + [e.id + 1 for e in entries])
+            self._commit(entries, [], next_id)
+        return len(entries)
+
+    def close(self) -> None:
+        """Save the index and close the database. Idempotent."""
+        if getattr(self, "_closed", False):
+            return
+        self.flush_stats()
+        self.flush()
+        with self.lock.write(), self._db_lock:
+            self._store.close()
+            self._closed = True
+
+    def __enter__(self) -> ExperienceBank:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ExperienceBank(path={str(self.path)!r}, dim={self.dim}, entries={len(self)})"
+
+
+__all__ = ["ExperienceBank", "PendingAdd", "PendingUpdate", "BankCorruptError"]

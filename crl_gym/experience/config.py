@@ -1,0 +1,64 @@
+"""Configuration of the ExperienceManager (paper defaults where the paper gives one).
+
+>>> ManagerConfig().batch_size, ManagerConfig().max_wait_ms, ManagerConfig().num_workers
+(16, 1.0, 4)
+>>> ManagerConfig(batch_size=0)
+Traceback (most recent call last):
+...
+ValueError: ManagerConfig.batch_size must be >= 1, got 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    """Sizes and knobs of :class:`~crl_gym.experience.manager.ExperienceManager`."""
+
+    batch_size: int = 16
+    """B: a search batch is dispatched as soon as it holds this many queries (paper: 16)."""
+    max_wait_ms: float = 1.0
+    """t_max: ... or when its first query has waited this long, in milliseconds (paper: 1 ms)."""
+    num_workers: int = 4
+    """W: search workers that batches are spread over round-robin (paper: 4)."""
+    adaptive_batching: bool = True
+    """Take every query already waiting (up to ``max_batch_size``) instead of exactly B. Under
+    load this turns many small batches into one, which is what keeps latency flat at 1,024
+    concurrent searchers; at low load it behaves exactly like the paper's B / t_max rule."""
+    max_batch_size: int = 1024
+    """Upper bound of one adaptive batch."""
+    cache_size: int = 4096
+    """Entries of the LRU query-embedding cache (group RL repeats each task text K times)."""
+    pool_cache: bool = True
+    """Reuse the over-fetched candidate pool of a query text until the bank changes (keyed by the
+    bank's write generation, so it is never stale)."""
+    diversity_lambda: float = 0.1
+    """λ in s(m) = s_rank(m) − λ·log(1 + c(m)) − 1[recent(m)] (not reported by the paper)."""
+    recency_window_s: float = 30.0
+    """An entry retrieved less than this many seconds ago counts as recent (penalty 1)."""
+    overfetch: int = 8
+    """N: the candidate pool holds N×k entries for a request of k (re-ranked by s(m))."""
+    queue_size: int = 4096
+    """In-memory distillation requests; beyond it requests spill to ``pending_requests.jsonl``."""
+    stats_flush_interval_s: float = 1.0
+    """Retrieval counters are persisted to SQLite at most this often (they are updated in memory
+    immediately, so diversification always sees them)."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "num_workers", "max_batch_size", "cache_size", "overfetch",
+                     "queue_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ManagerConfig.{name} must be >= 1, got {value!r}")
+        for name in ("max_wait_ms", "diversity_lambda", "recency_window_s",
+                     "stats_flush_interval_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0 or value != value:
+                raise ValueError(f"ManagerConfig.{name} must be a number >= 0, got {value!r}")
+        if self.max_batch_size < self.batch_size:
+            raise ValueError(
+                f"ManagerConfig.max_batch_size ({self.max_batch_size}) must be >= "
+                f"batch_size ({self.batch_size})"
+            )

@@ -1,0 +1,367 @@
+"""ExperienceManager H: batched, cached, diversified retrieval plus the distillation queue.
+
+Search path (paper §3.2.2, plus what 1,024 concurrent searchers on 2 cores need):
+callers enqueue (query, k) and block on a private lock; one batching thread takes a batch as
+soon as B queries wait or the first has waited t_max (adaptive: everything already waiting),
+looks each *distinct* text up in an LRU embedding cache, embeds the misses in one call and
+hands the batch round-robin to one of W search workers. The worker searches each distinct
+query once (or reuses its candidate pool while the bank is unchanged), then re-ranks the shared
+pool per requester with s(m) = s_rank − λ·log(1+c(m)) − 1[recent], updating counts as it goes,
+so the K members of a group get different entries. ``search_many`` runs the same pipeline
+in the caller's thread for callers that hold many envs.
+
+>>> from crl_gym.experience.bank import ExperienceBank
+>>> from crl_gym.experience.embedders import HashingEmbedder
+>>> emb = HashingEmbedder(64); bank = ExperienceBank(None, emb.dim)
+>>> mgr = ExperienceManager(bank, emb)
+>>> r = mgr.apply_ops([AddOp("open the door with the key"), AddOp("avoid the lava")])
+>>> [e.text for e in mgr.search("how do I open a door", k=1)]
+['open the door with the key']
+>>> mgr.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from queue import SimpleQueue
+from typing import Any
+
+import numpy as np
+
+from crl_gym.experience.bank import ExperienceBank, PendingAdd, PendingUpdate
+from crl_gym.experience.config import ManagerConfig
+from crl_gym.experience.distill_queue import DistillQueue
+from crl_gym.experience.embedders import Embedder
+from crl_gym.experience.entry import ExperienceEntry
+from crl_gym.protocol import (
+    AddOp,
+    DeleteOp,
+    DistillationRequest,
+    ExperienceOp,
+    ExperienceRef,
+    ExtractorSample,
+    ReturnOp,
+    UpdateOp,
+)
+
+log = logging.getLogger(__name__)
+SPILL_FILE = "pending_requests.jsonl"
+Refiner = Callable[[str, ExperienceRef, str], tuple[str, ExtractorSample | None]]
+
+
+@dataclass
+class ApplyResult:
+    """What :meth:`ExperienceManager.apply_ops` did."""
+
+    added: list[int] = field(default_factory=list)
+    updated: list[int] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+    returned: int = 0
+    """Return ops (no action), including malformed ones and ops on unknown ids."""
+    malformed: int = 0
+    """Malformed outputs: parser fallbacks plus Update/Delete of ids not in the bank."""
+
+
+class _Request:
+    __slots__ = ("query", "k", "done", "result", "error")
+
+    def __init__(self, query: str, k: int) -> None:
+        self.query, self.k = query, k
+        self.done = threading.Lock()
+        self.done.acquire()  # released by the worker: the cheapest one-shot wake-up in CPython
+        self.result: list[ExperienceEntry] = []
+        self.error: BaseException | None = None
+
+
+class ExperienceManager:
+    """Retrieval front, distillation queue and op application over one bank."""
+
+    def __init__(
+        self,
+        bank: ExperienceBank,
+        embedder: Embedder,
+        config: ManagerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if int(embedder.dim) != bank.dim:
+            raise ValueError(f"embedder dim {embedder.dim} does not match the bank's dim {bank.dim}")
+        self.bank, self.embedder = bank, embedder
+        self.config = config or ManagerConfig()
+        self.clock = clock
+        self.refiner: Refiner | None = None
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._pools: dict[tuple[str, int], tuple[int, list[tuple[int, float]]]] = {}
+        self._div_lock = threading.Lock()  # counts seen by diversification stay consistent
+        self._counters: dict[str, int] = dict.fromkeys(
+            ("requests", "batches", "cache_hits", "cache_misses", "embedded", "searched",
+             "pool_hits", "errors"), 0)
+        self._last_flush = time.monotonic()
+        spill = None if bank.path is None else bank.path / SPILL_FILE
+        self.queue = DistillQueue(self.config.queue_size, spill)
+        self._pending: deque[_Request] = deque()
+        self._cv = threading.Condition(threading.Lock())
+        self._closed = False
+        self._work: list[SimpleQueue[list[_Request] | None]] = [
+            SimpleQueue() for _ in range(self.config.num_workers)]
+        self._threads = [threading.Thread(target=self._batch_loop, name="crl-batcher", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._worker_loop, args=(q,), name=f"crl-search-{i}", daemon=True)
+            for i, q in enumerate(self._work)]
+        for t in self._threads:
+            t.start()
+
+    # -- retrieval ---------------------------------------------------------------------------
+    def search(self, query: str, k: int = 1, timeout: float = 120.0) -> list[ExperienceEntry]:
+        """Best ``k`` diversified entries for ``query`` (``[]`` on an empty bank)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        req = _Request(str(query), int(k))
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("ExperienceManager is closed")
+            self._pending.append(req)
+            if len(self._pending) == 1 or len(self._pending) == self.config.batch_size:
+                self._cv.notify()
+        if not req.done.acquire(timeout=timeout):
+            raise TimeoutError(f"search for {query[:60]!r} got no answer within {timeout} s")
+        if req.error is not None:
+            raise RuntimeError(f"search failed: {req.error}") from req.error
+        return req.result
+
+    def search_many(self, queries: Sequence[str], k: int = 1) -> list[list[ExperienceEntry]]:
+        """Batch API: the whole pipeline in the calling thread, no hand-offs."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        reqs = [_Request(str(q), int(k)) for q in queries]
+        if reqs:
+            self._retrieve(reqs)
+        return [r.result for r in reqs]
+
+    def _batch_loop(self) -> None:
+        cfg, rr = self.config, 0
+        wait_s = cfg.max_wait_ms / 1000.0
+        while True:
+            with self._cv:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if not self._pending:
+                    break  # closed and drained
+                if len(self._pending) < cfg.batch_size and not self._closed:
+                    deadline = time.monotonic() + wait_s
+                    while len(self._pending) < cfg.batch_size:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._cv.wait(left):
+                            break
+                n = len(self._pending) if cfg.adaptive_batching else cfg.batch_size
+                n = min(n, cfg.max_batch_size, len(self._pending))
+                batch = [self._pending.popleft() for _ in range(n)]
+            self._work[rr].put(batch)
+            rr = (rr + 1) % len(self._work)
+        for q in self._work:
+            q.put(None)
+
+    def _worker_loop(self, q: SimpleQueue[list[_Request] | None]) -> None:
+        while (batch := q.get()) is not None:
+            try:
+                self._retrieve(batch)
+            except BaseException as exc:  # never leave a caller hanging
+                log.exception("search batch failed")
+                self._counters["errors"] += 1
+                for r in batch:
+                    r.error = exc
+            finally:
+                for r in batch:
+                    r.done.release()
+            if time.monotonic() - self._last_flush > self.config.stats_flush_interval_s:
+                self._last_flush = time.monotonic()
+                self.bank.flush_stats()
+
+    def _embed(self, texts: Sequence[str]) -> tuple[dict[str, np.ndarray], int]:
+        """Vectors of the distinct ``texts`` via the LRU cache; returns (vectors, cache hits)."""
+        vecs: dict[str, np.ndarray] = {}
+        with self._cache_lock:
+            for t in texts:
+                v = self._cache.get(t)
+                if v is not None:
+                    self._cache.move_to_end(t)
+                    vecs[t] = v
+        hits = len(vecs)
+        missing = [t for t in texts if t not in vecs]
+        if missing:
+            out = np.asarray(self.embedder.encode(missing), dtype=np.float32)
+            with self._cache_lock:
+                for t, v in zip(missing, out, strict=True):
+                    vecs[t] = self._cache[t] = v
+                while len(self._cache) > self.config.cache_size:
+                    self._cache.popitem(last=False)
+            self._counters["embedded"] += len(missing)
+        return vecs, hits
+
+    def _pool(self, texts: list[str], sizes: dict[str, int]) -> dict[str, list[tuple[int, float]]]:
+        """Over-fetched candidates per distinct text: one search per text, cached per generation."""
+        gen, pools = self.bank.generation, {}
+        todo = []
+        for t in texts:
+            hit = self._pools.get((t, sizes[t])) if self.config.pool_cache else None
+            if hit is not None and hit[0] == gen:
+                pools[t] = hit[1]
+            else:
+                todo.append(t)
+        self._counters["pool_hits"] += len(texts) - len(todo)
+        if todo:
+            vecs, hits = self._embed(todo)
+            self._counters["cache_hits"] += hits
+            self._counters["cache_misses"] += len(todo) - hits
+            found = self.bank.search(np.stack([vecs[t] for t in todo]), max(sizes[t] for t in todo))
+            self._counters["searched"] += len(todo)
+            if len(self._pools) > 4 * self.config.cache_size:
+                self._pools.clear()
+            for t, hits_ in zip(todo, found, strict=True):
+                pools[t] = hits_[: sizes[t]]
+                self._pools[(t, sizes[t])] = (gen, pools[t])
+        return pools
+
+    def _retrieve(self, reqs: list[_Request]) -> None:
+        """Fill ``r.result`` for every request: shared pools, per-requester re-ranking."""
+        sizes: dict[str, int] = {}
+        for r in reqs:
+            sizes[r.query] = max(sizes.get(r.query, 0), self.config.overfetch * r.k)
+        texts = list(sizes)
+        pools = self._pool(texts, sizes)
+        self._counters["requests"] += len(reqs)
+        self._counters["batches"] += 1
+        lam, window = self.config.diversity_lambda, self.config.recency_window_s
+        picks: list[list[int]] = []
+        with self._div_lock:
+            now = self.clock()
+            cand = {i for t in texts for i, _ in pools[t]}
+            stats = self.bank.retrieval_stats(cand)
+            for r in reqs:
+                # s(m) per candidate; pure-python here because pools are tiny (N×k ≈ 8) and
+                # numpy's per-call overhead would dominate at 1,024 requests per batch.
+                scored = []
+                for pos, (i, sim) in enumerate(pools[r.query]):
+                    st = stats.get(i)
+                    if st is None:
+                        continue  # deleted since the pool was cached
+                    c, last = st
+                    recent = 1.0 if last > 0 and now - last < window else 0.0
+                    scored.append((-(sim - lam * math.log1p(c) - recent), pos, i))
+                scored.sort()
+                chosen = [i for _, _, i in scored[: r.k]]
+                for i in chosen:
+                    stats[i] = (stats[i][0] + 1, now)
+                picks.append(chosen)
+            self.bank.record_retrieval([i for p in picks for i in p], now, persist=False)
+        found = self.bank.get_many({i for p in picks for i in p})
+        by_id = {e.id: e for e in found if e is not None}
+        for r, chosen in zip(reqs, picks, strict=True):
+            r.result = [by_id[i] for i in chosen if i in by_id]
+
+    # -- distillation queue --------------------------------------------------------------------
+    def submit(self, request: DistillationRequest) -> None:
+        """Enqueue a finished episode for distillation; never blocks, never drops."""
+        if not isinstance(request, DistillationRequest):
+            raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
+        self.queue.put(request)
+
+    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
+        """Up to ``max_n`` oldest requests (FIFO), waiting up to ``timeout`` s for the first."""
+        return self.queue.get(max_n, timeout)
+
+    def pending(self) -> int:
+        """Requests waiting (in memory and spilled)."""
+        return len(self.queue)
+
+    # -- ops -------------------------------------------------------------------------------------
+    def apply_ops(
+        self,
+        ops: Iterable[ExperienceOp],
+        *,
+        sample: ExtractorSample | None = None,
+        step: int = 0,
+        request: DistillationRequest | None = None,
+    ) -> ApplyResult:
+        """Apply Add/Update/Delete/Return ops in one writer-locked, atomic batch.
+
+        New texts are embedded before the lock is taken; Update/Delete of an id that is not in
+        the bank (e.g. merged away meanwhile) becomes a counted, logged malformed Return.
+        """
+        ops = list(ops)
+        res = ApplyResult()
+        texts = [op.text for op in ops if isinstance(op, (AddOp, UpdateOp))]
+        vecs = self.embedder.encode(texts) if texts else np.zeros((0, self.bank.dim), np.float32)
+        tag = (request.env_id,) if request is not None and request.env_id else ()
+        with self.bank.lock.write():
+            adds, updates, deletes, vi = [], [], [], 0
+            for op in ops:
+                if isinstance(op, AddOp):
+                    tags = tuple(dict.fromkeys(op.tags + tag))
+                    adds.append(PendingAdd(op.text, vecs[vi], step, tags, sample))
+                    vi += 1
+                elif isinstance(op, UpdateOp):
+                    vi += 1
+                    if op.id in self.bank and op.id not in deletes:
+                        updates.append(PendingUpdate(op.id, op.text, vecs[vi - 1], sample))
+                        res.updated.append(op.id)
+                    else:
+                        self._unknown(res, "update", op.id)
+                elif isinstance(op, DeleteOp):
+                    if op.id in self.bank and op.id not in deletes:
+                        deletes.append(op.id)
+                    else:
+                        self._unknown(res, "delete", op.id)
+                elif isinstance(op, ReturnOp):
+                    res.returned += 1
+                    res.malformed += int(op.malformed)
+                else:
+                    raise TypeError(f"unknown op {op!r}")
+            deletes_set = set(deletes)
+            updates = [u for u in updates if u.id not in deletes_set]
+            res.updated = [u.id for u in updates]
+            res.added = self.bank.apply_batch(adds, updates, deletes)
+            res.deleted = deletes
+        return res
+
+    @staticmethod
+    def _unknown(res: ApplyResult, what: str, id_: int) -> None:
+        log.warning("%s of unknown entry id %s ignored (counted as malformed)", what, id_)
+        res.returned += 1
+        res.malformed += 1
+
+    # -- housekeeping ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        c = dict(self._counters)
+        looked = c["cache_hits"] + c["cache_misses"]
+        c["cache_hit_rate"] = c["cache_hits"] / looked if looked else 0.0
+        c["mean_batch"] = c["requests"] / c["batches"] if c["batches"] else 0.0
+        c["pending"] = self.pending()
+        c["spilled_total"] = self.queue.spilled_total
+        c["bank_size"] = len(self.bank)
+        return c
+
+    def close(self) -> None:
+        """Answer waiting searches, stop the threads, persist counters and the queue."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join()
+        self.bank.flush_stats()
+        self.queue.close()
+
+    def __enter__(self) -> ExperienceManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,375 @@
+"""Every prompt of the experience layer, written for the Complementary RL setting.
+
+* the **distillation** prompt: the extractor reads one finished episode R = (τ, g, o, m) and
+  answers with Add / Update / Return ops in the format :func:`crl_gym.experience.ops.parse_ops`
+  reads;
+* the **refinement** prompt of ``search_and_ask``: the actor's own query q′, the entry m found
+  for it and the recent context → advice for this exact situation;
+* the **merge** prompt: one chunk of the bank (plus what the previous chunk produced) → keep /
+  merge / discard decisions as JSON (read by :mod:`crl_gym.experience.merge`);
+* the **experience template** the actor sees, and the text of the ``search_and_ask`` tool.
+
+Templates are filled by :func:`fill`, which replaces ``{name}`` placeholders in one pass and
+never interprets braces inside the values (the authors' fallback prompt used ``str.format`` on
+text with literal braces and raised ``KeyError``). Literal JSON in a template is therefore fine.
+
+>>> fill("Task: {task} / {missing}", task="print {x}")
+'Task: print {x} / {missing}'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from crl_gym.experience.ops import strip_think
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+
+_PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+
+
+def fill(template: str, **values: object) -> str:
+    """Replace ``{name}`` by ``str(values[name])`` in a single pass.
+
+    Unknown placeholders are left as they are and substituted values are never re-scanned, so
+    braces in a task, an observation or an entry cannot break a prompt.
+    """
+
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        return str(values[key]) if key in values else m.group(0)
+
+    return _PLACEHOLDER.sub(sub, template)
+
+
+def truncate_middle(text: str, max_chars: int, marker: str = " … ") -> str:
+    """Keep the head and the tail of ``text`` within ``max_chars`` characters.
+
+    >>> truncate_middle("abcdefghij", 7)
+    'ab … ij'
+    """
+    if max_chars <= 0:
+        return ""
+    if len(text) <= max_chars:
+        return text
+    if max_chars <= len(marker):
+        return text[:max_chars]
+    keep = max_chars - len(marker)
+    head = (keep + 1) // 2
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
+
+# --------------------------------------------------------------------------------------------
+# What the actor sees
+# --------------------------------------------------------------------------------------------
+
+EXPERIENCE_TEMPLATE = (
+    "Experience distilled from earlier episodes (advice that may not fit this exact "
+    "situation; use your judgement):\n{experience}\n\n{observation}"
+)
+"""Prepended to the first observation of a guided episode."""
+
+SEARCH_AND_ASK_TOOL = (
+    "Besides the normal actions you may call the tool search_and_ask[your question] at any "
+    "turn. Describe where you are and what is blocking you; the reply is advice drawn from "
+    "experience of earlier episodes, and calling the tool does not advance the environment."
+)
+"""Tool description appended to the actor's instructions by ``SearchAndAskWrapper``."""
+
+SEARCH_ANSWER_TEMPLATE = "Advice for \"{query}\":\n{answer}"
+SEARCH_NO_RESULT = "No stored experience matches \"{query}\". Continue with your own plan."
+
+
+def render_experience(experience: str, observation: str,
+                      template: str = EXPERIENCE_TEMPLATE) -> str:
+    """First observation of a guided episode: the entry, then the env's observation.
+
+    >>> render_experience("Keys open doors {always}.", "You see a door.").splitlines()[1]
+    'Keys open doors {always}.'
+    """
+    return fill(template, experience=experience.strip(), observation=observation)
+
+
+def render_search_answer(query: str, answer: str | None) -> str:
+    """Observation returned for a ``search_and_ask`` call (``None``: nothing found)."""
+    if answer is None or not answer.strip():
+        return fill(SEARCH_NO_RESULT, query=query.strip())
+    return fill(SEARCH_ANSWER_TEMPLATE, query=query.strip(), answer=answer.strip())
+
+
+# --------------------------------------------------------------------------------------------
+# Distillation
+# --------------------------------------------------------------------------------------------
+
+DISTILLATION_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
+The agent (the actor) just finished one episode. Your job is to maintain a shared bank of short,
+reusable pieces of experience that make the actor succeed more often in later episodes. You are
+rewarded when the entries you write help the actor succeed.
+
+## Task
+{task}
+
+## Outcome
+{outcome}
+
+## Experience the actor was given
+{experience}
+
+## Trajectory
+{trajectory}
+
+## What to do
+First reason step by step inside <think>...</think>:
+- Why did the episode succeed or fail? Which decisions mattered, which were mistakes, where
+  did the actor waste actions or get stuck?
+- {influence_question}
+- Is there a lesson here that would change what the actor does next time, on this task or on
+  similar ones?
+
+Then answer with a JSON list of operations in a ```json block, and nothing after it:
+- {"op": "add", "text": "...", "tags": ["..."]} adds a new entry.
+{update_rule}
+- {"op": "return", "reason": "..."} changes nothing; use it when the episode teaches nothing
+  new or the lesson is already covered.
+
+Rules for entry text: one to three sentences, an instruction the actor can act on (when X, do
+Y because Z); general enough to transfer to other episodes of the task (no coordinates, seeds
+or one-off details); never copy the trajectory. Use at most {max_ops} operations.
+
+Example answer:
+```json
+[{"op": "add", "text": "When the key is visible, pick it up before heading to the door; the door cannot be opened without it.", "tags": ["keyroom"]}]
+```"""
+
+_UPDATE_RULE_GUIDED = (
+    '- {"op": "update", "id": {id}, "text": "..."} rewrites the entry the actor was given '
+    "(id {id}) when it was wrong, misleading or incomplete; write the whole new text."
+)
+_UPDATE_RULE_FREE = (
+    "- (No entry was given in this episode, so there is nothing to update; do not use \"update\".)"
+)
+
+
+def _render_step(i: int, step: Step, max_obs_chars: int, max_action_chars: int) -> str:
+    obs = truncate_middle(step.observation.strip(), max_obs_chars)
+    act = truncate_middle(step.action.strip(), max_action_chars)
+    if step.kind == "search_and_ask":
+        return f"[{i}] asked for advice: {act}\n    advice received: {obs}"
+    reward = f" (reward {step.reward:+g})" if step.reward else ""
+    return f"[{i}] observation: {obs}\n    action: {act}{reward}"
+
+
+def render_trajectory(
+    trajectory: Trajectory,
+    max_chars: int = 8000,
+    *,
+    max_obs_chars: int = 600,
+    max_action_chars: int = 300,
+) -> str:
+    """Compact text of an episode within ``max_chars``.
+
+    Each observation keeps its head and tail; when the episode is still too long the first two
+    turns and as many final turns as fit are kept (the end is where the outcome was decided)
+    and the middle is replaced by a count of omitted turns.
+
+    >>> t = Trajectory(steps=[Step("room", "north", 0.0), Step("stairs", "down", 1.0)])
+    >>> print(render_trajectory(t))
+    [1] observation: room
+        action: north
+    [2] observation: stairs
+        action: down (reward +1)
+    """
+    lines = [_render_step(i + 1, s, max_obs_chars, max_action_chars)
+             for i, s in enumerate(trajectory.steps)]
+    if not lines:
+        return "(the episode ended before the actor acted)"
+    text = "\n".join(lines)
+    if len(text) <= max_chars:
+        return text
+    head = lines[:2]
+    budget = max_chars - sum(len(x) + 1 for x in head) - 40
+    tail: list[str] = []
+    for line in reversed(lines[2:]):
+        if budget - (len(line) + 1) < 0:
+            break
+        tail.insert(0, line)
+        budget -= len(line) + 1
+    omitted = len(lines) - len(head) - len(tail)
+    parts = head + ([f"… ({omitted} turns omitted) …"] if omitted else []) + tail
+    return truncate_middle("\n".join(parts), max_chars)
+
+
+def _render_outcome(request: DistillationRequest) -> str:
+    verdict = "SUCCESS" if request.success else "FAILURE"
+    turns = request.trajectory.num_actions
+    return f"{verdict}: episode return {request.outcome:+g} after {turns} actions."
+
+
+def build_distillation_prompt(
+    request: DistillationRequest, max_chars: int = 12000, *, max_ops: int = 3
+) -> str:
+    """The prompt that asks the extractor to distil ``request`` into Add / Update / Return ops.
+
+    The trajectory is shrunk to keep the whole prompt near ``max_chars`` characters. Parse the
+    answer with ``parse_ops(text, allowed_update_ids=distillation_update_ids(request))``.
+
+    >>> from crl_gym.protocol import Trajectory, Step
+    >>> r = DistillationRequest(task="reach > {fast}", trajectory=Trajectory(
+    ...     steps=[Step("@ . >", "east", 1.0)]), outcome=1.0, success=True, experience=None)
+    >>> p = build_distillation_prompt(r)
+    >>> "reach > {fast}" in p and '"op": "update"' not in p
+    True
+    """
+    m = request.experience
+    if m is None:
+        experience = "None: this episode ran without retrieved experience."
+        influence = ("No experience was given: what would the actor have needed to know at the "
+                     "start?")
+        update_rule = fill(_UPDATE_RULE_FREE)
+    else:
+        experience = f"Entry id {m.id} (version {m.version}):\n{truncate_middle(m.text, 2000)}"
+        influence = ("How did the given entry influence the actor? Did it follow the advice, "
+                     "did the advice help, was it irrelevant, wrong or too vague?")
+        update_rule = fill(_UPDATE_RULE_GUIDED, id=m.id)
+    task = truncate_middle(request.task.strip(), 2000)
+    frame = fill(DISTILLATION_TEMPLATE, task=task, outcome=_render_outcome(request),
+                 experience=experience, influence_question=influence,
+                 update_rule=update_rule, max_ops=max_ops, trajectory="")
+    traj = render_trajectory(request.trajectory, max(500, max_chars - len(frame)))
+    return fill(DISTILLATION_TEMPLATE, task=task, outcome=_render_outcome(request),
+                  experience=experience, influence_question=influence,
+                  update_rule=update_rule, max_ops=max_ops, trajectory=traj)
+
+
+def distillation_update_ids(request: DistillationRequest) -> frozenset[int]:
+    """Ids the extractor may update for ``request``: only the retrieved entry m, if any."""
+    return frozenset() if request.experience is None else frozenset({request.experience.id})
+
+
+# --------------------------------------------------------------------------------------------
+# Refinement (search_and_ask)
+# --------------------------------------------------------------------------------------------
+
+REFINEMENT_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
+In the middle of an episode the agent asked for advice. Rewrite the stored experience so that it
+answers the agent's question for its current situation.
+
+## The agent's question
+{query}
+
+## Stored experience found for it
+{entry}
+
+## Recent turns of the episode
+{context}
+
+Reason briefly inside <think>...</think>, then give only the advice: one to four sentences,
+concrete for this situation (say what to do next and why). If the stored experience does not
+apply, say so and give the best general advice you can. No preamble, no JSON."""
+
+
+def build_refinement_prompt(
+    query: str, entry: ExperienceRef | str, context: str, max_chars: int = 6000
+) -> str:
+    """Prompt for refining entry m for the actor's query q′ (the ``search_and_ask`` tool).
+
+    Any text is safe here, braces included:
+
+    >>> p = build_refinement_prompt("where is {the key}?", "Keys {k} open doors", "{}{0}{")
+    >>> "where is {the key}?" in p and "Keys {k} open doors" in p
+    True
+    """
+    text = entry.text if isinstance(entry, ExperienceRef) else str(entry)
+    query = truncate_middle(str(query).strip(), 1000)
+    text = truncate_middle(text.strip(), 2000)
+    budget = max(200, max_chars - len(REFINEMENT_TEMPLATE) - len(query) - len(text))
+    # Keep the end of the context: the latest turns describe the current situation.
+    ctx = str(context).strip()
+    if len(ctx) > budget:
+        ctx = "…" + ctx[len(ctx) - budget + 1:]
+    return fill(REFINEMENT_TEMPLATE, query=query, entry=text, context=ctx or "(none)")
+
+
+def extract_refined_advice(response: str, fallback: str, max_chars: int = 1500) -> str:
+    """The advice in a refinement response; ``fallback`` (entry m) when there is none.
+
+    >>> extract_refined_advice("<think>..</think>\\nAdvice: go east.", "m")
+    'go east.'
+    >>> extract_refined_advice("<think>cut off", "Keys open doors.")
+    'Keys open doors.'
+    """
+    if not isinstance(response, str):
+        return fallback
+    answer, ok = strip_think(response)
+    if not ok:
+        return fallback
+    answer = re.sub(r"^```[^\n]*\n|```\s*$", "", answer.strip()).strip()
+    answer = re.sub(r"^(?:refined\s+)?advice\s*:\s*", "", answer, flags=re.IGNORECASE).strip()
+    if not answer:
+        return fallback
+    return truncate_middle(answer, max_chars)
+
+
+# --------------------------------------------------------------------------------------------
+# Merge
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MergeItem:
+    """One entry as the merge prompt shows it."""
+
+    label: str
+    """Short name in the prompt (``E3`` for a bank entry, ``M2`` for an earlier merge result)."""
+    text: str
+    tags: tuple[str, ...] = ()
+    uses: int = 0
+    """How often retrieval returned it (a hint of how established it is)."""
+
+
+MERGE_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent and you
+curate its experience bank. Several episodes of the same task run in parallel, so the bank
+collects entries that repeat or contradict each other, which makes retrieval worse. Below is one
+chunk of the bank. Each entry has a label in square brackets.
+
+## Entries
+{entries}
+
+## What to do
+Reason inside <think>...</think> about which entries say the same thing, which contradict each
+other (keep the better-supported advice), and which are vague, wrong or useless. Then answer with
+one JSON object in a ```json block, and nothing after it:
+```json
+{"keep": ["E1"],
+ "merge": [{"from": ["E2", "E3"], "text": "one entry that says what both said, without losing any distinct advice"}],
+ "discard": ["E4"]}
+```
+- "keep": entries that stay unchanged.
+- "merge": groups of entries replaced by one new text; a group with a single label rewrites
+  that entry. Merged text follows the entry style: one to three actionable sentences.
+- "discard": entries that are wrong, useless, or fully covered by another entry.
+Use every label exactly once across the three lists; labels you leave out are kept unchanged.
+Use only the labels shown above."""
+
+
+def render_merge_item(item: MergeItem) -> str:
+    """One line block of the merge prompt."""
+    meta = []
+    if item.tags:
+        meta.append("tags: " + ", ".join(item.tags))
+    if item.uses:
+        meta.append(f"retrieved {item.uses}x")
+    suffix = f" ({'; '.join(meta)})" if meta else ""
+    return f"[{item.label}]{suffix} {item.text.strip()}"
+
+
+def build_merge_prompt(items: Sequence[MergeItem]) -> str:
+    """The prompt for one merge window (carried results first, then the new chunk).
+
+    >>> p = build_merge_prompt([MergeItem("E1", "a {b}"), MergeItem("E2", "c")])
+    >>> "[E1] a {b}" in p and '"keep"' in p
+    True
+    """
+    body = "\n".join(render_merge_item(i) for i in items) or "(none)"
+    return fill(MERGE_TEMPLATE, entries=body)

@@ -1,0 +1,260 @@
+"""``ExperienceWrapper``: guided/free episodes, trajectory recording, distillation requests.
+
+``reset(options={"experience": "guided"})`` fetches the best bank entry for the task (one
+``client.search`` for ``info["task"]``, else the first observation, unless the caller passes a
+``"prefetched"`` entry it fetched in one ``search_many`` batch for the whole rollout group),
+prepends it to the first observation and reports it under ``info["experience"]``. Each step is
+recorded by appending references (no copies: the wrapper's cost must stay ≤ 2 µs per step);
+on ``terminated or truncated`` the wrapper builds one ``DistillationRequest``, submits it and
+returns it under ``info["distillation_request"]``. Rewards and the env's info keys pass through.
+
+>>> from crl_gym.clients import LocalClient
+>>> from crl_gym.experience.bank import ExperienceBank
+>>> from crl_gym.experience.embedders import HashingEmbedder
+>>> from crl_gym.experience.manager import ExperienceManager
+>>> from crl_gym.wrappers.examples import CorridorEnv
+>>> emb = HashingEmbedder(64); bank = ExperienceBank(None, dim=64)
+>>> _ = bank.add("Walk east.", emb.encode(["Walk east."])[0])
+>>> manager = ExperienceManager(bank, emb)
+>>> env = ExperienceWrapper(CorridorEnv(length=1), LocalClient(manager))
+>>> obs, info = env.reset(seed=0, options={"experience": "guided"})
+>>> info["experience"]["text"]
+'Walk east.'
+>>> obs, reward, terminated, truncated, info = env.step("east")
+>>> info["distillation_request"].success, manager.pending()
+(True, 1)
+>>> manager.close()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from pathlib import Path
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_gym.wrappers.text_actions import Shared, check_template, fit_to_space, unshare
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TEMPLATE = "Experience from similar tasks (use it if it helps):\n{experience}\n\n{observation}"
+"""How a guided episode's first observation shows the entry; fields ``{experience}``, ``{observation}``."""
+
+# Info keys the wrappers add; a search_and_ask turn is recognised by the inner wrapper's key.
+SEARCH_INFO_KEY = "search_and_ask"
+
+
+class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Make a text env experience-augmented (see the module docstring).
+
+    Args:
+        env: any Gymnasium env with text observations (``str``) and text actions.
+        client: an :class:`~crl_gym.clients.ExperienceClient` (``LocalClient`` / ``RemoteClient``).
+        template: format string for the guided first observation (``{experience}``, ``{observation}``).
+        task_key: info key holding the task text; the first observation is used when absent.
+        default_condition: condition of a ``reset`` without ``options["experience"]`` (``"free"``
+            keeps ``check_env``'s determinism check valid; a vector env can set it per copy with
+            ``set_attr("default_condition", [...])``).
+        env_id: recorded in each request (defaults to the env spec's id).
+        spill_path: JSONL file where requests the client could not take are appended (in
+            addition to being retried at the next episode end); ``None`` keeps them in memory.
+        max_unsent: most requests kept in memory for retry (older ones are spilled or logged).
+
+    A client that is down never costs an episode: the episode runs free, ``info``
+    gets ``"experience_error"``, and the request is kept and retried later.
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        client: Any,
+        template: str = DEFAULT_TEMPLATE,
+        task_key: str = "task",
+        default_condition: str = "free",
+        env_id: str | None = None,
+        spill_path: str | Path | None = None,
+        max_unsent: int = 10_000,
+    ) -> None:
+        # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
+        gym.utils.RecordConstructorArgs.__init__(
+            self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
+            env_id=env_id, spill_path=spill_path, max_unsent=max_unsent,
+        )
+        gym.Wrapper.__init__(self, env)
+        if default_condition not in CONDITIONS:
+            raise ValueError(f"default_condition must be one of {CONDITIONS}, got {default_condition!r}")
+        if max_unsent < 1:
+            raise ValueError(f"max_unsent must be >= 1, got {max_unsent}")
+        self.client = unshare(client)
+        self.template = check_template(template, "template", ("experience", "observation"), ("experience", "observation"))
+        self.task_key = task_key
+        self.default_condition = default_condition
+        self.env_id = env_id if env_id is not None else (env.spec.id if env.spec is not None else "")
+        self.spill_path = Path(spill_path) if spill_path is not None else None
+        self.unsent: deque[DistillationRequest] = deque()
+        self.max_unsent = max_unsent
+        self.error_count = 0
+        """Client failures seen by this wrapper (search or submit)."""
+        self.episodes_submitted = 0
+        self._records: list[tuple[Any, Any, SupportsFloat, dict[str, Any]]] | None = None
+        self._last_obs: Any = None
+        self._task = ""
+        self._initial_obs = ""
+        self._experience: ExperienceRef | None = None
+        self._condition = "free"
+        self._seed: int | None = None
+        self._errors: list[str] = []
+
+    # ------------------------------------------------------------------ reset
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        condition, prefetched, has_prefetched, env_options = self._parse_options(options)
+        obs, info = self.env.reset(seed=seed, options=env_options)
+        task = info.get(self.task_key)
+        self._task = str(task) if task is not None else str(obs)
+        self._initial_obs = obs
+        self._seed = seed
+        self._errors = []
+        experience: ExperienceRef | None = None
+        if condition == "guided":
+            if has_prefetched:
+                experience = prefetched
+            else:
+                try:
+                    experience = self.client.search(self._task)
+                except Exception as exc:  # noqa: BLE001 - a down client must not cost the episode
+                    self._note_error("search", exc)
+                    condition = "free"  # nothing was shown: the episode really is free
+        self._condition = condition
+        self._experience = experience
+        if experience is not None:
+            shown = self.template.format(experience=experience.text, observation=obs)
+            obs = fit_to_space(shown, self.observation_space)
+        info["experience"] = experience.to_dict() if experience is not None else None
+        if self._errors:
+            info["experience_error"] = "; ".join(self._errors)
+        self._records = []
+        self._last_obs = self._initial_obs
+        return obs, info
+
+    def _parse_options(self, options: dict[str, Any] | None) -> tuple[str, ExperienceRef | None, bool, dict[str, Any] | None]:
+        if not options:
+            return self.default_condition, None, False, options
+        if not isinstance(options, dict):
+            raise TypeError(f"reset options must be a dict, got {type(options).__name__}")
+        condition = options.get("experience", self.default_condition)
+        if condition not in CONDITIONS:
+            raise ValueError(f'options["experience"] must be one of {CONDITIONS}, got {condition!r}')
+        has_prefetched = "prefetched" in options
+        prefetched = options.get("prefetched")
+        if isinstance(prefetched, dict):
+            prefetched = ExperienceRef.from_dict(prefetched)
+        if prefetched is not None and not isinstance(prefetched, ExperienceRef):
+            raise TypeError(f'options["prefetched"] must be an ExperienceRef, a dict or None, got {type(prefetched).__name__}')
+        rest = {k: v for k, v in options.items() if k not in ("experience", "prefetched")}
+        return condition, prefetched, has_prefetched, (rest or None)
+
+    # ------------------------------------------------------------------- step
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        records = self._records
+        if records is not None:  # None: no episode open (step after the end without reset)
+            records.append((self._last_obs, action, reward, info))
+            self._last_obs = obs
+            if terminated or truncated:
+                info = self._finish(info)
+        return obs, reward, terminated, truncated, info
+
+    # ------------------------------------------------------------ episode end
+    def _finish(self, info: dict[str, Any]) -> dict[str, Any]:
+        records = self._records or []
+        self._records = None
+        steps: list[Step] = []
+        calls = []
+        outcome = 0.0
+        for obs, action, reward, step_info in records:
+            search = step_info.get(SEARCH_INFO_KEY)
+            kind = "env"
+            if search is not None:
+                kind = "search_and_ask"
+                call = search.get("call") if isinstance(search, dict) else None
+                if call is not None:
+                    calls.append(call)
+            outcome += float(reward)
+            steps.append(Step(observation=obs, action=action, reward=float(reward), info=step_info, kind=kind))
+        success = info.get("success")
+        request = DistillationRequest(
+            task=self._task,
+            trajectory=Trajectory(steps=steps, initial_observation=self._initial_obs, search_calls=calls),
+            outcome=outcome,
+            success=bool(success) if success is not None else outcome > 0,
+            experience=self._experience,
+            condition=self._condition,  # type: ignore[arg-type]
+            env_id=self.env_id,
+            seed=self._seed,
+        )
+        if self._errors:  # the search failed: the extractor should know the episode ran free
+            request.meta["experience_error"] = list(self._errors)
+        self._submit(request)
+        # A new dict: the last Step already references the env's info, and putting the
+        # request inside it would make the trajectory contain itself.
+        info = {**info, "distillation_request": request}
+        if self._errors:
+            info["experience_error"] = "; ".join(self._errors)
+        return info
+
+    def _submit(self, request: DistillationRequest) -> None:
+        """Submit ``request`` after any older unsent ones, in order.
+
+        On failure the request is kept: appended to ``spill_path`` when one is set (a durable
+        file to import later, e.g. the bank's ``pending_requests.jsonl``), else queued in
+        memory and retried at the next episode end or by :meth:`retry_unsent`.
+        """
+        if self.retry_unsent() > 0:
+            self._keep(request)  # the client is still down: do not try again right away
+            return
+        try:
+            self.client.submit(request)
+        except Exception as exc:  # noqa: BLE001 - keep the request, never lose the episode
+            self._note_error("submit", exc)
+            self._keep(request)
+            return
+        self.episodes_submitted += 1
+
+    def _keep(self, request: DistillationRequest) -> None:
+        if self.spill_path is not None:
+            try:
+                self.spill_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.spill_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(request.to_dict(), ensure_ascii=False) + "\n")
+                return
+            except OSError as exc:
+                logger.error("experience: cannot spill request %s to %s (%s); keeping it in memory", request.request_id, self.spill_path, exc)
+        self.unsent.append(request)
+        if len(self.unsent) > self.max_unsent:
+            dropped = self.unsent.popleft()
+            logger.error(
+                "experience: more than %d unsent requests; request %s survives only in info['distillation_request']",
+                self.max_unsent, dropped.request_id,
+            )
+
+    def retry_unsent(self) -> int:
+        """Submit the requests kept in memory, oldest first; returns how many are still unsent."""
+        while self.unsent:
+            try:
+                self.client.submit(self.unsent[0])
+            except Exception as exc:  # noqa: BLE001
+                self._note_error("submit", exc)
+                break
+            self.unsent.popleft()
+            self.episodes_submitted += 1
+        return len(self.unsent)
+
+    def _note_error(self, what: str, exc: BaseException) -> None:
+        self.error_count += 1
+        message = f"{what} failed: {type(exc).__name__}: {exc}"
+        self._errors.append(message)
+        logger.warning("experience: %s (episode continues)", message)

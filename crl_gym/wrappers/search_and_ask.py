@@ -1,0 +1,215 @@
+"""``SearchAndAskWrapper``: the agent's ``search_and_ask[<query>]`` tool.
+
+Instead of an env action the agent may write ``search_and_ask[<what it is stuck on>]``. The
+wrapper does not step the env: it retrieves the best entry for the query, asks the client to
+have the extractor refine it for the agent's situation (the raw entry when no extractor is
+attached) and returns the answer, followed by the unchanged current observation, as the next
+observation, with reward 0. Calls per episode are capped (``max_calls``, default 2); a call
+over the cap gets an observation saying so and still does not step the env.
+
+Every intercepted turn carries ``info["search_and_ask"] = {"status", "query", "call",
+"calls_left"}`` where ``call`` is a :class:`~crl_gym.protocol.SearchCall` (``None`` when
+nothing was retrieved). An outer :class:`~crl_gym.wrappers.ExperienceWrapper` records such
+turns as ``Step(kind="search_and_ask")`` and the calls in ``Trajectory.search_calls``, so the
+trainer can credit them — wrap in this order: ``ExperienceWrapper(SearchAndAskWrapper(env))``
+(or use :func:`crl_gym.wrappers.wrap`).
+
+>>> from crl_gym.clients import LocalClient
+>>> from crl_gym.experience.bank import ExperienceBank
+>>> from crl_gym.experience.embedders import HashingEmbedder
+>>> from crl_gym.experience.manager import ExperienceManager
+>>> from crl_gym.wrappers.examples import CorridorEnv
+>>> emb = HashingEmbedder(64); bank = ExperienceBank(None, dim=64)
+>>> _ = bank.add("In a corridor, keep walking east.", emb.encode(["In a corridor, keep walking east."])[0])
+>>> manager = ExperienceManager(bank, emb)
+>>> env = SearchAndAskWrapper(CorridorEnv(length=2), LocalClient(manager))
+>>> obs, info = env.reset(seed=0)
+>>> obs, reward, terminated, truncated, info = env.step("search_and_ask[which way is the exit?]")
+>>> print(obs)
+Answer to search_and_ask[which way is the exit?]:
+In a corridor, keep walking east.
+<BLANKLINE>
+You are at cell 0 of a corridor; the exit is at cell 2, to the east.
+>>> info["search_and_ask"]["status"], info["search_and_ask"]["calls_left"], env.unwrapped.turn
+('answered', 1, 0)
+>>> manager.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from crl_gym.protocol import SearchCall
+from crl_gym.wrappers.text_actions import Shared, check_template, fit_to_space, unshare
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PATTERN = r"search_and_ask\[(?P<query>.*)\]"
+"""Regex with a ``query`` group (or one group) that finds a call anywhere in the action text."""
+ANSWER_TEMPLATE = "Answer to search_and_ask[{query}]:\n{answer}\n\n{observation}"
+NO_ENTRY_TEMPLATE = "search_and_ask[{query}]: no relevant experience found.\n\n{observation}"
+OVER_CAP_TEMPLATE = (
+    "search_and_ask refused: you have used all {max_calls} calls of this episode; "
+    "take an environment action.\n\n{observation}"
+)
+EMPTY_QUERY_TEMPLATE = (
+    "search_and_ask needs a query: write search_and_ask[<where you are stuck>].\n\n{observation}"
+)
+ERROR_TEMPLATE = "search_and_ask is unavailable right now; take an environment action.\n\n{observation}"
+
+_FIELDS = ("query", "answer", "observation", "max_calls")
+
+
+class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Give the agent a ``search_and_ask`` tool (see the module docstring).
+
+    Args:
+        env: a Gymnasium env with text actions.
+        client: an :class:`~crl_gym.clients.ExperienceClient`.
+        max_calls: answered calls allowed per episode (default 2, as in the paper's setup).
+        pattern: regex (str or compiled) with a group named ``query`` or exactly one group.
+        answer_template, no_entry_template, over_cap_template, empty_query_template,
+        error_template: observations for each outcome; fields ``{query}``, ``{answer}``,
+            ``{observation}`` (the current, unchanged observation), ``{max_calls}``.
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        client: Any,
+        max_calls: int = 2,
+        pattern: str | re.Pattern[str] = DEFAULT_PATTERN,
+        answer_template: str = ANSWER_TEMPLATE,
+        no_entry_template: str = NO_ENTRY_TEMPLATE,
+        over_cap_template: str = OVER_CAP_TEMPLATE,
+        empty_query_template: str = EMPTY_QUERY_TEMPLATE,
+        error_template: str = ERROR_TEMPLATE,
+    ) -> None:
+        gym.utils.RecordConstructorArgs.__init__(
+            self, client=Shared(unshare(client)), max_calls=max_calls, pattern=pattern, answer_template=answer_template,
+            no_entry_template=no_entry_template, over_cap_template=over_cap_template,
+            empty_query_template=empty_query_template, error_template=error_template,
+        )
+        gym.Wrapper.__init__(self, env)
+        if max_calls < 0:
+            raise ValueError(f"max_calls must be >= 0, got {max_calls}")
+        self.client = unshare(client)
+        self.max_calls = max_calls
+        regex = re.compile(pattern, re.DOTALL) if isinstance(pattern, str) else pattern
+        if "query" not in regex.groupindex and regex.groups != 1:
+            raise ValueError(f"pattern {regex.pattern!r} needs a group named 'query' or exactly one group")
+        self.pattern = regex
+        self._group: int | str = "query" if "query" in regex.groupindex else 1
+        self.templates = {
+            name: check_template(t, name, _FIELDS)
+            for name, t in (
+                ("answer_template", answer_template),
+                ("no_entry_template", no_entry_template),
+                ("over_cap_template", over_cap_template),
+                ("empty_query_template", empty_query_template),
+                ("error_template", error_template),
+            )
+        }
+        self.calls_used = 0
+        self.error_count = 0
+        self._call_error: str | None = None
+        self._turn = 0
+        self._last_obs: Any = ""
+        self._last_info: dict[str, Any] = {}
+        self._warn_if_recorder_inside(env)
+
+    @staticmethod
+    def _warn_if_recorder_inside(env: gym.Env) -> None:
+        from crl_gym.wrappers.experience import ExperienceWrapper
+
+        inner: Any = env
+        while isinstance(inner, gym.Wrapper):
+            if isinstance(inner, ExperienceWrapper):
+                logger.warning(
+                    "SearchAndAskWrapper wraps an ExperienceWrapper: its calls will not be recorded "
+                    "in the trajectory; wrap as ExperienceWrapper(SearchAndAskWrapper(env)) instead"
+                )
+                return
+            inner = inner.env
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.calls_used = 0
+        self._turn = 0
+        self._last_obs = obs
+        self._last_info = info
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        match = self.pattern.search(action) if isinstance(action, str) else None
+        if match is None:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            self._turn += 1
+            self._last_obs = obs
+            self._last_info = info
+            return obs, reward, terminated, truncated, info
+        return self._search_and_ask(str(match.group(self._group)).strip())
+
+    def _search_and_ask(self, query: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        turn = self._turn
+        self._turn += 1
+        self._call_error = None
+        call: SearchCall | None = None
+        answer = ""
+        if not query:
+            status = "empty_query"
+        elif self.calls_used >= self.max_calls:
+            status = "over_cap"
+        else:
+            self.calls_used += 1
+            status, call = self._retrieve_and_ask(query, turn)
+            answer = call.answer if call is not None else ""
+        template = self.templates[
+            {
+                "answered": "answer_template",
+                "no_entry": "no_entry_template",
+                "over_cap": "over_cap_template",
+                "empty_query": "empty_query_template",
+                "error": "error_template",
+            }[status]
+        ]
+        text = template.format(query=query, answer=answer, observation=self._last_obs, max_calls=self.max_calls)
+        obs = fit_to_space(text, self.observation_space)
+        # The env was not stepped: its state, and so its info keys, are those of the last turn.
+        info = {
+            **self._last_info,
+            "search_and_ask": {
+                "status": status,
+                "query": query,
+                "call": call,
+                "calls_left": self.max_calls - self.calls_used,
+            },
+        }
+        if self._call_error is not None:
+            info["experience_error"] = self._call_error
+        return obs, 0.0, False, False, info
+
+    def _retrieve_and_ask(self, query: str, turn: int) -> tuple[str, SearchCall | None]:
+        try:
+            entry = self.client.search(query)
+        except Exception as exc:  # noqa: BLE001 - a down client costs the answer, not the episode
+            self._error("search", exc)
+            return "error", None
+        if entry is None:
+            return "no_entry", None
+        try:
+            answer, provenance = self.client.ask(query, entry, str(self._last_obs))
+        except Exception as exc:  # noqa: BLE001 - the raw entry is still a useful answer
+            self._error("ask", exc)
+            answer, provenance = entry.text, None
+        refined = provenance is not None or answer != entry.text
+        return "answered", SearchCall(query=query, answer=answer, entry=entry, turn=turn, refined=refined, provenance=provenance)
+
+    def _error(self, what: str, exc: BaseException) -> None:
+        self.error_count += 1
+        self._call_error = f"search_and_ask {what} failed: {type(exc).__name__}: {exc}"
+        logger.warning("%s (episode continues)", self._call_error)

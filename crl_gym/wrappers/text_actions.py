@@ -1,0 +1,85 @@
+"""Small text helpers shared by the wrappers: template checks, fitting text into a space.
+
+>>> check_template("Tip: {experience}\\n{observation}", "template", ("experience", "observation"))
+'Tip: {experience}\\n{observation}'
+>>> check_template("Tip: {tip}", "template", ("experience", "observation"))
+Traceback (most recent call last):
+...
+ValueError: template uses unknown field(s) {tip}; allowed: {experience}, {observation}
+>>> from gymnasium import spaces
+>>> fit_to_space("café", spaces.Text(max_length=10, charset="abcdef?"))
+'caf?'
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from gymnasium import spaces
+
+
+def check_template(template: str, name: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> str:
+    """Validate a ``str.format`` template up front, so a bad one fails at construction, naming
+    the argument, rather than with a ``KeyError`` in the middle of a rollout."""
+    if not isinstance(template, str):
+        raise TypeError(f"{name} must be a str, got {type(template).__name__}")
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"{name} is not a valid format string ({exc}); write literal braces as {{{{ }}}}") from exc
+    unknown = fields - set(allowed)
+    if unknown:
+        listing = ", ".join("{" + f + "}" for f in sorted(unknown))
+        ok = ", ".join("{" + f + "}" for f in allowed)
+        raise ValueError(f"{name} uses unknown field(s) {listing}; allowed: {ok}")
+    missing = [f for f in required if f not in fields]
+    if missing:
+        raise ValueError(f"{name} must contain " + ", ".join("{" + f + "}" for f in missing))
+    return template
+
+
+def fit_to_space(text: str, space: Any) -> str:
+    """Make ``text`` a member of ``space`` when it is a ``gymnasium.spaces.Text``: characters
+    outside its charset become ``?`` and the text is cut to ``max_length``. Other spaces get
+    ``text`` unchanged. Used only on text the wrappers write (experience, answers), never on
+    the env's own observations."""
+    if not isinstance(space, spaces.Text):
+        return text
+    charset = space.character_set
+    if not all(c in charset for c in text):
+        text = "".join(c if c in charset else ("?" if "?" in charset else "") for c in text)
+    return text[: space.max_length]
+
+
+def as_text(action: Any) -> str | None:
+    """The action as ``str`` if it is text (``str`` or ``numpy.str_``), else ``None``."""
+    return str(action) if isinstance(action, str) else None
+
+
+class Shared:
+    """Holds an object that must be shared, not copied, when Gymnasium deep-copies a wrapper's
+    recorded constructor arguments (``env.spec``): an experience client is a handle to one
+    bank, and may hold locks or sockets that cannot be copied.
+
+    >>> import copy, threading
+    >>> lock = threading.Lock()
+    >>> copy.deepcopy(Shared(lock)).obj is lock
+    True
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Shared:
+        return self
+
+    def __repr__(self) -> str:
+        return f"Shared({self.obj!r})"
+
+
+def unshare(obj: Any) -> Any:
+    """``obj.obj`` for a :class:`Shared`, else ``obj`` (wrappers accept both)."""
+    return obj.obj if isinstance(obj, Shared) else obj

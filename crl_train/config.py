@@ -1,0 +1,426 @@
+"""Trainer configuration: frozen dataclasses with a docstring per field, loaded from YAML.
+
+``load_config(path, overrides)`` reads a YAML file (or the packaged tiny preset when ``path`` is
+None), applies ``--set a.b=c`` overrides (the value is parsed as YAML: ``3``, ``true``,
+``[a, b]``) and validates everything before anything starts. An unknown key or a wrong type
+raises :class:`ConfigError` naming the key and the accepted keys or type.
+
+>>> cfg = load_config(None, ["train.steps=3", "method=grpo"])
+>>> cfg.train.steps, cfg.method
+(3, 'grpo')
+>>> load_config(None, ["train.stepz=3"])
+Traceback (most recent call last):
+...
+crl_train.config.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from crl_gym.experience.config import ManagerConfig
+
+METHOD_NAMES: tuple[str, ...] = ("grpo", "complementary", "static_online", "exp_only", "offline_exp", "edge")
+PACKAGED_CONFIGS = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config key or value is not accepted; the message names the key."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which environments the actor trains on and how rollouts are grouped."""
+
+    ids: tuple[str, ...] = ("crl/MiniHack-Room-5x5-v0",)
+    """Registered env ids (``crl_gym.envs``); several ids = multi-task, tasks drawn round-robin."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for every env constructor (e.g. ``{max_turns: 10}``)."""
+    tasks_per_step: int = 2
+    """Task groups per rollout step (rollout batch = tasks_per_step × group_size)."""
+    group_size: int = 8
+    """K: env copies per task with one seed; K/2 guided and K/2 free (paper: 8)."""
+    max_turns: int = 30
+    """Turn cap applied by the trainer on top of the env's own (paper: 30)."""
+    seed: int = 0
+    """Base seed; task g of step t uses seed + t × tasks_per_step + g."""
+    eval_seed_offset: int = 1_000_000
+    """Held-out evaluation seeds start here (never used for training)."""
+
+    def __post_init__(self) -> None:
+        if not self.ids:
+            raise ConfigError("env.ids must list at least one environment id")
+        if self.tasks_per_step < 1:
+            raise ConfigError(f"env.tasks_per_step must be >= 1, got {self.tasks_per_step}")
+        if self.group_size < 2 or self.group_size % 2:
+            raise ConfigError(f"env.group_size must be an even number >= 2 (K/2 guided, K/2 free), got {self.group_size}")
+        if self.max_turns < 1:
+            raise ConfigError(f"env.max_turns must be >= 1, got {self.max_turns}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One LLM (actor or extractor): which model, how it samples, how it trains."""
+
+    model: str = "tiny"
+    """``tiny`` (random-init small Qwen2 + tokenizer trained on the env texts) or an HF id / local path."""
+    device: str = "cpu"
+    """torch device."""
+    dtype: str = "auto"
+    """``auto`` (bf16 on CUDA, fp32 on CPU) or a torch dtype name."""
+    lr: float = 1e-6
+    """AdamW learning rate (paper: 1e-6, no KL)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs are computed under it)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_new_tokens: int = 64
+    """Tokens generated per turn (actor) or per distillation/merge answer (extractor)."""
+    max_context_tokens: int = 4096
+    """Longest token sequence; see ``crl_train.rollout`` for what happens beyond it."""
+    constrained: bool = False
+    """Actor only: restrict each action to ``info['admissible_actions']`` through a token trie."""
+    enable_thinking: bool | None = None
+    """Passed to chat templates that read it (Qwen3 hybrid); None leaves the template default."""
+    tiny_vocab_size: int = 512
+    """Tiny preset: BPE vocabulary size."""
+    tiny_hidden: int = 64
+    """Tiny preset: hidden size."""
+    tiny_layers: int = 2
+    """Tiny preset: transformer layers."""
+    tiny_heads: int = 4
+    """Tiny preset: attention heads."""
+    tiny_kv_heads: int = 2
+    """Tiny preset: key/value heads."""
+    tiny_intermediate: int = 128
+    """Tiny preset: MLP width."""
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("micro_batch_size", "max_new_tokens", "max_context_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_new_tokens >= self.max_context_tokens:
+            raise ConfigError(f"max_new_tokens ({self.max_new_tokens}) must be < max_context_tokens ({self.max_context_tokens})")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """Objectives of both models (paper defaults)."""
+
+    ratio_level: Literal["token", "sequence"] = "sequence"
+    """Actor IS ratio: per token, or per trajectory length-normalised (Eq. 5)."""
+    clip_eps: float = 0.2
+    """Actor clip ε (paper: 0.2)."""
+    adv_eps: float = 1e-6
+    """ε in Â = (r − mean_c)/(std_c + ε)."""
+    std_unbiased: bool = False
+    """Use the unbiased std in advantages (default: population std, see ``advantages.py``)."""
+    cispo_eps_low: float = 0.1
+    """CISPO lower clip of the IS weight (paper: 0.1)."""
+    cispo_eps_high: float = 0.1
+    """CISPO upper clip of the IS weight (paper: 0.1)."""
+    buffer_size: int = 64
+    """|B_φ| that triggers a CISPO update of the extractor (paper: 64)."""
+    cooldown: int = 1
+    """δ: an entry trained fewer than δ extractor steps ago gets weight 0 (not given by the paper)."""
+    count_alpha: float = 0.5
+    """α: weight (1 + c_train)^(−α) (not given by the paper)."""
+    merge_every: int = 5
+    """Run the chunked Merge every this many actor steps (paper: 5; 0 disables)."""
+    merge_token_budget: int = 6000
+    """Tokens per Merge window prompt."""
+    gate: bool = False
+    """Actor-critic gate (appendix): the actor rates the entry accept/refine/reject; score added to r(m)."""
+    self_distill: bool = False
+    """Self-distillation of winning guided trajectories with the experience stripped (appendix)."""
+    self_distill_coef: float = 0.1
+    """Weight of the self-distillation NLL step relative to the RL step."""
+    edge_threshold: float = 0.0
+    """EDGE: the gate opens when Δe > this."""
+    edge_ema: float = 0.9
+    """EDGE: EMA momentum of entry utility."""
+    edge_prune: float = -0.2
+    """EDGE: η, entries whose EMA utility falls below it are pruned."""
+
+    def __post_init__(self) -> None:
+        if self.ratio_level not in ("token", "sequence"):
+            raise ConfigError(f"algo.ratio_level must be 'token' or 'sequence', got {self.ratio_level!r}")
+        for name in ("clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps", "self_distill_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("buffer_size",):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("cooldown", "merge_every", "merge_token_budget"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.edge_ema <= 1:
+            raise ConfigError(f"algo.edge_ema must be in [0, 1], got {self.edge_ema}")
+
+
+@dataclass(frozen=True)
+class ExperienceConfig:
+    """The experience layer as the trainer drives it."""
+
+    embedder: str = "hashing"
+    """``hashing`` (fast bag-of-n-grams), ``minilm`` (the bundled all-MiniLM-L6-v2) or a model path."""
+    embed_dim: int = 256
+    """Dimension of the ``hashing`` embedder (others report their own)."""
+    seed_entries: tuple[str, ...] = ()
+    """Entries put in an empty bank at start (they have no provenance, so they are never trained)."""
+    search_and_ask: bool = False
+    """Give the actor the search_and_ask tool (paper: on)."""
+    max_search_calls: int = 2
+    """search_and_ask calls per episode."""
+    asynchronous: bool = True
+    """Run the background track in its own thread; False = each actor step waits for it (benchmark)."""
+    distill_batch: int = 8
+    """Distillation requests the background track takes from the queue per generate call."""
+    actor_threads: int = 1
+    """torch intra-op threads of the primary loop."""
+    extractor_threads: int = 1
+    """torch intra-op threads of the background track."""
+    offline_source: str | None = None
+    """offline_exp: a ``trajectories.jsonl`` of a prior run (distilled once) or a bank ``.jsonl`` export."""
+    max_prompt_chars: int = 6000
+    """Longest distillation prompt in characters (the trajectory is shortened to fit)."""
+
+    def __post_init__(self) -> None:
+        if self.embed_dim < 8:
+            raise ConfigError(f"experience.embed_dim must be >= 8, got {self.embed_dim}")
+        for name in ("max_search_calls", "distill_batch", "actor_threads", "extractor_threads", "max_prompt_chars"):
+            if getattr(self, name) < (0 if name == "max_search_calls" else 1):
+                raise ConfigError(f"experience.{name} is out of range: {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How long to train and what to write."""
+
+    steps: int = 40
+    """Actor steps (rollout → advantages → update)."""
+    checkpoint_every: int = 10
+    """Write a checkpoint (both models, bank, buffers, counters) every this many steps (and at the end)."""
+    log_every: int = 1
+    """Write a metrics.jsonl row every this many steps."""
+    eval_episodes: int = 8
+    """Held-out episodes per condition evaluated at the end of training (0 disables)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"train.steps must be >= 1, got {self.steps}")
+        for name in ("checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_episodes < 0:
+            raise ConfigError(f"train.eval_episodes must be >= 0, got {self.eval_episodes}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The whole run."""
+
+    method: str = "complementary"
+    """One of grpo, complementary, static_online, exp_only, offline_exp, edge."""
+    seed: int = 0
+    """Seed of torch and the samplers."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environments and rollout grouping."""
+    actor: ModelConfig = field(default_factory=lambda: ModelConfig(constrained=True))
+    """The policy actor π_θ."""
+    extractor: ModelConfig = field(default_factory=lambda: ModelConfig(max_new_tokens=96))
+    """The experience extractor π_φ (separate parameters, as the paper requires)."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Losses and their hyper-parameters."""
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    """Experience layer."""
+    manager: ManagerConfig = field(default_factory=ManagerConfig)
+    """ExperienceManager knobs (batching, diversification, queue)."""
+    train: RunConfig = field(default_factory=RunConfig)
+    """Run length and outputs."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHOD_NAMES:
+            raise ConfigError(f"method: unknown method {self.method!r}; accepted: {', '.join(METHOD_NAMES)}")
+        if self.method == "offline_exp" and not self.experience.offline_source:
+            raise ConfigError("experience.offline_source must name a trajectories.jsonl or bank .jsonl for method offline_exp")
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it in the field's Python type."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise bad
+    if tp is type(None):
+        if value is None:
+            return None
+        raise bad
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise bad
+    if origin is tuple:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise bad
+        (elem,) = typing.get_args(tp)[:1]
+        return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _build(tp, value, key)  # type: ignore[arg-type]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown key {full!r}; accepted keys: {', '.join(sorted(names))}")
+        kwargs[key] = _coerce(value, hints[key], full)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        if prefix and not str(exc).startswith(prefix):
+            raise ConfigError(f"{prefix}: {exc}") from None
+        raise
+    except (ValueError, TypeError) as exc:  # ManagerConfig and other foreign validators
+        raise ConfigError(f"{prefix or 'config'}: {exc}") from None
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: {p!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"a.b=c"`` → ``("a.b", yaml.safe_load("c"))``."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {exc}") from None
+    return key, value
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Validate a nested dict into a :class:`TrainConfig`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping at the top level, got {type(data).__name__}")
+    result: TrainConfig = _build(TrainConfig, data)
+    return result
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """YAML file (default: the packaged ``tiny.yaml``) + ``key=value`` overrides → TrainConfig."""
+    data = read_yaml(path if path is not None else PACKAGED_CONFIGS / "tiny.yaml")
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    return config_from_dict(data)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain, YAML-safe dict (tuples become lists)."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    out: dict[str, Any] = plain(dataclasses.asdict(cfg))
+    return out
+
+
+def dump_config(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,189 @@
+"""The experience extractor π_φ as the trainer uses it: distil, refine, merge, CISPO update.
+
+Its own model and optimizer (the paper's lesson: never share parameters with the actor). Every
+generation becomes an :class:`~crl_gym.protocol.ExtractorSample` (prompt, response, token ids,
+per-token log-probs, extractor version), stored with the entry it created so CISPO can train on it
+when the entry is later credited.
+
+**Constrained answers (tiny preset).** A random-initialised model cannot write JSON, so with
+``constrained=True`` the extractor answers by choosing, through the same token-trie decoding the
+actor uses, one line among candidate ops built from the episode: ``RETURN``, ``ADD: …`` /
+``UPDATE: …`` advice about the actions the episode took. CISPO then learns *which* advice to
+write. Real extractors (``constrained=False``) write free text parsed by ``parse_ops``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from crl_gym.experience.ops import parse_ops
+from crl_gym.experience.prompts import (
+    build_distillation_prompt,
+    build_refinement_prompt,
+    distillation_update_ids,
+    extract_refined_advice,
+)
+from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
+from crl_train.algorithms import batch_advantages, cispo_loss, training_count_weights
+from crl_train.policy.base import Generation, TokenSequence, TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+def sample_key(sample: ExtractorSample) -> str:
+    h = hashlib.sha1()
+    h.update(",".join(map(str, sample.prompt_token_ids)).encode())
+    h.update(b"|")
+    h.update(",".join(map(str, sample.token_ids)).encode())
+    return h.hexdigest()
+
+
+def candidate_ops(request: DistillationRequest, max_candidates: int = 6) -> list[str]:
+    """Well-formed op lines for a constrained extractor (see the module docstring)."""
+    actions: list[str] = []
+    for step in request.trajectory.steps:
+        a = str(step.action).strip()
+        if step.kind == "env" and a and a not in actions and len(a) <= 60:
+            actions.append(a)
+    verb = "UPDATE" if request.experience is not None else "ADD"
+    out = ["RETURN: nothing new"]
+    first = actions[0] if actions else None
+    if first:
+        out.append(f"{verb}: Start with '{first}'.")
+    for a in actions[: max_candidates]:
+        if request.success:
+            out.append(f"{verb}: Moving '{a}' helped reach the goal.")
+        else:
+            out.append(f"{verb}: Avoid repeating '{a}'; explore other directions.")
+    out.append(f"{verb}: Look for the goal on the map and walk straight to it.")
+    return list(dict.fromkeys(out))[: max_candidates + 2]
+
+
+@dataclass
+class BufferItem:
+    """One rewarded sample of B_φ."""
+
+    sample: ExtractorSample
+    reward: float
+    entry_id: int | None
+    step: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sample": self.sample.to_dict(), "reward": self.reward, "entry_id": self.entry_id, "step": self.step}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BufferItem:
+        sample = ExtractorSample.from_dict(d["sample"])
+        assert sample is not None
+        return cls(sample, float(d["reward"]), d.get("entry_id"), int(d.get("step", 0)))
+
+
+class Extractor:
+    """π_φ: a Policy plus the prompts, the op parser and the CISPO update."""
+
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        max_new_tokens: int = 96,
+        max_context_tokens: int = 4096,
+        max_prompt_chars: int = 6000,
+        constrained: bool = False,
+        eps_low: float = 0.1,
+        eps_high: float = 0.1,
+        cooldown: int = 2,
+        alpha: float = 0.5,
+    ) -> None:
+        self.policy = policy
+        self.max_new_tokens = max_new_tokens
+        self.max_context_tokens = max_context_tokens
+        self.max_prompt_chars = max_prompt_chars
+        self.constrained = constrained
+        self.eps_low, self.eps_high = eps_low, eps_high
+        self.cooldown, self.alpha = cooldown, alpha
+        self.version = 0
+        self.lock = threading.RLock()
+        """Held while generating or training: π_φ is shared by the background track and refinement."""
+        self.constraints: dict[str, list[tuple[int, ...] | None]] = {}
+        """Per-token allowed ids of constrained samples (the ExtractorSample has no field for them)."""
+
+    # ------------------------------------------------------------------ generation
+    def _prompt_ids(self, prompt: str) -> list[int]:
+        ids = list(self.policy.apply_chat([{"role": "user", "content": prompt}]))
+        budget = self.max_context_tokens - self.max_new_tokens
+        return ids[-budget:] if len(ids) > budget else ids  # keep the end: the question is last
+
+    def generate(self, prompts: Sequence[str], allowed: Sequence[list[str] | None] | None = None) -> list[ExtractorSample]:
+        ids = [self._prompt_ids(p) for p in prompts]
+        with self.lock, torch.no_grad():
+            gens: list[Generation] = self.policy.generate(ids, self.max_new_tokens, allowed=allowed)
+        out = []
+        for p, pid, g in zip(prompts, ids, gens, strict=True):
+            s = ExtractorSample(prompt=p, response=g.text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
+                                prompt_token_ids=pid, extractor_version=self.version)
+            if g.allowed is not None and any(a is not None for a in g.allowed):
+                self.constraints[sample_key(s)] = list(g.allowed)
+            out.append(s)
+        return out
+
+    def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
+        """One batched generation over ``requests``; each answer parsed into ops (never raises)."""
+        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars) for r in requests]
+        allowed = [candidate_ops(r) for r in requests] if self.constrained else None
+        samples = self.generate(prompts, allowed)
+        out = []
+        for r, s in zip(requests, samples, strict=True):
+            ops = parse_ops(s.response, allowed_update_ids=distillation_update_ids(r))
+            out.append((s, ops))
+        return out
+
+    def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
+        """The manager's ``refiner``: rewrite ``entry`` for the actor's query."""
+        prompt = build_refinement_prompt(query, entry, context, max_chars=self.max_prompt_chars)
+        allowed = [[entry.text, f"{entry.text} Then try a direction you have not tried yet."]] if self.constrained else None
+        (s,) = self.generate([prompt], allowed)
+        text = s.response.strip() if self.constrained else extract_refined_advice(s.response, entry.text)
+        return text or entry.text, s
+
+    def merge_generate(self, prompts: list[str]) -> list[ExtractorSample]:
+        """``generate`` callback of ``merge_bank`` (free text; the tiny model usually fails it, which is counted)."""
+        return self.generate(prompts, None)
+
+    # ------------------------------------------------------------------ CISPO
+    def _sequence(self, s: ExtractorSample) -> TokenSequence:
+        seq = TokenSequence()
+        seq.append_context(s.prompt_token_ids)
+        seq.append_generation(Generation(prompt_ids=s.prompt_token_ids, token_ids=s.token_ids, logprobs=s.logprobs,
+                                         text=s.response, allowed=self.constraints.get(sample_key(s))))
+        return seq
+
+    def update(self, items: Sequence[BufferItem], bank: Any, step: int) -> dict[str, float]:
+        """CISPO step over ``items``: Â = w(m)·(r̄ − mean r̄); records training counts in the bank."""
+        items = [it for it in items if it.sample.token_ids]
+        if not items:
+            return {"skipped": 1.0}
+        rbar = torch.tensor([it.reward for it in items], dtype=torch.float32)
+        counts, lasts = [], []
+        for it in items:
+            e = bank.get(it.entry_id) if it.entry_id is not None else None
+            counts.append(e.train_count if e is not None else 0)
+            lasts.append(e.last_trained_step if e is not None else -1)
+        w = training_count_weights(torch.tensor(counts), torch.tensor(lasts), step, cooldown=self.cooldown, alpha=self.alpha)
+        adv = batch_advantages(rbar, w)
+        seqs = [self._sequence(it.sample) for it in items]
+        batch = TrainBatch.from_sequences(seqs, adv, self.policy.pad_token_id)
+        with self.lock:
+            metrics = self.policy.train_step(batch, cispo_loss, eps_low=self.eps_low, eps_high=self.eps_high)
+            self.version += 1
+        ids = sorted({it.entry_id for it in items if it.entry_id is not None})
+        if ids:
+            bank.record_training(ids, step)
+        metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(items))})
+        return metrics

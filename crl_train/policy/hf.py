@@ -1,0 +1,401 @@
+"""``HFPolicy``: a transformers causal LM with batched sampling, log-prob recomputation and AdamW.
+
+The same class runs the tiny preset on CPU and Qwen2.5-7B-Instruct / Qwen3-4B-Thinking-2507 on a
+GPU. Log-probs follow the convention of :mod:`crl_train.policy.base` (tempered, constraint-masked,
+top-p excluded). The model is kept in ``eval`` mode for generation and recomputation (no dropout),
+so both see the same function; ``train_step`` switches to ``train`` only so that gradient
+checkpointing engages (Qwen configs have zero dropout).
+
+>>> from crl_train.policy.tiny import build_tiny_policy
+>>> policy = build_tiny_policy(["go north", "go south"], vocab_size=300, hidden=32, layers=1,
+...                            heads=2, kv_heads=1, intermediate=64)
+>>> prompt = policy.apply_chat([{"role": "user", "content": "where?"}])
+>>> [g.text for g in policy.generate([prompt], 8, allowed=[["go north", "go south"]])][0] in ("go north", "go south")
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .base import Generation, LossFn, OptimConfig, SamplingConfig, TrainBatch
+from .chat import ChatFormatter
+from .generate import generate_batch
+from .sampling import selective_logprobs
+from .trie import ActionTrie
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "policy_state.pt"
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    """``auto`` -> bfloat16 on CUDA, float32 elsewhere; strings like ``"bfloat16"`` accepted."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    value = getattr(torch, dtype, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype must be 'auto' or a torch dtype name like 'bfloat16', got {dtype!r}")
+    return value
+
+
+class HFPolicy:
+    """A causal LM + tokenizer + lazily created AdamW. See :class:`crl_train.policy.base.Policy`."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str | None = None,
+        device: str = "cpu",
+        sampling: SamplingConfig | None = None,
+        optim: OptimConfig | None = None,
+        chat_kwargs: Mapping[str, Any] | None = None,
+        generation_batch_size: int = 64,
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+        self.sampling = sampling or SamplingConfig()
+        self.optim = optim or OptimConfig()
+        self.generation_batch_size = generation_batch_size
+        self.chat = ChatFormatter(tokenizer, chat_kwargs)
+        self.eos_token_ids = self._eos_ids()
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad if pad is not None else self.eos_token_ids[0])
+        self.step = 0
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.skipped_steps = 0
+        """Optimizer steps skipped for a non-finite loss or gradient (logged, never applied)."""
+        self.generator: Any | None = None
+        """Optional fast generator (``VLLMGenerator``) for unconstrained requests; see attach_generator."""
+
+    def attach_generator(self, generator: Any) -> None:
+        """Serve unconstrained ``generate`` calls from ``generator`` (e.g. ``VLLMGenerator``) and
+        push this model's weights into it now and after every optimizer step."""
+        self.generator = generator
+        generator.sync_weights(self.model.state_dict().items())
+
+    def _eos_ids(self) -> list[int]:
+        # The tokenizer's EOS first (it ends constrained actions), then the generation config's.
+        ids: list[int] = []
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(int(self.tokenizer.eos_token_id))
+        gen_cfg = getattr(self.model, "generation_config", None)
+        extra = getattr(gen_cfg, "eos_token_id", None)
+        for i in extra if isinstance(extra, (list, tuple)) else [extra]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+        if not ids:
+            raise ValueError(f"{self.name}: neither the tokenizer nor the generation config defines an EOS token")
+        return ids
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str | torch.dtype = "auto",
+        sampling: SamplingConfig | None = None,
+        optim: OptimConfig | None = None,
+        enable_thinking: bool | None = None,
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        attn_implementation: str | None = None,
+    ) -> HFPolicy:
+        """Load a causal LM and its tokenizer by HF id or local path.
+
+        ``enable_thinking`` is passed to the chat template when set (Qwen3 hybrid templates read
+        it; Qwen3-*-Thinking-2507 templates always think).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = str(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        return cls(model, tokenizer, name=path, device=device, sampling=sampling, optim=optim, chat_kwargs=chat_kwargs)
+
+    # ---------------------------------------------------------------- chat and generation
+    def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+        return self.chat.prompt_ids(messages, add_generation_prompt=add_generation_prompt)
+
+    def _tries(self, allowed: Sequence[Any | None] | None, n: int) -> list[ActionTrie | None]:
+        if allowed is None:
+            return [None] * n
+        if len(allowed) != n:
+            raise ValueError(f"generate: allowed has {len(allowed)} entries for {n} prompts")
+        out: list[ActionTrie | None] = []
+        for i, a in enumerate(allowed):
+            if a is None or isinstance(a, ActionTrie):
+                out.append(a)
+            elif isinstance(a, str):
+                raise TypeError(f"generate: allowed[{i}] is a str; pass a list of action strings")
+            else:
+                out.append(ActionTrie.from_actions(list(a), self.tokenizer, self.eos_token_ids[0]))
+        return out
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        allowed: Sequence[Any | None] | None = None,
+        *,
+        sampling: SamplingConfig | None = None,
+    ) -> list[Generation]:
+        if max_new_tokens < 1:
+            raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"generate: prompt {i} is empty")
+        cfg = sampling or self.sampling
+        if not math.isclose(cfg.temperature, self.sampling.temperature):
+            log.warning(
+                "generate: temperature %s differs from the policy's %s; recomputed log-probs will not match",
+                cfg.temperature, self.sampling.temperature,
+            )
+        tries = self._tries(allowed, len(prompts))
+        if self.generator is not None and all(t is None for t in tries):
+            return list(self.generator.generate(prompts, max_new_tokens, sampling=cfg))
+        generator = None
+        if cfg.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.model.eval()
+        out: list[Generation] = []
+        bs = self.generation_batch_size
+        for s in range(0, len(prompts), bs):
+            out.extend(
+                generate_batch(
+                    self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
+                    tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
+                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                    device=self.device, generator=generator,
+                )
+            )
+        return out
+
+    # ---------------------------------------------------------------- log-probs and training
+    def _sequence_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding."""
+        ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        temperature = self.sampling.temperature
+        rows = []
+        for b in range(ids.shape[0]):
+            # Row t of logits predicts token t + 1, so a constraint on position p is row p - 1.
+            cons = None
+            if batch.constraints is not None and batch.constraints[b]:
+                cons = {p - 1: a for p, a in batch.constraints[b].items() if p >= 1}
+            lp = selective_logprobs(logits[b, :-1], ids[b, 1:], temperature, cons)
+            rows.append(torch.cat([lp.new_zeros(1), lp]))
+        lp = torch.stack(rows)
+        # where(), not a product: -inf * 0 would be NaN on an off-trie padded position.
+        return torch.where(attn.bool(), lp, torch.zeros_like(lp))
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        self.model.eval()
+        mb = self.optim.micro_batch_size
+        parts = [self._sequence_logprobs(batch.select(slice(s, s + mb))) for s in range(0, batch.batch_size, mb)]
+        return torch.cat(parts).cpu()
+
+    def _ensure_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            if not params:
+                raise ValueError(f"{self.name}: no trainable parameters")
+            o = self.optim
+            self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        return self.optimizer
+
+    def _scale(self, mb: TrainBatch, batch: TrainBatch, total_tokens: int) -> float:
+        mode = self.optim.loss_scale
+        if mode == "samples":
+            return mb.batch_size / batch.batch_size
+        if mode == "tokens":
+            return mb.num_tokens / total_tokens
+        return 1.0
+
+    def accumulate_gradients(
+        self, batch: TrainBatch, loss_fn: LossFn, **loss_kw: Any
+    ) -> tuple[bool, float, dict[str, float]]:
+        """Backward over ``batch`` micro-batch by micro-batch, each loss weighted by
+        ``OptimConfig.loss_scale`` so the summed gradient equals the full-batch one.
+
+        Returns (all losses finite, weighted loss, loss metrics averaged over sequences). Stops
+        at the first non-finite loss. Does not zero or step the optimizer.
+        """
+        total_tokens = max(batch.num_tokens, 1)
+        metrics: dict[str, float] = {}
+        loss_total = 0.0
+        self.model.train()
+        try:
+            mbs = self.optim.micro_batch_size
+            for s in range(0, batch.batch_size, mbs):
+                mb = batch.select(slice(s, s + mbs))
+                if mb.num_tokens == 0 and self.optim.loss_scale == "tokens":
+                    continue
+                kw: dict[str, Any] = {k: v.to(self.device) for k, v in mb.extra.items()}
+                if mb.group_ids is not None:
+                    kw["group_ids"] = mb.group_ids.to(self.device)
+                if mb.condition_ids is not None:
+                    kw["condition_ids"] = mb.condition_ids.to(self.device)
+                kw.update(loss_kw)
+                lp = self._sequence_logprobs(mb)
+                loss, m = loss_fn(
+                    lp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device),
+                    mb.loss_mask.to(self.device), **kw,
+                )
+                if not torch.isfinite(loss):
+                    return False, float("nan"), metrics
+                scale = self._scale(mb, batch, total_tokens)
+                (loss * scale).backward()
+                loss_total += float(loss.detach()) * scale
+                weight = mb.batch_size / batch.batch_size
+                for k, v in m.items():
+                    metrics[k] = metrics.get(k, 0.0) + float(v) * weight
+        finally:
+            self.model.eval()
+        return True, loss_total, metrics
+
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn, **loss_kw: Any) -> dict[str, float]:
+        """One AdamW step over ``batch`` with gradient accumulation over micro-batches.
+
+        A batch without trained tokens, or a non-finite loss or gradient norm, skips the update
+        (``skipped`` = 1 in the metrics, counted in ``skipped_steps``, logged) instead of
+        corrupting the weights.
+        """
+        total_tokens = batch.num_tokens
+        if total_tokens == 0:
+            self.skipped_steps += 1
+            log.warning("%s: train_step got a batch with no trained tokens; skipped", self.name)
+            return {"skipped": 1.0, "num_tokens": 0.0, "step": float(self.step)}
+        opt = self._ensure_optimizer()
+        opt.zero_grad(set_to_none=True)
+        finite, loss_total, metrics = self.accumulate_gradients(batch, loss_fn, **loss_kw)
+        grad_norm = float("nan")
+        if finite:
+            params = [p for g in opt.param_groups for p in g["params"]]
+            clip = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            finite = math.isfinite(grad_norm)
+        if not finite:
+            opt.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            log.warning("%s: non-finite loss or gradient at step %d; update skipped", self.name, self.step)
+            return {**metrics, "skipped": 1.0, "grad_norm": grad_norm, "step": float(self.step)}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.generator is not None:
+            self.generator.sync_weights(self.model.state_dict().items())
+        return {
+            **metrics,
+            "loss": loss_total,
+            "grad_norm": grad_norm,
+            "lr": float(opt.param_groups[0]["lr"]),
+            "num_tokens": float(total_tokens),
+            "skipped": 0.0,
+            "step": float(self.step),
+        }
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, directory: str | Path) -> None:
+        """Write ``model/`` (weights + tokenizer) and ``policy_state.pt`` atomically: a crash
+        mid-save leaves the previous checkpoint in place."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        try:
+            self.model.save_pretrained(tmp / "model")
+            self.tokenizer.save_pretrained(tmp / "model")
+            state = {
+                "step": self.step,
+                "name": self.name,
+                "skipped_steps": self.skipped_steps,
+                "sampling": asdict(self.sampling),
+                "optim": asdict(self.optim),
+                "chat_kwargs": self.chat.chat_kwargs,
+                "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+            }
+            torch.save(state, tmp / STATE_FILE)
+            old = directory.with_name(directory.name + ".old")
+            if directory.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                directory.rename(old)
+            tmp.rename(directory)
+            shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def load(self, directory: str | Path) -> None:
+        """Load weights, optimizer state and step written by :meth:`save` into this policy."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        files = sorted((directory / "model").glob("*.safetensors"))
+        if not files or not (directory / STATE_FILE).exists():
+            raise FileNotFoundError(f"{directory} is not a policy checkpoint (needs model/*.safetensors and {STATE_FILE})")
+        missing = {k for k, _ in self.model.named_parameters()}
+        for f in files:
+            sd = load_file(str(f), device=str(self.device))
+            result = self.model.load_state_dict(sd, strict=False)
+            if result.unexpected_keys:
+                raise ValueError(f"{f}: keys not in the model: {result.unexpected_keys[:5]}")
+            missing -= set(sd)
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        missing = {k for k in missing if not (tied and k.startswith("lm_head"))}
+        if missing:
+            raise ValueError(f"{directory}: checkpoint lacks parameters {sorted(missing)[:5]}")
+        state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+        self.step = int(state["step"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        if state.get("optimizer") is not None:
+            self._ensure_optimizer().load_state_dict(state["optimizer"])
+        self.model.eval()
+
+    @classmethod
+    def from_checkpoint(cls, directory: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto") -> HFPolicy:
+        """A policy rebuilt from a :meth:`save` directory (tiny preset included)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        directory = Path(directory)
+        if not (directory / STATE_FILE).exists():
+            raise FileNotFoundError(f"{directory / STATE_FILE} not found: not a policy checkpoint")
+        state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(directory / "model"))
+        model = AutoModelForCausalLM.from_pretrained(str(directory / "model"), dtype=resolve_dtype(dtype, device))
+        optim = state["optim"]
+        optim["betas"] = tuple(optim["betas"])
+        sampling = state["sampling"]
+        sampling["stop"] = tuple(sampling["stop"])
+        policy = cls(
+            model, tokenizer, name=state["name"], device=device, sampling=SamplingConfig(**sampling),
+            optim=OptimConfig(**optim), chat_kwargs=state["chat_kwargs"],
+        )
+        policy.load(directory)
+        return policy

@@ -1,0 +1,145 @@
+"""Constrained decoding: a token trie over an env's admissible actions (+ EOS).
+
+A random-init model cannot spell ``north``; restricting each sampled token to the continuations
+of the admissible actions makes every response a valid action. The per-token allowed sets are
+stored with the generation (``Generation.allowed``) and applied again when log-probs are
+recomputed for training, so the ratio compares like with like.
+
+>>> trie = ActionTrie.from_token_ids({"north": [5, 6], "nop": [5], "south": [7]}, eos_token_id=0)
+>>> trie.allowed([])          # first token: any action's first token
+(5, 7)
+>>> trie.allowed([5])         # "nop" is complete (EOS allowed) or continue to "north"
+(0, 6)
+>>> trie.allowed([5, 6])      # only EOS after a complete leaf
+(0,)
+>>> trie.action_of([5, 6, 0])
+'north'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class _Node:
+    children: dict[int, _Node] = field(default_factory=dict)
+    action: str | None = None  # set when the path from the root spells a complete action
+
+
+class ActionTrie:
+    """Trie of tokenised actions. An action's token path ends in EOS, which ends the response."""
+
+    def __init__(self, eos_token_id: int) -> None:
+        self.eos_token_id = int(eos_token_id)
+        self._root = _Node()
+        self._actions: dict[tuple[int, ...], str] = {}
+
+    @classmethod
+    def from_token_ids(cls, actions: Mapping[str, Sequence[int]], eos_token_id: int) -> ActionTrie:
+        """Build from ``{action text: token ids}`` (ids without EOS)."""
+        trie = cls(eos_token_id)
+        for text, ids in actions.items():
+            trie.add(text, ids)
+        if not trie._actions:
+            raise ValueError("ActionTrie needs at least one admissible action, got none")
+        return trie
+
+    @classmethod
+    def from_actions(cls, actions: Iterable[str], tokenizer: Any, eos_token_id: int | None = None) -> ActionTrie:
+        """Tokenise each action on its own (no special tokens) with ``tokenizer``.
+
+        ``eos_token_id`` defaults to ``tokenizer.eos_token_id``. Empty / whitespace-only actions
+        are skipped (they cannot be told apart from a bare EOS).
+        """
+        eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        if eos is None:
+            raise ValueError("ActionTrie.from_actions: the tokenizer has no eos_token_id; pass eos_token_id")
+        mapping: dict[str, list[int]] = {}
+        for text in actions:
+            if not isinstance(text, str):
+                raise TypeError(f"ActionTrie.from_actions: actions must be str, got {type(text).__name__}: {text!r}")
+            if text.strip():
+                mapping[text] = list(tokenizer.encode(text, add_special_tokens=False))
+        return cls.from_token_ids(mapping, int(eos))
+
+    def add(self, text: str, ids: Sequence[int]) -> None:
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError(f"ActionTrie.add: action {text!r} has no tokens")
+        if self.eos_token_id in ids:
+            raise ValueError(f"ActionTrie.add: action {text!r} contains the EOS token {self.eos_token_id}")
+        node = self._root
+        for tok in ids:
+            node = node.children.setdefault(tok, _Node())
+        if node.action is None:  # two texts with the same tokens: the first one names the path
+            node.action = text
+            self._actions[tuple(ids)] = text
+
+    def __len__(self) -> int:
+        return len(self._actions)
+
+    @property
+    def actions(self) -> list[str]:
+        return list(self._actions.values())
+
+    def _walk(self, prefix: Sequence[int]) -> _Node:
+        node = self._root
+        for pos, tok in enumerate(prefix):
+            nxt = node.children.get(int(tok))
+            if nxt is None:
+                raise ValueError(f"ActionTrie: token {int(tok)} at position {pos} of {list(prefix)} is not a valid continuation")
+            node = nxt
+        return node
+
+    def allowed(self, prefix: Sequence[int]) -> tuple[int, ...]:
+        """Sorted token ids allowed after ``prefix`` (response tokens so far, without EOS)."""
+        node = self._walk(prefix)
+        out = set(node.children)
+        if node.action is not None:
+            out.add(self.eos_token_id)
+        return tuple(sorted(out))
+
+    def is_complete(self, prefix: Sequence[int]) -> bool:
+        """True when ``prefix`` spells a whole action (EOS may follow)."""
+        try:
+            return self._walk(prefix).action is not None
+        except ValueError:
+            return False
+
+    def action_of(self, ids: Sequence[int]) -> str | None:
+        """The action spelled by ``ids`` (a trailing EOS is ignored); None if not an action."""
+        ids = [int(i) for i in ids]
+        if ids and ids[-1] == self.eos_token_id:
+            ids = ids[:-1]
+        return self._actions.get(tuple(ids))
+
+
+def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> torch.Tensor:
+    """``logits`` [N, V] with every token outside ``allowed[n]`` set to ``-inf`` (None: row kept).
+
+    >>> constraint_mask(torch.zeros(2, 3), [(1,), None]).tolist()
+    [[-inf, 0.0, -inf], [0.0, 0.0, 0.0]]
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(allowed):
+        raise ValueError(f"constraint_mask: logits {tuple(logits.shape)} do not match {len(allowed)} allowed sets")
+    rows = [i for i, a in enumerate(allowed) if a is not None]
+    if not rows:
+        return logits
+    vocab = logits.shape[1]
+    keep = torch.zeros((len(rows), vocab), dtype=torch.bool, device=logits.device)
+    for j, i in enumerate(rows):
+        ids = torch.as_tensor(list(allowed[i]), dtype=torch.long, device=logits.device)  # type: ignore[arg-type]
+        if ids.numel() == 0:
+            raise ValueError(f"constraint_mask: row {i} allows no token")
+        if int(ids.max()) >= vocab or int(ids.min()) < 0:
+            raise ValueError(f"constraint_mask: row {i} allows token ids outside the vocabulary of {vocab}")
+        keep[j, ids] = True
+    out = logits.clone()
+    row_idx = torch.as_tensor(rows, dtype=torch.long, device=logits.device)
+    out[row_idx] = out[row_idx].masked_fill(~keep, float("-inf"))
+    return out

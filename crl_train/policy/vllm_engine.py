@@ -1,0 +1,252 @@
+"""vLLM generation for real models, with weights synced from the trainer after each update.
+
+``vllm`` is imported inside functions only: it has no CPU wheel, and the rest of the package
+must import without it. The pure parts — sampling-parameter building, output conversion, weight
+chunking — are plain functions tested on CPU with stand-in objects.
+
+Log-probs. The engine is created with ``logprobs_mode="processed_logprobs"`` where the installed
+vLLM supports it (>= 0.10.2), so returned log-probs are of the temperature-scaled distribution,
+matching :mod:`crl_train.policy.base` when ``top_p == 1``. With top-p < 1, greedy decoding or an
+older vLLM, :attr:`VLLMGenerator.logprobs_exact` is False and the trainer must recompute the old
+log-probs with ``HFPolicy.logprobs`` before the update. Constrained decoding is an ``hf``-backend
+feature (its masks must be replayed in training); a constrained request here is an error.
+
+Weight sync. With one GPU the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+and ``sync_weights`` calls the model's ``load_weights`` directly; otherwise it goes through
+``LLM.collective_rpc("crl_load_weights", ...)`` on :class:`WorkerExtension`.
+
+>>> chunks = list(weight_chunks([("module.a", torch.zeros(4)), ("b", torch.zeros(4))], max_bytes=16))
+>>> [[name for name, _ in c] for c in chunks]
+[['a'], ['b']]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .base import FinishReason, Generation, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def sampling_params_kwargs(
+    cfg: SamplingConfig, max_new_tokens: int, stop_token_ids: Sequence[int] = ()
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` (one sampled token's log-prob per step)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    kw: dict[str, Any] = {
+        "n": 1,
+        "temperature": 0.0 if cfg.greedy else cfg.temperature,
+        "top_p": cfg.top_p,
+        "max_tokens": max_new_tokens,
+        "logprobs": 0,  # 0 = only the sampled token's log-prob
+        "stop_token_ids": [int(i) for i in stop_token_ids],
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": True,  # same text convention as the hf backend
+    }
+    if cfg.stop:
+        kw["stop"] = list(cfg.stop)
+    if cfg.seed is not None:
+        kw["seed"] = cfg.seed
+    return kw
+
+
+def token_prompts(prompts: Sequence[Sequence[int]]) -> list[dict[str, list[int]]]:
+    """``TokensPrompt`` dicts (vLLM accepts the TypedDict's plain-dict form)."""
+    out = []
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"generate: prompt {i} is empty")
+        out.append({"prompt_token_ids": [int(t) for t in p]})
+    return out
+
+
+def _logprob_value(entry: Any) -> float:
+    # vLLM returns Logprob objects (``.logprob``); accept plain floats too.
+    return float(getattr(entry, "logprob", entry))
+
+
+def to_generation(output: Any, prompt_ids: Sequence[int]) -> Generation:
+    """A ``vllm.RequestOutput`` (first completion) as a :class:`Generation`.
+
+    The per-step ``logprobs`` entry is a mapping token id -> Logprob; the sampled token's entry
+    must be there (vLLM always includes it), else the output is rejected with a clear error.
+    """
+    if not getattr(output, "outputs", None):
+        raise ValueError(f"vLLM request {getattr(output, 'request_id', '?')} returned no completion")
+    comp = output.outputs[0]
+    ids = [int(t) for t in comp.token_ids]
+    steps = comp.logprobs
+    if steps is None or len(steps) != len(ids):
+        raise ValueError(
+            f"vLLM request {getattr(output, 'request_id', '?')}: expected one log-prob entry per token "
+            f"({len(ids)}), got {None if steps is None else len(steps)}; was SamplingParams.logprobs set?"
+        )
+    lps = []
+    for pos, (tok, step) in enumerate(zip(ids, steps, strict=True)):
+        table: Mapping[int, Any] = step
+        if tok not in table:
+            raise ValueError(f"vLLM output lacks the log-prob of sampled token {tok} at position {pos}")
+        lps.append(_logprob_value(table[tok]))
+    reason = comp.finish_reason
+    finish: FinishReason = "length" if reason == "length" else "stop"
+    if reason not in ("stop", "length"):
+        log.warning("vLLM finish_reason %r treated as 'stop'", reason)
+    # An EOS id stays in token_ids (it is trained, as in the hf backend); the text skips it.
+    return Generation(
+        prompt_ids=[int(t) for t in prompt_ids], token_ids=ids, logprobs=lps, text=str(comp.text), finish_reason=finish
+    )
+
+
+def normalise_name(name: str) -> str:
+    """Strip wrapper prefixes (DDP ``module.``, ``torch.compile`` ``_orig_mod.``) from a param name."""
+    changed = True
+    while changed:
+        changed = False
+        for p in _WRAPPER_PREFIXES:
+            if name.startswith(p):
+                name, changed = name[len(p):], True
+    return name
+
+
+def weight_chunks(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int = 1 << 30
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group ``(name, tensor)`` pairs into chunks of at most ``max_bytes`` (a bigger tensor goes
+    alone), names normalised and tensors detached, so a sync never holds a second full copy."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        t = tensor.detach()
+        nbytes = t.numel() * t.element_size()
+        if chunk and size + nbytes > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((normalise_name(name), t))
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
+class WorkerExtension:
+    """Mixed into vLLM workers (``worker_extension_cls``) for the multi-process sync path."""
+
+    def crl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        device = next(model.parameters()).device
+        model.load_weights(weights=[(n, t.to(device)) for n, t in weights])
+        return len(weights)
+
+
+def _local_model(llm: Any) -> Any | None:
+    """The in-process torch model behind ``llm`` (V1 single-process or V0), or None."""
+    chains = (
+        ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),
+        ("llm_engine", "model_executor", "driver_worker", "model_runner", "model"),
+    )
+    for chain in chains:
+        obj = llm
+        for attr in chain:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                break
+        if obj is not None and hasattr(obj, "load_weights"):
+            return obj
+    return None
+
+
+class VLLMGenerator:
+    """Generation on a vLLM engine; see the module docstring for log-probs and weight sync."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        *,
+        sampling: SamplingConfig | None = None,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.4,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool = False,
+        sync_chunk_bytes: int = 1 << 30,
+    ) -> None:
+        try:
+            import vllm
+        except ImportError as exc:
+            raise ImportError("the vllm backend needs vLLM: pip install 'complementary-rl[vllm]'") from exc
+        # One GPU: keep the engine in this process so weights can be loaded without copies.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingConfig()
+        self.sync_chunk_bytes = sync_chunk_bytes
+        self.name = f"{model_path} (vLLM)"
+        kw: dict[str, Any] = {
+            "model": model_path,
+            "dtype": dtype,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "seed": seed,
+            "enforce_eager": enforce_eager,
+            "worker_extension_cls": f"{__name__}.WorkerExtension",
+            "logprobs_mode": "processed_logprobs",
+        }
+        if max_model_len is not None:
+            kw["max_model_len"] = max_model_len
+        try:
+            self.llm = vllm.LLM(**kw)
+            self.processed_logprobs = True
+        except TypeError:  # older vLLM without logprobs_mode: raw log-probs only
+            kw.pop("logprobs_mode")
+            self.llm = vllm.LLM(**kw)
+            self.processed_logprobs = False
+            log.warning("this vLLM has no logprobs_mode; log-probs are raw and must be recomputed")
+        eos = tokenizer.eos_token_id
+        self.eos_token_ids = [int(eos)] if eos is not None else []
+        self.syncs = 0
+
+    @property
+    def logprobs_exact(self) -> bool:
+        """True when returned log-probs follow the project convention (see module docstring)."""
+        s = self.sampling
+        return self.processed_logprobs and s.top_p >= 1.0 and not s.greedy
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        allowed: Sequence[Any | None] | None = None,
+        *,
+        sampling: SamplingConfig | None = None,
+    ) -> list[Generation]:
+        import vllm
+
+        if allowed is not None and any(a is not None for a in allowed):
+            raise ValueError("constrained decoding (allowed=...) is supported by the hf backend only")
+        cfg = sampling or self.sampling
+        params = vllm.SamplingParams(**sampling_params_kwargs(cfg, max_new_tokens, self.eos_token_ids))
+        outputs = self.llm.generate(token_prompts(prompts), sampling_params=params, use_tqdm=False)
+        return [to_generation(o, p) for o, p in zip(outputs, prompts, strict=True)]
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load trainer weights into the engine; returns how many tensors were sent."""
+        local = _local_model(self.llm)
+        sent = 0
+        for chunk in weight_chunks(named_tensors, self.sync_chunk_bytes):
+            if local is not None:
+                device = next(local.parameters()).device
+                local.load_weights(weights=[(n, t.to(device)) for n, t in chunk])
+            else:
+                self.llm.collective_rpc("crl_load_weights", args=([(n, t.cpu()) for n, t in chunk],))
+            sent += len(chunk)
+        if hasattr(self.llm, "reset_prefix_cache"):  # cached KV came from the old weights
+            self.llm.reset_prefix_cache()
+        self.syncs += 1
+        return sent

@@ -1,0 +1,324 @@
+"""Rollouts: K env copies per task with one seed, K/2 guided and K/2 free, one batched generation per turn.
+
+Order of a rollout step (``RolloutRunner.collect``):
+
+1. every free copy is reset with its task's seed; the task text comes from ``info["task"]``;
+2. the guided halves are prefetched with ONE ``client.search_many`` over the task texts of all
+   groups, then reset with ``options={"experience": "guided", "prefetched": entry}``;
+3. all live episodes advance together: one ``policy.generate`` call per turn over every
+   unfinished episode (constrained to ``info["admissible_actions"]`` through a token trie when
+   ``constrained``), then one ``env.step`` each.
+
+Every :class:`Episode` keeps its token ids, loss mask (1 only on the agent's own tokens), old
+log-probs and constraints (a :class:`~crl_train.policy.base.TokenSequence`), its turn count, the
+entry it saw and its distillation request.
+
+**Context policy.** The actor's sequence is never cut in the middle: an episode whose next turn
+(observation + ``max_new_tokens``) would exceed ``max_context_tokens`` ends there as a failure
+(``context_truncated``). The recorded log-probs are then exactly those of the trained tokens.
+Observations are shortened to ``max_obs_chars`` (middle elided) before tokenisation.
+
+**Errors.** An env that raises in ``reset`` or ``step`` ends that episode as a failure with the
+error in ``episode.info["error"]`` and in the log; the others continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_train.policy.base import Generation, TokenSequence
+from crl_train.policy.chat import parse_action
+
+log = logging.getLogger(__name__)
+
+SYSTEM_CONSTRAINED = "You are an agent in a text environment. Answer with one action."
+SYSTEM_REACT = (
+    "You are an agent in a text environment. Think briefly, then give exactly one action inside "
+    "<action>...</action>. You may also write search_and_ask[<your question>] inside the tags to "
+    "ask the experience bank for advice."
+)
+SEARCH_ACTION = "search_and_ask[what should I do next?]"
+"""The tool call offered to a constrained (tiny) actor when search_and_ask is on."""
+
+
+@dataclass
+class Turn:
+    """One generation and the context tokens that followed it (for rebuilding a sequence)."""
+
+    generation: Generation
+    context_ids: list[int]
+    kind: str = "env"
+
+
+@dataclass
+class Episode:
+    """One rollout of the batch."""
+
+    group: int
+    condition: str
+    env_id: str
+    seed: int
+    sequence: TokenSequence = field(default_factory=TokenSequence)
+    task: str = ""
+    reward: float = 0.0
+    success: bool = False
+    turns: int = 0
+    num_actions: int = 0
+    experience: ExperienceRef | None = None
+    request: DistillationRequest | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+    prompt_ids: list[int] = field(default_factory=list)
+    history: list[Turn] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    admissible: list[str] = field(default_factory=list)
+    search_calls: int = 0
+
+    @property
+    def failed_by_error(self) -> bool:
+        return "error" in self.info
+
+
+def shorten(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    half = max(1, (max_chars - 5) // 2)
+    return text[:half] + " ... " + text[-half:]
+
+
+class RolloutRunner:
+    """Runs groups of episodes with one policy over a pool of (wrapped) envs.
+
+    Args:
+        policy: an ``HFPolicy``-like object (``generate``, ``apply_chat``, ``chat.user_turn_ids``).
+        make_env: ``make_env(env_id) -> gym.Env`` already wrapped for experience when ``client``.
+        client: an ExperienceClient (``search_many``), or None for runs without experience.
+        group_size: K; guided copies are the first K/2 of each group.
+        max_turns: trainer turn cap per episode.
+        max_new_tokens / max_context_tokens: see the module docstring.
+        constrained: restrict actions to the env's admissible actions.
+        search_and_ask: offer the tool (constrained: as one fixed extra action).
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        make_env: Callable[[str], Any],
+        *,
+        client: Any = None,
+        group_size: int = 8,
+        max_turns: int = 30,
+        max_new_tokens: int = 64,
+        max_context_tokens: int = 4096,
+        constrained: bool = False,
+        search_and_ask: bool = False,
+        max_obs_chars: int = 4000,
+    ) -> None:
+        if group_size < 2 or group_size % 2:
+            raise ValueError(f"group_size must be even and >= 2, got {group_size}")
+        self.policy = policy
+        self.make_env = make_env
+        self.client = client
+        self.group_size = group_size
+        self.max_turns = max_turns
+        self.max_new_tokens = max_new_tokens
+        self.max_context_tokens = max_context_tokens
+        self.constrained = constrained
+        self.search_and_ask = search_and_ask
+        self.max_obs_chars = max_obs_chars
+        self._pool: dict[str, list[Any]] = {}
+        self.errors = 0
+        self.context_truncations = 0
+        self.search_failures = 0
+        self.last_search_s = 0.0
+        """Wall time of the last rollout step's batched search (s)."""
+        self.eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
+
+    # ------------------------------------------------------------------ envs
+    def _envs(self, env_id: str, n: int) -> list[Any]:
+        pool = self._pool.setdefault(env_id, [])
+        while len(pool) < n:
+            pool.append(self.make_env(env_id))
+        return pool[:n]
+
+    def close(self) -> None:
+        for pool in self._pool.values():
+            for env in pool:
+                try:
+                    env.close()
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    log.debug("env close failed", exc_info=True)
+        self._pool.clear()
+
+    # --------------------------------------------------------------- prompts
+    def _system(self) -> str:
+        return SYSTEM_CONSTRAINED if self.constrained else SYSTEM_REACT
+
+    def _user_text(self, obs: str, admissible: Sequence[str]) -> str:
+        obs = shorten(str(obs), self.max_obs_chars)
+        if admissible and not self.constrained:
+            return f"{obs}\nValid actions: {', '.join(admissible)}"
+        return obs
+
+    def _start(self, ep: Episode, obs: Any, info: dict[str, Any]) -> None:
+        ep.task = str(info.get("task") or obs)
+        ep.admissible = list(info.get("admissible_actions") or [])
+        exp = info.get("experience")
+        ep.experience = ExperienceRef.from_dict(exp) if isinstance(exp, dict) else None
+        ep.prompt_ids = self.policy.apply_chat(
+            [{"role": "system", "content": self._system()}, {"role": "user", "content": self._user_text(obs, ep.admissible)}]
+        )
+        ep.sequence.append_context(ep.prompt_ids)
+
+    def _fail(self, ep: Episode, where: str, exc: BaseException) -> None:
+        self.errors += 1
+        ep.info["error"] = f"{where}: {type(exc).__name__}: {exc}"
+        ep.done, ep.success = True, False
+        log.warning("episode env=%s seed=%s %s %s failed and ends as a failure: %s", ep.env_id, ep.seed, ep.condition, where, exc)
+
+    # ----------------------------------------------------------------- collect
+    def collect(self, tasks: Sequence[tuple[str, int]], *, guided: bool = True, step: int = 0) -> list[Episode]:
+        """Run one rollout step: ``tasks`` = [(env_id, seed)] groups of K copies each.
+
+        ``guided=False`` runs every copy free (GRPO, or evaluation without experience).
+        """
+        k, half = self.group_size, self.group_size // 2
+        episodes: list[Episode] = []
+        envs: list[Any] = []
+        need: dict[str, int] = {}
+        for env_id, _ in tasks:
+            need[env_id] = need.get(env_id, 0) + k
+        taken: dict[str, int] = dict.fromkeys(need, 0)
+        pools = {env_id: self._envs(env_id, n) for env_id, n in need.items()}
+        for g, (env_id, seed) in enumerate(tasks):
+            for c in range(k):
+                cond = "guided" if guided and c < half else "free"
+                episodes.append(Episode(group=g, condition=cond, env_id=env_id, seed=seed))
+                envs.append(pools[env_id][taken[env_id]])
+                taken[env_id] += 1
+        # 1. free copies first: they give the task text of each group
+        task_text: dict[int, str] = {}
+        for ep, env in zip(episodes, envs, strict=True):
+            if ep.condition == "free":
+                self._reset(ep, env, {"experience": "free"} if self.client is not None else None)
+                if not ep.failed_by_error:
+                    task_text.setdefault(ep.group, ep.task)
+        # 2. one batched search for all guided halves
+        guided_groups = sorted({ep.group for ep in episodes if ep.condition == "guided"})
+        prefetched: dict[int, ExperienceRef | None] = {}
+        if guided_groups and self.client is not None:
+            queries = [task_text.get(g, "") for g in guided_groups]
+            t0 = time.perf_counter()
+            try:
+                refs = self.client.search_many(queries)
+            except Exception as exc:  # noqa: BLE001 - a down manager costs guidance, not the step
+                self.search_failures += 1
+                log.warning("search_many failed (%s); guided copies run without experience", exc)
+                refs = [None] * len(queries)
+            self.last_search_s = time.perf_counter() - t0
+            prefetched = dict(zip(guided_groups, refs, strict=True))
+        for ep, env in zip(episodes, envs, strict=True):
+            if ep.condition == "guided":
+                self._reset(ep, env, {"experience": "guided", "prefetched": prefetched.get(ep.group)})
+        # 3. advance all together
+        for ep in episodes:
+            ep.info["rollout_step"] = step
+        while True:
+            live = [(ep, env) for ep, env in zip(episodes, envs, strict=True) if not ep.done]
+            if not live:
+                break
+            self._turn(live)
+        return episodes
+
+    def _reset(self, ep: Episode, env: Any, options: dict[str, Any] | None) -> None:
+        try:
+            obs, info = env.reset(seed=ep.seed, options=options)
+        except Exception as exc:  # noqa: BLE001 - see module docstring
+            self._fail(ep, "reset", exc)
+            return
+        self._start(ep, obs, info)
+
+    def _allowed(self, ep: Episode) -> list[str] | None:
+        if not self.constrained:
+            return None
+        actions = list(ep.admissible)
+        if self.search_and_ask and self.client is not None:
+            actions.append(SEARCH_ACTION)
+        return actions or None
+
+    def _turn(self, live: list[tuple[Episode, Any]]) -> None:
+        prompts = [ep.sequence.input_ids for ep, _ in live]
+        allowed = [self._allowed(ep) for ep, _ in live]
+        gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None)
+        for (ep, env), gen in zip(live, gens, strict=True):
+            ep.sequence.append_generation(gen)
+            action = gen.text.strip() if self.constrained else (parse_action(gen.text) or gen.text.strip())
+            try:
+                obs, reward, terminated, truncated, info = env.step(action)
+            except Exception as exc:  # noqa: BLE001 - see module docstring
+                ep.history.append(Turn(gen, []))
+                self._fail(ep, "step", exc)
+                continue
+            kind = "search_and_ask" if info.get("search_and_ask") is not None else "env"
+            ep.turns += 1
+            ep.num_actions += kind == "env"
+            ep.search_calls += kind == "search_and_ask"
+            ep.reward += float(reward)
+            ep.steps.append(Step(observation="", action=action, reward=float(reward), kind=kind))  # type: ignore[arg-type]
+            ep.admissible = list(info.get("admissible_actions") or ep.admissible)
+            if terminated or truncated or ep.turns >= self.max_turns:
+                ep.done = True
+                ep.success = bool(info.get("success", ep.reward > 0)) if (terminated or truncated) else False
+                req = info.get("distillation_request")
+                if isinstance(req, DistillationRequest):
+                    ep.request = req
+                if not (terminated or truncated):
+                    ep.info["turn_cap"] = True
+                ep.history.append(Turn(gen, [], kind))
+                continue
+            after_eos = bool(gen.token_ids) and gen.token_ids[-1] in self.eos_ids
+            ctx = self.policy.chat.user_turn_ids(self._user_text(obs, ep.admissible), after_eos=after_eos)
+            ep.history.append(Turn(gen, list(ctx), kind))
+            if len(ep.sequence) + len(ctx) + self.max_new_tokens > self.max_context_tokens:
+                self.context_truncations += 1
+                ep.info["context_truncated"] = True
+                ep.done, ep.success = True, False
+                continue
+            ep.sequence.append_context(ctx)
+
+    def own_request(self, ep: Episode) -> DistillationRequest:
+        """A request for an episode the env did not finish (turn cap / context cut)."""
+        return DistillationRequest(
+            task=ep.task,
+            trajectory=Trajectory(steps=list(ep.steps)),
+            outcome=ep.reward,
+            success=False,
+            experience=ep.experience,
+            condition="guided" if ep.condition == "guided" else "free",
+            env_id=ep.env_id,
+            seed=ep.seed,
+            meta={k: v for k, v in ep.info.items() if k in ("turn_cap", "context_truncated")},
+        )
+
+
+def stripped_sequence(ep: Episode, free_prompt_ids: Sequence[int]) -> TokenSequence:
+    """The episode's own tokens with the experience and search_and_ask turns removed.
+
+    For self-distillation: the first prompt becomes the free copy's prompt (same seed, so the
+    same first observation), and every search_and_ask generation with the answer that followed
+    it is dropped (the env was not stepped, so the observation before it is still current).
+    """
+    seq = TokenSequence()
+    seq.append_context(list(free_prompt_ids))
+    for turn in ep.history:
+        if turn.kind == "search_and_ask":
+            continue
+        seq.append_generation(turn.generation)
+        if turn.context_ids:
+            seq.append_context(turn.context_ids)
+    return seq

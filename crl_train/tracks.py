@@ -1,0 +1,231 @@
+"""The two tracks of Complementary RL.
+
+* :class:`ActorStep` — the primary loop body: rollout → split-subgroup advantages → one actor
+  update. It never waits on the extractor: credits and merge requests go into queues.
+* :class:`BackgroundTrack` — drains the manager's distillation queue, prompts the extractor,
+  applies the parsed ops (each new entry stored with its prompt / response / log-probs), turns
+  credits of finished rollout steps into rewarded samples in B_φ, runs a CISPO update when
+  |B_φ| ≥ ``buffer_size`` (then ``bank.record_training``), and runs the chunked Merge when the
+  primary loop asks for it (every ``merge_every`` actor steps). ``asynchronous=True`` runs it in
+  its own thread; ``False`` makes each actor step call :meth:`BackgroundTrack.run_until_idle`
+  (the synchronous baseline of the benchmark).
+
+Cores: torch's intra-op pool is process-wide, so the split is made with
+``torch.set_num_threads(1)`` and one Python thread per track: each track's torch ops run on one
+core (the GIL is released inside them). On the 2-core machine: actor 1 core, extractor 1 core.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_gym.experience.merge import merge_bank
+from crl_train.extractor import BufferItem, Extractor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Credit:
+    """Entry ``entry_id`` guided episodes of rollout step ``step`` with mean ±1 outcome ``reward``
+    (or, with ``sample``, a search_and_ask refinement credited with its episode's outcome)."""
+
+    step: int
+    reward: float
+    entry_id: int | None = None
+    sample: Any = None
+
+
+@dataclass
+class TrackStats:
+    distilled: int = 0
+    added: int = 0
+    updated: int = 0
+    returned: int = 0
+    malformed: int = 0
+    credited: int = 0
+    uncreditable: int = 0
+    updates: int = 0
+    merges: int = 0
+    merge_failures: int = 0
+    errors: int = 0
+    last_update: dict[str, float] = field(default_factory=dict)
+    rewards: list[float] = field(default_factory=list)
+
+
+class BackgroundTrack:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        manager: Any,
+        extractor: Extractor,
+        *,
+        buffer_size: int = 64,
+        distill_batch: int = 8,
+        train: bool = True,
+        distill: bool = True,
+        merge_token_budget: int = 6000,
+        asynchronous: bool = True,
+        num_threads: int = 1,
+    ) -> None:
+        self.manager = manager
+        self.extractor = extractor
+        self.buffer_size = buffer_size
+        self.distill_batch = distill_batch
+        self.train = train
+        self.distill_on = distill
+        self.merge_token_budget = merge_token_budget
+        self.asynchronous = asynchronous
+        self.num_threads = num_threads
+        self.buffer: list[BufferItem] = []
+        self.credits: queue.SimpleQueue[Credit] = queue.SimpleQueue()
+        self.merge_requests: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.stats = TrackStats()
+        self.actor_step = 0
+        self.ext_step = 0
+        self._stop = threading.Event()
+        self._busy = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        if self.asynchronous and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="crl-background-track", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.run_once(wait=0.05)
+            except Exception:  # noqa: BLE001 - the track must survive a bad batch
+                self.stats.errors += 1
+                log.exception("background track: iteration failed (counted; continuing)")
+                worked = False
+            if not worked:
+                time.sleep(0.01)
+
+    # ---------------------------------------------------------------- work
+    def credit(self, credits: list[Credit]) -> None:
+        """Called by the primary loop after each rollout step (never blocks)."""
+        for c in credits:
+            self.credits.put(c)
+
+    def request_merge(self, step: int) -> None:
+        self.merge_requests.put(step)
+
+    def run_once(self, wait: float = 0.0) -> bool:
+        """One pass: distil a batch, turn credits into samples, maybe train, maybe merge."""
+        with self._busy:
+            worked = False
+            if self.distill_on:
+                reqs = self.manager.get_requests(self.distill_batch, timeout=wait)
+                if reqs:
+                    self._distill(reqs)
+                    worked = True
+            else:  # frozen bank: drop requests from the queue so it does not grow
+                worked = bool(self.manager.get_requests(self.distill_batch, timeout=wait))
+            while True:
+                try:
+                    c = self.credits.get_nowait()
+                except queue.Empty:
+                    break
+                self._take_credit(c)
+                worked = True
+            if self.train and len(self.buffer) >= self.buffer_size:
+                batch, self.buffer = self.buffer[: self.buffer_size], self.buffer[self.buffer_size :]
+                self.ext_step += 1
+                m = self.extractor.update(batch, self.manager.bank, self.ext_step)
+                self.stats.updates += 1
+                self.stats.last_update = m
+                worked = True
+            try:
+                step = self.merge_requests.get_nowait()
+            except queue.Empty:
+                step = -1
+            if step >= 0:
+                self._merge(step)
+                worked = True
+            return worked
+
+    def run_until_idle(self, max_rounds: int = 10_000) -> None:
+        """Synchronous mode: process everything pending now (queue, credits, updates, merge)."""
+        for _ in range(max_rounds):
+            if not self.run_once(0.0) and self.manager.pending() == 0:
+                return
+
+    def _distill(self, reqs: list[Any]) -> None:
+        results = self.extractor.distill(reqs)
+        for req, (sample, ops) in zip(reqs, results, strict=True):
+            res = self.manager.apply_ops(ops, sample=sample, step=self.actor_step, request=req)
+            self.stats.distilled += 1
+            self.stats.added += len(res.added)
+            self.stats.updated += len(res.updated)
+            self.stats.returned += res.returned
+            self.stats.malformed += res.malformed
+
+    def _take_credit(self, c: Credit) -> None:
+        self.stats.rewards.append(c.reward)
+        if c.sample is not None:
+            self.buffer.append(BufferItem(c.sample, c.reward, None, c.step))
+            self.stats.credited += 1
+            return
+        entry = self.manager.bank.get(c.entry_id) if c.entry_id is not None else None
+        if entry is None or entry.provenance is None or not entry.provenance.token_ids:
+            self.stats.uncreditable += 1  # seed entry, merged away, or written without a sample
+            return
+        self.buffer.append(BufferItem(entry.provenance, c.reward, entry.id, c.step))
+        self.stats.credited += 1
+
+    def _merge(self, step: int) -> None:
+        if len(self.manager.bank) < 2:
+            return
+        tok = getattr(self.extractor.policy, "tokenizer", None)
+
+        def count(text: str) -> int:
+            return len(tok.encode(text, add_special_tokens=False)) if tok is not None else len(text) // 4
+
+        try:
+            report = merge_bank(self.manager.bank, self.manager.embedder, self.extractor.merge_generate,
+                                token_budget=self.merge_token_budget, count_tokens=count, step=step)
+        except Exception as exc:  # noqa: BLE001 - a failed merge leaves the bank as it was
+            report = None
+            log.warning("merge at step %d failed: %s", step, exc)
+        if report is not None and report.ok:
+            self.stats.merges += 1
+        else:
+            self.stats.merge_failures += 1
+            if report is not None:
+                log.info("merge at step %d not applied: %s", step, report.error)
+
+    # ---------------------------------------------------------------- state
+    def state(self) -> dict[str, Any]:
+        """Buffer and counters for a checkpoint (credits still queued are folded in first)."""
+        with self._busy:
+            while True:
+                try:
+                    self._take_credit(self.credits.get_nowait())
+                except queue.Empty:
+                    break
+            return {"buffer": [b.to_dict() for b in self.buffer], "ext_step": self.ext_step,
+                    "version": self.extractor.version,
+                    "constraints": {k: [list(a) if a is not None else None for a in v]
+                                    for k, v in self.extractor.constraints.items()}}
+
+    def load_state(self, d: dict[str, Any]) -> None:
+        self.buffer = [BufferItem.from_dict(x) for x in d.get("buffer", [])]
+        self.ext_step = int(d.get("ext_step", 0))
+        self.extractor.version = int(d.get("version", 0))
+        self.extractor.constraints = {k: [tuple(a) if a is not None else None for a in v]
+                                      for k, v in d.get("constraints", {}).items()}

@@ -1,0 +1,280 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from crl_gym.experience.bank import (
+    INDEX_FILE,
+    INDEX_META_FILE,
+    BankCorruptError,
+    ExperienceBank,
+    PendingAdd,
+    PendingUpdate,
+)
+from crl_gym.experience.embedders import HashingEmbedder
+from crl_gym.protocol import ExtractorSample
+
+DIM = 32
+EMB = HashingEmbedder(DIM)
+
+
+def vec(text):
+    return EMB.encode([text])[0]
+
+
+def fill(bank, n):
+    return [bank.add(f"tip number {i} about {'doors' if i % 2 else 'keys'}", vec(f"tip {i}"),
+                     created_step=i, tags=("t",)) for i in range(n)]
+
+
+def test_every_operation_in_memory():
+    bank = ExperienceBank(None, DIM)
+    assert len(bank) == 0 and bank.search(vec("x")[None], 3) == [[]]
+    sample = ExtractorSample("prompt", "ADD: hug walls", [-0.5], [4], [1, 2], 3)
+    a = bank.add("hug the walls in a maze", vec("hug the walls in a maze"), created_step=2,
+                 tags=("maze",), provenance=sample)
+    b = bank.add("pick up the key first", vec("pick up the key first"))
+    assert (a, b) == (1, 2) and len(bank) == 2 and bank.ids() == [1, 2] and a in bank
+    e = bank.get(a)
+    assert e.text == "hug the walls in a maze" and e.created_step == 2 and e.tags == ("maze",)
+    assert e.provenance == sample and e.version == 0 and e.last_trained_step == -1
+    hits = bank.search(np.stack([vec("pick up the key first"), vec("hug the walls in a maze")]), 1)
+    assert hits[0][0][0] == b and hits[1][0][0] == a and hits[0][0][1] == pytest.approx(1.0)
+    u = bank.update(a, "hug the left wall", vec("hug the left wall"))
+    assert u.version == 1 and u.history == ["hug the walls in a maze"] and u.provenance == sample
+    assert bank.search(vec("hug the left wall")[None], 1)[0][0][0] == a
+    bank.record_retrieval([a, a, b, 999], now=5.0)
+    bank.record_training([b], step=7)
+    bank.set_utility(b, 0.75)
+    ea, eb = bank.get(a), bank.get(b)
+    assert (ea.retrieval_count, ea.last_retrieved) == (2, 5.0)
+    assert (eb.train_count, eb.last_trained_step, eb.utility) == (1, 7, 0.75)
+    bank.delete(a)
+    assert bank.get(a) is None and len(bank) == 1 and [e.id for e in bank] == [b]
+    assert bank.search(vec("hug the left wall")[None], 5)[0] == [(b, pytest.approx(
+        bank.search(vec("hug the left wall")[None], 5)[0][0][1]))]
+    assert bank.add("new", vec("new")) == 3  # ids are never reused
+    with pytest.raises(KeyError):
+        bank.delete(a)
+    with pytest.raises(KeyError):
+        bank.set_utility(a, 1.0)
+
+
+def test_returned_entries_are_copies():
+    bank = ExperienceBank(None, DIM)
+    i = bank.add("x", vec("x"))
+    e = bank.get(i)
+    e.history.append("mutated")
+    e.retrieval_count = 99
+    assert bank.get(i).history == [] and bank.get(i).retrieval_count == 0
+    with pytest.raises(ValueError):
+        e.embedding[0] = 1.0  # stored vectors are read-only
+
+
+def test_apply_batch_is_atomic():
+    bank = ExperienceBank(None, DIM)
+    ids = fill(bank, 3)
+    before = [e.to_dict() for e in bank]
+    gen = bank.generation
+    with pytest.raises(KeyError, match="999"):
+        bank.apply_batch(adds=[PendingAdd("a", vec("a"))],
+                         updates=[PendingUpdate(ids[0], "u", vec("u")), PendingUpdate(999, "v", vec("v"))])
+    with pytest.raises(ValueError, match=r"adds\[1\].*dim 5.*32"):
+        bank.apply_batch(adds=[PendingAdd("a", vec("a")), PendingAdd("b", np.ones(5))])
+    assert [e.to_dict() for e in bank] == before and bank.generation == gen
+    new = bank.apply_batch(adds=[{"text": "n1", "embedding": vec("n1")}, PendingAdd("n2", vec("n2"))],
+                           updates=[PendingUpdate(ids[0], "u", vec("u"))], deletes=[ids[1]])
+    assert new == [4, 5] and bank.ids() == [1, 3, 4, 5] and bank.get(1).text == "u"
+
+
+def test_bad_vectors_and_queries():
+    bank = ExperienceBank(None, DIM)
+    with pytest.raises(ValueError, match="non-zero"):
+        bank.add("z", np.zeros(DIM))
+    with pytest.raises(ValueError, match="finite"):
+        bank.add("z", np.full(DIM, np.nan))
+    with pytest.raises(ValueError, match=r"expected \(n, 32\)"):
+        bank.search(np.ones((2, 3)), 1)
+    with pytest.raises(ValueError, match="k must be"):
+        bank.search(np.ones((1, DIM)), 0)
+    with pytest.raises(ValueError, match="dim"):
+        ExperienceBank(None, 0)
+
+
+def test_persistence_and_index_rebuild(tmp_path):
+    d = tmp_path / "bank"
+    with ExperienceBank(d, DIM) as bank:
+        ids = fill(bank, 20)
+        bank.update(ids[3], "changed", vec("changed"))
+        bank.record_training([ids[5]], 11)
+        q = vec("tip 7")[None]
+        expect = bank.search(q, 5)
+    assert (d / INDEX_FILE).exists()
+    with ExperienceBank(d, DIM) as bank:
+        assert bank.index_recoveries == [] and len(bank) == 20
+        assert bank.search(q, 5) == expect
+        assert bank.get(ids[3]).history == ["tip number 3 about doors"]
+        assert bank.get(ids[5]).train_count == 1
+    # missing index -> rebuilt from SQLite
+    (d / INDEX_FILE).unlink()
+    with ExperienceBank(d, DIM) as bank:
+        assert "missing" in bank.index_recoveries[0] and bank.search(q, 5) == expect
+    # an index that does not match the database (written before later changes)
+    stale = (d / INDEX_FILE).read_bytes(), (d / INDEX_META_FILE).read_text()
+    with ExperienceBank(d, DIM) as bank:
+        bank.delete(ids[7])
+    (d / INDEX_FILE).write_bytes(stale[0])
+    (d / INDEX_META_FILE).write_text(stale[1])
+    with ExperienceBank(d, DIM) as bank:
+        assert "out of date" in bank.index_recoveries[0]
+        assert ids[7] not in [i for i, _ in bank.search(q, 5)[0]]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncate", "meta"])
+def test_corrupt_index_is_recovered_from_sqlite(tmp_path, damage):
+    d = tmp_path / "bank"
+    with ExperienceBank(d, DIM) as bank:
+        fill(bank, 10)
+        expect = bank.search(vec("tip 2")[None], 3)
+    f = d / (INDEX_META_FILE if damage == "meta" else INDEX_FILE)
+    data = f.read_bytes()
+    f.write_bytes(b"\x00garbage" * 10 if damage != "truncate" else data[: len(data) // 2])
+    with ExperienceBank(d, DIM) as bank:
+        assert len(bank.index_recoveries) == 1 and str(d) in bank.index_recoveries[0]
+        assert bank.search(vec("tip 2")[None], 3) == expect
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncate"])
+def test_corrupt_database_names_the_file(tmp_path, damage):
+    d = tmp_path / "bank"
+    with ExperienceBank(d, DIM) as bank:
+        fill(bank, 200)  # several pages, so truncation cuts real data
+    db = d / "bank.sqlite"
+    data = db.read_bytes()
+    db.write_bytes(b"this is not sqlite" * 100 if damage == "garbage" else data[: len(data) // 3])
+    for extra in ("bank.sqlite-wal", "bank.sqlite-shm"):
+        (d / extra).unlink(missing_ok=True)
+    with pytest.raises(BankCorruptError, match="bank.sqlite"):
+        ExperienceBank(d, DIM)
+
+
+def test_wrong_dimension_names_both_sizes(tmp_path):
+    with ExperienceBank(tmp_path, DIM) as bank:
+        fill(bank, 1)
+    with pytest.raises(ValueError, match=r"dim 32.*dim 64"):
+        ExperienceBank(tmp_path, 64)
+
+
+def test_jsonl_roundtrip_and_errors(tmp_path):
+    src = ExperienceBank(None, DIM)
+    ids = fill(src, 5)
+    src.update(ids[0], "v2", vec("v2"), provenance=ExtractorSample("p", "r", [-1.0]))
+    src.record_retrieval([ids[1]], 3.0)
+    f = tmp_path / "bank.jsonl"
+    assert src.export_jsonl(f) == 5
+    dst = ExperienceBank(tmp_path / "dst", DIM)
+    assert dst.import_jsonl(f) == 5
+    assert list(dst) == list(src)
+    assert dst.add("after import", vec("after")) == 6  # next id continues after imported ids
+    lines = f.read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["embedding"] = [1.0, 2.0]
+    lines[2] = json.dumps(bad)
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n{not json\n")
+    fresh = ExperienceBank(None, DIM)
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: .*dim 2.*32"):
+        fresh.import_jsonl(tmp_path / "bad.jsonl")
+    assert len(fresh) == 0  # all or nothing
+
+
+def test_concurrent_readers_and_writers_no_lost_update_no_torn_read():
+    bank = ExperienceBank(None, DIM)
+    pair = [bank.add("start", vec("a")), bank.add("start", vec("b"))]
+    stop = threading.Event()
+    torn, reads, errors = [], [0], []
+
+    def writer(w):
+        try:
+            for n in range(40):
+                # both entries change together in one batch: readers must see both or neither
+                bank.apply_batch(updates=[PendingUpdate(i, f"w{w}-{n}", vec(f"w{w}-{n}")) for i in pair])
+                bank.add(f"writer {w} item {n}", vec(f"writer {w} item {n}"))
+        except Exception as exc:  # pragma: no cover - surfaced below
+            errors.append(exc)
+
+    def reader():
+        while not stop.is_set():
+            with bank.lock.read():
+                a, b = bank.get(pair[0]), bank.get(pair[1])
+                n_entries = len(bank)
+            if (a.version, a.text) != (b.version, b.text):
+                torn.append((a.text, b.text))
+            snap = {e.id: e for e in bank}
+            if snap[pair[0]].text != snap[pair[1]].text:
+                torn.append("iter")
+            bank.search(vec("writer")[None], 3)
+            reads[0] += 1
+            assert n_entries >= 2
+
+    rs = [threading.Thread(target=reader) for _ in range(3)]
+    ws = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in rs + ws:
+        t.start()
+    for t in ws:
+        t.join()
+    stop.set()
+    for t in rs:
+        t.join()
+    assert not errors and not torn and reads[0] > 0
+    assert len(bank) == 2 + 4 * 40  # no lost add
+    assert bank.get(pair[0]).version == 4 * 40  # no lost update
+    assert len(bank.get(pair[0]).history) == 160
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys
+    from crl_gym.experience.bank import ExperienceBank
+    from crl_gym.experience.embedders import HashingEmbedder
+    emb = HashingEmbedder(32)
+    bank = ExperienceBank(sys.argv[1], 32)
+    i = 0
+    while True:
+        eid = bank.add(f"entry {i}", emb.encode([f"entry {i}"])[0], created_step=i)
+        if i % 3 == 0:
+            bank.update(eid, f"entry {i} v2", emb.encode([f"entry {i} v2"])[0])
+        bank.record_training([eid], i)
+        print(f"ack {eid} {i}", flush=True)
+        i += 1
+""")
+
+
+def test_kill_and_reopen_keeps_acknowledged_writes(tmp_path):
+    d = tmp_path / "bank"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(d)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    acked = []
+    try:
+        for line in proc.stdout:
+            _, eid, i = line.split()
+            acked.append((int(eid), int(i)))
+            if len(acked) >= 60:
+                break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert len(acked) == 60
+    with ExperienceBank(d, DIM) as bank:
+        assert bank.index_recoveries  # the index was never saved: rebuilt from SQLite
+        for eid, i in acked:
+            e = bank.get(eid)
+            assert e is not None, eid
+            assert e.text == (f"entry {i} v2" if i % 3 == 0 else f"entry {i}")
+            assert e.train_count == 1 and e.last_trained_step == i
+        hit = bank.search(EMB.encode(["entry 5"]), 1)[0][0][0]
+        assert bank.get(hit).text == "entry 5"

@@ -1,0 +1,137 @@
+"""Clip surrogate, CISPO and reverse-KL losses: values and gradients worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from crl_train.algorithms import (
+    LOSSES,
+    PolicyLoss,
+    cispo_loss,
+    clip_surrogate_loss,
+    reverse_kl_topk_loss,
+)
+
+L = math.log
+
+
+def _clip_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    lp = torch.tensor([[L(1.5), L(0.9)], [L(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    return lp, old, adv, mask
+
+
+def test_clip_token_level_by_hand() -> None:
+    # seq 0 (A=+1): ratios 1.5, 0.9 -> min(1.5, 1.2)=1.2, min(0.9, 0.9)=0.9 -> mean 1.05
+    # seq 1 (A=-1): ratio 0.5 -> min(-0.5, -0.8) = -0.8 (one token)
+    # loss = -(0.5 * 1.05 + 0.5 * -0.8) = -0.125 ; clipped tokens 1.5 and 0.5 -> 2/3
+    lp, old, adv, mask = _clip_inputs()
+    loss, m = clip_surrogate_loss(lp, old, adv, mask, ratio_level="token")
+    assert loss.item() == pytest.approx(-0.125)
+    assert m["clip_frac"] == pytest.approx(2 / 3)
+    loss.backward()
+    # only the unclipped token 0.9 carries gradient: -w * A * rho / n_tok = -0.5*1*0.9/2 = -0.225
+    assert lp.grad is not None
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, -0.225], [0.0, 0.0]], dtype=torch.float64))
+
+
+def test_clip_sequence_level_by_hand() -> None:
+    # seq 0: rho = exp((ln 1.5 + ln 0.9)/2) = sqrt(1.35) = 1.161895 (inside [0.8, 1.2]) -> 1.161895
+    # seq 1: rho = 0.5 -> -0.8 ; loss = -(0.5*1.161895 - 0.4) = -0.1809475
+    lp, old, adv, mask = _clip_inputs()
+    loss, m = clip_surrogate_loss(lp, old, adv, mask, ratio_level="sequence")
+    assert loss.item() == pytest.approx(-(0.5 * math.sqrt(1.35) - 0.4))
+    assert m["clip_frac"] == pytest.approx(0.5)
+    loss.backward()
+    # d/d lp[0,t] = -w * A * rho * (1/2) = -0.5 * 1.161895 * 0.5 = -0.2904738 ; seq 1 clipped -> 0
+    g = -0.5 * math.sqrt(1.35) * 0.5
+    assert lp.grad is not None
+    assert torch.allclose(lp.grad, torch.tensor([[g, g], [0.0, 0.0]], dtype=torch.float64))
+
+
+def test_clip_weights_scale_per_sequence() -> None:
+    # weights [1, 0] keep only seq 0: token-level loss = -1.05
+    lp, old, adv, mask = _clip_inputs()
+    loss, _ = clip_surrogate_loss(lp, old, adv, mask, torch.tensor([1.0, 0.0], dtype=torch.float64))
+    assert loss.item() == pytest.approx(-1.05)
+
+
+def test_clip_masked_tokens_get_no_gradient_and_gradcheck() -> None:
+    torch.manual_seed(0)
+    lp = (torch.randn(3, 4, dtype=torch.float64) * 0.05).requires_grad_()
+    old = torch.randn(3, 4, dtype=torch.float64) * 0.05
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]], dtype=torch.float64)
+    adv = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    for level in ("token", "sequence"):
+        assert torch.autograd.gradcheck(lambda x, lv=level: clip_surrogate_loss(x, old, adv, mask, ratio_level=lv)[0], (lp,))
+    loss, _ = clip_surrogate_loss(lp, old, adv, mask)
+    (g,) = torch.autograd.grad(loss, lp)
+    assert torch.all(g[mask == 0] == 0)
+
+
+def test_cispo_by_hand_value_and_gradient() -> None:
+    # ratios: .5/.4 = 1.25 -> 1.1 ; .25/.25 = 1 -> 1 ; .8/.5 = 1.6 -> 1.1 ; 4th token masked
+    # sum = 1.1*2*ln.5 + 1*2*ln.25 + 1.1*(-1)*ln.8 = -1.524924 - 2.772589 + 0.245458 = -4.052055
+    # loss = -(-4.052055 / 3 tokens) = 1.350685
+    lp = torch.tensor([[L(0.5), L(0.25)], [L(0.8), -3.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[L(0.4), L(0.25)], [L(0.5), 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    loss, m = cispo_loss(lp, old, adv, mask)
+    want = -(1.1 * 2 * L(0.5) + 2 * L(0.25) - 1.1 * L(0.8)) / 3
+    assert loss.item() == pytest.approx(want)
+    assert loss.item() == pytest.approx(1.350685, abs=1e-6)
+    assert m["clip_frac"] == pytest.approx(2 / 3)
+    assert m["num_tokens"] == 3.0
+    loss.backward()
+    # grad = -sg(w) * A / 3: clipped tokens still learn (the point of CISPO vs PPO)
+    assert lp.grad is not None
+    assert torch.allclose(lp.grad, torch.tensor([[-2.2 / 3, -2 / 3], [1.1 / 3, 0.0]], dtype=torch.float64))
+
+
+def test_cispo_asymmetric_clip() -> None:
+    # eps_low=0.5, eps_high=0.1: ratio 0.6 stays 0.6 (>= 0.5); loss = -(0.6 * 1 * ln .3) / 1
+    lp = torch.tensor([[L(0.3)]], dtype=torch.float64)
+    old = torch.tensor([[L(0.5)]], dtype=torch.float64)
+    loss, _ = cispo_loss(lp, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64), eps_low=0.5)
+    assert loss.item() == pytest.approx(-0.6 * L(0.3))
+
+
+def test_reverse_kl_topk_by_hand() -> None:
+    # p_s = [.75, .25], p_t = [.5, .5]
+    # top-1: .75 * (ln .75 - ln .5) = .75 * 0.405465 = 0.304099
+    # top-2 (full): 0.304099 + .25 * (ln .25 - ln .5) = 0.304099 - 0.173287 = 0.130812
+    s = torch.tensor([[[L(3.0), 0.0]]], dtype=torch.float64, requires_grad=True)
+    t = torch.zeros(1, 1, 2, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(1, 1)
+    loss1, m = reverse_kl_topk_loss(s, t, mask, top_k=1)
+    assert loss1.item() == pytest.approx(0.75 * L(1.5))
+    assert m["topk_mass"] == pytest.approx(0.75)
+    loss2, _ = reverse_kl_topk_loss(s, t, mask, top_k=2)
+    assert loss2.item() == pytest.approx(0.75 * L(1.5) + 0.25 * L(0.5))
+    loss2.backward()
+    assert t.grad is None or torch.all(t.grad == 0)  # teacher is stop-gradient
+    assert s.grad is not None and s.grad.abs().sum() > 0
+
+
+def test_reverse_kl_gradcheck_and_mask() -> None:
+    torch.manual_seed(1)
+    s = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(2, 3, 5, dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda x: reverse_kl_topk_loss(x, t, mask, top_k=5)[0], (s,))
+    # identical distributions -> zero KL
+    z, _ = reverse_kl_topk_loss(t.clone(), t, mask, top_k=5)
+    assert z.item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_loss_registry_and_shape_errors() -> None:
+    assert LOSSES.get(PolicyLoss.CISPO) is cispo_loss
+    assert LOSSES.get("clip") is clip_surrogate_loss
+    with pytest.raises(ValueError, match="advantages must be"):
+        clip_surrogate_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="ratio_level"):
+        clip_surrogate_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), ratio_level="word")  # type: ignore[arg-type]
