@@ -126,7 +126,9 @@ class Extractor:
             gens: list[Generation] = self.policy.generate(ids, self.max_new_tokens, allowed=allowed)
         out = []
         for p, pid, g in zip(prompts, ids, gens, strict=True):
-            s = ExtractorSample(prompt=p, response=g.text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
+            # a constrained answer cut by max_new_tokens is an incomplete op line: make it unparsable
+            text = "" if allowed is not None and g.finish_reason == "length" else g.text
+            s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
                                 prompt_token_ids=pid, extractor_version=self.version)
             if g.allowed is not None and any(a is not None for a in g.allowed):
                 self.constraints[sample_key(s)] = list(g.allowed)

@@ -141,10 +141,11 @@ def test_invalid_action_is_a_turn_that_lists_valid_actions(data_dir: Path) -> No
     assert obs.startswith("Invalid action: 'fly to the moon'")
     assert "go to fridge 1" in obs and reward == 0.0 and not (terminated or truncated)
     assert info2["turn"] == 1 and info2["admissible_actions"] == info["admissible_actions"]
+    assert info2["invalid_action"] is True and obs.endswith(info["task"])  # the view is shown again
     assert env.render() == obs
     # case and spacing are normalised before matching
-    obs, *_ = env.step("  Go to  Fridge 1 ")
-    assert obs.startswith("You arrive at fridge 1")
+    obs, *_, info3 = env.step("  Go to  Fridge 1 ")
+    assert obs.startswith("You arrive at fridge 1") and info3["invalid_action"] is False
     env.close()
 
 

@@ -178,3 +178,12 @@ def test_remote_bad_input_is_a_value_error_naming_the_field() -> None:
             client.get_requests(0)
         client.close()
     manager.close()
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import crl_gym.clients as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

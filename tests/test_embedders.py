@@ -57,6 +57,7 @@ def tiny_st_dir(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_sentence_transformer_any_path(tiny_st_dir):
     emb = load_embedder(str(tiny_st_dir))
     assert isinstance(emb, SentenceTransformerEmbedder) and emb.dim == 16

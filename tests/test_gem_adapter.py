@@ -80,8 +80,10 @@ def test_failure_invalid_action_and_turn_limit() -> None:
     obs, reward, terminated, truncated, info = env.step("")
     assert obs.startswith("empty action. Invalid action: ''. Valid actions: \\boxed{1}")
     assert (reward, terminated, truncated) == (0.0, False, False) and env.errors == 1
+    assert info["invalid_action"] is True and obs.endswith("Guess a number from 1 to 9 as \\boxed{n}.")
     obs, reward, terminated, truncated, info = env.step("\\boxed{0}")
     assert truncated and not terminated and info["success"] is False  # adapter's 2-turn limit
+    assert info["invalid_action"] is False
     # GEM's own terminal failure (format error) is not a success
     env.reset(seed=0)
     _, reward, terminated, _, info = env.step("no box here")

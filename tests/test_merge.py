@@ -308,3 +308,12 @@ def test_merge_persists_across_reopen(tmp_path: Path) -> None:
     hits = reopened.search(EMB.encode(["Go east."]), k=1)[0]
     assert hits[0][0] == ids[0]
     reopened.close()
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import crl_gym.experience.merge as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

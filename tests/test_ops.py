@@ -284,6 +284,8 @@ def _check_invariants(ops: list[ExperienceOp], max_len: int = DEFAULT_MAX_LEN) -
 
 _SETTINGS = settings(max_examples=300, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
+_ROUND_TRIP = settings(max_examples=120, deadline=None,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
 @_SETTINGS
@@ -339,7 +341,7 @@ _valid_ops = st.lists(
          == sum(isinstance(o, UpdateOp) for o in ops))
 
 
-@_SETTINGS
+@_ROUND_TRIP
 @given(_valid_ops)
 def test_property_json_round_trip(ops: list[ExperienceOp]) -> None:
     payload = [
@@ -356,7 +358,7 @@ _line_text = st.text(alphabet="abcdefghij klmnop,.;'", min_size=1, max_size=40).
     str.strip).filter(bool)
 
 
-@_SETTINGS
+@_ROUND_TRIP
 @given(st.lists(st.one_of(st.builds(AddOp, text=_line_text),
                           st.builds(UpdateOp, id=st.just(2), text=_line_text)),
                 min_size=1, max_size=4)
@@ -376,3 +378,12 @@ def test_property_line_round_trip(ops: list[ExperienceOp]) -> None:
 def test_pathological_inputs_are_malformed_not_stuck(text: str) -> None:
     # Regression: a greedy fence regex once made the first case quadratic (13 s at 60 kB).
     assert parse(text) == malformed("no_op_found")
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import crl_gym.experience.ops as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

@@ -204,3 +204,12 @@ def test_merge_example_answer_matches_the_parser() -> None:
     assert obj is not None and set(obj) == {"keep", "merge", "discard"}
     d = parse_merge_decision(block, ["E1", "E2", "E3", "E4"])
     assert d.keep == ["E1"] and d.discard == ["E4"] and d.merge[0][0] == ["E2", "E3"]
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import crl_gym.experience.prompts as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

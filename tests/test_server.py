@@ -132,3 +132,12 @@ def test_serve_with_a_mismatched_bank_fails_clearly(tmp_path: Path) -> None:
     ExperienceBank(bank_dir, dim=48).close()
     result = CliRunner().invoke(cli, ["serve", "--bank", str(bank_dir), "--embedder", "hashing:32"])
     assert result.exit_code != 0 and "dim" in result.output
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    import crl_gym.server as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

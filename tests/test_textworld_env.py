@@ -75,6 +75,7 @@ def test_invalid_action_and_turn_limit(game_dir: Path) -> None:
     obs, reward, terminated, truncated, info2 = env.step("dance wildly")
     assert obs.startswith("Invalid action: 'dance wildly'. Valid actions: ")
     assert info["admissible_actions"][0] in obs and reward == 0.0 and not truncated
+    assert info2["invalid_action"] is True
     obs, reward, terminated, truncated, info3 = env.step("look")
     assert truncated and not terminated and reward == 0.0 and info3["success"] is False
 

@@ -10,7 +10,7 @@ Reward follows the paper: +1 when the goal is reached, -1 when the episode ends 
 (40-turn limit). See docs/environments.md, section "ALFWorld", for getting the 1,466 / 134 split.
 
 >>> from crl_gym.envs.alfworld import ALFWorldEnv
->>> env = ALFWorldEnv(split="train")                 # doctest: +SKIP  (needs ALFWORLD_DATA)
+>>> env = ALFWorldEnv(split="train")                 # doctest: +SKIP
 >>> obs, info = env.reset(seed=0)                    # doctest: +SKIP
 >>> info["task"]                                     # doctest: +SKIP
 'put a clean apple in fridge.'

@@ -8,7 +8,7 @@ seeding that reproduces an episode, and an invalid action that is a turn rather 
 GEM is an optional extra: ``pip install 'complementary-rl[gem]'``.
 
 >>> from crl_gym.envs.gem_adapter import GEMEnv
->>> env = GEMEnv("game:GuessTheNumber-v0-easy")      # doctest: +SKIP  (needs gem-llm)
+>>> env = GEMEnv("game:GuessTheNumber-v0-easy")      # doctest: +SKIP
 >>> obs, info = env.reset(seed=0)                    # doctest: +SKIP
 >>> obs, r, term, trunc, info = env.step("\\\\boxed{10}")  # doctest: +SKIP
 """
@@ -74,10 +74,11 @@ class GEMEnv(TextEnv):
         self.task = ""
         self._done = True
         self._success = False
+        self._invalid = False
         self.errors = 0
         """Exceptions raised by the wrapped env's ``step`` (turned into invalid-action turns)."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:  # type: ignore[override]
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         # GEM seeds Python's and numpy's global RNGs; deriving its seed from ours makes every
         # reset after a seeded one reproducible too
@@ -87,18 +88,22 @@ class GEMEnv(TextEnv):
         self._done = False
         self._success = False
         self.task = str(obs)
+        self._invalid = False
         return self._emit(str(obs)), self._info(info)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             return self._emit("The episode is over; call reset()."), 0.0, True, False, self._info({})
         self.turn += 1
+        self._invalid = False
         try:
             obs, reward, terminated, truncated, info = self.gem_env.step(str(action))
         except Exception as exc:  # a GEM env that raises on bad input must not kill the rollout
             self.errors += 1
             log.warning("%s raised on action %r: %r (counted as an invalid turn)", self.env_id, action, exc)
-            obs = self.invalid_action_observation(str(action), self._valid_actions(), prefix=f"{exc}. ")
+            self._invalid = True
+            obs = self.invalid_action_observation(action, self._valid_actions(), prefix=f"{exc}. ")
+            obs += "\n\n" + self._last_obs  # the view is unchanged: show it again
             reward, terminated, truncated, info = 0.0, False, False, {}
         reward = float(reward)
         terminated = bool(terminated)
@@ -123,7 +128,8 @@ class GEMEnv(TextEnv):
 
     def _info(self, gem_info: dict[str, Any]) -> dict[str, Any]:
         info = dict(gem_info or {})
-        info.update(task=self.task, turn=self.turn, success=self._success, gem_env_id=self.env_id)
+        info.update(task=self.task, turn=self.turn, success=self._success, gem_env_id=self.env_id,
+                    invalid_action=self._invalid)
         valid = self._valid_actions()
         if valid:
             info["admissible_actions"] = valid

@@ -5,8 +5,10 @@ The game runs through the real ``textworld`` package; the admissible commands co
 A command outside that list is an invalid turn: the game is not stepped, the observation says so
 and lists the valid commands. :class:`crl_gym.envs.alfworld.ALFWorldEnv` builds on this class.
 
+Usage (needs game files, so the example is not run here):
+
 >>> from crl_gym.envs.textworld_env import TextWorldEnv
->>> env = TextWorldEnv("games/")                     # doctest: +SKIP  (a dir of games)
+>>> env = TextWorldEnv("games/")                     # doctest: +SKIP
 >>> obs, info = env.reset(seed=0)                    # doctest: +SKIP
 >>> obs, r, term, trunc, info = env.step(info["admissible_actions"][0])  # doctest: +SKIP
 """
@@ -97,6 +99,8 @@ class TextWorldEnv(TextEnv):
         self.task = ""
         self._done = True
         self._won = False
+        self._invalid = False
+        self._view = ""
 
     # -- hooks for subclasses -------------------------------------------------------------
     def _request_infos(self) -> Any:
@@ -144,7 +148,7 @@ class TextWorldEnv(TextEnv):
             return self.game_files[choice % len(self.game_files)]
         return Path(choice)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:  # type: ignore[override]
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self.game_file = self._pick(options)
         self._game = self._get_game(self.game_file)
@@ -154,6 +158,7 @@ class TextWorldEnv(TextEnv):
         self._won = False
         obs = clean_feedback(str(self._state.feedback))
         self.task = self._task_of(self._state, obs)
+        self._view, self._invalid = obs, False
         return self._emit(obs), self._info()
 
     def admissible_actions(self) -> list[str]:
@@ -161,7 +166,7 @@ class TextWorldEnv(TextEnv):
             return []
         return list(self._state.get("admissible_commands") or [])
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._state is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
@@ -170,13 +175,16 @@ class TextWorldEnv(TextEnv):
         command = " ".join(str(action).strip().lower().split())
         valid = self.admissible_actions()
         reward = 0.0
-        if command not in valid:
-            obs = self.invalid_action_observation(str(action), valid)
+        self._invalid = command not in valid
+        if self._invalid:
+            # the game is not stepped; the agent sees the valid commands and the last view again
+            obs = self.invalid_action_observation(action, valid) + "\n\n" + self._view
             terminated = False
         else:
             before = float(self._state.get("score") or 0)
             self._state, _, done = self._game.step(command)
             obs = clean_feedback(str(self._state.feedback)) or "Nothing happens."
+            self._view = obs
             self._won = bool(self._state.get("won"))
             terminated = bool(done or self._won or self._state.get("lost"))
             if self.reward_mode == "score":
@@ -199,6 +207,7 @@ class TextWorldEnv(TextEnv):
             "admissible_actions": self.admissible_actions(),
             "turn": self.turn,
             "success": self._won,
+            "invalid_action": self._invalid,
             "game_file": str(self.game_file),
         }
         if self._state is not None:

@@ -47,9 +47,19 @@ class DistillQueue:
         self._cond = threading.Condition()
         self.spilled_total = 0
         self.bad_lines = 0  # unreadable spill lines (logged, counted, skipped)
+        self._terminate_partial_line()
         self._read_pos = self._load_offset()
         self._spilled = self._count_spilled()
         self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def _terminate_partial_line(self) -> None:
+        # A crash mid-write leaves a line without its newline; close it so it is read (and
+        # counted as bad) on its own instead of being glued to the next request.
+        if self.spill_path.exists() and self.spill_path.stat().st_size > 0:
+            with open(self.spill_path, "rb+") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
 
     def _load_offset(self) -> int:
         try:

@@ -174,17 +174,20 @@ class MergeReport:
 def _similarity_order(bank: ExperienceBank, entries: list[ExperienceEntry], k: int) -> list[int]:
     """Ids ordered so that neighbours in embedding space are adjacent (chunks stay on topic).
 
-    Greedy: take the oldest unvisited entry, then its unvisited nearest neighbours; one index
-    search per seed, so O(n) searches rather than an n x n similarity matrix.
+    Greedy: take the oldest unvisited entry, then its unvisited nearest neighbours. The
+    neighbour lists come from one batched index search, not an n x n similarity matrix.
     """
-    by_id = {e.id: e for e in entries}
+    seeds = sorted((e for e in entries if e.embedding is not None),
+                   key=lambda e: (e.created_step, e.id))
+    known = {e.id for e in entries}
+    hits = bank.search(np.stack([e.embedding for e in seeds]), k) if seeds else []  # type: ignore[misc]
     order: list[int] = []
     visited: set[int] = set()
-    for e in sorted(entries, key=lambda e: (e.created_step, e.id)):
-        if e.id in visited or e.embedding is None:
+    for e, neighbours in zip(seeds, hits, strict=True):
+        if e.id in visited:
             continue
-        for hit_id, _ in [(e.id, 1.0)] + bank.search(e.embedding[None, :], k)[0]:
-            if hit_id in by_id and hit_id not in visited:
+        for hit_id, _ in [(e.id, 1.0), *neighbours]:
+            if hit_id in known and hit_id not in visited:
                 visited.add(hit_id)
                 order.append(hit_id)
     order += [e.id for e in entries if e.id not in visited]

@@ -1,0 +1,115 @@
+"""``crl-train`` and ``crl-eval`` (thin click commands over :mod:`crl_train.trainer`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from crl_train.config import ConfigError, TrainConfig, load_config
+
+log = logging.getLogger("crl_train")
+
+
+def _setup_logging(run_dir: Path | None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(run_dir / "train.log", encoding="utf-8"))
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        handlers=handlers, force=True)
+    logging.getLogger("crl_train").setLevel(logging.INFO)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="YAML config file. Default: the packaged tiny preset (tiny random-init models on MiniHack Room, CPU).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override one config value, e.g. --set train.steps=3 --set method=grpo (value parsed as YAML). Repeatable.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory (config.yaml, metrics.jsonl, tb/, curves.png, checkpoint/, bank/). Default: runs/<method>.")
+@click.option("--resume", "resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="Continue the run in this directory from its last checkpoint (its config.yaml is used; --set still applies).")
+@click.option("--no-progress", is_flag=True, default=False, help="Hide the progress bar.")
+def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None, resume: Path | None, no_progress: bool) -> None:
+    """Train an actor (and an experience extractor) with Complementary RL or a baseline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        if resume is not None:
+            cfg = load_config(config_path or resume / "config.yaml", list(overrides))
+            run_dir = resume
+        else:
+            cfg = load_config(config_path, list(overrides))
+            run_dir = out or Path("runs") / cfg.method
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    _setup_logging(run_dir)
+    from crl_train.trainer import Trainer
+
+    trainer = Trainer(cfg, run_dir, resume=resume is not None, progress=not no_progress)
+    try:
+        row = trainer.run()
+        if cfg.train.eval_episodes:
+            evaluate_run(trainer, cfg.train.eval_episodes)
+    finally:
+        trainer.close()
+    click.echo(json.dumps({"run_dir": str(run_dir), "final": row}))
+
+
+def evaluate_run(trainer: Any, episodes: int, modes: tuple[bool, ...] = (True, False)) -> dict[str, Any]:
+    """Held-out episodes (seeds from env.eval_seed_offset) with and/or without experience; writes eval.json."""
+    import torch
+
+    cfg: TrainConfig = trainer.cfg
+    runner = trainer.c.runner
+    k = cfg.env.group_size
+    groups = max(1, -(-episodes // k))
+    result: dict[str, Any] = {"episodes_per_mode": groups * k}
+    for with_exp in modes:
+        if with_exp and not trainer.spec.uses_experience:
+            continue
+        tasks = [(cfg.env.ids[g % len(cfg.env.ids)], cfg.env.seed + cfg.env.eval_seed_offset + g) for g in range(groups)]
+        with torch.no_grad():
+            if with_exp:  # every copy guided: put all K in the guided half by running twice the half
+                eps = runner.collect(tasks, guided=True, step=-1)
+                eps = [e for e in eps if e.condition == "guided"]
+            else:
+                eps = runner.collect(tasks, guided=False, step=-1)
+        key = "with_experience" if with_exp else "without_experience"
+        result[key] = {"success": sum(e.success for e in eps) / len(eps),
+                       "actions_per_episode": sum(e.num_actions for e in eps) / len(eps), "episodes": len(eps)}
+    # evaluation episodes are held out: their distillation requests must not reach the bank
+    trainer.c.manager.get_requests(10**9)
+    (trainer.run_dir / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    return result
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--run", "run_dir", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="A run directory written by crl-train (uses its config.yaml, checkpoint/ and bank/).")
+@click.option("--episodes", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Held-out episodes per mode (rounded up to whole groups of K).")
+@click.option("--with-exp/--without-exp", "with_exp", default=None,
+              help="Evaluate only with retrieved experience, or only without. Default: both (when the method uses experience).")
+def evaluate(run_dir: Path, episodes: int, with_exp: bool | None) -> None:
+    """Evaluate a trained actor on held-out seeds; prints and writes eval.json."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        cfg = load_config(run_dir / "config.yaml")
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    _setup_logging(None)
+    from crl_train.trainer import Trainer
+
+    trainer = Trainer(cfg, run_dir, resume=True, progress=False)
+    try:
+        modes = (True, False) if with_exp is None else (with_exp,)
+        result = evaluate_run(trainer, episodes, modes)
+    finally:
+        trainer.close()
+    click.echo(json.dumps(result))

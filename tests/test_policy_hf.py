@@ -1,0 +1,269 @@
+"""HFPolicy on the tiny preset: batched generation, log-prob consistency, training, checkpoints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from crl_train.policy import Policy  # noqa: E402
+from crl_train.policy.base import OptimConfig, SamplingConfig, TokenSequence, TrainBatch  # noqa: E402
+from crl_train.policy.hf import HFPolicy, resolve_dtype  # noqa: E402
+from crl_train.policy.tiny import build_tiny_policy  # noqa: E402
+
+TEXTS = ["You are in a room.", "go north", "go south", "open door", "wait", "<action>north</action>"] * 3
+ACTIONS = [["go north", "go south"], None, ["open door", "wait", "go north"], ["wait"]]
+SMALL = dict(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64)
+
+
+def make_policy(temperature: float = 0.7, **optim: Any) -> HFPolicy:
+    return build_tiny_policy(TEXTS, vocab_size=320, sampling=SamplingConfig(temperature=temperature, seed=0),
+                             optim=OptimConfig(**optim) if optim else None, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def policy() -> HFPolicy:
+    return make_policy()
+
+
+def prompts_for(policy: HFPolicy) -> list[list[int]]:
+    # Different lengths, so left padding is exercised.
+    return [policy.apply_chat([{"role": "user", "content": "where now? " * k}]) for k in (1, 4, 2, 7)]
+
+
+def sequences(policy: HFPolicy, prompts: list[list[int]], gens: list[Any]) -> list[TokenSequence]:
+    out = []
+    for p, g in zip(prompts, gens, strict=True):
+        s = TokenSequence()
+        s.append_context(p)
+        s.append_generation(g)
+        s.append_context(policy.chat.user_turn_ids("You see a wall."))
+        out.append(s)
+    return out
+
+
+def test_is_a_policy(policy: HFPolicy) -> None:
+    assert isinstance(policy, Policy)
+
+
+def test_generation_shapes_constraints_and_finish(policy: HFPolicy) -> None:
+    prompts = prompts_for(policy)
+    gens = policy.generate(prompts, 10, allowed=ACTIONS)
+    assert len(gens) == 4
+    for g, acts, p in zip(gens, ACTIONS, prompts, strict=True):
+        assert g.prompt_ids == p and len(g.logprobs) == len(g.token_ids) <= 10
+        assert all(lp <= 0.0 for lp in g.logprobs)
+        if acts is not None:  # a random model still writes a valid action
+            assert g.text in acts and g.finish_reason == "stop"
+            assert g.token_ids[-1] == policy.tokenizer.eos_token_id and g.allowed is not None
+            assert all(tok in allowed for tok, allowed in zip(g.token_ids, g.allowed, strict=True))
+        else:
+            assert g.allowed is None
+    # A single admissible action is forced: every token has probability 1.
+    assert gens[3].logprobs == pytest.approx([0.0] * len(gens[3].logprobs), abs=1e-6)
+
+
+def test_generate_logprobs_equal_recomputed(policy: HFPolicy) -> None:
+    prompts = prompts_for(policy)
+    gens = policy.generate(prompts, 12, allowed=ACTIONS)
+    batch = TrainBatch.from_sequences(sequences(policy, prompts, gens), [1.0, -1.0, 0.5, 0.0], policy.pad_token_id)
+    assert batch.constraints is not None
+    recomputed = policy.logprobs(batch)
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(recomputed[mask], batch.old_logprobs[mask], atol=1e-4)
+    assert (recomputed[~batch.attention_mask.bool()] == 0).all()
+    # Without the stored masks the constrained tokens' log-probs differ: the masks matter.
+    batch.constraints = None
+    unmasked = policy.logprobs(batch)
+    row = 0
+    assert not torch.allclose(unmasked[row][mask[row]], batch.old_logprobs[row][mask[row]], atol=1e-3)
+
+
+def test_seeded_sampling_is_reproducible_and_greedy_is_argmax(policy: HFPolicy) -> None:
+    prompts = prompts_for(policy)
+    a = policy.generate(prompts, 6)
+    b = policy.generate(prompts, 6)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    greedy = policy.generate(prompts[:1], 1, sampling=SamplingConfig(temperature=0.7, greedy=True))[0]
+    logits = policy.model(torch.tensor([prompts[0]])).logits[0, -1]
+    assert greedy.token_ids == [int(logits.argmax())]
+
+
+def test_length_and_stop_strings(policy: HFPolicy) -> None:
+    g = policy.generate(prompts_for(policy)[:1], 3, sampling=SamplingConfig(temperature=50.0, seed=1))[0]
+    if g.finish_reason == "length":
+        assert len(g.token_ids) == 3
+    # Stop strings: find a character the model emits, then stop on it.
+    free = policy.generate(prompts_for(policy)[:1], 8, sampling=SamplingConfig(temperature=0.7, seed=2))[0]
+    text = free.text
+    if text:
+        stop = text[0]
+        cut = policy.generate(prompts_for(policy)[:1], 8, sampling=SamplingConfig(temperature=0.7, seed=2, stop=(stop,)))[0]
+        assert cut.finish_reason == "stop" and cut.text == stop
+
+
+def test_generate_bad_input(policy: HFPolicy) -> None:
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        policy.generate([[1], []], 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        policy.generate([[1]], 0)
+    with pytest.raises(ValueError, match="allowed has 1 entries for 2"):
+        policy.generate([[1], [2]], 4, allowed=[None])
+    with pytest.raises(TypeError, match="list of action strings"):
+        policy.generate([[1]], 4, allowed=["north"])
+
+
+def pg_loss(logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, **kw: Any):  # type: ignore[no-untyped-def]
+    """-mean over sequences of adv * (token-mean log-prob): a per-sequence-mean loss."""
+    per_seq = (logprobs * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    loss = -(adv * per_seq).mean()
+    return loss, {"seen_groups": float(kw["group_ids"].numel()) if "group_ids" in kw else 0.0}
+
+
+def token_loss(logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, **kw: Any):  # type: ignore[no-untyped-def]
+    """-token-mean of adv * log-prob: a token-mean loss (like CISPO's normalisation)."""
+    return -((adv[:, None] * logprobs * mask).sum() / mask.sum()), {}
+
+
+def _grads(policy: HFPolicy, batch: TrainBatch, loss_fn: Any) -> torch.Tensor:
+    policy.model.zero_grad(set_to_none=True)
+    ok, _, _ = policy.accumulate_gradients(batch, loss_fn)
+    assert ok
+    return torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize(("scale", "loss_fn"), [("samples", pg_loss), ("tokens", token_loss)])
+def test_micro_batching_gives_the_full_batch_gradient(scale: str, loss_fn: Any) -> None:
+    pol = make_policy(micro_batch_size=8, loss_scale=scale)
+    prompts = prompts_for(pol)
+    gens = pol.generate(prompts, 6, allowed=ACTIONS)
+    batch = TrainBatch.from_sequences(sequences(pol, prompts, gens), [1.0, -0.5, 2.0, 0.3], pol.pad_token_id)
+    full = _grads(pol, batch, loss_fn)
+    pol.optim = OptimConfig(micro_batch_size=3, loss_scale=scale)  # type: ignore[arg-type]
+    split = _grads(pol, batch, loss_fn)
+    assert torch.allclose(full, split, atol=1e-6, rtol=1e-4)
+
+
+def test_loss_scale_weights_by_hand() -> None:
+    pol = make_policy(micro_batch_size=2, loss_scale="tokens")
+    ids = torch.ones(3, 4, dtype=torch.long)
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0], [0, 1, 1, 1]], dtype=torch.float32)
+    batch = TrainBatch(ids, ids.clone(), mask, torch.zeros(3, 4), torch.zeros(3))
+    first, second = batch.select(slice(0, 2)), batch.select(slice(2, 3))
+    # tokens: (2 + 1) / 6 and 3 / 6; samples: 2 / 3 and 1 / 3.
+    assert pol._scale(first, batch, 6) == pytest.approx(0.5) and pol._scale(second, batch, 6) == pytest.approx(0.5)
+    pol.optim = OptimConfig(loss_scale="samples")
+    assert pol._scale(first, batch, 6) == pytest.approx(2 / 3) and pol._scale(second, batch, 6) == pytest.approx(1 / 3)
+
+
+def test_train_step_raises_logprobs_of_rewarded_actions() -> None:
+    pol = make_policy(lr=1e-2, micro_batch_size=2)
+    prompts = prompts_for(pol)[:2]
+    gens = pol.generate(prompts, 6, allowed=[["go north", "go south"]] * 2)
+    batch = TrainBatch.from_sequences(sequences(pol, prompts, gens), [1.0, 1.0], pol.pad_token_id,
+                                      group_ids=[0, 0], condition_ids=[0, 1])
+    before = (pol.logprobs(batch) * batch.loss_mask).sum()
+    metrics = {}
+    for _ in range(3):
+        metrics = pol.train_step(batch, pg_loss)
+    after = (pol.logprobs(batch) * batch.loss_mask).sum()
+    assert after > before
+    assert metrics["skipped"] == 0.0 and metrics["step"] == 3.0 and pol.step == 3
+    assert metrics["lr"] == pytest.approx(1e-2) and metrics["seen_groups"] == pytest.approx(2.0)  # one micro-batch of 2
+    assert metrics["num_tokens"] == batch.num_tokens and metrics["grad_norm"] > 0
+
+
+def test_train_step_skips_bad_updates(caplog: pytest.LogCaptureFixture) -> None:
+    pol = make_policy(lr=1e-2)
+    prompts = prompts_for(pol)[:2]
+    gens = pol.generate(prompts, 4)
+    batch = TrainBatch.from_sequences(sequences(pol, prompts, gens), [1.0, 1.0], pol.pad_token_id)
+    weights = [p.detach().clone() for p in pol.model.parameters()]
+
+    def nan_loss(lp, old, adv, mask, **kw):  # type: ignore[no-untyped-def]
+        return lp.sum() * float("nan"), {}
+
+    out = pol.train_step(batch, nan_loss)
+    assert out["skipped"] == 1.0 and pol.step == 0 and pol.skipped_steps == 1
+    assert "non-finite" in caplog.text
+    empty = TrainBatch.from_sequences(sequences(pol, prompts, gens), [1.0, 1.0], pol.pad_token_id)
+    empty.loss_mask.zero_()
+    assert pol.train_step(empty, pg_loss)["skipped"] == 1.0 and pol.skipped_steps == 2
+    assert all(torch.equal(w, p) for w, p in zip(weights, pol.model.parameters(), strict=True))
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    pol = make_policy(lr=1e-3)
+    prompts = prompts_for(pol)[:2]
+    gens = pol.generate(prompts, 5, allowed=ACTIONS[:2])
+    batch = TrainBatch.from_sequences(sequences(pol, prompts, gens), [1.0, -1.0], pol.pad_token_id)
+    pol.train_step(batch, pg_loss)
+    pol.save(tmp_path / "ckpt")
+    pol.save(tmp_path / "ckpt")  # overwriting an existing checkpoint works and leaves no temp dirs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    expected = pol.logprobs(batch)
+
+    fresh = make_policy(lr=1e-3)
+    fresh.load(tmp_path / "ckpt")
+    assert fresh.step == 1 and torch.allclose(fresh.logprobs(batch), expected, atol=1e-6)
+    assert fresh.optimizer is not None
+    exp_state = pol.optimizer.state_dict()["state"]  # type: ignore[union-attr]
+    got_state = fresh.optimizer.state_dict()["state"]
+    assert torch.equal(exp_state[0]["exp_avg"], got_state[0]["exp_avg"])
+
+    rebuilt = HFPolicy.from_checkpoint(tmp_path / "ckpt")
+    assert rebuilt.name == pol.name and rebuilt.step == 1
+    assert rebuilt.sampling == pol.sampling and rebuilt.optim == pol.optim
+    assert torch.allclose(rebuilt.logprobs(batch), expected, atol=1e-6)
+    # Both continue training identically from the restored optimizer state.
+    m1, m2 = pol.train_step(batch, pg_loss), rebuilt.train_step(batch, pg_loss)
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+    with pytest.raises(FileNotFoundError, match="not a policy checkpoint"):
+        fresh.load(tmp_path)
+
+
+def test_from_pretrained_local_dir_with_thinking_flag(tmp_path: Path, policy: HFPolicy) -> None:
+    # The real-model code path (AutoTokenizer/AutoModelForCausalLM) on a local directory.
+    policy.model.save_pretrained(tmp_path)
+    policy.tokenizer.save_pretrained(tmp_path)
+    loaded = HFPolicy.from_pretrained(tmp_path, dtype="float32", enable_thinking=False)
+    assert loaded.chat.chat_kwargs == {"enable_thinking": False} and loaded.name == str(tmp_path)
+    prompt = loaded.apply_chat([{"role": "user", "content": "hi"}])
+    assert prompt == policy.apply_chat([{"role": "user", "content": "hi"}])
+    assert torch.equal(loaded.model(torch.tensor([prompt])).logits, policy.model(torch.tensor([prompt])).logits)
+    assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda:0") == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype("float99", "cpu")
+
+
+class FakeGenerator:
+    def __init__(self) -> None:
+        self.synced: list[int] = []
+        self.calls = 0
+
+    def sync_weights(self, named: Any) -> int:
+        self.synced.append(len(list(named)))
+        return self.synced[-1]
+
+    def generate(self, prompts: Any, max_new_tokens: int, allowed: Any = None, *, sampling: Any = None) -> list[Any]:
+        self.calls += 1
+        return []
+
+
+def test_attached_generator_serves_free_text_and_gets_weights() -> None:
+    pol = make_policy(lr=1e-3)
+    gen = FakeGenerator()
+    pol.attach_generator(gen)
+    assert len(gen.synced) == 1 and gen.synced[0] == len(pol.model.state_dict())
+    prompts = prompts_for(pol)[:2]
+    assert pol.generate(prompts, 4) == [] and gen.calls == 1
+    constrained = pol.generate(prompts, 6, allowed=[["wait"], ["go north"]])  # stays on the hf path
+    assert [g.text for g in constrained] == ["wait", "go north"] and gen.calls == 1
+    batch = TrainBatch.from_sequences(sequences(pol, prompts, constrained), [1.0, -1.0], pol.pad_token_id)
+    pol.train_step(batch, pg_loss)
+    assert len(gen.synced) == 2
