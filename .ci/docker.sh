@@ -78,10 +78,18 @@ find_mirror() {
     done
 }
 
+# Any Debian archive of this machine serves bookworm too (e.g. a trixie host's mirror).
+any_debian_mirror() {
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null \
+        | grep -vE '^[[:space:]]*#' | grep -oE 'https?://[^ ]+/debian/?' | grep -v security | head -n 1
+}
+
 if [ ! -s "$TARBALL" ]; then
-    MIRROR="$(find_mirror | head -n 1)"
+    # CRL_DEBIAN_MIRROR overrides (a CI runner whose own sources are not Debian).
+    MIRROR="${CRL_DEBIAN_MIRROR:-$(find_mirror | head -n 1)}"
+    MIRROR="${MIRROR:-$(any_debian_mirror)}"
     if [ -z "$MIRROR" ]; then
-        log "no apt source for Debian $SUITE found in /etc/apt/sources.list{,.d/*}; cannot build $BASE_IMAGE"
+        log "no Debian mirror found in /etc/apt/sources.list{,.d/*}; set CRL_DEBIAN_MIRROR to build $BASE_IMAGE"
         exit 1
     fi
     log "debootstrap $SUITE from $MIRROR (this takes a few minutes once; cached in $TARBALL)"

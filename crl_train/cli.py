@@ -75,7 +75,8 @@ def evaluate_run(trainer: Any, episodes: int, modes: tuple[bool, ...] = (True, F
             continue
         tasks = [(cfg.env.ids[g % len(cfg.env.ids)], cfg.env.seed + cfg.env.eval_seed_offset + g) for g in range(groups)]
         with torch.no_grad():
-            if with_exp:  # every copy guided: put all K in the guided half by running twice the half
+            if with_exp:  # only the guided half of each group counts: run twice as many groups
+                tasks = [(cfg.env.ids[g % len(cfg.env.ids)], cfg.env.seed + cfg.env.eval_seed_offset + g) for g in range(2 * groups)]
                 eps = runner.collect(tasks, guided=True, step=-1)
                 eps = [e for e in eps if e.condition == "guided"]
             else:

@@ -150,20 +150,25 @@ def test_invalid_action_is_a_turn_that_lists_valid_actions(data_dir: Path) -> No
 
 
 def test_seed_reproduces_episode(data_dir: Path) -> None:
+    env = ALFWorldEnv(data_dir=data_dir)
+
     def run(seed: int) -> list[str]:
-        env = ALFWorldEnv(data_dir=data_dir)
         obs, info = env.reset(seed=seed)
         out = [obs]
         for _ in range(3):
             action = info["admissible_actions"][int(env.np_random.integers(len(info["admissible_actions"])))]
             obs, _, _, _, info = env.step(action)
             out.append(obs)
-        env.close()
         return out
 
-    assert run(3) == run(3)
-    firsts = {run(s)[0] for s in range(6)}
+    first = run(3)
+    assert run(3) == first  # same instance, game reloaded from the cache
+    fresh = ALFWorldEnv(data_dir=data_dir)
+    assert fresh.reset(seed=3)[0] == first[0]
+    firsts = {env.reset(seed=s)[0] for s in range(6)}
     assert len(firsts) == 2  # both train games get drawn across seeds
+    env.close()
+    fresh.close()
 
 
 def test_split_selects_valid_unseen(data_dir: Path) -> None:
@@ -187,5 +192,5 @@ def test_registered_id_reads_env_var(monkeypatch: pytest.MonkeyPatch, data_dir: 
     monkeypatch.setenv("ALFWORLD_DATA", str(data_dir))
     env = gym.make("crl/ALFWorld-v0")
     obs, info = env.reset(seed=0)
-    assert info["task"].startswith("put a ")
+    assert "apple" in info["task"] or "mug" in info["task"]
     env.close()

@@ -7,7 +7,7 @@ from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory
 def req(i):
     return DistillationRequest(f"task {i}", Trajectory(), float(i), bool(i % 2),
                                ExperienceRef(i, f"tip {i}", 1) if i % 3 == 0 else None,
-                               condition="guided" if i % 3 == 0 else "free")
+                               condition="guided" if i % 3 == 0 else "free", request_id=f"r{i}")
 
 
 def test_fifo_across_memory_and_spill(tmp_path):

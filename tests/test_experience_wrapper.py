@@ -323,3 +323,18 @@ def test_real_envs_wrapped_pass_check_env_and_record(manager: Any, env_id: str) 
     assert DistillationRequest.from_json(req.to_json()).request_id == req.request_id
     env.close()
     raw.close()
+
+
+def test_docs_five_line_example_runs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "wrappers.md").read_text()
+    section = doc.split("## Wrap your own text env in five lines", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)  # the example writes runs/bank
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/wrappers.md", "exec"), scope)
+    assert scope["info"]["search_and_ask"]["status"] in ("answered", "no_entry")
+    assert (tmp_path / "runs" / "bank").is_dir()
+    scope["manager"].close()

@@ -240,3 +240,37 @@ def test_get_requests_waits_for_submit():
     assert mgr.get_requests(1, timeout=5.0) == [req]
     t.join()
     mgr.close()
+
+
+def test_concurrent_searches_and_writes_lose_no_counts():
+    mgr, bank, _ = make(n_entries=20, config=ManagerConfig(num_workers=4))
+    errors, stop = [], threading.Event()
+
+    def writer():
+        n = 0
+        while not stop.is_set():
+            ids = bank.ids()
+            mgr.apply_ops([AddOp(f"new tip {n}"), UpdateOp(ids[n % len(ids)], f"rewritten {n}")])
+            n += 1
+
+    def searcher(i):
+        try:
+            for j in range(5):
+                assert len(mgr.search(f"strategy {i % 4} for doors {j % 2}")) == 1
+            assert all(len(r) == 1 for r in mgr.search_many(["doors"] * 3))
+        except Exception as exc:  # pragma: no cover - surfaced below
+            errors.append(exc)
+
+    w = threading.Thread(target=writer)
+    w.start()
+    ts = [threading.Thread(target=searcher, args=(i,)) for i in range(48)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    stop.set()
+    w.join()
+    assert not errors
+    # 48 threads x (5 searches + 3 batch queries), k = 1: every retrieval counted exactly once
+    assert sum(e.retrieval_count for e in bank) == 48 * 8
+    mgr.close()

@@ -86,9 +86,12 @@ def test_generate_logprobs_equal_recomputed(policy: HFPolicy) -> None:
 
 def test_seeded_sampling_is_reproducible_and_greedy_is_argmax(policy: HFPolicy) -> None:
     prompts = prompts_for(policy)
-    a = policy.generate(prompts, 6)
-    b = policy.generate(prompts, 6)
-    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    # Same seed, same weights: the same samples; the seeded stream advances between calls.
+    one, two = make_policy(temperature=5.0), make_policy(temperature=5.0)
+    a1, a2 = one.generate(prompts, 6), one.generate(prompts, 6)
+    b1 = two.generate(prompts, 6)
+    assert [g.token_ids for g in a1] == [g.token_ids for g in b1]
+    assert [g.token_ids for g in a1] != [g.token_ids for g in a2]
     greedy = policy.generate(prompts[:1], 1, sampling=SamplingConfig(temperature=0.7, greedy=True))[0]
     logits = policy.model(torch.tensor([prompts[0]])).logits[0, -1]
     assert greedy.token_ids == [int(logits.argmax())]

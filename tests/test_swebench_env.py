@@ -12,7 +12,12 @@ from crl_gym.envs.swebench.env import SWEBenchEnv
 from crl_gym.envs.swebench.filter import run_episode
 from crl_gym.envs.swebench.image import instance_image
 from crl_gym.envs.swebench.sandbox import SandboxConfig
-from crl_gym.envs.swebench.testing import fixing_agent, make_demo_instance, require_docker, wrong_agent
+from crl_gym.envs.swebench.testing import (
+    fixing_agent,
+    make_demo_instance,
+    require_docker,
+    wrong_agent,
+)
 from crl_gym.envs.swebench.tools import format_tool_call
 
 

@@ -13,8 +13,8 @@ from crl_gym.envs.swebench.grading import (
     grade_log,
     grade_patch,
     log_parser_name,
-    patch_files,
     make_spec,
+    patch_files,
 )
 from crl_gym.envs.swebench.image import instance_image
 from crl_gym.envs.swebench.testing import make_demo_instance, require_docker

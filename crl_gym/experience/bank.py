@@ -293,7 +293,9 @@ class ExperienceBank:
 
     # -- statistics (not part of atomic batches; persisted immediately) -----------------------
     def _bump(self, sql: str, ids: Iterable[int], fn: Any, persist: bool = True) -> int:
-        with self._db_lock:
+        # The read lock keeps writers out: an update copies the counters of the entry it
+        # replaces, so a concurrent increment on the old object would be lost.
+        with self.lock.read(), self._db_lock:
             params: list[tuple[Any, ...]] = []
             for i in ids:
                 e = self._entries.get(int(i))

@@ -339,7 +339,8 @@ class ExperienceManager:
 
     # -- housekeeping ----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        c = dict(self._counters)
+        """Counters: requests, batches, cache hits/misses and hit rate, pool hits, queue."""
+        c: dict[str, Any] = dict(self._counters)
         looked = c["cache_hits"] + c["cache_misses"]
         c["cache_hit_rate"] = c["cache_hits"] / looked if looked else 0.0
         c["mean_batch"] = c["requests"] / c["batches"] if c["batches"] else 0.0

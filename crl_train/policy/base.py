@@ -60,7 +60,8 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()
     """Extra stop strings (e.g. ``"</action>"``); the text is cut after the first one."""
     seed: int | None = None
-    """Seed for a generator used by this call only (None: the global torch RNG)."""
+    """Seed of the policy's own sampling generator, created on first use and advanced by every
+    call: a run is reproducible and successive calls still differ (None: the global torch RNG)."""
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:

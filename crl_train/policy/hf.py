@@ -81,6 +81,7 @@ class HFPolicy:
         self.optimizer: torch.optim.Optimizer | None = None
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss or gradient (logged, never applied)."""
+        self._generators: dict[int, torch.Generator] = {}  # one RNG stream per SamplingConfig.seed
         self.generator: Any | None = None
         """Optional fast generator (``VLLMGenerator``) for unconstrained requests; see attach_generator."""
 
@@ -181,7 +182,10 @@ class HFPolicy:
             return list(self.generator.generate(prompts, max_new_tokens, sampling=cfg))
         generator = None
         if cfg.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+            generator = self._generators.get(cfg.seed)
+            if generator is None:
+                generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+                self._generators[cfg.seed] = generator
         self.model.eval()
         out: list[Generation] = []
         bs = self.generation_batch_size

@@ -226,10 +226,10 @@ class VLLMGenerator:
         *,
         sampling: SamplingConfig | None = None,
     ) -> list[Generation]:
-        import vllm
-
         if allowed is not None and any(a is not None for a in allowed):
             raise ValueError("constrained decoding (allowed=...) is supported by the hf backend only")
+        import vllm
+
         cfg = sampling or self.sampling
         params = vllm.SamplingParams(**sampling_params_kwargs(cfg, max_new_tokens, self.eos_token_ids))
         outputs = self.llm.generate(token_prompts(prompts), sampling_params=params, use_tqdm=False)

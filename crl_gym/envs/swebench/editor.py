@@ -8,7 +8,7 @@ resolved (symlinks included) and must stay inside the work tree; anything else i
 >>> root = tempfile.mkdtemp()
 >>> ed = Editor(LocalFS(root))
 >>> _ = ed.run({"command": "create", "path": "a.py", "file_text": "x = 1\\ny = 2\\n"})
->>> print(ed.run({"command": "view", "path": "a.py", "view_range": "[2, 2]"}))
+>>> print(ed.run({"command": "view", "path": "a.py", "view_range": "[2, 2]"}))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
 Here's the result of running `cat -n` on ...a.py:
      2	y = 2
 """

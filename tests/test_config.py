@@ -1,0 +1,82 @@
+"""Config loading: YAML + --set overrides, validation errors that name the key."""
+
+from pathlib import Path
+
+import pytest
+
+from crl_train.config import (
+    PACKAGED_CONFIGS,
+    ConfigError,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+    dump_config,
+    load_config,
+    parse_override,
+)
+
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_defaults_are_paper_values() -> None:
+    cfg = TrainConfig()
+    assert cfg.algo.clip_eps == 0.2 and cfg.algo.cispo_eps_low == 0.1 and cfg.algo.cispo_eps_high == 0.1
+    assert cfg.algo.buffer_size == 64 and cfg.algo.merge_every == 5 and cfg.env.group_size == 8
+    assert cfg.actor.lr == 1e-6 and cfg.manager.batch_size == 16
+
+
+def test_packaged_tiny_is_the_repo_tiny() -> None:
+    assert (PACKAGED_CONFIGS / "tiny.yaml").read_text() == (REPO_CONFIGS / "tiny.yaml").read_text()
+
+
+@pytest.mark.parametrize("name", ["tiny", "minihack_room", "webshop", "alfworld", "multitask"])
+def test_every_preset_loads(name: str) -> None:
+    cfg = load_config(REPO_CONFIGS / f"{name}.yaml")
+    assert cfg.env.group_size % 2 == 0
+
+
+def test_overrides_parse_yaml_values() -> None:
+    cfg = load_config(None, ["train.steps=7", "algo.ratio_level=token", "env.ids=[crl/Sokoban-6x6-v0]", "experience.asynchronous=false"])
+    assert cfg.train.steps == 7 and cfg.algo.ratio_level == "token"
+    assert cfg.env.ids == ("crl/Sokoban-6x6-v0",) and cfg.experience.asynchronous is False
+    assert parse_override("a.b= 1.5") == ("a.b", 1.5)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("train.stepz=3", "unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps"),
+        ("nope=1", "unknown key 'nope'"),
+        ("train.steps=three", r"train.steps: expected int, got 'three'"),
+        ("algo.gate=1", r"algo.gate: expected bool"),
+        ("algo.ratio_level=word", r"algo.ratio_level: expected one of 'token', 'sequence'"),
+        ("method=ppo", "accepted: grpo, complementary, static_online, exp_only, offline_exp, edge"),
+        ("env.group_size=3", "env.group_size must be an even number"),
+        ("manager.batch_size=0", "manager.*batch_size must be >= 1"),
+        ("env=5", "env: expected EnvConfig"),
+        ("train.steps", "--set expects key=value"),
+    ],
+)
+def test_bad_input_names_the_key(override: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [override])
+
+
+def test_offline_exp_needs_a_source() -> None:
+    with pytest.raises(ConfigError, match="experience.offline_source"):
+        load_config(None, ["method=offline_exp"])
+
+
+def test_roundtrip_through_yaml(tmp_path: Path) -> None:
+    cfg = load_config(None, ["train.steps=5"])
+    dump_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_missing_and_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(tmp_path / "bad.yaml")
