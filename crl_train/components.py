@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +50,10 @@ def make_raw_env(cfg: TrainConfig, env_id: str) -> Any:
     return make(env_id, **kwargs)
 
 
-def _texts_for_tokenizer(cfg: TrainConfig) -> list[str]:
+def _texts_for_tokenizer(cfg: TrainConfig, raw_env: Callable[[str], Any]) -> list[str]:
     from crl_train.policy.tiny import gather_env_texts
 
-    envs = [make_raw_env(cfg, env_id) for env_id in cfg.env.ids]
+    envs = [raw_env(env_id) for env_id in cfg.env.ids]
     try:
         texts = gather_env_texts(envs, [], seeds=(0, 1), steps=4)
     finally:
@@ -106,11 +107,14 @@ def _offline_bank(cfg: TrainConfig, manager: ExperienceManager, extractor: Extra
     log.info("offline_exp: distilled %d trajectories into %d entries", len(reqs), len(manager.bank))
 
 
-def build_components(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, *, checkpoint: Path | None = None) -> Components:
+def build_components(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, *, checkpoint: Path | None = None,
+                     env_factory: Callable[[str], Any] | None = None) -> Components:
+    """Everything a run needs. ``env_factory(env_id)`` replaces ``crl_gym.envs.make`` (tests, custom envs)."""
+    raw_env = env_factory or (lambda env_id: make_raw_env(cfg, env_id))
     torch.manual_seed(cfg.seed)
     # One intra-op thread per track (see crl_train.tracks): the process-wide pool is sized to the actor's share.
     torch.set_num_threads(max(1, cfg.experience.actor_threads))
-    texts = None if checkpoint is not None else _texts_for_tokenizer(cfg)
+    texts = None if checkpoint is not None else _texts_for_tokenizer(cfg, raw_env)
     actor = build_policy(cfg.actor, texts, loss_scale="none", seed=cfg.seed,
                          checkpoint=checkpoint / "actor" if checkpoint else None)
     ext_policy = build_policy(cfg.extractor, texts, loss_scale="tokens", seed=cfg.seed + 1,
@@ -135,7 +139,7 @@ def build_components(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, *, check
         manager.refiner = extractor.refine
 
     def make_env(env_id: str) -> Any:
-        env = make_raw_env(cfg, env_id)
+        env = raw_env(env_id)
         if not spec.uses_experience:
             return env
         from crl_gym.wrappers.experience import ExperienceWrapper

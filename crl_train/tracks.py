@@ -1,7 +1,8 @@
 """The two tracks of Complementary RL.
 
-* :class:`ActorStep` — the primary loop body: rollout → split-subgroup advantages → one actor
-  update. It never waits on the extractor: credits and merge requests go into queues.
+* The primary loop (:meth:`crl_train.trainer.Trainer.step`): rollout → split-subgroup
+  advantages → one actor update. It never waits on the extractor: credits and merge requests
+  go into this track's queues.
 * :class:`BackgroundTrack` — drains the manager's distillation queue, prompts the extractor,
   applies the parsed ops (each new entry stored with its prompt / response / log-probs), turns
   credits of finished rollout steps into rewarded samples in B_φ, runs a CISPO update when

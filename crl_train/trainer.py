@@ -30,12 +30,12 @@ from crl_train.algorithms import (
     marginal_gain,
     sequence_weights,
 )
+from crl_train.components import Components, build_components
 from crl_train.config import TrainConfig, dump_config
 from crl_train.methods import get_method
 from crl_train.outputs import MetricsWriter, plot_curves
 from crl_train.policy.base import TokenSequence, TrainBatch
 from crl_train.rollout import Episode, stripped_sequence
-from crl_train.components import Components, build_components
 from crl_train.tracks import Credit
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ CKPT = "checkpoint"
 def _actor_loss(clip_eps: float, ratio_level: str) -> Any:
     def loss(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
              weights: torch.Tensor | None = None, **_: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        return clip_surrogate_loss(lp, old, adv, mask, weights, clip_eps=clip_eps, ratio_level=ratio_level)  # type: ignore[arg-type]
+        return clip_surrogate_loss(lp, old, adv, mask, weights, clip_eps=clip_eps, ratio_level=ratio_level)
 
     return loss
 
@@ -83,7 +83,8 @@ def _reverse_kl_sampled(coef: float) -> Any:
 class Trainer:
     """One run in ``run_dir`` (fresh, or resumed from its last checkpoint)."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True) -> None:
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
+                 env_factory: Any = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,8 @@ class Trainer:
             self.start_step = int(state["step"]) + 1
         else:
             dump_config(cfg, self.run_dir / "config.yaml")
-        self.c: Components = build_components(cfg, self.spec, self.run_dir, checkpoint=ckpt if resume else None)
+        self.c: Components = build_components(cfg, self.spec, self.run_dir, checkpoint=ckpt if resume else None,
+                                             env_factory=env_factory)
         if resume:
             self.c.track.load_state(state.get("track", {}))
             self.c.track.actor_step = self.start_step

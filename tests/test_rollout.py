@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from _trainer_fixtures import LocalClient, corridor_factory, manager, tiny_policy
+
 from crl_gym.wrappers.examples import CorridorEnv
 from crl_train.policy.base import Generation, TrainBatch
 from crl_train.rollout import Episode, RolloutRunner, Turn, stripped_sequence

@@ -6,8 +6,9 @@ import time
 from typing import Any
 
 import pytest
-
+import torch
 from _trainer_fixtures import LocalClient, corridor_factory, manager, tiny_policy
+
 from crl_gym.protocol import DistillationRequest, Step, Trajectory
 from crl_train.extractor import Extractor, candidate_ops
 from crl_train.rollout import RolloutRunner
@@ -36,16 +37,19 @@ def test_sync_track_distils_credits_trains_and_records_counts(policies: tuple[An
     extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=800, constrained=True,
                           cooldown=0, alpha=0.5)
     track = BackgroundTrack(mgr, extractor, buffer_size=2, asynchronous=False)
-    for s in (True, False, True, False):
-        mgr.submit(_request(s))
-    track.run_until_idle()
-    assert track.stats.distilled == 4 and mgr.pending() == 0
+    torch.manual_seed(0)
+    rounds = 0
+    while len(mgr.bank) == 0 and rounds < 10:  # a random extractor may choose RETURN; retry a few batches
+        for s in (True, False, True, False):
+            mgr.submit(_request(s))
+        track.run_until_idle()
+        rounds += 1
+    assert track.stats.distilled == 4 * rounds and mgr.pending() == 0
     adds = track.stats.added
     assert len(mgr.bank) == adds
     entries = list(mgr.bank)
     assert all(e.provenance is not None and e.provenance.token_ids and e.provenance.logprobs for e in entries)
-    if len(entries) < 1:
-        pytest.skip("the random extractor chose RETURN for every request")
+    assert entries, "10 batches of distillation produced no entry"
     e0 = entries[0]
     v0 = extractor.version
     track.credit([Credit(step=0, reward=1.0, entry_id=e0.id), Credit(step=0, reward=-1.0, entry_id=e0.id)])

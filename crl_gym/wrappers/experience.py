@@ -100,7 +100,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.error_count = 0
         """Client failures seen by this wrapper (search or submit)."""
         self.episodes_submitted = 0
-        self._records: list[tuple[Any, Any, SupportsFloat, dict[str, Any]]] | None = None
+        # Flat [obs, action, reward, info, obs, ...]: extend() with a temporary tuple leaves no
+        # new GC-tracked object per step (a tuple per step would make the cyclic GC walk a
+        # trainer's whole heap more often).
+        self._records: list[Any] | None = None
         self._last_obs: Any = None
         self._task = ""
         self._initial_obs = ""
@@ -162,7 +165,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         obs, reward, terminated, truncated, info = self.env.step(action)
         records = self._records
         if records is not None:  # None: no episode open (step after the end without reset)
-            records.append((self._last_obs, action, reward, info))
+            records.extend((self._last_obs, action, reward, info))
             self._last_obs = obs
             if terminated or truncated:
                 info = self._finish(info)
@@ -175,7 +178,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         steps: list[Step] = []
         calls = []
         outcome = 0.0
-        for obs, action, reward, step_info in records:
+        it = iter(records)
+        for obs, action, reward, step_info in zip(it, it, it, it, strict=True):
             search = step_info.get(SEARCH_INFO_KEY)
             kind = "env"
             if search is not None:
