@@ -301,8 +301,10 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         self.c.actor.save(tmp / "actor")
-        self.c.extractor.policy.save(tmp / "extractor")
+        # state() waits for the background track's current pass, so buffer, counters and extractor weights agree
         state = {"step": step, "track": self.c.track.state(), "method": self.cfg.method}
+        with self.c.extractor.lock:
+            self.c.extractor.policy.save(tmp / "extractor")
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
         self.c.manager.bank.flush()
         old = self.run_dir / (CKPT + ".old")
@@ -319,6 +321,7 @@ class Trainer:
         self.c.track.start()
         bar = tqdm(range(self.start_step, cfg.train.steps), initial=self.start_step, total=cfg.train.steps,
                    desc=f"{cfg.method}", disable=not self.progress, unit="step")
+        done = self.start_step - 1
         try:
             for t in bar:
                 row = self.step(t)
@@ -326,8 +329,14 @@ class Trainer:
                 if t % cfg.train.log_every == 0 or t == cfg.train.steps - 1:
                     self.metrics.write(row)
                 bar.set_postfix(success=f"{row['success']:.2f}", bank=row["bank_size"])
+                done = t
                 if (t + 1) % cfg.train.checkpoint_every == 0 or t == cfg.train.steps - 1:
                     self.checkpoint(t)
+        except KeyboardInterrupt:
+            if done >= self.start_step:  # keep the last finished step: --resume continues from it
+                log.warning("interrupted: checkpointing step %d before exiting", done)
+                self.checkpoint(done)
+            raise
         finally:
             bar.close()
             self.c.track.stop()
