@@ -3,15 +3,18 @@
 Runs the tiny preset for a few steps three ways, in one process, one after another:
 
 * ``grpo``: no experience; the actor gets its share (1 core).
-* ``complementary`` asynchronous: the background track runs in its own thread.
+* ``complementary`` asynchronous: the background track runs in its own thread of the trainer
+  process and the extractor's model work in its own process (``crl_train.extractor_worker``).
 * ``complementary`` synchronous: each actor step waits for distillation, the extractor update and
-  the merge (``experience.asynchronous=false``).
+  the merge (``experience.asynchronous=false``; the extractor in process, as auto mode picks).
 
-Core split: ``torch.set_num_threads(1)`` (torch's intra-op pool is process-wide); the primary loop
-and the background track are one Python thread each, and torch releases the GIL inside its ops,
-so on a 2-core machine the actor has one core and the extractor the other.
+Core split (2 cores): the trainer process runs torch with 1 intra-op thread — the actor's core,
+shared with the light bank/manager work of the background thread, which otherwise waits on the
+worker's pipe; the extractor process runs torch with 1 intra-op thread — the extractor's core.
+The grpo run gets the actor's share (1 thread) and has no second process.
 
-The first ``--warmup`` steps of each run are excluded from the mean. Prints one JSON object last.
+The first ``--warmup`` steps of each run are excluded from the mean (the first steps also include
+the worker's start-up wait in the async run, and the first merge). Prints one JSON object last.
 """
 
 from __future__ import annotations
@@ -23,11 +26,18 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[str]) -> dict[str, float]:
+CORE_SPLIT = ("trainer process: torch 1 intra-op thread = the actor's core (primary loop; the background-track thread "
+              "only does bank/manager work and waits on the worker's pipe); extractor worker process (spawn): torch 1 "
+              "intra-op thread = the extractor's core (distillation, refinement, merge generation, CISPO, checkpoints); "
+              "grpo: 1 thread, no worker; sync: extractor in process, 1 thread")
+
+
+def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[str]) -> dict[str, Any]:
     from crl_train.config import load_config
     from crl_train.trainer import Trainer
 
@@ -44,15 +54,18 @@ def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[st
             for t in range(steps):
                 row = trainer.step(t)
                 times.append(row["step_time_s"])
+            # how far the extractor got while the actor ran (async: it may trail; sync: nothing pending)
+            st = trainer.c.track.stats
+            extra_out = {"distilled": st.distilled, "extractor_updates": st.updates, "merges": st.merges,
+                         "queue_depth_end": trainer.c.manager.pending(), "track_errors": st.errors,
+                         "extractor_process": trainer.c.extractor.__class__.__name__ == "ExtractorWorker"}
             trainer.c.track.stop()
-            distilled = trainer.c.track.stats.distilled
-            updates = trainer.c.track.stats.updates
         finally:
             trainer.close()
         wall = time.perf_counter() - t0
     kept = times[warmup:] or times
-    return {"mean_step_s": statistics.mean(kept), "steps": len(kept), "distilled": distilled,
-            "extractor_updates": updates, "wall_s": wall}
+    return {"mean_step_s": statistics.mean(kept), "median_step_s": statistics.median(kept), "steps": len(kept),
+            "step_times_s": [round(x, 4) for x in times], **extra_out, "wall_s": wall}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "sync_step_s": res["complementary_sync"]["mean_step_s"],
         "async_over_grpo": res["complementary_async"]["mean_step_s"] / res["grpo"]["mean_step_s"],
         "sync_over_async": res["complementary_sync"]["mean_step_s"] / res["complementary_async"]["mean_step_s"],
-        "core_split": "torch.set_num_threads(1); actor thread 1 core, background-track thread 1 core; grpo gets the actor's core",
+        "core_split": CORE_SPLIT,
         "cpu_count": os.cpu_count(),
         "runs": res,
     }

@@ -1,32 +1,36 @@
 """What the experience wrappers cost a rollout: the same episodes raw and wrapped.
 
 For each size N (episodes in flight) the same N envs run the same seeded episodes, all advanced
-together one turn at a time as a trainer does, first raw (``gym.make``) then wrapped
+together one turn at a time as a trainer does, raw (``gym.make``) and wrapped
 (``ExperienceWrapper(SearchAndAskWrapper(env))`` over a ``LocalClient`` of an
 ``ExperienceManager`` with a 10,000-entry bank): the guided half gets its entries prefetched in
 one ``search_many`` batch and passed in ``reset(options=...)``, the free half none, and every
-finished episode submits its ``DistillationRequest`` (the queue is checked and drained after
-each run, untimed).
+finished episode submits its ``DistillationRequest``. After each wrapped run the queue is
+drained and every request is read (its trajectory built and checked against the steps taken),
+untimed: that is the consumer's work (the trainer's background track), not the rollout's.
 
 Two policies:
-* ``50 ms``: sleeps 50 ms per batched turn, standing in for batched LLM generation (real
-  turns take seconds, so this is the harsh case). ``ratio`` = wrapped / raw wall time
-  (the better of ``--repeats`` alternating runs each). On a machine shared with other jobs the
-  wall time is noisy, so ``ratio_cpu`` gives the same ratio with the env/wrapper stepping
-  measured in thread CPU time and the policy's 50 ms per turn counted as stated.
+* ``50 ms``: sleeps a stated 50 ms per batched turn, standing in for batched LLM generation
+  (real turns take seconds, so this is the harsh case). Raw and wrapped runs alternate
+  (``--pairs`` pairs, the order flipped every pair so that a drift in the machine's load hits
+  both sides alike), each after a ``gc.collect()``; ``ratio`` is the median of the per-pair
+  wrapped / raw wall-time ratios, so it compares runs made seconds apart inside one process.
+  ``ratio_cpu`` is the same median with the stepping measured in this thread's CPU time and
+  the policy's 50 ms per turn counted as stated (what the wall ratio is on an idle machine);
+  ``ratio_min`` / ``ratio_max`` show the spread of the pairs.
 * ``zero-cost``: a scripted policy (precomputed actions), which exposes the wrappers' own cost.
-  Differencing two wall times of a ~1 ms MiniHack step on a shared machine is noisier than the
-  microseconds being measured, so the episodes of the raw run are recorded and replayed through
-  a ``ReplayEnv`` (≈0.3 µs per step), raw and wrapped: the difference is the wrappers' cost
-  alone. Non-terminal steps are timed apart from the episode ends, giving
-  ``wrapper_us_per_step`` (recording one step) and ``wrapper_ms_per_episode`` (prefetch share,
-  reset, the terminal step and building + submitting the request), in thread CPU time so that
-  other processes on a shared machine do not count. The direct wall-time difference on the
-  real env is reported too (``direct_us_per_step``), as is the load average.
+  Differencing two wall times of a 60–700 µs env step on a shared machine is noisier than the
+  microseconds being measured, so the episodes of a raw run are recorded and replayed through
+  a ``ReplayEnv`` (≈0.1 µs per step), raw and wrapped, alternating ``--repeats`` times: the
+  median difference is the wrappers' cost alone. Non-terminal steps are timed apart from the
+  episode ends, giving ``wrapper_us_per_step`` (recording one step) and
+  ``wrapper_ms_per_episode`` (the prefetch's share, reset, the terminal step and submitting
+  the request), in thread CPU time so that other processes on a shared machine do not count.
 
-MiniHack instances cost ~0.1 s to create and ~1 ms per step on this 2-core machine, so sizes
-above ``--minihack-max`` (default 256) use Sokoban (``crl/Sokoban-6x6-v0``) to keep the run
-under ~5 minutes; the JSON says which env each size used.
+Which env runs at which size: MiniHack instances cost ~0.1 s to create and 60–700 µs per step
+on this 2-core machine (and 1,024 of them do not fit the run's time budget), so sizes up to
+``--minihack-max`` (default 256) use ``crl/MiniHack-Room-5x5-v0`` and larger ones Sokoban
+(``crl/Sokoban-6x6-v0``); each size's JSON row names its env.
 
     python bench/rollout_overhead.py --json            # last line: one JSON object
 """
@@ -37,6 +41,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -157,12 +162,24 @@ def run_replay(envs: list[gym.Env], seeds: list[int], table: list[list[str]], le
     return t_reset, t_mid, t_end
 
 
-def drain(manager: ExperienceManager, expected: int) -> None:
-    got = 0
+def drain(manager: ExperienceManager, expected_requests: int, expected_steps: int) -> None:
+    """Take every queued request and read it as a consumer would: the trajectories must hold
+    exactly the steps the run took (nothing lost, nothing duplicated)."""
+    reqs: list[Any] = []
     while manager.pending():
-        got += len(manager.get_requests(4096, 0.0))
-    if got != expected:
-        raise RuntimeError(f"expected {expected} distillation requests, the manager received {got}")
+        reqs += manager.get_requests(4096, 0.0)
+    steps = sum(len(r.trajectory) for r in reqs)
+    if len(reqs) != expected_requests or steps != expected_steps:
+        raise RuntimeError(f"expected {expected_requests} requests with {expected_steps} steps, "
+                           f"the manager received {len(reqs)} with {steps}")
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def gc_collections() -> int:
+    return sum(int(s["collections"]) for s in gc.get_stats())
 
 
 def bench_size(n: int, env_id: str, manager: ExperienceManager, args: argparse.Namespace) -> dict[str, Any]:
@@ -175,44 +192,52 @@ def bench_size(n: int, env_id: str, manager: ExperienceManager, args: argparse.N
     seeds = [1000 * n + i for i in range(n)]
     wrapped = [wrap(env, client) for env in raw]
 
-    # Zero-cost policy on the real env: record the episodes, and time raw vs wrapped directly.
+    # Zero-cost policy on the real env: record the episodes (and warm both paths up).
     record: list[Any] = []
     run_live(raw, seeds, table, client, task, False, 0.0, record)
-    raw_zero, steps, _ = run_live(raw, seeds, table, client, task, False, 0.0)
-    wrapped_zero, steps_w, _ = run_live(wrapped, seeds, table, client, task, True, 0.0)
-    drain(manager, n)
+    _, steps, _ = run_live(raw, seeds, table, client, task, False, 0.0)
+    _, steps_w, _ = run_live(wrapped, seeds, table, client, task, True, 0.0)
     if steps_w != steps:
         raise RuntimeError(f"wrapped run took {steps_w} steps, raw {steps}: the wrappers changed the episodes")
+    drain(manager, n, steps)
 
-    # Zero-cost replay: the wrappers' own cost, per step and per episode.
+    # Zero-cost replay: the wrappers' own cost, per step and per episode (median of pairs).
     lengths = [len(r[1]) for r in record]
-    best = {False: [float("inf")] * 3, True: [float("inf")] * 3}
-    for _ in range(args.repeats):
-        for is_wrapped in (False, True):
+    mid_steps = sum(x - 1 for x in lengths)
+    d_step: list[float] = []
+    d_episode: list[float] = []
+    for rep in range(args.repeats):
+        timing = {}
+        for is_wrapped in ((False, True) if rep % 2 == 0 else (True, False)):
             replay = [ReplayEnv(raw[0], r[0], r[1]) for r in record]
             envs = [wrap(e, client) for e in replay] if is_wrapped else replay
             gc.collect()
-            timing = run_replay(envs, seeds, table, lengths, client, task, is_wrapped)
-            best[is_wrapped] = [min(a, b) for a, b in zip(best[is_wrapped], timing, strict=True)]
+            timing[is_wrapped] = run_replay(envs, seeds, table, lengths, client, task, is_wrapped)
             if is_wrapped:
-                drain(manager, n)
-    mid_steps = sum(x - 1 for x in lengths)
-    per_step_s = max(0.0, best[True][1] - best[False][1]) / max(1, mid_steps)
-    per_episode_s = max(0.0, (best[True][0] - best[False][0]) + (best[True][2] - best[False][2])) / n
+                drain(manager, n, steps)
+        d_step.append((timing[True][1] - timing[False][1]) / max(1, mid_steps))
+        d_episode.append(((timing[True][0] - timing[False][0]) + (timing[True][2] - timing[False][2])) / n)
 
-    # 50 ms per batched turn: the ratio, best of alternating repeats.
-    raw_50 = wrapped_50 = raw_cpu = wrapped_cpu = float("inf")
+    # 50 ms per batched turn: alternating pairs, median of the per-pair ratios.
     policy_s = args.policy_ms / 1000
-    for _ in range(args.repeats):
-        wall, _, cpu = run_live(raw, seeds, table, client, task, False, policy_s)
-        raw_50, raw_cpu = min(raw_50, wall), min(raw_cpu, cpu)
-        wall, _, cpu = run_live(wrapped, seeds, table, client, task, True, policy_s)
-        wrapped_50, wrapped_cpu = min(wrapped_50, wall), min(wrapped_cpu, cpu)
-        drain(manager, n)
-    # The same ratio with the stepping measured in this thread's CPU time and the policy's time
-    # counted as stated: what the wall-time ratio is on an idle machine.
     turns = max(lengths)
-    ratio_cpu = (turns * policy_s + wrapped_cpu) / (turns * policy_s + raw_cpu)
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    cpus: dict[bool, list[float]] = {False: [], True: []}
+    gcs: dict[bool, list[int]] = {False: [], True: []}
+    for pair in range(args.pairs):
+        for is_wrapped in ((False, True) if pair % 2 == 0 else (True, False)):
+            gc.collect()
+            g0 = gc_collections()
+            wall, _, cpu = run_live(wrapped if is_wrapped else raw, seeds, table, client, task, is_wrapped, policy_s)
+            gcs[is_wrapped].append(gc_collections() - g0)
+            walls[is_wrapped].append(wall)
+            cpus[is_wrapped].append(cpu)
+            if is_wrapped:
+                drain(manager, n, steps)
+    ratios = [w / r for w, r in zip(walls[True], walls[False], strict=True)]
+    base = turns * policy_s
+    ratios_cpu = [(base + w) / (base + r) for w, r in zip(cpus[True], cpus[False], strict=True)]
+    live_cpu_diff = [(w - r) / steps for w, r in zip(cpus[True], cpus[False], strict=True)]
     for env in raw:
         env.close()
     return {
@@ -220,16 +245,19 @@ def bench_size(n: int, env_id: str, manager: ExperienceManager, args: argparse.N
         "episodes_in_flight": n,
         "steps": steps,
         "turns": turns,
-        "ratio": round(wrapped_50 / raw_50, 4),
-        "ratio_cpu": round(ratio_cpu, 4),
-        "wrapper_us_per_step": round(per_step_s * 1e6, 3),
-        "wrapper_ms_per_episode": round(per_episode_s * 1e3, 4),
-        "raw_s_50ms": round(raw_50, 3),
-        "wrapped_s_50ms": round(wrapped_50, 3),
-        "raw_s_zero_cost": round(raw_zero, 4),
-        "wrapped_s_zero_cost": round(wrapped_zero, 4),
-        "direct_us_per_step": round((wrapped_zero - raw_zero) / steps * 1e6, 2),
-        "env_us_per_step": round(raw_zero / steps * 1e6, 1),
+        "ratio": round(median(ratios), 4),
+        "ratio_cpu": round(median(ratios_cpu), 4),
+        "ratio_min": round(min(ratios), 4),
+        "ratio_max": round(max(ratios), 4),
+        "pairs": args.pairs,
+        "wrapper_us_per_step": round(max(0.0, median(d_step)) * 1e6, 3),
+        "wrapper_ms_per_episode": round(max(0.0, median(d_episode)) * 1e3, 4),
+        "raw_s_50ms": round(median(walls[False]), 3),
+        "wrapped_s_50ms": round(median(walls[True]), 3),
+        "live_cpu_us_per_step": round(median(live_cpu_diff) * 1e6, 2),
+        "env_cpu_us_per_step": round(median(cpus[False]) / steps * 1e6, 1),
+        "gc_collections_raw": median([float(g) for g in gcs[False]]),
+        "gc_collections_wrapped": median([float(g) for g in gcs[True]]),
         "requests_submitted_per_run": n,
     }
 
@@ -243,9 +271,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--bank-size", type=int, default=10_000)
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--policy-ms", type=float, default=50.0, help="simulated generation time per batched turn")
-    p.add_argument("--repeats", type=int, default=2, help="alternating raw/wrapped runs; the best of each is kept")
+    p.add_argument("--pairs", type=int, default=5, help="alternating raw/wrapped 50 ms runs per size (median ratio)")
+    p.add_argument("--repeats", type=int, default=7, help="alternating raw/wrapped zero-cost replays per size")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
+    if args.pairs < 1 or args.repeats < 1:
+        p.error("--pairs and --repeats must be >= 1")
     warnings.filterwarnings("ignore")
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     t0 = time.perf_counter()
@@ -257,8 +288,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             env_id = args.env if n <= args.minihack_max else args.large_env
             results[str(n)] = row = bench_size(n, env_id, manager, args)
             if not args.json:
-                print(f"N={n:5d} {env_id}: ratio {row['ratio']:.4f}  {row['wrapper_us_per_step']:.3f} us/step  "
-                      f"{row['wrapper_ms_per_episode']:.4f} ms/episode  (env {row['env_us_per_step']} us/step)", file=sys.stderr)
+                print(f"N={n:5d} {env_id}: ratio {row['ratio']:.4f} [{row['ratio_min']:.4f}, {row['ratio_max']:.4f}]  "
+                      f"cpu {row['ratio_cpu']:.4f}  {row['wrapper_us_per_step']:.3f} us/step  "
+                      f"{row['wrapper_ms_per_episode']:.4f} ms/episode  (env {row['env_cpu_us_per_step']} us/step)",
+                      file=sys.stderr)
     finally:
         manager.close()
     out = {
@@ -272,8 +305,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bank_size": args.bank_size,
         "embedder": f"hashing:{args.dim}",
         "policy_ms": args.policy_ms,
+        "policy": f"time.sleep({args.policy_ms / 1000:g}) once per batched turn (stands in for batched LLM generation)",
         "wrappers": "ExperienceWrapper(SearchAndAskWrapper(env)), guided half prefetched with one search_many",
-        "note": f"sizes above {args.minihack_max} use {args.large_env}: MiniHack costs ~0.1 s to create and ~1 ms/step here",
+        "envs": {str(n): (args.env if n <= args.minihack_max else args.large_env) for n in sizes},
+        "note": f"sizes above {args.minihack_max} use {args.large_env}: MiniHack costs ~0.1 s to create and "
+                "60-700 us/step here, 1,024 instances do not fit the run's time budget",
         "bank_build_s": round(bank_s, 2),
         "loadavg_1min_at_end": round(os.getloadavg()[0], 2),
         "cpu_count": os.cpu_count(),

@@ -19,6 +19,7 @@ from crl_gym.experience.prompts import DISTILLATION_TEMPLATE, REFINEMENT_TEMPLAT
 from crl_gym.protocol import DistillationRequest
 from crl_train.config import ModelConfig, TrainConfig
 from crl_train.extractor import Extractor
+from crl_train.extractor_worker import ExtractorSpec, ExtractorWorker, build_extractor
 from crl_train.methods import MethodSpec
 from crl_train.policy.base import OptimConfig, SamplingConfig
 from crl_train.rollout import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT, RolloutRunner
@@ -30,17 +31,28 @@ log = logging.getLogger(__name__)
 @dataclass
 class Components:
     actor: Any
-    extractor: Extractor
+    extractor: Extractor | ExtractorWorker
+    """π_φ: in this process, or behind a worker process (``experience.extractor_process``)."""
     manager: ExperienceManager
     client: LocalClient
     runner: RolloutRunner
     track: BackgroundTrack
 
     def close(self) -> None:
-        self.track.stop()
-        self.runner.close()
-        self.manager.close()
-        self.manager.bank.close()
+        try:
+            self.track.stop()
+            self.runner.close()
+        finally:  # the child process and the bank are released whatever failed above
+            self.extractor.close()
+            self.manager.close()
+            self.manager.bank.close()
+
+
+def use_extractor_process(cfg: TrainConfig, spec: MethodSpec) -> bool:
+    """``experience.extractor_process``, with None = on for asynchronous runs that use experience."""
+    if cfg.experience.extractor_process is not None:
+        return cfg.experience.extractor_process
+    return cfg.experience.asynchronous and spec.uses_experience
 
 
 def make_raw_env(cfg: TrainConfig, env_id: str) -> Any:
@@ -112,18 +124,41 @@ def build_components(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, *, check
     """Everything a run needs. ``env_factory(env_id)`` replaces ``crl_gym.envs.make`` (tests, custom envs)."""
     raw_env = env_factory or (lambda env_id: make_raw_env(cfg, env_id))
     torch.manual_seed(cfg.seed)
-    # One intra-op thread per track (see crl_train.tracks): the process-wide pool is sized to the actor's share.
+    # The trainer process's intra-op pool is the actor's share of the cores (see crl_train.tracks);
+    # an extractor process sets its own (experience.extractor_threads).
     torch.set_num_threads(max(1, cfg.experience.actor_threads))
-    texts = None if checkpoint is not None else _texts_for_tokenizer(cfg, raw_env)
-    actor = build_policy(cfg.actor, texts, loss_scale="none", seed=cfg.seed,
-                         checkpoint=checkpoint / "actor" if checkpoint else None)
-    ext_policy = build_policy(cfg.extractor, texts, loss_scale="tokens", seed=cfg.seed + 1,
-                              checkpoint=checkpoint / "extractor" if checkpoint else None)
-    extractor = Extractor(ext_policy, max_new_tokens=cfg.extractor.max_new_tokens,
-                          max_context_tokens=cfg.extractor.max_context_tokens,
-                          max_prompt_chars=cfg.experience.max_prompt_chars, constrained=cfg.extractor.constrained,
-                          eps_low=cfg.algo.cispo_eps_low, eps_high=cfg.algo.cispo_eps_high,
-                          cooldown=cfg.algo.cooldown, alpha=cfg.algo.count_alpha)
+    ext_ckpt = checkpoint / "extractor" if checkpoint is not None else None
+    if ext_ckpt is not None and not ext_ckpt.is_dir():
+        log.error("%s is missing (the extractor worker died before any checkpoint): starting a fresh extractor", ext_ckpt)
+        ext_ckpt = None
+    need_texts = cfg.actor.model == "tiny" and checkpoint is None or cfg.extractor.model == "tiny" and ext_ckpt is None
+    texts = _texts_for_tokenizer(cfg, raw_env) if need_texts else None
+    ext_spec = ExtractorSpec(
+        cfg.extractor, tuple(texts) if texts is not None else None, seed=cfg.seed + 1,
+        checkpoint=str(ext_ckpt) if ext_ckpt is not None else None, num_threads=cfg.experience.extractor_threads,
+        options={"max_new_tokens": cfg.extractor.max_new_tokens, "max_context_tokens": cfg.extractor.max_context_tokens,
+                 "max_prompt_chars": cfg.experience.max_prompt_chars, "constrained": cfg.extractor.constrained,
+                 "eps_low": cfg.algo.cispo_eps_low, "eps_high": cfg.algo.cispo_eps_high,
+                 "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha})
+    # started first: the child builds π_φ while this process builds the actor
+    worker = ExtractorWorker(ext_spec, start_method=cfg.experience.extractor_start_method) \
+        if use_extractor_process(cfg, spec) else None
+    try:
+        actor = build_policy(cfg.actor, texts, loss_scale="none", seed=cfg.seed,
+                             checkpoint=checkpoint / "actor" if checkpoint else None)
+        if worker is not None:
+            log.info("extractor worker ready (pid %d)", worker.wait_ready())
+        extractor = worker if worker is not None else build_extractor(ext_spec)
+        return _assemble(cfg, spec, run_dir, raw_env, checkpoint, actor, extractor)
+    except BaseException:
+        if worker is not None:
+            worker.close()
+        raise
+
+
+def _assemble(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, raw_env: Callable[[str], Any], checkpoint: Path | None,
+              actor: Any, extractor: Extractor | ExtractorWorker) -> Components:
+    """Bank, manager, client, wrapped envs, runner and track around the two models."""
     emb_name = f"hashing:{cfg.experience.embed_dim}" if cfg.experience.embedder == "hashing" else (
         None if cfg.experience.embedder == "minilm" else cfg.experience.embedder)
     embedder = load_embedder(emb_name)

@@ -11,28 +11,29 @@ raises :class:`ConfigError` naming the key and the accepted keys or type.
 >>> load_config(None, ["train.stepz=3"])
 Traceback (most recent call last):
 ...
-crl_train.config.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps
+crl_train.config_io.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 
 from crl_gym.experience.config import ManagerConfig
+from crl_train.config_io import (
+    ConfigError,
+    build_dataclass,
+    config_to_dict,
+    parse_override,
+    read_yaml,
+    set_path,
+)
 
 METHOD_NAMES: tuple[str, ...] = ("grpo", "complementary", "static_online", "exp_only", "offline_exp", "edge")
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A config key or value is not accepted; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -188,12 +189,19 @@ class ExperienceConfig:
     """search_and_ask calls per episode."""
     asynchronous: bool = True
     """Run the background track in its own thread; False = each actor step waits for it (benchmark)."""
+    extractor_process: bool | None = None
+    """Run the extractor's model work in a child process (``crl_train.extractor_worker``) so the two
+    tracks do not share the GIL. None = auto: on when ``asynchronous`` and the method uses experience
+    (a synchronous run waits for the extractor anyway); False keeps it in process (debugging)."""
+    extractor_start_method: Literal["spawn", "forkserver"] = "spawn"
+    """How the extractor process is started (``fork`` is unsafe once torch has started threads)."""
     distill_batch: int = 8
     """Distillation requests the background track takes from the queue per generate call."""
     actor_threads: int = 1
-    """torch intra-op threads of the primary loop."""
+    """torch intra-op threads of the trainer process (the primary loop's share of the cores)."""
     extractor_threads: int = 1
-    """torch intra-op threads of the background track."""
+    """torch intra-op threads of the extractor process (its share of the cores; in process, torch's
+    pool is process-wide and ``actor_threads`` applies to both tracks)."""
     offline_source: str | None = None
     """offline_exp: a ``trajectories.jsonl`` of a prior run (distilled once) or a bank ``.jsonl`` export."""
     max_prompt_chars: int = 6000
@@ -263,138 +271,12 @@ class TrainConfig:
 # ------------------------------------------------------------------------------------ loading
 
 
-def _type_name(tp: Any) -> str:
-    if tp is type(None):
-        return "null"
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is tuple:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "mapping"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; return it in the field's Python type."""
-    origin = typing.get_origin(tp)
-    bad = ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise bad
-    if tp is type(None):
-        if value is None:
-            return None
-        raise bad
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise bad
-    if origin is tuple:
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise bad
-        (elem,) = typing.get_args(tp)[:1]
-        return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise bad
-        return _build(tp, value, key)  # type: ignore[arg-type]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad
-    raise ConfigError(f"{key}: unsupported field type {tp!r}")
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        full = f"{prefix}.{key}" if prefix else str(key)
-        if key not in names:
-            raise ConfigError(f"unknown key {full!r}; accepted keys: {', '.join(sorted(names))}")
-        kwargs[key] = _coerce(value, hints[key], full)
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        if prefix and not str(exc).startswith(prefix):
-            raise ConfigError(f"{prefix}: {exc}") from None
-        raise
-    except (ValueError, TypeError) as exc:  # ManagerConfig and other foreign validators
-        raise ConfigError(f"{prefix or 'config'}: {exc}") from None
-
-
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for p in parts[:-1]:
-        child = node.setdefault(p, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}: {p!r} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``"a.b=c"`` → ``("a.b", yaml.safe_load("c"))``."""
-    if "=" not in text:
-        raise ConfigError(f"--set expects key=value, got {text!r}")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"--set expects key=value, got {text!r}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: cannot parse value {raw!r}: {exc}") from None
-    return key, value
-
-
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """Validate a nested dict into a :class:`TrainConfig`."""
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping at the top level, got {type(data).__name__}")
-    result: TrainConfig = _build(TrainConfig, data)
+    result: TrainConfig = build_dataclass(TrainConfig, data)
     return result
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: invalid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping")
-    return data
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
@@ -402,25 +284,14 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     data = read_yaml(path if path is not None else PACKAGED_CONFIGS / "tiny.yaml")
     for text in overrides:
         key, value = parse_override(text)
-        _set_path(data, key, value)
+        set_path(data, key, value)
     return config_from_dict(data)
-
-
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """A plain, YAML-safe dict (tuples become lists)."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [plain(x) for x in v]
-        return v
-
-    out: dict[str, Any] = plain(dataclasses.asdict(cfg))
-    return out
 
 
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+__all__ = ["ConfigError", "EnvConfig", "ModelConfig", "AlgoConfig", "ExperienceConfig", "RunConfig", "TrainConfig",
+           "METHOD_NAMES", "PACKAGED_CONFIGS", "config_from_dict", "config_to_dict", "dump_config", "load_config",
+           "parse_override", "read_yaml"]

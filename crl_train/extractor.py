@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -166,26 +167,83 @@ class Extractor:
                                          text=s.response, allowed=self.constraints.get(sample_key(s))))
         return seq
 
-    def update(self, items: Sequence[BufferItem], bank: Any, step: int) -> dict[str, float]:
-        """CISPO step over ``items``: Â = w(m)·(r̄ − mean r̄); records training counts in the bank."""
-        items = [it for it in items if it.sample.token_ids]
+    def train(self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
+        """CISPO step (model work only): Â = w(m)·(r̄ − mean r̄), w from the entries' training counts.
+
+        ``counts[i]`` / ``lasts[i]``: ``train_count`` / ``last_trained_step`` of item i's entry
+        (0 / −1 for refinements and entries no longer in the bank). Every item needs token ids.
+        """
         if not items:
             return {"skipped": 1.0}
         rbar = torch.tensor([it.reward for it in items], dtype=torch.float32)
-        counts, lasts = [], []
-        for it in items:
-            e = bank.get(it.entry_id) if it.entry_id is not None else None
-            counts.append(e.train_count if e is not None else 0)
-            lasts.append(e.last_trained_step if e is not None else -1)
-        w = training_count_weights(torch.tensor(counts), torch.tensor(lasts), step, cooldown=self.cooldown, alpha=self.alpha)
+        w = training_count_weights(torch.tensor(list(counts)), torch.tensor(list(lasts)), step,
+                                   cooldown=self.cooldown, alpha=self.alpha)
         adv = batch_advantages(rbar, w)
         seqs = [self._sequence(it.sample) for it in items]
         batch = TrainBatch.from_sequences(seqs, adv, self.policy.pad_token_id)
         with self.lock:
             metrics = self.policy.train_step(batch, cispo_loss, eps_low=self.eps_low, eps_high=self.eps_high)
             self.version += 1
-        ids = sorted({it.entry_id for it in items if it.entry_id is not None})
-        if ids:
-            bank.record_training(ids, step)
         metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(items))})
         return metrics
+
+    def update(self, items: Sequence[BufferItem], bank: Any, step: int) -> dict[str, float]:
+        """CISPO step over ``items``; records the training counts in ``bank`` (see :func:`cispo_update`)."""
+        return cispo_update(self.train, items, bank, step)
+
+    # ------------------------------------------------------------------ the worker interface
+    # (the same methods as crl_train.extractor_worker.ExtractorWorker, so the track takes either)
+    alive = True
+    """An in-process extractor cannot die without the trainer."""
+
+    def count_tokens(self, text: str) -> int:
+        tok = getattr(self.policy, "tokenizer", None)
+        return len(tok.encode(text, add_special_tokens=False)) if tok is not None else len(text) // 4
+
+    def save(self, directory: str | Path) -> None:
+        with self.lock:
+            self.policy.save(directory)
+
+    def load(self, directory: str | Path) -> None:
+        with self.lock:
+            self.policy.load(directory)
+
+    def get_state(self) -> dict[str, Any]:
+        """Version and per-sample constraints (JSON-ready) for a checkpoint."""
+        with self.lock:
+            return {"version": self.version,
+                    "constraints": {k: [list(a) if a is not None else None for a in v] for k, v in self.constraints.items()}}
+
+    def set_state(self, d: dict[str, Any]) -> None:
+        with self.lock:
+            self.version = int(d.get("version", 0))
+            self.constraints = {k: [tuple(a) if a is not None else None for a in v]
+                                for k, v in d.get("constraints", {}).items()}
+
+    def close(self) -> None:
+        """Nothing to release in process (the worker's ``close`` stops its child)."""
+
+
+def entry_counts(items: Sequence[BufferItem], bank: Any) -> tuple[list[int], list[int]]:
+    """``train_count`` and ``last_trained_step`` of each item's entry (0 / −1 when it has none)."""
+    counts, lasts = [], []
+    for it in items:
+        e = bank.get(it.entry_id) if it.entry_id is not None else None
+        counts.append(e.train_count if e is not None else 0)
+        lasts.append(e.last_trained_step if e is not None else -1)
+    return counts, lasts
+
+
+def cispo_update(train: Callable[[Sequence[BufferItem], list[int], list[int], int], dict[str, float]],
+                 items: Sequence[BufferItem], bank: Any, step: int) -> dict[str, float]:
+    """Bank side of an extractor update: read the counts, ``train`` (in process or in the worker),
+    then ``bank.record_training`` for every credited entry (the authors' code forgot this)."""
+    items = [it for it in items if it.sample.token_ids]
+    if not items:
+        return {"skipped": 1.0}
+    counts, lasts = entry_counts(items, bank)
+    metrics = train(items, counts, lasts, step)
+    ids = sorted({it.entry_id for it in items if it.entry_id is not None})
+    if ids:
+        bank.record_training(ids, step)
+    return metrics

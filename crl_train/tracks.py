@@ -11,9 +11,16 @@
   its own thread; ``False`` makes each actor step call :meth:`BackgroundTrack.run_until_idle`
   (the synchronous baseline of the benchmark).
 
-Cores: torch's intra-op pool is process-wide, so the split is made with
-``torch.set_num_threads(1)`` and one Python thread per track: each track's torch ops run on one
-core (the GIL is released inside them). On the 2-core machine: actor 1 core, extractor 1 core.
+The extractor is an :class:`~crl_train.extractor.Extractor` (model work in this process) or an
+:class:`~crl_train.extractor_worker.ExtractorWorker` (model work in a child process; the default
+for asynchronous runs). With the worker this thread only does bank/manager work — applying ops,
+embedding new texts, reading training counts, building merge windows — and otherwise waits on
+the worker's pipe, so the actor keeps the GIL. Cores on the 2-core machine: the trainer process
+runs torch with 1 intra-op thread (the actor's core), the worker with 1 (the extractor's core).
+
+If the worker dies, the run goes on without extractor model work: the requests, update batches
+and merges the track had to skip are counted (``skipped_distill``, ``skipped_updates``,
+``skipped_merges``; the trajectories stay in the run's ``trajectories.jsonl``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 from crl_gym.experience.merge import merge_bank
 from crl_train.extractor import BufferItem, Extractor
+from crl_train.extractor_worker import ExtractorUnavailable, ExtractorWorker
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,12 @@ class TrackStats:
     merges: int = 0
     merge_failures: int = 0
     errors: int = 0
+    skipped_distill: int = 0
+    """Requests not distilled because the extractor worker is gone."""
+    skipped_updates: int = 0
+    """CISPO batches dropped because the extractor worker is gone."""
+    skipped_merges: int = 0
+    """Merges not run because the extractor worker is gone."""
     last_update: dict[str, float] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)
 
@@ -65,7 +79,7 @@ class BackgroundTrack:
     def __init__(
         self,
         manager: Any,
-        extractor: Extractor,
+        extractor: Extractor | ExtractorWorker,
         *,
         buffer_size: int = 64,
         distill_batch: int = 8,
@@ -108,14 +122,16 @@ class BackgroundTrack:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                worked = self.run_once(wait=0.05)
-            except Exception:  # noqa: BLE001 - the track must survive a bad batch
-                self.stats.errors += 1
-                log.exception("background track: iteration failed (counted; continuing)")
-                worked = False
-            if not worked:
+            if not self._safe_once(0.05):
                 time.sleep(0.01)
+
+    def _safe_once(self, wait: float) -> bool:
+        try:
+            return self.run_once(wait=wait)
+        except Exception:  # noqa: BLE001 - the track must survive a bad batch (in either mode)
+            self.stats.errors += 1
+            log.exception("background track: iteration failed (counted; continuing)")
+            return False
 
     # ---------------------------------------------------------------- work
     def credit(self, credits: list[Credit]) -> None:
@@ -133,7 +149,10 @@ class BackgroundTrack:
             if self.distill_on:
                 reqs = self.manager.get_requests(self.distill_batch, timeout=wait)
                 if reqs:
-                    self._distill(reqs)
+                    try:
+                        self._distill(reqs)
+                    except ExtractorUnavailable:
+                        self.stats.skipped_distill += len(reqs)
                     worked = True
             else:  # frozen bank: drop requests from the queue so it does not grow
                 worked = bool(self.manager.get_requests(self.distill_batch, timeout=wait))
@@ -146,10 +165,14 @@ class BackgroundTrack:
                 worked = True
             if self.train and len(self.buffer) >= self.buffer_size:
                 batch, self.buffer = self.buffer[: self.buffer_size], self.buffer[self.buffer_size :]
-                self.ext_step += 1
-                m = self.extractor.update(batch, self.manager.bank, self.ext_step)
-                self.stats.updates += 1
-                self.stats.last_update = m
+                try:
+                    m = self.extractor.update(batch, self.manager.bank, self.ext_step + 1)
+                except ExtractorUnavailable:
+                    self.stats.skipped_updates += 1
+                else:
+                    self.ext_step += 1
+                    self.stats.updates += 1
+                    self.stats.last_update = m
                 worked = True
             try:
                 step = self.merge_requests.get_nowait()
@@ -163,10 +186,12 @@ class BackgroundTrack:
     def run_until_idle(self, max_rounds: int = 10_000) -> None:
         """Synchronous mode: process everything pending now (queue, credits, updates, merge)."""
         for _ in range(max_rounds):
-            if not self.run_once(0.0) and self.manager.pending() == 0:
+            if not self._safe_once(0.0) and self.manager.pending() == 0:
                 return
 
     def _distill(self, reqs: list[Any]) -> None:
+        if not self.extractor.alive:
+            raise ExtractorUnavailable("extractor worker is gone")
         results = self.extractor.distill(reqs)
         for req, (sample, ops) in zip(reqs, results, strict=True):
             res = self.manager.apply_ops(ops, sample=sample, step=self.actor_step, request=req)
@@ -192,14 +217,15 @@ class BackgroundTrack:
     def _merge(self, step: int) -> None:
         if len(self.manager.bank) < 2:
             return
-        tok = getattr(self.extractor.policy, "tokenizer", None)
-
-        def count(text: str) -> int:
-            return len(tok.encode(text, add_special_tokens=False)) if tok is not None else len(text) // 4
-
+        if not self.extractor.alive:
+            self.stats.skipped_merges += 1
+            return
         try:
             report = merge_bank(self.manager.bank, self.manager.embedder, self.extractor.merge_generate,
-                                token_budget=self.merge_token_budget, count_tokens=count, step=step)
+                                token_budget=self.merge_token_budget, count_tokens=self.extractor.count_tokens, step=step)
+        except ExtractorUnavailable:
+            self.stats.skipped_merges += 1
+            return
         except Exception as exc:  # noqa: BLE001 - a failed merge leaves the bank as it was
             report = None
             log.warning("merge at step %d failed: %s", step, exc)
@@ -219,14 +245,14 @@ class BackgroundTrack:
                     self._take_credit(self.credits.get_nowait())
                 except queue.Empty:
                     break
-            return {"buffer": [b.to_dict() for b in self.buffer], "ext_step": self.ext_step,
-                    "version": self.extractor.version,
-                    "constraints": {k: [list(a) if a is not None else None for a in v]
-                                    for k, v in self.extractor.constraints.items()}}
+            out: dict[str, Any] = {"buffer": [b.to_dict() for b in self.buffer], "ext_step": self.ext_step}
+            try:
+                out.update(self.extractor.get_state())  # version + constraints of π_φ's samples
+            except ExtractorUnavailable:
+                log.error("checkpoint without the extractor's version/constraints: its worker is gone")
+            return out
 
     def load_state(self, d: dict[str, Any]) -> None:
         self.buffer = [BufferItem.from_dict(x) for x in d.get("buffer", [])]
         self.ext_step = int(d.get("ext_step", 0))
-        self.extractor.version = int(d.get("version", 0))
-        self.extractor.constraints = {k: [tuple(a) if a is not None else None for a in v]
-                                      for k, v in d.get("constraints", {}).items()}
+        self.extractor.set_state({"version": d.get("version", 0), "constraints": d.get("constraints", {})})

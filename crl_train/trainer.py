@@ -32,6 +32,7 @@ from crl_train.algorithms import (
 )
 from crl_train.components import Components, build_components
 from crl_train.config import TrainConfig, dump_config
+from crl_train.extractor_worker import ExtractorUnavailable
 from crl_train.methods import get_method
 from crl_train.outputs import MetricsWriter, plot_curves
 from crl_train.policy.base import TokenSequence, TrainBatch
@@ -290,7 +291,8 @@ class Trainer:
             "extractor_updates": st.updates, "extractor_loss": last.get("loss"), "buffer_size": len(c.track.buffer),
             "distilled": st.distilled, "malformed": st.malformed, "added": st.added, "updated": st.updated,
             "uncreditable": st.uncreditable, "merges": st.merges, "merge_failures": st.merge_failures,
-            "track_errors": st.errors, "env_errors": c.runner.errors, "context_truncations": c.runner.context_truncations,
+            "track_errors": st.errors, "extractor_alive": bool(c.extractor.alive),
+            "skipped_distill": st.skipped_distill, "skipped_updates": st.skipped_updates, "env_errors": c.runner.errors, "context_truncations": c.runner.context_truncations,
             "step_time_s": total, "rollout_time_s": rollout, "update_time_s": update,
         }
 
@@ -303,8 +305,7 @@ class Trainer:
         self.c.actor.save(tmp / "actor")
         # state() waits for the background track's current pass, so buffer, counters and extractor weights agree
         state = {"step": step, "track": self.c.track.state(), "method": self.cfg.method}
-        with self.c.extractor.lock:
-            self.c.extractor.policy.save(tmp / "extractor")
+        self._save_extractor(tmp / "extractor", final / "extractor")
         (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
         self.c.manager.bank.flush()
         old = self.run_dir / (CKPT + ".old")
@@ -313,6 +314,19 @@ class Trainer:
             final.rename(old)
         tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
+
+    def _save_extractor(self, target: Path, previous: Path) -> None:
+        """π_φ's weights (through the worker when it runs in a process). A dead worker has nothing
+        to save: the previous checkpoint's extractor is kept, so ``--resume`` still finds one."""
+        try:
+            self.c.extractor.save(target)
+        except ExtractorUnavailable:
+            if previous.is_dir():
+                shutil.copytree(previous, target)
+                log.error("extractor worker is gone: the checkpoint keeps the extractor of the previous checkpoint")
+            else:
+                log.error("extractor worker is gone and no earlier extractor checkpoint exists: "
+                          "--resume will start a fresh extractor")
 
     def run(self) -> dict[str, Any]:
         from tqdm import tqdm

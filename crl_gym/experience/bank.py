@@ -27,16 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from usearch.index import Index
 
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.rwlock import RWLock
 from crl_gym.experience.store import BankCorruptError, SQLiteStore
+from crl_gym.experience.vector_index import INDEX_FILE, INDEX_META_FILE, VectorIndex
 from crl_gym.protocol import ExtractorSample
 
 log = logging.getLogger(__name__)
 MAX_ID = 2**63 - 1  # ids are uint64 restricted to SQLite's native INTEGER range
-DB_FILE, INDEX_FILE, INDEX_META_FILE = "bank.sqlite", "index.usearch", "index.json"
+DB_FILE = "bank.sqlite"
+_RETRIEVAL_SQL = "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?"
 
 
 @dataclass
@@ -94,50 +95,32 @@ class ExperienceBank:
         self._dirty_stats: set[int] = set()
         self._index = self._open_index()
 
-    # -- index maintenance -------------------------------------------------------------------
-    def _new_index(self) -> Index:
-        return Index(ndim=self.dim, metric="cos", dtype="f32")
+    # -- index maintenance (the index is a cache of SQLite: rebuilt, never trusted blindly) ---
+    def _vectors(self) -> dict[int, np.ndarray]:
+        return {i: e.embedding for i, e in self._entries.items()}  # type: ignore[misc]
 
-    def _open_index(self) -> Index:
+    def _open_index(self) -> VectorIndex:
         if self.path is None:
-            return self._rebuild_index(None)
-        ipath, mpath = self.path / INDEX_FILE, self.path / INDEX_META_FILE
-        if not ipath.exists():
-            return self._rebuild_index(f"{ipath} is missing" if self._entries else None)
-        try:
-            meta = json.loads(mpath.read_text())
-            if meta != {"generation": self._generation, "count": len(self._entries), "dim": self.dim}:
-                return self._rebuild_index(f"{ipath} is out of date ({meta})")
-            index = Index.restore(str(ipath))
-            if index is None or index.ndim != self.dim or len(index) != len(self._entries):
-                return self._rebuild_index(f"{ipath} does not match {DB_FILE}")
-            return index
-        except (OSError, ValueError, RuntimeError) as exc:
-            return self._rebuild_index(f"{ipath} or {mpath.name} unreadable ({exc})")
-
-    def _rebuild_index(self, reason: str | None) -> Index:
+            return VectorIndex.build(self.dim, self._vectors())
+        index, reason = VectorIndex.open(self.path, self.dim, self._vectors(), self._generation)
         if reason:
-            log.warning("rebuilding the vector index from SQLite: %s", reason)
-            self.index_recoveries.append(reason)
-        index = self._new_index()
-        if self._entries:
-            ids = np.fromiter(self._entries.keys(), dtype=np.uint64, count=len(self._entries))
-            index.add(ids, np.stack([self._entries[int(i)].embedding for i in ids]))  # type: ignore[misc]
+            self._note_recovery(reason)
         return index
+
+    def _rebuild_index(self, reason: str) -> VectorIndex:
+        self._note_recovery(reason)
+        return VectorIndex.build(self.dim, self._vectors())
+
+    def _note_recovery(self, reason: str) -> None:
+        log.warning("rebuilding the vector index from SQLite: %s", reason)
+        self.index_recoveries.append(reason)
 
     def flush(self) -> None:
         """Save the vector index next to the database (atomic replace), so reopening is fast."""
         if self.path is None:
             return
         with self.lock.read():
-            ipath, mpath = self.path / INDEX_FILE, self.path / INDEX_META_FILE
-            tmp = ipath.with_suffix(".tmp")
-            self._index.save(str(tmp))
-            os.replace(tmp, ipath)
-            meta = {"generation": self._generation, "count": len(self._entries), "dim": self.dim}
-            mtmp = mpath.with_suffix(".tmp")
-            mtmp.write_text(json.dumps(meta))
-            os.replace(mtmp, mpath)
+            self._index.save(self.path, self._generation)
 
     # -- validation --------------------------------------------------------------------------
     def _vector(self, emb: Any, what: str) -> np.ndarray:
@@ -160,13 +143,7 @@ class ExperienceBank:
             self._generation, self._next_id = gen, next_id
             try:
                 stale = [e.id for e in upserts if e.id in self._entries] + deletes
-                if stale:
-                    self._index.remove(np.asarray(stale, dtype=np.uint64))
-                if upserts:
-                    self._index.add(
-                        np.asarray([e.id for e in upserts], dtype=np.uint64),
-                        np.stack([e.embedding for e in upserts]),  # type: ignore[misc]
-                    )
+                self._index.replace(stale, {e.id: e.embedding for e in upserts})  # type: ignore[misc]
             except Exception as exc:  # SQLite holds the truth: rebuild rather than diverge
                 for i in deletes:
                     self._entries.pop(i, None)
@@ -263,17 +240,7 @@ class ExperienceBank:
         if k < 1:
             raise ValueError(f"search: k must be >= 1, got {k}")
         with self.lock.read():
-            if not self._entries or len(q) == 0:
-                return [[] for _ in range(len(q))]
-            res = self._index.search(q, min(k, len(self._entries)), threads=1)
-        keys = res.keys.reshape(len(q), -1)
-        sims = 1.0 - res.distances.reshape(len(q), -1)
-        # usearch answers a one-row batch with a single Matches (no .counts).
-        counts = np.atleast_1d(getattr(res, "counts", len(res.keys)))
-        return [
-            [(int(keys[r, j]), float(sims[r, j])) for j in range(int(counts[r]))]
-            for r in range(len(q))
-        ]
+            return self._index.search(q, k)
 
     def ids(self) -> list[int]:
         with self.lock.read():
@@ -330,9 +297,7 @@ class ExperienceBank:
             e.retrieval_count += 1
             e.last_retrieved = max(e.last_retrieved, float(now))
             return (e.retrieval_count, e.last_retrieved, e.id)
-        return self._bump(
-            "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?", ids, fn, persist
-        )
+        return self._bump(_RETRIEVAL_SQL, ids, fn, persist)
 
     def flush_stats(self) -> int:
         """Persist retrieval counters recorded with ``persist=False``; returns rows written."""
@@ -343,9 +308,7 @@ class ExperienceBank:
             ]
             self._dirty_stats.clear()
             if params and not getattr(self, "_closed", False):
-                self._store.update_stats(
-                    "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?", params
-                )
+                self._store.update_stats(_RETRIEVAL_SQL, params)
             return len(params)
 
     def record_training(self, ids: Iterable[int], step: int) -> int:
@@ -423,4 +386,7 @@ class ExperienceBank:
         return f"ExperienceBank(path={str(self.path)!r}, dim={self.dim}, entries={len(self)})"
 
 
-__all__ = ["ExperienceBank", "PendingAdd", "PendingUpdate", "BankCorruptError"]
+__all__ = [
+    "DB_FILE", "INDEX_FILE", "INDEX_META_FILE", "BankCorruptError", "ExperienceBank", "PendingAdd",
+    "PendingUpdate",
+]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ class BankCorruptError(RuntimeError):
 
 
 def _row(e: ExperienceEntry) -> tuple[Any, ...]:
-    assert e.embedding is not None
+    if e.embedding is None:  # the index is rebuilt from this column: it must be there
+        raise ValueError(f"entry {e.id}: cannot store an entry without an embedding")
     return (
         e.id, e.text, np.ascontiguousarray(e.embedding, dtype=np.float32).tobytes(), e.version,
         e.created_step, e.retrieval_count, e.last_retrieved, e.train_count, e.last_trained_step,
@@ -118,9 +120,7 @@ class SQLiteStore:
         meta: dict[str, object],
     ) -> None:
         """Write everything in one transaction: all of it lands, or none of it."""
-        c = self.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as c:
             c.executemany(
                 f"INSERT OR REPLACE INTO entries({_COLUMNS}) VALUES ({','.join('?' * 13)})",
                 [_row(e) for e in upserts],
@@ -128,17 +128,19 @@ class SQLiteStore:
             c.executemany("DELETE FROM entries WHERE id=?", [(i,) for i in deletes])
             for k, v in meta.items():
                 self.set_meta(k, v)
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
 
     def update_stats(self, sql: str, params: list[tuple[Any, ...]]) -> None:
         """Run one counter update statement for many rows, in one transaction."""
+        with self._transaction() as c:
+            c.executemany(sql, params)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``; any exception (even KeyboardInterrupt) rolls back."""
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
         try:
-            c.executemany(sql, params)
+            yield c
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")

@@ -4,9 +4,12 @@
 ``client.search`` for ``info["task"]``, else the first observation, unless the caller passes a
 ``"prefetched"`` entry it fetched in one ``search_many`` batch for the whole rollout group),
 prepends it to the first observation and reports it under ``info["experience"]``. Each step is
-recorded by appending references (no copies: the wrapper's cost must stay ≤ 2 µs per step);
-on ``terminated or truncated`` the wrapper builds one ``DistillationRequest``, submits it and
-returns it under ``info["distillation_request"]``. Rewards and the env's info keys pass through.
+recorded by appending four references to one flat list (no copies, no per-step object: the
+wrapper's cost must stay ≤ 2 µs per step); on ``terminated or truncated`` the wrapper hands
+that list to a :class:`~crl_gym.wrappers.recording.RecordedRequest` — a ``DistillationRequest``
+whose ``Step`` objects and id are built when a consumer first reads them, not at episode end
+for every episode of a rollout at once — submits it and returns it under
+``info["distillation_request"]``. Rewards and the env's info keys pass through.
 
 >>> from crl_gym.clients import LocalClient
 >>> from crl_gym.experience.bank import ExperienceBank
@@ -36,16 +39,18 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef, Step, Trajectory
-from crl_gym.wrappers.text_actions import Shared, check_template, fit_to_space, unshare
+from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
+from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest
+from crl_gym.wrappers.text_actions import Shared, TextFitter, check_template, unshare
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "Experience from similar tasks (use it if it helps):\n{experience}\n\n{observation}"
 """How a guided episode's first observation shows the entry; fields ``{experience}``, ``{observation}``."""
 
-# Info keys the wrappers add; a search_and_ask turn is recognised by the inner wrapper's key.
-SEARCH_INFO_KEY = "search_and_ask"
+_OWN_OPTIONS = ("experience", "prefetched")
+
+__all__ = ["DEFAULT_TEMPLATE", "SEARCH_INFO_KEY", "ExperienceWrapper"]
 
 
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -100,11 +105,11 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.error_count = 0
         """Client failures seen by this wrapper (search or submit)."""
         self.episodes_submitted = 0
-        # Flat [obs, action, reward, info, obs, ...]: extend() with a temporary tuple leaves no
-        # new GC-tracked object per step (a tuple per step would make the cyclic GC walk a
-        # trainer's whole heap more often).
+        # Flat [obs0, action1, reward1, info1, obs1, action2, ...]: extend() with a temporary
+        # tuple leaves no new GC-tracked object per step (a tuple or Step per step would make
+        # the cyclic GC walk a trainer's whole heap more often).
         self._records: list[Any] | None = None
-        self._last_obs: Any = None
+        self._fit = TextFitter(self.observation_space)
         self._task = ""
         self._initial_obs = ""
         self._experience: ExperienceRef | None = None
@@ -120,7 +125,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._task = str(task) if task is not None else str(obs)
         self._initial_obs = obs
         self._seed = seed
-        self._errors = []
+        if self._errors:
+            self._errors = []
         experience: ExperienceRef | None = None
         if condition == "guided":
             if has_prefetched:
@@ -134,13 +140,14 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._condition = condition
         self._experience = experience
         if experience is not None:
-            shown = self.template.format(experience=experience.text, observation=obs)
-            obs = fit_to_space(shown, self.observation_space)
-        info["experience"] = experience.to_dict() if experience is not None else None
+            obs = self._fit(self.template.format(experience=experience.text, observation=obs))
+            # a literal dict: dataclasses.asdict costs ~10 µs, a fifth of the per-episode budget
+            info["experience"] = {"id": experience.id, "text": experience.text, "version": experience.version}
+        else:
+            info["experience"] = None
         if self._errors:
             info["experience_error"] = "; ".join(self._errors)
-        self._records = []
-        self._last_obs = self._initial_obs
+        self._records = [self._initial_obs]
         return obs, info
 
     def _parse_options(self, options: dict[str, Any] | None) -> tuple[str, ExperienceRef | None, bool, dict[str, Any] | None]:
@@ -157,54 +164,39 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             prefetched = ExperienceRef.from_dict(prefetched)
         if prefetched is not None and not isinstance(prefetched, ExperienceRef):
             raise TypeError(f'options["prefetched"] must be an ExperienceRef, a dict or None, got {type(prefetched).__name__}')
-        rest = {k: v for k, v in options.items() if k not in ("experience", "prefetched")}
-        return condition, prefetched, has_prefetched, (rest or None)
+        if all(k in _OWN_OPTIONS for k in options):
+            return condition, prefetched, has_prefetched, None
+        return condition, prefetched, has_prefetched, {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
 
     # ------------------------------------------------------------------- step
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         records = self._records
         if records is not None:  # None: no episode open (step after the end without reset)
-            records.extend((self._last_obs, action, reward, info))
-            self._last_obs = obs
+            records.extend((action, reward, info, obs))
             if terminated or truncated:
                 info = self._finish(info)
         return obs, reward, terminated, truncated, info
 
     # ------------------------------------------------------------ episode end
     def _finish(self, info: dict[str, Any]) -> dict[str, Any]:
-        records = self._records or []
+        records = self._records or [self._initial_obs]
         self._records = None
-        steps: list[Step] = []
-        calls = []
-        outcome = 0.0
-        it = iter(records)
-        for obs, action, reward, step_info in zip(it, it, it, it, strict=True):
-            search = step_info.get(SEARCH_INFO_KEY)
-            kind = "env"
-            if search is not None:
-                kind = "search_and_ask"
-                call = search.get("call") if isinstance(search, dict) else None
-                if call is not None:
-                    calls.append(call)
-            outcome += float(reward)
-            steps.append(Step(observation=obs, action=action, reward=float(reward), info=step_info, kind=kind))
         success = info.get("success")
-        request = DistillationRequest(
+        request = RecordedRequest.from_record(
+            records,
             task=self._task,
-            trajectory=Trajectory(steps=steps, initial_observation=self._initial_obs, search_calls=calls),
-            outcome=outcome,
-            success=bool(success) if success is not None else outcome > 0,
             experience=self._experience,
-            condition=self._condition,  # type: ignore[arg-type]
+            condition=self._condition,  # type: ignore[arg-type]  # validated in _parse_options
             env_id=self.env_id,
             seed=self._seed,
+            success=bool(success) if success is not None else None,
+            # the search failed: the extractor should know the episode ran free
+            meta={"experience_error": list(self._errors)} if self._errors else None,
         )
-        if self._errors:  # the search failed: the extractor should know the episode ran free
-            request.meta["experience_error"] = list(self._errors)
         self._submit(request)
-        # A new dict: the last Step already references the env's info, and putting the
-        # request inside it would make the trajectory contain itself.
+        # A new dict: the last step's info is in the record, and putting the request inside it
+        # would make the trajectory contain itself.
         info = {**info, "distillation_request": request}
         if self._errors:
             info["experience_error"] = "; ".join(self._errors)
@@ -217,7 +209,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         file to import later, e.g. the bank's ``pending_requests.jsonl``), else queued in
         memory and retried at the next episode end or by :meth:`retry_unsent`.
         """
-        if self.retry_unsent() > 0:
+        if self.unsent and self.retry_unsent() > 0:
             self._keep(request)  # the client is still down: do not try again right away
             return
         try:

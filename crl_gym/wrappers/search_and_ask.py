@@ -118,8 +118,9 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.error_count = 0
         self._call_error: str | None = None
         self._turn = 0
-        self._last_obs: Any = ""
-        self._last_info: dict[str, Any] = {}
+        # The last (obs, reward, terminated, truncated, info) the env gave: a search_and_ask turn
+        # shows its observation again and keeps its info keys. One reference per step.
+        self._last: tuple[Any, ...] = ("", 0.0, False, False, {})
         self._warn_if_recorder_inside(env)
 
     @staticmethod
@@ -140,19 +141,21 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         obs, info = self.env.reset(seed=seed, options=options)
         self.calls_used = 0
         self._turn = 0
-        self._last_obs = obs
-        self._last_info = info
+        self._last = (obs, 0.0, False, False, info)
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         match = self.pattern.search(action) if isinstance(action, str) else None
-        if match is None:
-            obs, reward, terminated, truncated, info = self.env.step(action)
-            self._turn += 1
-            self._last_obs = obs
-            self._last_info = info
-            return obs, reward, terminated, truncated, info
-        return self._search_and_ask(str(match.group(self._group)).strip())
+        if match is not None:
+            return self._search_and_ask(str(match.group(self._group)).strip())
+        # The env's own tuple goes back untouched: the common turn costs one lookup and two stores.
+        out = self._last = self.env.step(action)
+        self._turn += 1
+        return out
+
+    @property
+    def _last_obs(self) -> Any:
+        return self._last[0]
 
     def _search_and_ask(self, query: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         turn = self._turn
@@ -181,7 +184,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         obs = fit_to_space(text, self.observation_space)
         # The env was not stepped: its state, and so its info keys, are those of the last turn.
         info = {
-            **self._last_info,
+            **self._last[4],
             "search_and_ask": {
                 "status": status,
                 "query": query,

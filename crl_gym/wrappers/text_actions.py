@@ -13,6 +13,7 @@ ValueError: template uses unknown field(s) {tip}; allowed: {experience}, {observ
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -43,13 +44,45 @@ def fit_to_space(text: str, space: Any) -> str:
     """Make ``text`` a member of ``space`` when it is a ``gymnasium.spaces.Text``: characters
     outside its charset become ``?`` and the text is cut to ``max_length``. Other spaces get
     ``text`` unchanged. Used only on text the wrappers write (experience, answers), never on
-    the env's own observations."""
-    if not isinstance(space, spaces.Text):
-        return text
-    charset = space.character_set
-    if not all(c in charset for c in text):
-        text = "".join(c if c in charset else ("?" if "?" in charset else "") for c in text)
-    return text[: space.max_length]
+    the env's own observations. A wrapper that fits text at every reset should hold a
+    :class:`TextFitter` instead (this builds one per call)."""
+    return TextFitter(space)(text)
+
+
+class TextFitter:
+    """:func:`fit_to_space` for one space, with its checks compiled once.
+
+    The charset test is one regex scan (C speed): a Python loop over a 400-character guided
+    observation costs ~20 µs, most of a wrapper's per-episode budget.
+
+    >>> from gymnasium import spaces
+    >>> fit = TextFitter(spaces.Text(max_length=6, charset="abc?"))
+    >>> fit("abcabcabc"), fit("axb")
+    ('abcabc', 'a?b')
+    >>> TextFitter(None)("anything")
+    'anything'
+    """
+
+    __slots__ = ("_bad", "_charset", "_max_length", "_replacement")
+
+    def __init__(self, space: Any) -> None:
+        self._bad: re.Pattern[str] | None = None
+        self._max_length: int | None = None
+        self._charset: frozenset[str] = frozenset()
+        self._replacement = ""
+        if isinstance(space, spaces.Text):
+            self._charset = frozenset(space.character_set)
+            self._max_length = int(space.max_length)
+            self._replacement = "?" if "?" in self._charset else ""
+            chars = "".join(sorted(self._charset))
+            self._bad = re.compile(f"[^{re.escape(chars)}]") if chars else re.compile(r"[\s\S]")
+
+    def __call__(self, text: str) -> str:
+        if self._bad is None:
+            return text
+        if self._bad.search(text) is not None:
+            text = self._bad.sub(self._replacement, text)
+        return text[: self._max_length]
 
 
 def as_text(action: Any) -> str | None:

@@ -5,6 +5,7 @@ GPU. Log-probs follow the convention of :mod:`crl_train.policy.base` (tempered, 
 top-p excluded). The model is kept in ``eval`` mode for generation and recomputation (no dropout),
 so both see the same function; ``train_step`` switches to ``train`` only so that gradient
 checkpointing engages (Qwen configs have zero dropout).
+Checkpoint files (atomic save, strict weight loading) are :mod:`crl_train.policy.checkpoint`.
 
 >>> from crl_train.policy.tiny import build_tiny_policy
 >>> policy = build_tiny_policy(["go north", "go south"], vocab_size=300, hidden=32, layers=1,
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -29,26 +28,12 @@ import torch
 
 from .base import Generation, LossFn, OptimConfig, SamplingConfig, TrainBatch
 from .chat import ChatFormatter
+from .checkpoint import MODEL_DIR, load_weights, read_state, resolve_dtype, write_checkpoint
 from .generate import generate_batch
 from .sampling import selective_logprobs
 from .trie import ActionTrie
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "policy_state.pt"
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
-    """``auto`` -> bfloat16 on CUDA, float32 elsewhere; strings like ``"bfloat16"`` accepted."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    value = getattr(torch, dtype, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype must be 'auto' or a torch dtype name like 'bfloat16', got {dtype!r}")
-    return value
-
 
 class HFPolicy:
     """A causal LM + tokenizer + lazily created AdamW. See :class:`crl_train.policy.base.Policy`."""
@@ -330,52 +315,21 @@ class HFPolicy:
     def save(self, directory: str | Path) -> None:
         """Write ``model/`` (weights + tokenizer) and ``policy_state.pt`` atomically: a crash
         mid-save leaves the previous checkpoint in place."""
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        try:
-            self.model.save_pretrained(tmp / "model")
-            self.tokenizer.save_pretrained(tmp / "model")
-            state = {
-                "step": self.step,
-                "name": self.name,
-                "skipped_steps": self.skipped_steps,
-                "sampling": asdict(self.sampling),
-                "optim": asdict(self.optim),
-                "chat_kwargs": self.chat.chat_kwargs,
-                "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
-            }
-            torch.save(state, tmp / STATE_FILE)
-            old = directory.with_name(directory.name + ".old")
-            if directory.exists():
-                shutil.rmtree(old, ignore_errors=True)
-                directory.rename(old)
-            tmp.rename(directory)
-            shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        state = {
+            "step": self.step,
+            "name": self.name,
+            "skipped_steps": self.skipped_steps,
+            "sampling": asdict(self.sampling),
+            "optim": asdict(self.optim),
+            "chat_kwargs": self.chat.chat_kwargs,
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+        }
+        write_checkpoint(directory, self.model, self.tokenizer, state)
 
     def load(self, directory: str | Path) -> None:
         """Load weights, optimizer state and step written by :meth:`save` into this policy."""
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        files = sorted((directory / "model").glob("*.safetensors"))
-        if not files or not (directory / STATE_FILE).exists():
-            raise FileNotFoundError(f"{directory} is not a policy checkpoint (needs model/*.safetensors and {STATE_FILE})")
-        missing = {k for k, _ in self.model.named_parameters()}
-        for f in files:
-            sd = load_file(str(f), device=str(self.device))
-            result = self.model.load_state_dict(sd, strict=False)
-            if result.unexpected_keys:
-                raise ValueError(f"{f}: keys not in the model: {result.unexpected_keys[:5]}")
-            missing -= set(sd)
-        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        missing = {k for k in missing if not (tied and k.startswith("lm_head"))}
-        if missing:
-            raise ValueError(f"{directory}: checkpoint lacks parameters {sorted(missing)[:5]}")
-        state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+        load_weights(self.model, directory, self.device)
+        state = read_state(directory)
         self.step = int(state["step"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         if state.get("optimizer") is not None:
@@ -387,19 +341,19 @@ class HFPolicy:
         """A policy rebuilt from a :meth:`save` directory (tiny preset included)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        directory = Path(directory)
-        if not (directory / STATE_FILE).exists():
-            raise FileNotFoundError(f"{directory / STATE_FILE} not found: not a policy checkpoint")
-        state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory / "model"))
-        model = AutoModelForCausalLM.from_pretrained(str(directory / "model"), dtype=resolve_dtype(dtype, device))
-        optim = state["optim"]
-        optim["betas"] = tuple(optim["betas"])
-        sampling = state["sampling"]
-        sampling["stop"] = tuple(sampling["stop"])
+        state = read_state(directory)
+        model_dir = str(Path(directory) / MODEL_DIR)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
+        optim = {**state["optim"], "betas": tuple(state["optim"]["betas"])}
+        sampling = {**state["sampling"], "stop": tuple(state["sampling"]["stop"])}
         policy = cls(
             model, tokenizer, name=state["name"], device=device, sampling=SamplingConfig(**sampling),
             optim=OptimConfig(**optim), chat_kwargs=state["chat_kwargs"],
         )
         policy.load(directory)
         return policy
+
+
+# resolve_dtype lives in .checkpoint and is re-exported: callers import it from here.
+__all__ = ["HFPolicy", "resolve_dtype"]

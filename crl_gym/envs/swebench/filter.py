@@ -71,7 +71,7 @@ def load_policy(spec: str, *, max_new_tokens: int = 2048) -> AgentFactory:
         return _model_agent_factory(path, max_new_tokens)
     obj = _import_object(spec)
     if inspect.isclass(obj) or getattr(obj, "__name__", "").startswith("make_"):
-        return obj  # type: ignore[no-any-return]
+        return obj
     if not callable(obj):
         raise TypeError(f"policy {spec!r} is not callable")
     return lambda: obj

@@ -12,6 +12,9 @@ A command runs as ``timeout -k 2 T bash -c CMD`` inside the container with its o
 a size-capped file, so a hang, a flood of output or a fork bomb ends at its limit; if even that
 fails, the host-side deadline kills the agent's processes and, as the last resort, restarts the
 container (its files survive, so the episode can go on).
+
+The engine client and reaping live in :mod:`~crl_gym.envs.swebench.docker_engine`, the editor's
+file system in :mod:`~crl_gym.envs.swebench.container_fs`; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import socket
 import tarfile
 import threading
 import time
@@ -28,23 +30,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+# The engine helpers and ContainerFS are re-exported: callers import them from here.
+from crl_gym.envs.swebench.container_fs import ContainerFS
+from crl_gym.envs.swebench.docker_engine import (
+    HOW_TO_START,
+    LABEL,
+    OWNER_LABEL,
+    DockerUnavailableError,
+    docker_client,
+    owner_id,
+    reap,
+    reap_once,
+)
 from crl_gym.envs.swebench.tools import truncate_output
 
 log = logging.getLogger(__name__)
 
-LABEL = "crl.sandbox"
-OWNER_LABEL = "crl.sandbox.owner"
-HOW_TO_START = (
-    "Start a Docker engine first: `sudo dockerd > /tmp/dockerd.log 2>&1 &` (or `bash .ci/docker.sh`, "
-    "which also installs docker.io and builds the base image), then check with `docker info`."
-)
 _T = TypeVar("_T")
-_REAPED = False
-_REAP_LOCK = threading.Lock()
-
-
-class DockerUnavailableError(RuntimeError):
-    """No Docker engine answers; the message says how to start one."""
 
 
 class EpisodeTimeoutError(RuntimeError):
@@ -114,59 +116,6 @@ class ExecResult:
     """How the limits intervened, if they did."""
 
 
-def docker_client(timeout: int = 120) -> Any:
-    """A ``docker.DockerClient`` that answered a ping, or :class:`DockerUnavailableError`."""
-    import docker
-
-    try:
-        client = docker.from_env(timeout=timeout)
-        client.ping()
-    except Exception as exc:  # the SDK raises several types for "no engine"
-        raise DockerUnavailableError(f"Docker is not reachable ({exc}). {HOW_TO_START}") from exc
-    return client
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _owner_alive(owner: str) -> bool:
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname():
-        return True  # another machine's container: not ours to judge
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def reap(client: Any, *, everything: bool = False) -> int:
-    """Remove sandbox containers whose owner process is gone (all of them with ``everything``)."""
-    removed = 0
-    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-        owner = c.labels.get(OWNER_LABEL, "")
-        if everything or not _owner_alive(owner):
-            try:
-                c.remove(force=True)
-                removed += 1
-            except Exception as exc:  # already gone, or being removed by someone else
-                log.debug("reap: could not remove %s: %s", c.name, exc)
-    if removed:
-        log.info("reaped %d stale sandbox container(s)", removed)
-    return removed
-
-
-def _reap_once(client: Any) -> None:
-    global _REAPED
-    with _REAP_LOCK:
-        if not _REAPED:
-            reap(client)
-            _REAPED = True
-
-
 def _call_with_deadline(fn: Callable[[], _T], seconds: float) -> tuple[bool, _T | None]:
     """Run ``fn`` in a daemon thread; ``(finished, result)``. Exceptions propagate."""
     box: dict[str, Any] = {}
@@ -221,10 +170,10 @@ class DockerSandbox:
     def start(self) -> DockerSandbox:
         from docker.types import Ulimit
 
-        _reap_once(self.client)
+        reap_once(self.client)
         cfg = self.config
         t0 = time.monotonic()
-        labels = {LABEL: "1", OWNER_LABEL: _owner(), **cfg.extra_labels}
+        labels = {LABEL: "1", OWNER_LABEL: owner_id(), **cfg.extra_labels}
         try:
             self.container = self.client.containers.create(
                 self.image,
@@ -385,39 +334,7 @@ class DockerSandbox:
         return ContainerFS(self)
 
 
-class ContainerFS:
-    """The editor's :class:`~crl_gym.envs.swebench.editor.FileSystem` inside a sandbox."""
-
-    def __init__(self, sandbox: DockerSandbox) -> None:
-        self.sandbox = sandbox
-        self.root = sandbox.config.workdir
-
-    def _ok(self, argv: list[str]) -> bytes:
-        code, out = self.sandbox.run(argv, timeout=30.0)
-        if code != 0:
-            raise OSError(out.decode("utf-8", "replace").strip() or f"{argv[0]} failed with exit {code}")
-        return out
-
-    def realpath(self, path: str) -> str:
-        return self._ok(["realpath", "-m", "--", path]).decode().strip()
-
-    def kind(self, path: str) -> str:
-        code, out = self.sandbox.run(["stat", "-L", "-c", "%F", "--", path], timeout=30.0)
-        if code != 0:
-            return "missing"
-        text = out.decode().strip()
-        return {"regular file": "file", "regular empty file": "file", "directory": "dir"}.get(text, "other")
-
-    def read_text(self, path: str) -> str:
-        return self._ok(["cat", "--", path]).decode("utf-8", "replace")
-
-    def write_text(self, path: str, text: str) -> None:
-        parent = os.path.dirname(path)
-        self._ok(["mkdir", "-p", "--", parent])
-        code, out = self.sandbox.run(["stat", "-c", "%a", "--", path], timeout=30.0)
-        mode = int(out.decode().strip(), 8) if code == 0 else 0o644
-        self.sandbox.put_file(path, text.encode("utf-8"), mode)
-
-    def list_dir(self, path: str, depth: int = 2) -> list[str]:
-        out = self._ok(["find", path, "-mindepth", "1", "-maxdepth", str(depth), "-not", "-path", "*/.*"])
-        return sorted(line for line in out.decode("utf-8", "replace").splitlines() if line)
+__all__ = [
+    "HOW_TO_START", "LABEL", "OWNER_LABEL", "ContainerFS", "DockerSandbox", "DockerUnavailableError",
+    "EpisodeTimeoutError", "ExecResult", "SandboxConfig", "docker_client", "reap",
+]

@@ -69,27 +69,29 @@ def make_demo_instance(root: str | Path, instance_id: str = "calc__calc-1") -> d
     }
 
 
+def _scripted(messages: list[dict[str, str]], script: list[str]) -> str:
+    """The script's reply for this turn (one per assistant message so far); the last one repeats."""
+    turn = sum(1 for m in messages if m["role"] == "assistant")
+    return script[min(turn, len(script) - 1)]
+
+
 def fixing_agent(messages: list[dict[str, str]]) -> str:
     """A scripted agent that fixes the demo bug through the tools, then submits."""
-    turn = sum(1 for m in messages if m["role"] == "assistant")
-    script = [
+    return _scripted(messages, [
         format_tool_call("execute_bash", command="grep -n 'def mul' -A1 calc/ops.py"),
         format_tool_call("str_replace_editor", command="str_replace", path="/testbed/calc/ops.py",
                          old_str="def mul(a, b):\n    return a + b", new_str="def mul(a, b):\n    return a * b"),
         format_tool_call("submit"),
-    ]
-    return script[min(turn, len(script) - 1)]
+    ])
 
 
 def wrong_agent(messages: list[dict[str, str]]) -> str:
     """A scripted agent that submits a wrong fix (it breaks ``add`` and leaves ``mul``)."""
-    turn = sum(1 for m in messages if m["role"] == "assistant")
-    script = [
+    return _scripted(messages, [
         format_tool_call("str_replace_editor", command="str_replace", path="calc/ops.py",
                          old_str="def add(a, b):\n    return a + b", new_str="def add(a, b):\n    return a - b"),
         format_tool_call("submit"),
-    ]
-    return script[min(turn, len(script) - 1)]
+    ])
 
 
 def require_docker() -> Any:

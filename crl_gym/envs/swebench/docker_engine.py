@@ -1,0 +1,85 @@
+"""The Docker engine side of the sandbox: a checked client and the reaping of stale containers.
+
+Every sandbox container carries the label ``crl.sandbox=1`` and its owner (``host:pid``);
+:func:`reap` removes those whose owner process is gone (a crashed trainer leaves no container
+running for long: the next process reaps it at its first start).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LABEL = "crl.sandbox"
+OWNER_LABEL = "crl.sandbox.owner"
+HOW_TO_START = (
+    "Start a Docker engine first: `sudo dockerd > /tmp/dockerd.log 2>&1 &` (or `bash .ci/docker.sh`, "
+    "which also installs docker.io and builds the base image), then check with `docker info`."
+)
+
+_REAPED = False  # reap_once has run in this process
+_REAP_LOCK = threading.Lock()
+
+
+class DockerUnavailableError(RuntimeError):
+    """No Docker engine answers; the message says how to start one."""
+
+
+def docker_client(timeout: int = 120) -> Any:
+    """A ``docker.DockerClient`` that answered a ping, or :class:`DockerUnavailableError`."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except Exception as exc:  # the SDK raises several types for "no engine"
+        raise DockerUnavailableError(f"Docker is not reachable ({exc}). {HOW_TO_START}") from exc
+    return client
+
+
+def owner_id() -> str:
+    """This process as a container owner label: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine's container: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap(client: Any, *, everything: bool = False) -> int:
+    """Remove sandbox containers whose owner process is gone (all of them with ``everything``)."""
+    removed = 0
+    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        owner = c.labels.get(OWNER_LABEL, "")
+        if everything or not _owner_alive(owner):
+            try:
+                c.remove(force=True)
+                removed += 1
+            except Exception as exc:  # already gone, or being removed by someone else
+                log.debug("reap: could not remove %s: %s", c.name, exc)
+    if removed:
+        log.info("reaped %d stale sandbox container(s)", removed)
+    return removed
+
+
+def reap_once(client: Any) -> None:
+    """:func:`reap` once per process (the first sandbox start pays for it)."""
+    global _REAPED
+    with _REAP_LOCK:
+        if not _REAPED:
+            reap(client)
+            _REAPED = True

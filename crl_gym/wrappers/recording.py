@@ -1,0 +1,203 @@
+"""A ``DistillationRequest`` built from an episode's flat record on first read.
+
+At episode end :class:`~crl_gym.wrappers.ExperienceWrapper` hands over the list it appended
+references to while the episode ran — ``[obs0, action1, reward1, info1, obs1, action2, ...]``
+— instead of building one ``Step`` per turn, a ``Trajectory`` and a uuid for every episode of a
+rollout at once. :class:`RecordedRequest` *is* a ``DistillationRequest`` (``isinstance`` holds,
+every field reads the same, ``to_dict``/``to_json``/pickle round-trip to the same request); only
+``trajectory`` and ``request_id`` are made on first access, by whoever reads them (the trainer's
+background track, ``manager.get_requests``' caller, a spill to JSON), not by the rollout loop.
+
+>>> rec = ["You are in a corridor.", "east", 1.0, {"success": True}, "You left."]
+>>> req = RecordedRequest.from_record(rec, task="leave", experience=None, condition="free",
+...                                   env_id="corridor", seed=0, success=True)
+>>> req.outcome, req.trajectory.steps[0].action, req.trajectory.initial_observation
+(1.0, 'east', 'You are in a corridor.')
+>>> DistillationRequest.from_json(req.to_json()) == req
+True
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import fields
+from typing import Any
+
+from crl_gym.protocol import (
+    Condition,
+    DistillationRequest,
+    ExperienceRef,
+    SearchCall,
+    Step,
+    Trajectory,
+    _jsonable,
+)
+
+SEARCH_INFO_KEY = "search_and_ask"
+"""Info key of a ``search_and_ask`` turn (set by :class:`~crl_gym.wrappers.SearchAndAskWrapper`)."""
+
+# One lock for all requests: materialising is rare next to stepping, and a lock per request
+# would be an allocation per episode for a race that almost never happens.
+_BUILD_LOCK = threading.Lock()
+_FIELDS = tuple(f.name for f in fields(DistillationRequest))
+
+
+def _turns(record: list[Any]) -> zip[tuple[Any, Any, Any, Any]]:
+    """``(observation, action, reward, info)`` per turn of a flat record."""
+    return zip(record[0:-1:4], record[1::4], record[2::4], record[3::4], strict=True)
+
+
+def _search_call(info: Any) -> tuple[bool, SearchCall | None]:
+    """(is a search_and_ask turn, its call) from a turn's info."""
+    search = info.get(SEARCH_INFO_KEY) if isinstance(info, dict) else None
+    if search is None:
+        return False, None
+    call = search.get("call") if isinstance(search, dict) else None
+    return True, call if isinstance(call, SearchCall) else None
+
+
+def steps_and_calls(record: list[Any]) -> tuple[list[Step], list[SearchCall]]:
+    """The ``Step`` objects and ``search_and_ask`` calls of a flat record."""
+    steps: list[Step] = []
+    calls: list[SearchCall] = []
+    for obs, action, reward, info in _turns(record):
+        searched, call = _search_call(info)
+        if call is not None:
+            calls.append(call)
+        steps.append(Step(observation=obs, action=action, reward=float(reward), info=info,
+                          kind="search_and_ask" if searched else "env"))
+    return steps, calls
+
+
+class RecordedRequest(DistillationRequest):
+    """A :class:`~crl_gym.protocol.DistillationRequest` whose ``trajectory`` and ``request_id``
+    are built on first read (thread-safe: concurrent readers get the same objects).
+
+    Not re-decorated as a dataclass: it keeps the parent's fields, ``__init__`` (so
+    ``dataclasses.replace`` and ``copy`` work) and ``repr``; assigning ``trajectory`` or
+    ``request_id`` replaces the lazy value. It compares equal to a plain request with the
+    same field values.
+    """
+
+    _record: list[Any] | None
+    _trajectory: Trajectory | None
+    _request_id: str | None
+
+    @classmethod
+    def from_record(
+        cls,
+        record: list[Any],
+        *,
+        task: str,
+        experience: ExperienceRef | None,
+        condition: Condition,
+        env_id: str,
+        seed: int | None,
+        success: bool | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> RecordedRequest:
+        """Take ownership of ``record`` (``[obs0, a1, r1, info1, obs1, ...]``, length 4n+1).
+
+        ``outcome`` is the sum of the rewards; ``success`` defaults to ``outcome > 0``.
+        """
+        if len(record) % 4 != 1:
+            raise ValueError(f"record must hold 4n+1 items (obs0, then action, reward, info, obs per turn), got {len(record)}")
+        self = cls.__new__(cls)
+        # sum of float()s in turn order: bit-identical to adding Step.reward one by one
+        outcome = sum(map(float, record[2::4]), 0.0)
+        self.task = task
+        self.outcome = outcome
+        self.success = bool(success) if success is not None else outcome > 0
+        self.experience = experience
+        self.condition = condition
+        self.env_id = env_id
+        self.seed = seed
+        self.rollout_step = None
+        self.meta = meta if meta is not None else {}
+        self._record = record
+        self._trajectory = None
+        self._request_id = None
+        return self
+
+    # -- lazy fields ---------------------------------------------------------------------------
+    @property
+    def trajectory(self) -> Trajectory:
+        traj = self._trajectory
+        if traj is None:
+            with _BUILD_LOCK:
+                traj = self._trajectory
+                if traj is None:
+                    record = self._record or [""]
+                    steps, calls = steps_and_calls(record)
+                    traj = Trajectory(steps=steps, initial_observation=record[0], search_calls=calls)
+                    self._trajectory, self._record = traj, None
+        return traj
+
+    @trajectory.setter
+    def trajectory(self, value: Trajectory) -> None:
+        with _BUILD_LOCK:
+            self._trajectory, self._record = value, None
+
+    @property
+    def request_id(self) -> str:
+        rid = self._request_id
+        if rid is None:
+            with _BUILD_LOCK:
+                if self._request_id is None:
+                    self._request_id = uuid.uuid4().hex
+                rid = self._request_id
+        return rid
+
+    @request_id.setter
+    def request_id(self, value: str) -> None:
+        self._request_id = value
+
+    @property
+    def materialized(self) -> bool:
+        """Whether ``trajectory`` has been built (or assigned)."""
+        return self._trajectory is not None
+
+    # -- protocol ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Same dict as ``DistillationRequest.to_dict``; straight from the record when the
+        trajectory was never read (no ``Step`` objects are made just to be serialised)."""
+        with _BUILD_LOCK:
+            record = self._record if self._trajectory is None else None
+        if record is None:
+            return super().to_dict()
+        steps, calls = [], []
+        for obs, action, reward, info in _turns(record):
+            searched, call = _search_call(info)
+            if call is not None:
+                calls.append(call.to_dict())
+            steps.append({"observation": obs, "action": action, "reward": float(reward),
+                          "info": _jsonable(info), "kind": "search_and_ask" if searched else "env"})
+        return {
+            "task": self.task,
+            "trajectory": {"steps": steps, "initial_observation": record[0], "search_calls": calls},
+            "outcome": float(self.outcome),
+            "success": bool(self.success),
+            "experience": self.experience.to_dict() if self.experience else None,
+            "condition": self.condition,
+            "env_id": self.env_id,
+            "seed": self.seed,
+            "rollout_step": self.rollout_step,
+            "request_id": self.request_id,
+            "meta": _jsonable(self.meta),
+        }
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DistillationRequest):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the parent dataclass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The record pickles as it is (cheaper than Steps); readers build on the other side.
+        with _BUILD_LOCK:
+            return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
