@@ -36,18 +36,23 @@ def _setup_logging(run_dir: Path | None) -> None:
 @click.option("--resume", "resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Continue the run in this directory from its last checkpoint (its config.yaml is used; --set still applies).")
 @click.option("--no-progress", is_flag=True, default=False, help="Hide the progress bar.")
-def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None, resume: Path | None, no_progress: bool) -> None:
+@click.option("--show-config", is_flag=True, default=False,
+              help="Print the resolved config (after --config / --resume / --set) as YAML, every key with its "
+                   "documentation, type and default as comments, and exit without training. This is the full "
+                   "key reference; the output can be saved and passed back with --config.")
+def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None, resume: Path | None, no_progress: bool,
+          show_config: bool) -> None:
     """Train an actor (and an experience extractor) with Complementary RL or a baseline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        if resume is not None:
-            cfg = load_config(config_path or resume / "config.yaml", list(overrides))
-            run_dir = resume
-        else:
-            cfg = load_config(config_path, list(overrides))
-            run_dir = out or Path("runs") / cfg.method
+        source = config_path or (resume / "config.yaml" if resume is not None else None)
+        cfg = load_config(source, list(overrides))
+        run_dir = resume if resume is not None else out or Path("runs") / cfg.method
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if show_config:  # before anything touches the run directory
+        click.echo(_show_config(cfg, source, overrides), nl=False)
+        return
     _setup_logging(run_dir)
     from crl_train.trainer import Trainer
 
@@ -59,6 +64,19 @@ def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None
     finally:
         trainer.close()
     click.echo(json.dumps({"run_dir": str(run_dir), "final": row}))
+
+
+def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ...]) -> str:
+    from crl_train.config_docs import render_config_yaml
+
+    header = "\n".join([
+        "Resolved crl-train config",
+        f"  from: {source if source is not None else 'the packaged tiny preset (crl_train/configs/tiny.yaml)'}",
+        *([f"  --set {o}" for o in overrides]),
+        "Above each key: its documentation, then its type and its dataclass default.",
+        "Save this output and pass it back with --config to run exactly this config.",
+    ])
+    return render_config_yaml(cfg, header=header)
 
 
 def evaluate_run(trainer: Any, episodes: int, modes: tuple[bool, ...] = (True, False)) -> dict[str, Any]:
