@@ -1,6 +1,6 @@
 """Actor step time of grpo vs complementary (background track) vs complementary forced synchronous.
 
-Runs the tiny preset for a few steps three ways, in one process, one after another:
+Runs the tiny preset for a few steps three ways, in one process, in interleaved rounds:
 
 * ``grpo``: no experience; the actor gets its share (1 core).
 * ``complementary`` asynchronous: the background track runs in its own thread of the trainer
@@ -13,8 +13,10 @@ shared with the light bank/manager work of the background thread, which otherwis
 worker's pipe; the extractor process runs torch with 1 intra-op thread — the extractor's core.
 The grpo run gets the actor's share (1 thread) and has no second process.
 
-The first ``--warmup`` steps of each run are excluded from the mean (the first steps also include
-the worker's start-up wait in the async run, and the first merge). Prints one JSON object last.
+The first ``--warmup`` steps of each run are excluded (cold caches, the first search of an empty
+bank); the worker's start-up happens while the trainer is built, before any timed step. Ratios are
+of means over the kept steps of all rounds (``median_*``: the same with medians, less sensitive to
+other users' load spikes). Prints one JSON object last.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[st
                 times.append(row["step_time_s"])
             # how far the extractor got while the actor ran (async: it may trail; sync: nothing pending)
             st = trainer.c.track.stats
-            extra_out = {"distilled": st.distilled, "extractor_updates": st.updates, "merges": st.merges,
+            extra_out = {"distilled": st.distilled, "distill_batches": st.distill_batches,
+                         "extractor_updates": st.updates, "merges": st.merges,
                          "queue_depth_end": trainer.c.manager.pending(), "track_errors": st.errors,
                          "extractor_process": trainer.c.extractor.__class__.__name__ == "ExtractorWorker"}
             trainer.c.track.stop()
@@ -68,10 +71,17 @@ def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[st
             "step_times_s": [round(x, 4) for x in times], **extra_out, "wall_s": wall}
 
 
+CONFIGS = {"grpo": ("grpo", True), "complementary_async": ("complementary", True),
+           "complementary_sync": ("complementary", False)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=5, help="actor steps per configuration")
-    ap.add_argument("--warmup", type=int, default=1, help="first steps excluded from the mean")
+    ap.add_argument("--steps", type=int, default=8, help="actor steps per run")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of each run excluded")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="runs per configuration, interleaved (order reversed every other round) so that "
+                         "load drift on a shared machine hits all three alike")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config overrides applied to all three runs")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -82,20 +92,32 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
-    res = {
-        "grpo": run("grpo", True, args.steps, args.warmup, args.overrides),
-        "complementary_async": run("complementary", True, args.steps, args.warmup, args.overrides),
-        "complementary_sync": run("complementary", False, args.steps, args.warmup, args.overrides),
-    }
+    load_start = os.getloadavg()
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in CONFIGS}
+    for r in range(args.rounds):
+        order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
+        for name in order:
+            method, asynchronous = CONFIGS[name]
+            runs[name].append(run(method, asynchronous, args.steps, args.warmup, args.overrides))
+            if not args.json:
+                print(f"round {r} {name}: mean {runs[name][-1]['mean_step_s']:.3f} s", file=sys.stderr)
+    kept = {k: [t for x in v for t in x["step_times_s"][args.warmup:]] for k, v in runs.items()}
+    mean = {k: statistics.mean(v) for k, v in kept.items()}
+    median = {k: statistics.median(v) for k, v in kept.items()}
     out = {
-        "grpo_step_s": res["grpo"]["mean_step_s"],
-        "async_step_s": res["complementary_async"]["mean_step_s"],
-        "sync_step_s": res["complementary_sync"]["mean_step_s"],
-        "async_over_grpo": res["complementary_async"]["mean_step_s"] / res["grpo"]["mean_step_s"],
-        "sync_over_async": res["complementary_sync"]["mean_step_s"] / res["complementary_async"]["mean_step_s"],
+        "grpo_step_s": mean["grpo"],
+        "async_step_s": mean["complementary_async"],
+        "sync_step_s": mean["complementary_sync"],
+        "async_over_grpo": mean["complementary_async"] / mean["grpo"],
+        "sync_over_async": mean["complementary_sync"] / mean["complementary_async"],
+        "median_async_over_grpo": median["complementary_async"] / median["grpo"],
+        "median_sync_over_async": median["complementary_sync"] / median["complementary_async"],
+        "steps_kept": {k: len(v) for k, v in kept.items()},
         "core_split": CORE_SPLIT,
         "cpu_count": os.cpu_count(),
-        "runs": res,
+        "loadavg_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+        "overrides": args.overrides,
+        "runs": runs,
     }
     if not args.json:
         for k, v in out.items():

@@ -95,7 +95,7 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: str, s
                                     enable_thinking=mc.enable_thinking)
 
 
-def _offline_bank(cfg: TrainConfig, manager: ExperienceManager, extractor: Extractor) -> None:
+def _offline_bank(cfg: TrainConfig, manager: ExperienceManager, extractor: Extractor | ExtractorWorker) -> None:
     """offline_exp: a bank export is imported; a trajectories.jsonl is distilled once."""
     src = Path(str(cfg.experience.offline_source))
     if not src.is_file():
@@ -136,7 +136,7 @@ def build_components(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, *, check
     ext_spec = ExtractorSpec(
         cfg.extractor, tuple(texts) if texts is not None else None, seed=cfg.seed + 1,
         checkpoint=str(ext_ckpt) if ext_ckpt is not None else None, num_threads=cfg.experience.extractor_threads,
-        options={"max_new_tokens": cfg.extractor.max_new_tokens, "max_context_tokens": cfg.extractor.max_context_tokens,
+        nice=cfg.experience.extractor_nice, options={"max_new_tokens": cfg.extractor.max_new_tokens, "max_context_tokens": cfg.extractor.max_context_tokens,
                  "max_prompt_chars": cfg.experience.max_prompt_chars, "constrained": cfg.extractor.constrained,
                  "eps_low": cfg.algo.cispo_eps_low, "eps_high": cfg.algo.cispo_eps_high,
                  "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha})
@@ -189,6 +189,7 @@ def _assemble(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, raw_env: Callab
                            max_new_tokens=cfg.actor.max_new_tokens, max_context_tokens=cfg.actor.max_context_tokens,
                            constrained=cfg.actor.constrained, search_and_ask=cfg.experience.search_and_ask)
     track = BackgroundTrack(manager, extractor, buffer_size=cfg.algo.buffer_size, distill_batch=cfg.experience.distill_batch,
+                            distill_linger_s=cfg.experience.distill_linger_s,
                             train=spec.train_extractor, distill=spec.distill_online,
                             merge_token_budget=cfg.algo.merge_token_budget, asynchronous=cfg.experience.asynchronous,
                             num_threads=cfg.experience.extractor_threads)

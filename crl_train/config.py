@@ -195,8 +195,13 @@ class ExperienceConfig:
     (a synchronous run waits for the extractor anyway); False keeps it in process (debugging)."""
     extractor_start_method: Literal["spawn", "forkserver"] = "spawn"
     """How the extractor process is started (``fork`` is unsafe once torch has started threads)."""
+    extractor_nice: int = 0
+    """Niceness added to the extractor process (0–19): with oversubscribed cores the actor runs first."""
     distill_batch: int = 8
     """Distillation requests the background track takes from the queue per generate call."""
+    distill_linger_s: float = 2.0
+    """Asynchronous track: after the first request, wait up to this long for a full ``distill_batch``
+    (episodes end one by one; a full batch costs about what a single request does)."""
     actor_threads: int = 1
     """torch intra-op threads of the trainer process (the primary loop's share of the cores)."""
     extractor_threads: int = 1
@@ -210,6 +215,10 @@ class ExperienceConfig:
     def __post_init__(self) -> None:
         if self.embed_dim < 8:
             raise ConfigError(f"experience.embed_dim must be >= 8, got {self.embed_dim}")
+        if self.distill_linger_s < 0:
+            raise ConfigError(f"experience.distill_linger_s must be >= 0, got {self.distill_linger_s}")
+        if not 0 <= self.extractor_nice <= 19:
+            raise ConfigError(f"experience.extractor_nice must be in [0, 19], got {self.extractor_nice}")
         for name in ("max_search_calls", "distill_batch", "actor_threads", "extractor_threads", "max_prompt_chars"):
             if getattr(self, name) < (0 if name == "max_search_calls" else 1):
                 raise ConfigError(f"experience.{name} is out of range: {getattr(self, name)}")

@@ -85,6 +85,9 @@ class ExtractorSpec:
     """Keyword arguments of :class:`~crl_train.extractor.Extractor` (max_new_tokens, constrained, …)."""
     num_threads: int = 1
     """torch intra-op threads of the child (its share of the cores)."""
+    nice: int = 0
+    """Added to the child's scheduling niceness: when cores are oversubscribed the actor's process
+    runs first (the extractor is off the critical path; on free cores it changes nothing)."""
 
 
 def build_extractor(spec: ExtractorSpec) -> Extractor:
@@ -122,6 +125,8 @@ def _serve(conn: Any, spec: ExtractorSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (it checkpoints through us)
     import torch
 
+    if spec.nice > 0:
+        os.nice(spec.nice)
     torch.set_num_threads(max(1, spec.num_threads))
     try:
         torch.set_num_interop_threads(1)
@@ -204,7 +209,7 @@ class ExtractorWorker:
         self._token_cache: dict[str, int] = {}
         ctx = mp.get_context(start_method)
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, spec), name="crl-extractor", daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, spec), name="crl-extractor", daemon=True)  # type: ignore[attr-defined]
         self.process.start()
         child.close()  # our copy of the child's end: without closing it a dead child gives no EOF
         self._finalizer = weakref.finalize(self, _shutdown, self.process, self._conn)
@@ -213,7 +218,10 @@ class ExtractorWorker:
     # ---------------------------------------------------------------- plumbing
     @property
     def alive(self) -> bool:
-        return self._dead_reason is None and self.process.is_alive()
+        """False once the child is gone (found dead here: logged like a failed call) or closed."""
+        if self._dead_reason is None and not self.process.is_alive():
+            self._mark_dead("liveness check")
+        return self._dead_reason is None
 
     @property
     def pid(self) -> int | None:
@@ -238,6 +246,11 @@ class ExtractorWorker:
         return payload
 
     def _die(self, op: str, why: str | None = None) -> Any:
+        self._mark_dead(op, why)
+        raise ExtractorUnavailable(f"extractor worker is gone ({self._dead_reason})")
+
+    def _mark_dead(self, op: str, why: str | None = None) -> None:
+        """Record the death once, with one ERROR line, and release what is left of the child."""
         if self._dead_reason is None:
             self.process.join(1.0)
             code = self.process.exitcode
@@ -250,7 +263,6 @@ class ExtractorWorker:
                       "distillation, refinement, merges and CISPO updates are skipped and counted",
                       op, self._dead_reason)
             _shutdown(self.process, self._conn, timeout=1.0)
-        raise ExtractorUnavailable(f"extractor worker is gone ({self._dead_reason})")
 
     def _call(self, op: str, *args: Any) -> Any:
         with self._lock:

@@ -53,6 +53,8 @@ class Credit:
 @dataclass
 class TrackStats:
     distilled: int = 0
+    distill_batches: int = 0
+    """Generate calls of distillation (distilled / distill_batches = the mean batch)."""
     added: int = 0
     updated: int = 0
     returned: int = 0
@@ -83,6 +85,7 @@ class BackgroundTrack:
         *,
         buffer_size: int = 64,
         distill_batch: int = 8,
+        distill_linger_s: float = 2.0,
         train: bool = True,
         distill: bool = True,
         merge_token_budget: int = 6000,
@@ -93,6 +96,7 @@ class BackgroundTrack:
         self.extractor = extractor
         self.buffer_size = buffer_size
         self.distill_batch = distill_batch
+        self.distill_linger_s = distill_linger_s
         self.train = train
         self.distill_on = distill
         self.merge_token_budget = merge_token_budget
@@ -147,7 +151,7 @@ class BackgroundTrack:
         with self._busy:
             worked = False
             if self.distill_on:
-                reqs = self.manager.get_requests(self.distill_batch, timeout=wait)
+                reqs = self._take_requests(wait)
                 if reqs:
                     try:
                         self._distill(reqs)
@@ -183,6 +187,22 @@ class BackgroundTrack:
                 worked = True
             return worked
 
+    def _take_requests(self, wait: float) -> list[Any]:
+        """Up to ``distill_batch`` requests. Asynchronously (``wait`` > 0) the batch is filled for up
+        to ``distill_linger_s`` after the first request: episodes end one by one, and one batched
+        generation of 8 costs about what one of 1 does (small models spend it in per-token Python),
+        so distilling them as they trickle in would multiply the extractor's CPU time — taken from
+        the actor's core when cores are shared. Synchronously, everything pending is taken now."""
+        reqs = self.manager.get_requests(self.distill_batch, timeout=wait)
+        if wait > 0 and reqs and self.distill_linger_s > 0:
+            deadline = time.monotonic() + self.distill_linger_s
+            while len(reqs) < self.distill_batch and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                reqs += self.manager.get_requests(self.distill_batch - len(reqs), timeout=min(left, 0.1))
+        return reqs
+
     def run_until_idle(self, max_rounds: int = 10_000) -> None:
         """Synchronous mode: process everything pending now (queue, credits, updates, merge)."""
         for _ in range(max_rounds):
@@ -193,6 +213,7 @@ class BackgroundTrack:
         if not self.extractor.alive:
             raise ExtractorUnavailable("extractor worker is gone")
         results = self.extractor.distill(reqs)
+        self.stats.distill_batches += 1
         for req, (sample, ops) in zip(reqs, results, strict=True):
             res = self.manager.apply_ops(ops, sample=sample, step=self.actor_step, request=req)
             self.stats.distilled += 1

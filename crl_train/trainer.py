@@ -289,7 +289,7 @@ class Trainer:
             "bank_size": len(c.manager.bank), "search_latency_s": c.runner.last_search_s,
             "queue_depth": c.manager.pending(), "extractor_reward": sum(rewards) / len(rewards) if rewards else None,
             "extractor_updates": st.updates, "extractor_loss": last.get("loss"), "buffer_size": len(c.track.buffer),
-            "distilled": st.distilled, "malformed": st.malformed, "added": st.added, "updated": st.updated,
+            "distilled": st.distilled, "distill_batches": st.distill_batches, "malformed": st.malformed, "added": st.added, "updated": st.updated,
             "uncreditable": st.uncreditable, "merges": st.merges, "merge_failures": st.merge_failures,
             "track_errors": st.errors, "extractor_alive": bool(c.extractor.alive),
             "skipped_distill": st.skipped_distill, "skipped_updates": st.skipped_updates, "env_errors": c.runner.errors, "context_truncations": c.runner.context_truncations,

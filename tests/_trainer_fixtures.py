@@ -13,7 +13,7 @@ from crl_gym.experience.embedders import HashingEmbedder  # noqa: E402
 from crl_gym.experience.manager import ExperienceManager  # noqa: E402
 from crl_gym.wrappers.examples import CorridorEnv  # noqa: E402
 from crl_gym.wrappers.experience import ExperienceWrapper  # noqa: E402
-from crl_train.policy.base import OptimConfig  # noqa: E402
+from crl_train.policy.base import OptimConfig, SamplingConfig  # noqa: E402
 from crl_train.policy.tiny import build_tiny_policy  # noqa: E402
 
 TEXTS = [
@@ -24,8 +24,11 @@ TEXTS = [
 
 
 def tiny_policy(seed: int = 0, loss_scale: str = "none") -> Any:
+    """A tiny random policy whose sampling has its own seeded RNG stream: tests are reproducible
+    whatever else touched torch's global RNG before them."""
     return build_tiny_policy(TEXTS, vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
-                             seed=seed, optim=OptimConfig(lr=1e-3, loss_scale=loss_scale))  # type: ignore[arg-type]
+                             seed=seed, sampling=SamplingConfig(seed=seed),
+                             optim=OptimConfig(lr=1e-3, loss_scale=loss_scale))  # type: ignore[arg-type]
 
 
 def manager(entries: tuple[str, ...] = ()) -> ExperienceManager:

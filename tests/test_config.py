@@ -80,3 +80,31 @@ def test_missing_and_bad_files(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(tmp_path / "bad.yaml")
+
+
+# Paper values (App. C.2 and the pilot study), written out here: rollout batch = tasks_per_step × K.
+@pytest.mark.parametrize(
+    ("name", "batch", "micro", "turns", "steps", "max_seq", "max_new"),
+    [
+        ("minihack_room", 128, 64, 30, 145, 32768, 4096),  # 16 × 8 = 128
+        ("webshop", 64, 16, 30, 256, 16384, 4096),  # 8 × 8 = 64; turns / output tokens not given by the paper
+        ("alfworld", 128, 32, 40, 128, 16384, 2048),  # 16 × 8 = 128
+        ("multitask", 384, 96, 30, 128, 32768, 4096),  # 48 × 8 = 384 (128 per task)
+    ],
+)
+def test_presets_match_the_paper(name: str, batch: int, micro: int, turns: int, steps: int, max_seq: int, max_new: int) -> None:
+    cfg = load_config(REPO_CONFIGS / f"{name}.yaml")
+    assert cfg.env.group_size == 8 and cfg.env.tasks_per_step * cfg.env.group_size == batch
+    assert cfg.actor.micro_batch_size == micro and cfg.env.max_turns == turns and cfg.train.steps == steps
+    assert cfg.actor.max_context_tokens == max_seq and cfg.actor.max_new_tokens == max_new
+    assert cfg.algo.buffer_size == 64 and cfg.algo.merge_every == 5 and cfg.actor.lr == 1e-6
+
+
+def test_extractor_process_options() -> None:
+    cfg = load_config(None, ["experience.extractor_process=false", "experience.extractor_start_method=forkserver"])
+    assert cfg.experience.extractor_process is False and cfg.experience.extractor_start_method == "forkserver"
+    assert load_config(None).experience.extractor_process is None  # auto
+    with pytest.raises(ConfigError, match="experience.extractor_start_method: expected one of 'spawn', 'forkserver'"):
+        load_config(None, ["experience.extractor_start_method=fork"])
+    with pytest.raises(ConfigError, match=r"experience.extractor_nice must be in \[0, 19\]"):
+        load_config(None, ["experience.extractor_nice=20"])

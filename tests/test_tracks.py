@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -108,3 +109,86 @@ def test_state_roundtrip(policies: tuple[Any, Any]) -> None:
     assert [b.to_dict() for b in other.buffer] == [b.to_dict() for b in track.buffer]
     assert other.extractor.constraints == extractor.constraints and len(other.buffer) == 1
     mgr.close()
+
+
+# --- through the trainer: sync waits, async uses the worker, a dead worker costs nothing but counts ------------
+
+SMALL = ["method=complementary", "env.ids=[corridor]", "env.tasks_per_step=2", "env.group_size=4", "env.max_turns=3",
+         "train.eval_episodes=0", "actor.tiny_vocab_size=300", "extractor.tiny_vocab_size=300", "actor.tiny_hidden=32",
+         "extractor.tiny_hidden=32", "actor.tiny_layers=1", "extractor.tiny_layers=1", "algo.buffer_size=2",
+         "algo.merge_every=2", "algo.cooldown=0", "experience.max_prompt_chars=600", "extractor.max_context_tokens=512"]
+
+
+def _corridor(env_id: str) -> Any:
+    from crl_gym.wrappers.examples import CorridorEnv
+
+    return CorridorEnv(length=1, max_turns=3)
+
+
+def _wait(cond: Any, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "background track did not catch up in time"
+        time.sleep(0.05)
+
+
+def test_sync_step_returns_only_after_distillation_and_update(tmp_path: Any) -> None:
+    from crl_train.config import load_config
+    from crl_train.trainer import Trainer
+
+    cfg = load_config(None, [*SMALL, "experience.asynchronous=false"])
+    trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
+    try:
+        assert isinstance(trainer.c.extractor, Extractor)  # auto: a synchronous run keeps π_φ in process
+        st = trainer.c.track.stats
+        for t in range(3):
+            row = trainer.step(t)
+            # when the actor's step returns, every request of it is distilled and every credit is in B_φ …
+            assert row["queue_depth"] == 0 and row["distilled"] == st.distilled == 8 * (t + 1)
+            assert trainer.c.track.credits.empty()
+            # … and B_φ was trained on as soon as it held buffer_size (2) samples: none is left waiting
+            assert len(trainer.c.track.buffer) < 2 and 2 * st.updates + len(trainer.c.track.buffer) == st.credited
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+def test_async_trainer_uses_the_worker_and_survives_its_death(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import os
+    import signal
+
+    from crl_gym.protocol import ExperienceRef
+    from crl_train.config import load_config
+    from crl_train.extractor_worker import ExtractorWorker
+    from crl_train.trainer import Trainer
+
+    cfg = load_config(None, [*SMALL, "experience.asynchronous=true", "experience.search_and_ask=true"])
+    trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
+    c = trainer.c
+    worker = c.extractor
+    try:
+        assert isinstance(worker, ExtractorWorker) and worker.pid != os.getpid()
+        # search_and_ask refinements asked by the wrappers go to the worker too
+        assert c.manager.refiner == worker.refine
+        _, prov = c.client.ask("I am stuck", ExperienceRef(1, "Walk east.", 0), "cell 0")
+        assert prov is not None and prov["token_ids"] and prov["extractor_version"] == 0
+        c.track.start()
+        for t in range(2):
+            trainer.step(t)
+        _wait(lambda: c.track.stats.distilled == 16 and c.manager.pending() == 0)
+        trainer.checkpoint(1)
+        assert (tmp_path / "checkpoint" / "extractor" / "policy_state.pt").exists()
+
+        os.kill(worker.wait_ready(), signal.SIGKILL)
+        with caplog.at_level(logging.ERROR):
+            trainer.step(2)  # rollouts (refinements fall back to the raw entry) and the actor update go on
+            _wait(lambda: c.track.stats.skipped_distill == 8 and c.manager.pending() == 0)
+            row = trainer.step(3)
+            trainer.checkpoint(3)  # the previous extractor weights are carried over
+        assert row["extractor_alive"] is False and row["skipped_distill"] >= 8 and row["track_errors"] == 0
+        assert (tmp_path / "checkpoint" / "extractor" / "policy_state.pt").exists()
+        assert any("extractor worker died" in r.getMessage() for r in caplog.records)
+    finally:
+        c.track.stop()
+        trainer.close()
+    assert not worker.process.is_alive()
