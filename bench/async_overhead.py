@@ -8,10 +8,20 @@ Runs the tiny preset for a few steps three ways, in one process, in interleaved 
 * ``complementary`` synchronous: each actor step waits for distillation, the extractor update and
   the merge (``experience.asynchronous=false``; the extractor in process, as auto mode picks).
 
-Core split (2 cores): the trainer process runs torch with 1 intra-op thread — the actor's core,
-shared with the light bank/manager work of the background thread, which otherwise waits on the
-worker's pipe; the extractor process runs torch with 1 intra-op thread — the extractor's core.
-The grpo run gets the actor's share (1 thread) and has no second process.
+Core split: each track is pinned to its own cores (``os.sched_setaffinity``, ``crl_train.affinity``;
+on 2 cores: trainer process → core 0, extractor process → core 1) and runs torch with 1 intra-op
+thread. The trainer process holds the actor's primary loop and the light bank/manager work of the
+background thread (which otherwise waits on the worker's pipe). The grpo run and the synchronous
+run (extractor in process) get the actor's share. The split is printed in ``core_split``.
+
+Extractor workload (``WORKLOAD``, applied to all three runs unless ``--tiny-extractor``): the
+tiny preset's extractor answers one constrained op line, i.e. it does almost nothing, whereas the
+paper's extractor is a 4B *thinking* model that writes its reasoning before its ops. The benchmark
+lets it answer in free text (``extractor.constrained=false``) up to ``extractor.max_new_tokens``
+tokens, so that its work per actor step (``extractor_busy_per_step_s`` of the async run, time the
+trainer's calls into the worker took) is about 0.5–0.9× the actor's step — heavy enough that
+waiting for it costs the synchronous run, light enough that the background track keeps up
+(``queue_depth_end``).
 
 The first ``--warmup`` steps of each run are excluded (cold caches, the first search of an empty
 bank); the worker's start-up happens while the trainer is built, before any timed step. Ratios are
@@ -33,10 +43,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-CORE_SPLIT = ("trainer process: torch 1 intra-op thread = the actor's core (primary loop; the background-track thread "
-              "only does bank/manager work and waits on the worker's pipe); extractor worker process (spawn): torch 1 "
-              "intra-op thread = the extractor's core (distillation, refinement, merge generation, CISPO, checkpoints); "
-              "grpo: 1 thread, no worker; sync: extractor in process, 1 thread")
+CORE_SPLIT = ("trainer process pinned to the actor's cores, torch 1 intra-op thread (primary loop; the background-track "
+              "thread only does bank/manager work and waits on the worker's pipe); extractor worker process (spawn) "
+              "pinned to the extractor's cores, torch 1 intra-op thread (distillation, refinement, merge generation, "
+              "CISPO, checkpoints); grpo and sync (extractor in process): the actor's cores, 1 thread")
+
+
+WORKLOAD = ["extractor.constrained=false", "extractor.max_new_tokens=96", "extractor.tiny_layers=4"]
 
 
 def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[str]) -> dict[str, Any]:
@@ -51,17 +64,29 @@ def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[st
         t0 = time.perf_counter()
         trainer = Trainer(cfg, d, progress=False)
         times: list[float] = []
+        phases: dict[str, list[float]] = {"rollout_time_s": [], "update_time_s": [], "search_latency_s": []}
+        ext = trainer.c.extractor
+        busy0 = 0.0
         try:
             trainer.c.track.start()
             for t in range(steps):
+                if t == warmup:
+                    busy0 = float(getattr(ext, "busy_s", 0.0))
                 row = trainer.step(t)
                 times.append(row["step_time_s"])
+                for k, v in phases.items():
+                    v.append(float(row.get(k) or 0.0))
+            busy = float(getattr(ext, "busy_s", 0.0)) - busy0
             # how far the extractor got while the actor ran (async: it may trail; sync: nothing pending)
             st = trainer.c.track.stats
             extra_out = {"distilled": st.distilled, "distill_batches": st.distill_batches,
                          "extractor_updates": st.updates, "merges": st.merges,
                          "queue_depth_end": trainer.c.manager.pending(), "track_errors": st.errors,
-                         "extractor_process": trainer.c.extractor.__class__.__name__ == "ExtractorWorker"}
+                         "extractor_process": ext.__class__.__name__ == "ExtractorWorker",
+                         "extractor_busy_s": busy, "busy_by_op_s": {k: round(v, 3) for k, v in
+                                                                    getattr(ext, "busy_by_op", {}).items()},
+                         "core_split": trainer.c.cpu_split.describe() if trainer.c.cpu_split else None,
+                         "phases_mean_s": {k: statistics.mean(v[warmup:] or v) for k, v in phases.items()}}
             trainer.c.track.stop()
         finally:
             trainer.close()
@@ -84,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                          "load drift on a shared machine hits all three alike")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config overrides applied to all three runs")
+    ap.add_argument("--tiny-extractor", action="store_true",
+                    help="keep the tiny preset's constrained one-line extractor instead of the benchmark's WORKLOAD")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
     args = ap.parse_args(argv)
     import logging
@@ -93,17 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
     load_start = os.getloadavg()
+    overrides = ([] if args.tiny_extractor else WORKLOAD) + args.overrides
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in CONFIGS}
     for r in range(args.rounds):
         order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
         for name in order:
             method, asynchronous = CONFIGS[name]
-            runs[name].append(run(method, asynchronous, args.steps, args.warmup, args.overrides))
+            runs[name].append(run(method, asynchronous, args.steps, args.warmup, overrides))
             if not args.json:
                 print(f"round {r} {name}: mean {runs[name][-1]['mean_step_s']:.3f} s", file=sys.stderr)
     kept = {k: [t for x in v for t in x["step_times_s"][args.warmup:]] for k, v in runs.items()}
     mean = {k: statistics.mean(v) for k, v in kept.items()}
     median = {k: statistics.median(v) for k, v in kept.items()}
+    a_runs = runs["complementary_async"]
+    busy_per_step = sum(x["extractor_busy_s"] for x in a_runs) / max(1, sum(x["steps"] for x in a_runs))
     out = {
         "grpo_step_s": mean["grpo"],
         "async_step_s": mean["complementary_async"],
@@ -113,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         "median_async_over_grpo": median["complementary_async"] / median["grpo"],
         "median_sync_over_async": median["complementary_sync"] / median["complementary_async"],
         "steps_kept": {k: len(v) for k, v in kept.items()},
-        "core_split": CORE_SPLIT,
+        "extractor_busy_per_step_s": busy_per_step,
+        "extractor_busy_fraction": busy_per_step / mean["complementary_async"],
+        "queue_depth_end_async": [x["queue_depth_end"] for x in a_runs],
+        "phases_mean_s": {k: {p: statistics.mean(x["phases_mean_s"][p] for x in v) for p in v[0]["phases_mean_s"]}
+                          for k, v in runs.items()},
+        "core_split": {"split": a_runs[0]["core_split"], "threads": CORE_SPLIT},
         "cpu_count": os.cpu_count(),
         "loadavg_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
-        "overrides": args.overrides,
+        "overrides": overrides,
         "runs": runs,
     }
     if not args.json:

@@ -10,14 +10,23 @@ drained and every request is read (its trajectory built and checked against the 
 untimed: that is the consumer's work (the trainer's background track), not the rollout's.
 
 Two policies:
-* ``50 ms``: sleeps a stated 50 ms per batched turn, standing in for batched LLM generation
-  (real turns take seconds, so this is the harsh case). Raw and wrapped runs alternate
-  (``--pairs`` pairs, the order flipped every pair so that a drift in the machine's load hits
-  both sides alike), each after a ``gc.collect()``; ``ratio`` is the median of the per-pair
-  wrapped / raw wall-time ratios, so it compares runs made seconds apart inside one process.
-  ``ratio_cpu`` is the same median with the stepping measured in this thread's CPU time and
-  the policy's 50 ms per turn counted as stated (what the wall ratio is on an idle machine);
-  ``ratio_min`` / ``ratio_max`` show the spread of the pairs.
+* ``50 ms``: sleeps a stated 50 ms (``--policy-ms``) once per batched turn, standing in for
+  batched LLM generation (real turns take seconds, so this is the harsh case). Raw and wrapped
+  copies of the same episodes (two sets of N envs) run *interleaved*: every turn of each side
+  (its sleep plus stepping its live envs) is one timed segment, the two sides alternate and
+  their order flips every turn; resets alternate in chunks of 32 envs. A load burst from
+  another process thus lands on both sides instead of on whichever whole run it overlapped
+  (whole-run ratios moved by ±10 % on this shared 2-core machine). Two sets of N envs take
+  turns being the raw and the wrapped side: a pair is two runs with the roles swapped and its
+  ratio the geometric mean of their wrapped / raw wall times, which cancels a speed difference
+  between the sets themselves. ``ratio`` is the median over ``--pairs`` pairs;
+  ``ratio_pairs`` / ``ratio_runs`` list them, and ``ratio_aa`` gives set B raw vs set A raw
+  with the same method (noise floor and set bias). Cyclic-GC time is charged to the wrapped side even when a collection runs in a raw
+  segment (``gc_ms_charged_to_wrapped``): a raw loop frees each step's objects, so collections
+  are caused by what the wrapped side keeps alive. ``ratio_cpu`` is the same median with the
+  stepping in this thread's CPU time and the policy's 50 ms per turn counted as stated.
+  ``--trainer-buffer`` makes both loops keep every step's result, as a trainer's trajectory
+  buffer does; then only what the wrappers keep *beyond* that differs between the sides.
 * ``zero-cost``: a scripted policy (precomputed actions), which exposes the wrappers' own cost.
   Differencing two wall times of a 60–700 µs env step on a shared machine is noisier than the
   microseconds being measured, so the episodes of a raw run are recorded and replayed through
@@ -40,11 +49,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import sys
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -99,21 +110,28 @@ def scripted_actions(actions: list[str], n: int, turns: int) -> list[list[str]]:
     return [[actions[(i * 7 + t * 3 + (t // 5)) % k] for i in range(n)] for t in range(turns)]
 
 
-def reset_all(envs: list[gym.Env], seeds: list[int], client: Any, task: str, wrapped: bool) -> None:
-    if not wrapped:
-        for env, seed in zip(envs, seeds, strict=True):
-            env.reset(seed=seed)
-        return
-    half = len(envs) // 2
-    refs = client.search_many([task] * half)  # one batch for the whole guided half
-    for i, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
-        if i < half:
-            env.reset(seed=seed, options={"experience": "guided", "prefetched": refs[i]})
+def prefetch(n: int, client: Any, task: str) -> list[Any]:
+    """The guided half's entries (the first ``n // 2`` envs), fetched in one ``search_many``."""
+    return list(client.search_many([task] * (n // 2)))
+
+
+def reset_range(envs: Sequence[gym.Env], seeds: list[int], wrapped: bool, refs: list[Any], lo: int, hi: int) -> None:
+    """Reset envs ``lo..hi-1``: plain when raw; guided with its prefetched entry or free when wrapped."""
+    for i in range(lo, hi):
+        if not wrapped:
+            envs[i].reset(seed=seeds[i])
+        elif i < len(refs):
+            envs[i].reset(seed=seeds[i], options={"experience": "guided", "prefetched": refs[i]})
         else:
-            env.reset(seed=seed, options={"experience": "free"})
+            envs[i].reset(seed=seeds[i], options={"experience": "free"})
 
 
-def run_live(envs: list[gym.Env], seeds: list[int], table: list[list[str]], client: Any, task: str,
+def reset_all(envs: Sequence[gym.Env], seeds: list[int], client: Any, task: str, wrapped: bool) -> None:
+    refs = prefetch(len(envs), client, task) if wrapped else []
+    reset_range(envs, seeds, wrapped, refs, 0, len(envs))
+
+
+def run_live(envs: Sequence[gym.Env], seeds: list[int], table: list[list[str]], client: Any, task: str,
              wrapped: bool, policy_s: float, record: list[Any] | None = None) -> tuple[float, int, float]:
     """All envs advance together one turn at a time; returns (wall s, steps, thread CPU s)."""
     t0, c0 = time.perf_counter(), time.thread_time()
@@ -138,7 +156,7 @@ def run_live(envs: list[gym.Env], seeds: list[int], table: list[list[str]], clie
     return time.perf_counter() - t0, steps, time.thread_time() - c0
 
 
-def run_replay(envs: list[gym.Env], seeds: list[int], table: list[list[str]], lengths: list[int], client: Any,
+def run_replay(envs: Sequence[gym.Env], seeds: list[int], table: list[list[str]], lengths: list[int], client: Any,
                task: str, wrapped: bool) -> tuple[float, float, float]:
     """Replay timing split into (reset phase, non-terminal steps, terminal steps) seconds of this
     thread's CPU time: on a shared machine, time spent descheduled is not the wrappers' cost."""
@@ -178,8 +196,102 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
-def gc_collections() -> int:
-    return sum(int(s["collections"]) for s in gc.get_stats())
+class GcClock:
+    """Seconds spent in cyclic garbage collection (via ``gc.callbacks``) while entered."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.collections = 0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._t0
+            self.collections += 1
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def run_lockstep(sides: Mapping[bool, Sequence[gym.Env]], seeds: list[int], table: list[list[str]], client: Any, task: str,
+                 policy_s: float, gc_clock: GcClock, keep: bool = False, wrapped_side: bool = True,
+                 ) -> dict[bool, dict[str, float]]:
+    """Raw (``False``) and wrapped (``True``) copies of the same episodes, interleaved turn by turn.
+
+    Each turn of each side is one timed segment: the policy's sleep, then stepping every live
+    env of that side; the order of the two sides flips every turn (resets: every 32 envs, after
+    the wrapped side's one ``search_many`` for its guided half). A load burst from another
+    process therefore lands on both sides alike instead of on whichever whole run it overlapped
+    (which on a shared 2-core machine moves a whole-run ratio by ±10 %). Cyclic-GC time inside
+    the raw side's segments is charged to the wrapped side: raw episodes free their objects as
+    they go (a raw run alone triggers almost no collection), so a collection there is paid for
+    objects the wrapped side keeps alive — conservative, never in the wrappers' favour.
+
+    ``keep``: both sides' loops also keep every step's result, as a trainer's trajectory buffer
+    does; then only the wrappers' *additional* retention differs between the sides.
+    ``wrapped_side=False``: the ``True`` side is raw too (an A/A run: the method's noise floor).
+    """
+    out = {w: {"wall": 0.0, "cpu": 0.0, "gc": 0.0, "steps": 0.0} for w in (False, True)}
+    active = {w: list(range(len(seeds))) for w in (False, True)}
+    turn_index = [0]
+    buffers: dict[bool, list[Any]] = {False: [], True: []}
+
+    refs: list[Any] = []
+    chunk = [0, 0]
+
+    def fetch(w: bool) -> None:
+        refs.extend(prefetch(len(seeds), client, task))
+
+    def reset(w: bool) -> None:
+        reset_range(sides[w], seeds, w and wrapped_side, refs, chunk[0], chunk[1])
+
+    def turn(w: bool) -> None:
+        if policy_s:
+            time.sleep(policy_s)
+        envs, row, still = sides[w], table[turn_index[0]], []
+        for i in active[w]:
+            res = envs[i].step(row[i])
+            if keep:
+                buffers[w].append(res)
+            if not (res[2] or res[3]):
+                still.append(i)
+        out[w]["steps"] += len(active[w])
+        active[w] = still
+
+    def timed(w: bool, fn: Any) -> None:
+        g0, t0, c0 = gc_clock.total, time.perf_counter(), time.thread_time()
+        fn(w)
+        out[w]["wall"] += time.perf_counter() - t0
+        out[w]["cpu"] += time.thread_time() - c0
+        out[w]["gc"] += gc_clock.total - g0
+
+    order = [False, True]
+    # Resets are interleaved too, in chunks of 32 envs (a Sokoban reset generates a level, so
+    # a whole side's resets would be one long segment exposed to a single load burst).
+    if wrapped_side:
+        timed(True, fetch)
+    for lo in range(0, len(seeds), 32):
+        chunk[:] = [lo, min(lo + 32, len(seeds))]
+        order.reverse()
+        for w in order:
+            timed(w, reset)
+    while active[False] or active[True]:
+        order.reverse()
+        for w in order:
+            if active[w]:
+                timed(w, turn)
+        turn_index[0] += 1
+    moved = out[False]["gc"]
+    for key in ("wall", "cpu"):
+        out[False][key] -= moved
+        out[True][key] += moved
+    return out
 
 
 def bench_size(n: int, env_id: str, manager: ExperienceManager, args: argparse.Namespace) -> dict[str, Any]:
@@ -218,26 +330,40 @@ def bench_size(n: int, env_id: str, manager: ExperienceManager, args: argparse.N
         d_step.append((timing[True][1] - timing[False][1]) / max(1, mid_steps))
         d_episode.append(((timing[True][0] - timing[False][0]) + (timing[True][2] - timing[False][2])) / n)
 
-    # 50 ms per batched turn: alternating pairs, median of the per-pair ratios.
+    # 50 ms per batched turn: raw and wrapped interleaved turn by turn. Two sets of envs, A and
+    # B; each pair is two runs with the roles swapped (A raw + B wrapped, then B raw + A
+    # wrapped), and its ratio is the geometric mean of the two, which cancels any speed
+    # difference between the sets themselves (``ratio_aa``: up to 4 % for MiniHack here).
     policy_s = args.policy_ms / 1000
     turns = max(lengths)
-    walls: dict[bool, list[float]] = {False: [], True: []}
-    cpus: dict[bool, list[float]] = {False: [], True: []}
-    gcs: dict[bool, list[int]] = {False: [], True: []}
-    for pair in range(args.pairs):
-        for is_wrapped in ((False, True) if pair % 2 == 0 else (True, False)):
+    twin_envs = [gym.make(env_id) for _ in range(n)]
+    twins = [wrap(env, client) for env in twin_envs]
+    roles: list[dict[bool, Sequence[gym.Env]]] = [{False: raw, True: twins}, {False: twin_envs, True: wrapped}]
+    runs = []
+    with GcClock() as gc_clock:
+        for k in range(2 * args.pairs):
             gc.collect()
-            g0 = gc_collections()
-            wall, _, cpu = run_live(wrapped if is_wrapped else raw, seeds, table, client, task, is_wrapped, policy_s)
-            gcs[is_wrapped].append(gc_collections() - g0)
-            walls[is_wrapped].append(wall)
-            cpus[is_wrapped].append(cpu)
-            if is_wrapped:
-                drain(manager, n, steps)
-    ratios = [w / r for w, r in zip(walls[True], walls[False], strict=True)]
-    base = turns * policy_s
-    ratios_cpu = [(base + w) / (base + r) for w, r in zip(cpus[True], cpus[False], strict=True)]
-    live_cpu_diff = [(w - r) / steps for w, r in zip(cpus[True], cpus[False], strict=True)]
+            c0 = gc_clock.collections
+            res = run_lockstep(roles[k % 2], seeds, table, client, task, policy_s, gc_clock,
+                               keep=args.trainer_buffer)
+            res[True]["collections"] = gc_clock.collections - c0
+            if res[True]["steps"] != steps or res[False]["steps"] != steps:
+                raise RuntimeError(f"lockstep steps {res[False]['steps']}/{res[True]['steps']}, expected {steps}")
+            drain(manager, n, steps)
+            runs.append(res)
+        aa = []  # A/A: the same method with both sides raw, i.e. what a ratio of 1.000 looks like
+        for _ in range(args.aa_pairs):
+            gc.collect()
+            res = run_lockstep({False: raw, True: twin_envs}, seeds, table, client, task, policy_s, gc_clock,
+                               keep=args.trainer_buffer, wrapped_side=False)
+            aa.append(res[True]["wall"] / res[False]["wall"])
+    one = [r[True]["wall"] / r[False]["wall"] for r in runs]
+    one_cpu = [(turns * policy_s + r[True]["cpu"]) / (turns * policy_s + r[False]["cpu"]) for r in runs]
+    ratios = [math.sqrt(a * b) for a, b in zip(one[0::2], one[1::2], strict=True)]
+    ratios_cpu = [math.sqrt(a * b) for a, b in zip(one_cpu[0::2], one_cpu[1::2], strict=True)]
+    live_cpu_diff = [(r[True]["cpu"] - r[False]["cpu"]) / steps for r in runs]
+    for twin in twins:
+        twin.close()
     for env in raw:
         env.close()
     return {
@@ -250,14 +376,17 @@ def bench_size(n: int, env_id: str, manager: ExperienceManager, args: argparse.N
         "ratio_min": round(min(ratios), 4),
         "ratio_max": round(max(ratios), 4),
         "pairs": args.pairs,
+        "ratio_pairs": [round(x, 4) for x in ratios],
+        "ratio_runs": [round(x, 4) for x in one],
+        "ratio_aa": [round(x, 4) for x in aa],
         "wrapper_us_per_step": round(max(0.0, median(d_step)) * 1e6, 3),
         "wrapper_ms_per_episode": round(max(0.0, median(d_episode)) * 1e3, 4),
-        "raw_s_50ms": round(median(walls[False]), 3),
-        "wrapped_s_50ms": round(median(walls[True]), 3),
+        "raw_s_50ms": round(median([r[False]["wall"] for r in runs]), 3),
+        "wrapped_s_50ms": round(median([r[True]["wall"] for r in runs]), 3),
         "live_cpu_us_per_step": round(median(live_cpu_diff) * 1e6, 2),
-        "env_cpu_us_per_step": round(median(cpus[False]) / steps * 1e6, 1),
-        "gc_collections_raw": median([float(g) for g in gcs[False]]),
-        "gc_collections_wrapped": median([float(g) for g in gcs[True]]),
+        "env_cpu_us_per_step": round(median([r[False]["cpu"] for r in runs]) / steps * 1e6, 1),
+        "gc_collections_per_run": median([r[True]["collections"] for r in runs]),
+        "gc_ms_charged_to_wrapped": round(median([r[False]["gc"] + r[True]["gc"] for r in runs]) * 1e3, 2),
         "requests_submitted_per_run": n,
     }
 
@@ -271,8 +400,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--bank-size", type=int, default=10_000)
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--policy-ms", type=float, default=50.0, help="simulated generation time per batched turn")
-    p.add_argument("--pairs", type=int, default=5, help="alternating raw/wrapped 50 ms runs per size (median ratio)")
+    p.add_argument("--pairs", type=int, default=3,
+                   help="pairs of interleaved raw+wrapped 50 ms runs (roles of the two env sets swapped) per size")
     p.add_argument("--repeats", type=int, default=7, help="alternating raw/wrapped zero-cost replays per size")
+    p.add_argument("--aa-pairs", type=int, default=1, help="raw-vs-raw runs (set A vs set B) per size: noise and set bias")
+    p.add_argument("--trainer-buffer", action="store_true",
+                   help="both loops keep every step's result (a trainer's trajectory buffer), raw and wrapped alike")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
     if args.pairs < 1 or args.repeats < 1:
@@ -305,6 +438,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bank_size": args.bank_size,
         "embedder": f"hashing:{args.dim}",
         "policy_ms": args.policy_ms,
+        "trainer_buffer": args.trainer_buffer,
         "policy": f"time.sleep({args.policy_ms / 1000:g}) once per batched turn (stands in for batched LLM generation)",
         "wrappers": "ExperienceWrapper(SearchAndAskWrapper(env)), guided half prefetched with one search_many",
         "envs": {str(n): (args.env if n <= args.minihack_max else args.large_env) for n in sizes},

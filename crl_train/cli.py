@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,8 @@ def _setup_logging(run_dir: Path | None) -> None:
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory (config.yaml, metrics.jsonl, tb/, curves.png, checkpoint/, bank/). Default: runs/<method>.")
 @click.option("--resume", "resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
-              help="Continue the run in this directory from its last checkpoint (its config.yaml is used; --set still applies).")
+              help="Continue the run in this directory from its last checkpoint (its config.yaml is used; --set still "
+                   "applies and is saved to config.yaml, the previous one kept as config.before_step<N>.yaml).")
 @click.option("--no-progress", is_flag=True, default=False, help="Hide the progress bar.")
 @click.option("--show-config", is_flag=True, default=False,
               help="Print the resolved config (after --config / --resume / --set) as YAML, every key with its "
@@ -54,9 +57,7 @@ def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None
         click.echo(_show_config(cfg, source, overrides), nl=False)
         return
     _setup_logging(run_dir)
-    from crl_train.trainer import Trainer
-
-    trainer = Trainer(cfg, run_dir, resume=resume is not None, progress=not no_progress)
+    trainer = _make_trainer(cfg, run_dir, resume=resume is not None, progress=not no_progress)
     try:
         row = trainer.run()
         if cfg.train.eval_episodes:
@@ -123,12 +124,31 @@ def evaluate(run_dir: Path, episodes: int, with_exp: bool | None) -> None:
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     _setup_logging(None)
+    modes = (True, False) if with_exp is None else (with_exp,)
+    click.echo(json.dumps(evaluate_dir(cfg, run_dir, episodes, modes)))
+
+
+def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] = (True, False),
+                 env_factory: Any = None) -> dict[str, Any]:
+    """``crl-eval``: the run's checkpoint on held-out seeds. The run is left as it was: retrieval
+    counts, pending requests and the index change on a copy of ``bank/``, deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix="crl_eval_") as tmp:
+        bank_copy = Path(tmp) / "bank"
+        if (run_dir / "bank").is_dir():
+            shutil.copytree(run_dir / "bank", bank_copy)
+        trainer = _make_trainer(cfg, run_dir, read_only=True, eval_bank_dir=bank_copy, progress=False,
+                                env_factory=env_factory)
+        try:
+            return evaluate_run(trainer, episodes, modes)
+        finally:
+            trainer.close()
+
+
+def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Any:
+    from crl_train.components import GeneratorUnavailable
     from crl_train.trainer import Trainer
 
-    trainer = Trainer(cfg, run_dir, resume=True, progress=False)
     try:
-        modes = (True, False) if with_exp is None else (with_exp,)
-        result = evaluate_run(trainer, episodes, modes)
-    finally:
-        trainer.close()
-    click.echo(json.dumps(result))
+        return Trainer(cfg, run_dir, **kw)
+    except GeneratorUnavailable as exc:
+        raise click.ClickException(str(exc)) from None

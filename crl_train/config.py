@@ -89,7 +89,15 @@ class ModelConfig:
     max_context_tokens: int = 4096
     """Longest token sequence; see ``crl_train.rollout`` for what happens beyond it."""
     constrained: bool = False
-    """Actor only: restrict each action to ``info['admissible_actions']`` through a token trie."""
+    """Constrained decoding through a token trie: the actor restricts each action to
+    ``info['admissible_actions']``; the extractor answers by choosing one candidate op line
+    (``crl_train.extractor``), as the tiny preset does for both."""
+    generator: Literal["hf", "vllm"] = "hf"
+    """Who samples: ``hf`` (the trained model itself) or ``vllm`` (a vLLM engine on a CUDA GPU,
+    weights synced after every update; needs ``complementary-rl[vllm]``). Constrained requests
+    always use ``hf``."""
+    gpu_memory_utilization: float = 0.4
+    """``generator: vllm``: share of the GPU's memory the engine may take."""
     enable_thinking: bool | None = None
     """Passed to chat templates that read it (Qwen3 hybrid); None leaves the template default."""
     tiny_vocab_size: int = 512
@@ -111,6 +119,10 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.generator not in ("hf", "vllm"):
+            raise ConfigError(f"generator must be 'hf' or 'vllm', got {self.generator!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for name in ("micro_batch_size", "max_new_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -207,6 +219,14 @@ class ExperienceConfig:
     extractor_threads: int = 1
     """torch intra-op threads of the extractor process (its share of the cores; in process, torch's
     pool is process-wide and ``actor_threads`` applies to both tracks)."""
+    pin_cpus: bool = True
+    """Pin each track to its own cores (``os.sched_setaffinity``; see ``crl_train.affinity``): the trainer
+    process to ``actor_cpus``, the extractor process to ``extractor_cpus``. False = no pinning."""
+    actor_cpus: tuple[int, ...] | None = None
+    """Cores of the trainer process (primary loop; grpo and an in-process extractor get these too).
+    None = the first half of the available cores (the larger half; nothing pinned on 1 core)."""
+    extractor_cpus: tuple[int, ...] | None = None
+    """Cores of the extractor process. None = the available cores not given to the actor."""
     offline_source: str | None = None
     """offline_exp: a ``trajectories.jsonl`` of a prior run (distilled once) or a bank ``.jsonl`` export."""
     max_prompt_chars: int = 6000
@@ -222,6 +242,13 @@ class ExperienceConfig:
         for name in ("max_search_calls", "distill_batch", "actor_threads", "extractor_threads", "max_prompt_chars"):
             if getattr(self, name) < (0 if name == "max_search_calls" else 1):
                 raise ConfigError(f"experience.{name} is out of range: {getattr(self, name)}")
+        for name in ("actor_cpus", "extractor_cpus"):
+            cpus = getattr(self, name)
+            if cpus is not None and (not cpus or min(cpus) < 0):
+                raise ConfigError(f"experience.{name} must list core numbers >= 0, got {list(cpus)}")
+        if self.actor_cpus and self.extractor_cpus and set(self.actor_cpus) & set(self.extractor_cpus):
+            raise ConfigError(f"experience.actor_cpus {list(self.actor_cpus)} and experience.extractor_cpus "
+                              f"{list(self.extractor_cpus)} overlap: each track needs its own cores")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Sequence
@@ -85,6 +86,9 @@ class ExtractorSpec:
     """Keyword arguments of :class:`~crl_train.extractor.Extractor` (max_new_tokens, constrained, …)."""
     num_threads: int = 1
     """torch intra-op threads of the child (its share of the cores)."""
+    cpus: tuple[int, ...] | None = None
+    """Cores the child is pinned to (``os.sched_setaffinity``, before torch starts threads); None = not pinned.
+    See :func:`crl_train.affinity.split_cpus`."""
     nice: int = 0
     """Added to the child's scheduling niceness: when cores are oversubscribed the actor's process
     runs first (the extractor is off the critical path; on free cores it changes nothing)."""
@@ -117,12 +121,16 @@ _HANDLERS: dict[str, Any] = {
     "set_state": lambda ext, d: ext.set_state(d),
     "count_tokens": lambda ext, texts: [ext.count_tokens(t) for t in texts],
     "ping": lambda ext: os.getpid(),
+    "affinity": lambda ext: sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
 }
 
 
 def _serve(conn: Any, spec: ExtractorSpec) -> None:
     """Child main loop: build π_φ, then answer ``(op, args)`` with ``("ok", result)`` / ``("error", tb)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (it checkpoints through us)
+    from crl_train.affinity import pin_process
+
+    pin_process(spec.cpus)  # first: threads torch starts later inherit the extractor's cores
     import torch
 
     if spec.nice > 0:
@@ -207,6 +215,9 @@ class ExtractorWorker:
         self._dead_reason: str | None = None
         self._stale = 0  # replies of calls interrupted by an exception (Ctrl-C) still in the pipe
         self._token_cache: dict[str, int] = {}
+        self.busy_s = 0.0
+        """Seconds callers spent waiting for the child's answers (its model work, plus the pipe)."""
+        self.busy_by_op: dict[str, float] = {}
         ctx = mp.get_context(start_method)
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, spec), name="crl-extractor", daemon=True)  # type: ignore[attr-defined]
@@ -274,6 +285,7 @@ class ExtractorWorker:
             while self._stale:  # a Ctrl-C left an answer in the pipe: read it so replies stay paired
                 self._recv(op, None)
                 self._stale -= 1
+            t0 = time.perf_counter()
             try:
                 self._conn.send((op, args))
             except (BrokenPipeError, OSError):
@@ -285,6 +297,15 @@ class ExtractorWorker:
             except BaseException:
                 self._stale += 1  # interrupted while the child still works on it
                 raise
+            finally:
+                dt = time.perf_counter() - t0
+                self.busy_s += dt
+                self.busy_by_op[op] = self.busy_by_op.get(op, 0.0) + dt
+
+    def affinity(self) -> list[int] | None:
+        """The cores the child may run on (None where the platform has no affinity)."""
+        cpus: list[int] | None = self._call("affinity")
+        return cpus
 
     def wait_ready(self) -> int:
         """Block until the child has built π_φ; returns its pid."""

@@ -1,15 +1,21 @@
-"""Run-directory outputs: metrics.jsonl, TensorBoard events, PNG curves.
+"""Run-directory outputs: metrics.jsonl, TensorBoard events, PNG curves, checkpoint swap, resume trims.
 
 Layout of a run directory::
 
-    config.yaml          the resolved config
-    metrics.jsonl        one JSON object per actor step (see ``METRIC_FIELDS``)
+    config.yaml          the resolved config (rewritten by a resume that changes it; the previous
+                         one is kept as config.before_step<N>.yaml)
+    metrics.jsonl        one JSON object per logged actor step (see ``metric_fields``)
     tb/                  TensorBoard events
     curves.png           main curves
-    checkpoint/          actor/, extractor/, state.json (written atomically)
+    checkpoint/          actor/, extractor/, state.json (state.json written last: it marks a complete checkpoint)
     bank/                the experience bank (SQLite + index) and bank.jsonl export
     trajectories.jsonl   every finished episode's distillation request (offline_exp source)
     eval.json            held-out evaluation (crl-eval / end of training)
+
+>>> metric_fields(edge=False, self_distill=False)[:3]
+('step', 'actor_loss', 'actor_clip_frac')
+>>> len(metric_fields(edge=True, self_distill=True)) - len(metric_fields(edge=False, self_distill=False))
+6
 """
 
 from __future__ import annotations
@@ -17,35 +23,166 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-METRIC_FIELDS: tuple[str, ...] = (
-    "step", "success", "success_guided", "success_free", "actions_per_episode", "turns_per_episode",
-    "adv_mean", "adv_std", "adv_abs_mean", "actor_loss", "actor_clip_frac", "actor_approx_kl",
-    "actor_grad_norm", "bank_size", "search_latency_s", "queue_depth", "extractor_reward",
-    "extractor_updates", "extractor_loss", "buffer_size", "distilled", "malformed", "env_errors",
-    "context_truncations", "step_time_s", "rollout_time_s", "update_time_s",
+# The one declaration of a metrics row's keys: the trainer fills rows through ``make_row``
+# (which rejects an undeclared key), the plots read them, docs/training.md documents them
+# (tests/test_outputs.py checks both directions).
+ACTOR_FIELDS: tuple[str, ...] = ("actor_loss", "actor_clip_frac", "actor_approx_kl", "actor_grad_norm")
+"""Actor update; null when the actor did not train this step."""
+STEP_FIELDS: tuple[str, ...] = (
+    "success", "success_guided", "success_free", "actions_per_episode", "turns_per_episode",
+    "adv_mean", "adv_std", "adv_abs_mean", "bank_size", "search_latency_s", "queue_depth", "extractor_reward",
+    "extractor_updates", "extractor_loss", "buffer_size", "distilled", "distill_batches", "malformed", "added",
+    "updated", "uncreditable", "merges", "merge_failures", "track_errors", "extractor_alive", "skipped_distill",
+    "skipped_updates", "env_errors", "context_truncations", "step_time_s", "rollout_time_s", "update_time_s",
 )
-"""Columns every metrics row has (more may follow: EDGE, self-distillation, merges)."""
+"""Every step's rollout, bank and background-track columns."""
+EDGE_FIELDS: tuple[str, ...] = ("edge_gain_mean", "edge_gate_open", "edge_pruned", "edge_kl")
+"""``edge`` only."""
+SELF_DISTILL_FIELDS: tuple[str, ...] = ("self_distill_samples", "self_distill_nll")
+"""``algo.self_distill`` only."""
+METRIC_FIELDS: tuple[str, ...] = ("step", *ACTOR_FIELDS, *STEP_FIELDS)
+"""Columns every metrics row has (``metric_fields`` adds the method's own)."""
+ALL_METRIC_FIELDS: tuple[str, ...] = (*METRIC_FIELDS, *EDGE_FIELDS, *SELF_DISTILL_FIELDS)
+
+
+def metric_fields(*, edge: bool, self_distill: bool) -> tuple[str, ...]:
+    """The exact keys of a metrics row of a run with (or without) EDGE / self-distillation."""
+    return (*METRIC_FIELDS, *(EDGE_FIELDS if edge else ()), *(SELF_DISTILL_FIELDS if self_distill else ()))
+
+
+def make_row(fields: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """A row with exactly ``fields`` (missing ones None); an undeclared key is a programming error.
+
+    >>> make_row(("step", "success"), {"step": 3})
+    {'step': 3, 'success': None}
+    """
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise KeyError(f"metrics keys {unknown} are not declared in crl_train.outputs (declare them there)")
+    return {k: values.get(k) for k in fields}
+
+
+# ---------------------------------------------------------------------------- atomic files
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temp file beside ``path``, fsync it, and rename it over ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def truncate_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[int, int]:
+    """Keep the rows of ``path`` for which ``keep(row)`` holds, atomically; returns (kept, dropped).
+
+    A line that does not parse (a write cut by a kill) is dropped, counted and logged.
+    """
+    if not path.exists():
+        return 0, 0
+    kept: list[str] = []
+    dropped = 0
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("%s:%d: unreadable row dropped on resume (cut by the kill)", path, i)
+            dropped += 1
+            continue
+        if keep(row):
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        atomic_write_text(path, "".join(x + "\n" for x in kept))
+    return len(kept), dropped
+
+
+def trim_run_outputs(run_dir: Path, step: int) -> dict[str, int]:
+    """Resume from checkpoint ``step``: drop the rows of steps the resumed run will write again."""
+    _, m = truncate_jsonl(run_dir / "metrics.jsonl", lambda r: int(r.get("step", 0)) <= step)
+    _, t = truncate_jsonl(run_dir / "trajectories.jsonl", lambda r: int(r.get("rollout_step") or 0) <= step)
+    if m or t:
+        log.info("resume from step %d: dropped %d metrics rows and %d trajectories of later steps", step, m, t)
+    return {"metrics": m, "trajectories": t}
+
+
+# ---------------------------------------------------------------------------- checkpoints
+CKPT = "checkpoint"
+STATE = "state.json"
+
+
+def _ckpt_step(d: Path) -> int | None:
+    try:
+        return int(json.loads((d / STATE).read_text(encoding="utf-8"))["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def commit_checkpoint(run_dir: Path, tmp: Path, state: dict[str, Any]) -> Path:
+    """Make ``tmp`` (weights already in it) the run's checkpoint.
+
+    ``state.json`` is written last and atomically, so a directory with one is complete. The swap
+    is ``checkpoint → checkpoint.old``, ``tmp → checkpoint``; a kill between the two renames
+    leaves two complete directories and no ``checkpoint/``, which ``resolve_checkpoint`` repairs.
+    """
+    atomic_write_text(tmp / STATE, json.dumps(state))
+    final, old = run_dir / CKPT, run_dir / (CKPT + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resolve_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of ``run_dir``, moved to ``checkpoint/`` if a kill left it elsewhere.
+
+    Candidates: ``checkpoint/``, ``checkpoint.tmp/`` and ``checkpoint.old/``, complete when their
+    ``state.json`` reads; the highest step wins (``checkpoint/`` on a tie). None: no checkpoint.
+    """
+    names = (CKPT, CKPT + ".tmp", CKPT + ".old")
+    found = [(s, -i, run_dir / n) for i, n in enumerate(names) if (s := _ckpt_step(run_dir / n)) is not None]
+    if not found:
+        return None
+    step, _, best = max(found)
+    final = run_dir / CKPT
+    if best != final:
+        log.warning("resume: %s (step %d) is the newest complete checkpoint (a kill interrupted the swap); "
+                    "moving it to %s", best.name, step, final.name)
+        if final.exists():
+            final.rename(run_dir / (CKPT + ".stale"))
+            shutil.rmtree(run_dir / (CKPT + ".stale"), ignore_errors=True)
+        best.rename(final)
+    for n in names[1:]:
+        shutil.rmtree(run_dir / n, ignore_errors=True)
+    return final
 
 
 class MetricsWriter:
-    """Appends rows to metrics.jsonl and TensorBoard (when tensorboard is installed)."""
+    """Appends rows to metrics.jsonl and TensorBoard (when tensorboard is installed).
 
-    def __init__(self, run_dir: Path, keep_until_step: int | None = None) -> None:
+    ``purge_step`` (resume): TensorBoard hides the events at and after it that the killed run wrote.
+    """
+
+    def __init__(self, run_dir: Path, purge_step: int | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
-        if keep_until_step is not None and self.path.exists():
-            # resume: drop rows written after the checkpoint we resume from
-            rows = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= keep_until_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         self.tb: Any = None
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tb"))
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge_step)
         except Exception as exc:  # noqa: BLE001 - TensorBoard is optional
             log.warning("TensorBoard disabled: %s", exc)
 

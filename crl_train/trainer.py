@@ -30,17 +30,32 @@ from crl_train.algorithms import (
     marginal_gain,
     sequence_weights,
 )
-from crl_train.components import Components, build_components
-from crl_train.config import TrainConfig, dump_config
+from crl_train.components import (
+    Components,
+    NoExtractor,
+    build_components,
+    counters,
+    restore_counters,
+    save_run_config,
+)
+from crl_train.config import TrainConfig
 from crl_train.extractor_worker import ExtractorUnavailable
 from crl_train.methods import get_method
-from crl_train.outputs import MetricsWriter, plot_curves
+from crl_train.outputs import (
+    CKPT,
+    MetricsWriter,
+    commit_checkpoint,
+    make_row,
+    metric_fields,
+    plot_curves,
+    resolve_checkpoint,
+    trim_run_outputs,
+)
 from crl_train.policy.base import TokenSequence, TrainBatch
 from crl_train.rollout import Episode, stripped_sequence
 from crl_train.tracks import Credit
 
 log = logging.getLogger(__name__)
-CKPT = "checkpoint"
 
 
 def _actor_loss(clip_eps: float, ratio_level: str) -> Any:
@@ -82,33 +97,47 @@ def _reverse_kl_sampled(coef: float) -> Any:
 
 
 class Trainer:
-    """One run in ``run_dir`` (fresh, or resumed from its last checkpoint)."""
+    """One run in ``run_dir`` (fresh, or resumed from its last checkpoint).
+
+    ``read_only`` (``crl-eval``): load the checkpoint, leave every run output (config, metrics,
+    trajectories, bank) as it is; the bank is used through a copy in ``eval_bank_dir``.
+    """
 
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
-                 env_factory: Any = None) -> None:
+                 env_factory: Any = None, generator_factory: Any = None, read_only: bool = False,
+                 eval_bank_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.spec = get_method(cfg.method)
         self.progress = progress
+        self.read_only = read_only
         self.start_step = 0
         state: dict[str, Any] = {}
-        ckpt = self.run_dir / CKPT
-        if resume:
-            if not (ckpt / "state.json").exists():
+        ckpt: Path | None = None
+        if resume or read_only:
+            ckpt = resolve_checkpoint(self.run_dir) if not read_only else self.run_dir / CKPT
+            if ckpt is None or not (ckpt / "state.json").exists():
                 raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint/state.json to resume from")
             state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
             self.start_step = int(state["step"]) + 1
-        else:
-            dump_config(cfg, self.run_dir / "config.yaml")
-        self.c: Components = build_components(cfg, self.spec, self.run_dir, checkpoint=ckpt if resume else None,
-                                             env_factory=env_factory)
-        if resume:
+        if not read_only:
+            if resume:
+                trim_run_outputs(self.run_dir, int(state["step"]))
+            save_run_config(cfg, self.run_dir, self.start_step if resume else None)
+        self.c: Components = build_components(cfg, self.spec, self.run_dir, checkpoint=ckpt, env_factory=env_factory,
+                                             generator_factory=generator_factory, bank_dir=eval_bank_dir)
+        if ckpt is not None:
             self.c.track.load_state(state.get("track", {}))
             self.c.track.actor_step = self.start_step
-        self.metrics = MetricsWriter(self.run_dir, keep_until_step=int(state["step"]) if resume else None)
+            restore_counters(self.c, state.get("counters", {}))
+        self.metrics = None if read_only else MetricsWriter(self.run_dir, purge_step=self.start_step if resume else None)
+        self.fields = metric_fields(edge=self.spec.edge, self_distill=self._self_distill_on())
         self.actor_loss = _actor_loss(cfg.algo.clip_eps, cfg.algo.ratio_level)
         self.last_row: dict[str, Any] = {}
+
+    def _self_distill_on(self) -> bool:
+        return bool(self.cfg.algo.self_distill and self.spec.uses_experience and self.spec.train_actor)
 
     # ------------------------------------------------------------------ one step
     def tasks(self, step: int) -> list[tuple[str, int]]:
@@ -137,7 +166,7 @@ class Trainer:
         row.update(self._actor_update(eps, adv, g, cond, keep))
         if spec.edge:
             row.update(self._edge(eps, r, g, cond))
-        if cfg.algo.self_distill and spec.uses_experience and spec.train_actor:
+        if self._self_distill_on():
             row.update(self._self_distill(eps, r))
         t2 = time.perf_counter()
         self._credit_and_submit(eps, t)
@@ -147,7 +176,7 @@ class Trainer:
             c.track.run_until_idle()
         t3 = time.perf_counter()
         row.update(self._row(eps, adv, r, t3 - t0, t1 - t0, t2 - t1))
-        return row
+        return make_row(self.fields, row)
 
     def _actor_update(self, eps: list[Episode], adv: torch.Tensor, g: torch.Tensor, cond: torch.Tensor,
                       keep: torch.Tensor) -> dict[str, Any]:
@@ -157,6 +186,12 @@ class Trainer:
         w = sequence_weights(g[idx], cond[idx] if self.spec.uses_experience else None)
         batch = TrainBatch.from_sequences([eps[i].sequence for i in idx], adv[idx], self.c.actor.pad_token_id,
                                           group_ids=g[idx].tolist(), condition_ids=cond[idx].tolist(), extra={"weights": w})
+        gen = getattr(self.c.actor, "generator", None)
+        if gen is not None and not gen.logprobs_exact:
+            # the fast generator's log-probs are not π_old's (top-p, raw logits, old vLLM): recompute
+            # them with the trained model, whose weights the generator sampled with (synced after each update)
+            with torch.no_grad():
+                batch.old_logprobs = self.c.actor.logprobs(batch).detach() * batch.loss_mask.to(batch.old_logprobs.dtype)
         m = self.c.actor.train_step(batch, self.actor_loss)
         return {"actor_loss": m.get("loss"), "actor_clip_frac": m.get("clip_frac"), "actor_approx_kl": m.get("approx_kl"),
                 "actor_grad_norm": m.get("grad_norm")}
@@ -291,34 +326,31 @@ class Trainer:
             "extractor_updates": st.updates, "extractor_loss": last.get("loss"), "buffer_size": len(c.track.buffer),
             "distilled": st.distilled, "distill_batches": st.distill_batches, "malformed": st.malformed, "added": st.added, "updated": st.updated,
             "uncreditable": st.uncreditable, "merges": st.merges, "merge_failures": st.merge_failures,
-            "track_errors": st.errors, "extractor_alive": bool(c.extractor.alive),
+            "track_errors": st.errors, "extractor_alive": bool(c.extractor.alive) if self.spec.uses_experience else None,
             "skipped_distill": st.skipped_distill, "skipped_updates": st.skipped_updates, "env_errors": c.runner.errors, "context_truncations": c.runner.context_truncations,
             "step_time_s": total, "rollout_time_s": rollout, "update_time_s": update,
         }
 
     # ------------------------------------------------------------------ loop
     def checkpoint(self, step: int) -> None:
-        final = self.run_dir / CKPT
         tmp = self.run_dir / (CKPT + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         self.c.actor.save(tmp / "actor")
         # state() waits for the background track's current pass, so buffer, counters and extractor weights agree
-        state = {"step": step, "track": self.c.track.state(), "method": self.cfg.method}
-        self._save_extractor(tmp / "extractor", final / "extractor")
-        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+        state = {"step": step, "track": self.c.track.state(), "method": self.cfg.method, "counters": counters(self.c)}
+        if self.spec.uses_experience:  # other methods have no extractor (NoExtractor)
+            self._save_extractor(tmp / "extractor", self.run_dir / CKPT / "extractor")
         self.c.manager.bank.flush()
-        old = self.run_dir / (CKPT + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        self.c.manager.persist_pending()  # queued requests reach the spill file: a kill after this loses none
+        commit_checkpoint(self.run_dir, tmp, state)
 
     def _save_extractor(self, target: Path, previous: Path) -> None:
         """π_φ's weights (through the worker when it runs in a process). A dead worker has nothing
         to save: the previous checkpoint's extractor is kept, so ``--resume`` still finds one."""
         try:
+            if isinstance(self.c.extractor, NoExtractor):
+                raise ExtractorUnavailable("this method has no extractor")
             self.c.extractor.save(target)
         except ExtractorUnavailable:
             if previous.is_dir():
@@ -340,7 +372,7 @@ class Trainer:
             for t in bar:
                 row = self.step(t)
                 self.last_row = row
-                if t % cfg.train.log_every == 0 or t == cfg.train.steps - 1:
+                if (t % cfg.train.log_every == 0 or t == cfg.train.steps - 1) and self.metrics is not None:
                     self.metrics.write(row)
                 bar.set_postfix(success=f"{row['success']:.2f}", bank=row["bank_size"])
                 done = t
@@ -354,7 +386,8 @@ class Trainer:
         finally:
             bar.close()
             self.c.track.stop()
-            self.metrics.close()
+            if self.metrics is not None:
+                self.metrics.close()
         plot_curves(self.run_dir)
         self.c.manager.bank.export_jsonl(self.run_dir / "bank" / "bank.jsonl")
         return self.last_row

@@ -283,9 +283,10 @@ def test_docstring_examples_run() -> None:
     import crl_gym.wrappers as pkg
     import crl_gym.wrappers.examples as examples
     import crl_gym.wrappers.experience as experience
+    import crl_gym.wrappers.recording as recording
     import crl_gym.wrappers.text_actions as text_actions
 
-    for module in (pkg, examples, experience, text_actions):
+    for module in (pkg, examples, experience, recording, text_actions):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

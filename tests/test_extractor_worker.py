@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -58,9 +59,13 @@ def _gone(pid: int, within: float = 30.0) -> bool:
     return False
 
 
+# the module's worker is pinned to the last available core (the extractor's share on 2 cores)
+WORKER_CPUS = (sorted(os.sched_getaffinity(0))[-1],) if hasattr(os, "sched_getaffinity") else None
+
+
 @pytest.fixture(scope="module")
 def worker() -> Any:
-    w = ExtractorWorker(SPEC)
+    w = ExtractorWorker(dataclasses.replace(SPEC, cpus=WORKER_CPUS))
     yield w
     w.close()
     assert not w.alive and not w.process.is_alive()
@@ -79,6 +84,15 @@ def test_model_work_runs_in_another_process(worker: ExtractorWorker) -> None:
     text, sample = worker.refine("what next?", ExperienceRef(3, "Walk east.", 0), "cell 0")
     assert text in ("Walk east.", "Walk east. Then try a direction you have not tried yet.") and sample is not None
     assert worker.count_tokens("east west") == worker.count_tokens("east west") > 0
+
+
+@pytest.mark.skipif(WORKER_CPUS is None, reason="no CPU affinity on this platform")
+def test_the_child_runs_on_its_own_cores_and_its_busy_time_is_counted(worker: ExtractorWorker) -> None:
+    busy = worker.busy_s
+    assert worker.affinity() == list(WORKER_CPUS or ())
+    # this process keeps all its cores: only the child was pinned
+    assert len(os.sched_getaffinity(0)) >= 1 and worker.pid != os.getpid()
+    assert worker.busy_s > busy and worker.busy_by_op["affinity"] > 0
 
 
 def test_cispo_in_the_child_equals_cispo_in_process(worker: ExtractorWorker, tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from typing import Any  # noqa: E402
 
 from crl_gym.wrappers.examples import CorridorEnv  # noqa: E402
 from crl_train.config import load_config  # noqa: E402
+from crl_train.outputs import metric_fields  # noqa: E402
 from crl_train.trainer import Trainer  # noqa: E402
 
 SMALL = ["env.ids=[corridor]", "env.tasks_per_step=2", "env.group_size=4", "env.max_turns=3", "train.eval_episodes=0",
@@ -74,6 +75,9 @@ def test_method_runs_a_step(name: str, tmp_path: Path) -> None:
         assert not changed  # exp_only: the actor is frozen
     if name == "edge":
         assert "edge_gain_mean" in rows[-1]
+    # a real row has exactly the declared columns (crl_train.outputs is the one source of truth)
+    for r in rows:
+        assert list(r) == list(metric_fields(edge=spec.edge, self_distill=name == "complementary"))
     lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == (2 * 8 if spec.uses_experience else 0)  # every experience episode's request is kept
 

@@ -1,4 +1,5 @@
-"""A run killed with SIGKILL mid-training resumes from its last checkpoint, bank intact."""
+"""A run killed with SIGKILL mid-training resumes from its last checkpoint, bank intact, with its
+--set saved, its counters continued and no step or trajectory written twice."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 BIN = Path(sys.executable).parent
 SMALL = ["--set", "env.max_turns=4", "--set", "env.kwargs={max_turns: 4}", "--set", "env.tasks_per_step=1",
@@ -36,7 +38,7 @@ def _steps(run: Path) -> list[int]:
 def test_sigkill_then_resume(tmp_path: Path) -> None:
     run = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([str(BIN / "crl-train"), "--set", "train.steps=8", *SMALL, "--out", str(run), "--no-progress"],
+    proc = subprocess.Popen([str(BIN / "crl-train"), "--set", "train.steps=6", *SMALL, "--out", str(run), "--no-progress"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while len(_steps(run)) < 3 and proc.poll() is None and time.monotonic() < deadline:
@@ -50,11 +52,27 @@ def test_sigkill_then_resume(tmp_path: Path) -> None:
     ids_before = _bank_ids(run)
     assert ids_before, "the bank should hold at least the seed entry"
 
-    done = subprocess.run([str(BIN / "crl-train"), "--resume", str(run), "--no-progress"],
+    # (a) a --set given with --resume (train.steps 6 -> 8) is saved to config.yaml
+    done = subprocess.run([str(BIN / "crl-train"), "--resume", str(run), "--set", "train.steps=8", "--no-progress"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = _steps(run)
     assert steps == list(range(8)), steps  # no step lost, none duplicated
     assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 7
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["steps"] == 8
+    # (b) cumulative counters continue from the checkpoint: never lower than an earlier row
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for key in ("distilled", "distill_batches", "added", "extractor_updates"):
+        values = [r[key] for r in rows]
+        assert values == sorted(values), (key, values)
+    # (c) trajectories.jsonl: K episodes per step, no row twice; TensorBoard: one point per step
+    traj = (run / "trajectories.jsonl").read_text().splitlines()
+    assert len(traj) == len(set(traj))
+    assert sorted(json.loads(x)["rollout_step"] for x in traj) == [t for t in range(8) for _ in range(4)]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("success")] == list(range(8))
     # Every entry acknowledged before the kill is still there (ids survive updates).
     assert ids_before <= _bank_ids(run)

@@ -135,6 +135,36 @@ class DistillQueue:
         with self._cond:
             return len(self._mem) + self._spilled
 
+    def persist(self) -> int:
+        """Move the in-memory part to the front of the unread spill and fsync it (a checkpoint:
+        a hard kill after this loses no request queued before it). Returns the requests on disk.
+        The queue stays open; later ``get`` calls read them back in the same order."""
+        with self._cond:
+            if self._writer.closed:
+                return 0
+            self._writer.flush()
+            if self._mem:
+                with open(self.spill_path, "rb") as f:
+                    f.seek(self._read_pos)
+                    rest = f.read()
+                tmp = self.spill_path.with_name(self.spill_path.name + ".tmp")
+                with open(tmp, "wb") as f:
+                    for r in self._mem:
+                        f.write((r.to_json() + "\n").encode("utf-8"))
+                    f.write(rest)
+                    f.flush()
+                    os.fsync(f.fileno())
+                self._writer.close()
+                os.replace(tmp, self.spill_path)
+                self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
+                self._spilled += len(self._mem)
+                self._mem.clear()
+                self._read_pos = 0
+                self._offset_path.write_text("0")
+            else:
+                os.fsync(self._writer.fileno())
+            return self._spilled
+
     def close(self) -> None:
         """Persist the in-memory part in front of the unread spill, then release the file."""
         with self._cond:

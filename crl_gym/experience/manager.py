@@ -277,6 +277,11 @@ class ExperienceManager:
         """Up to ``max_n`` oldest requests (FIFO), waiting up to ``timeout`` s for the first."""
         return self.queue.get(max_n, timeout)
 
+    def persist_pending(self) -> int:
+        """Write the queued requests still in memory to the bank dir's spill file (called at each
+        trainer checkpoint, so a hard kill loses none); returns how many are on disk."""
+        return self.queue.persist()
+
     def pending(self) -> int:
         """Requests waiting (in memory and spilled)."""
         return len(self.queue)

@@ -170,13 +170,13 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     # ------------------------------------------------------------------- step
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, reward, terminated, truncated, info = out = self.env.step(action)
         records = self._records
         if records is not None:  # None: no episode open (step after the end without reset)
-            records.extend((action, reward, info, obs))
+            records += (action, reward, info, obs)
             if terminated or truncated:
-                info = self._finish(info)
-        return obs, reward, terminated, truncated, info
+                return obs, reward, terminated, truncated, self._finish(info)
+        return out  # the env's own tuple: no repacking on the common turn
 
     # ------------------------------------------------------------ episode end
     def _finish(self, info: dict[str, Any]) -> dict[str, Any]:
