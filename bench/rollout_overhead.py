@@ -234,7 +234,8 @@ def run_lockstep(sides: Mapping[bool, Sequence[gym.Env]], seeds: list[int], tabl
     objects the wrapped side keeps alive — conservative, never in the wrappers' favour.
 
     ``keep``: both sides' loops also keep every step's result, as a trainer's trajectory buffer
-    does; then only the wrappers' *additional* retention differs between the sides.
+    does; then only the wrappers' *additional* retention differs between the sides, both sides
+    trigger collections, and each side's segments pay for the collections that run in them.
     ``wrapped_side=False``: the ``True`` side is raw too (an A/A run: the method's noise floor).
     """
     out = {w: {"wall": 0.0, "cpu": 0.0, "gc": 0.0, "steps": 0.0} for w in (False, True)}
@@ -287,7 +288,8 @@ def run_lockstep(sides: Mapping[bool, Sequence[gym.Env]], seeds: list[int], tabl
             if active[w]:
                 timed(w, turn)
         turn_index[0] += 1
-    moved = out[False]["gc"]
+    # With --trainer-buffer both sides keep their steps and cause collections: each pays its own.
+    moved = 0.0 if keep else out[False]["gc"]
     for key in ("wall", "cpu"):
         out[False][key] -= moved
         out[True][key] += moved
