@@ -28,6 +28,8 @@ from crl_train.algorithms import (
     ema_utility,
     entry_rewards,
     marginal_gain,
+    reverse_kl_sampled_loss,
+    self_distill_nll_loss,
     sequence_weights,
 )
 from crl_train.components import (
@@ -67,31 +69,18 @@ def _actor_loss(clip_eps: float, ratio_level: str) -> Any:
 
 
 def _nll_loss(coef: float) -> Any:
-    """Self-distillation: next-token NLL on the kept tokens, scaled by ``coef``."""
-
     def loss(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, **_: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        m = mask.to(lp.dtype)
-        nll = -(lp * m).sum() / m.sum().clamp(min=1.0)
-        return coef * nll, {"self_distill_nll": float(nll.detach())}
+        return self_distill_nll_loss(lp, mask, coef=coef)
 
     return loss
 
 
 def _reverse_kl_sampled(coef: float) -> Any:
-    """EDGE distillation with the sampled-token estimator of KL(π_s ‖ sg π_t) on the student's tokens.
-
-    ∇ KL = E_{a∼π_s}[(log π_s(a) − log π_t(a)) ∇ log π_s(a)], so the loss is
-    sg(lp_s − lp_t) · lp_s averaged over the student's tokens (the top-k loss in
-    ``algorithms.losses`` needs full logits, which the Policy protocol does not expose).
-    """
-
     def loss(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
              teacher: torch.Tensor | None = None, **_: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        assert teacher is not None
-        m = mask.to(lp.dtype)
-        diff = (lp.detach() - teacher) * m
-        denom = m.sum().clamp(min=1.0)
-        return coef * (diff * lp).sum() / denom, {"edge_kl": float(diff.sum() / denom)}
+        if teacher is None:
+            raise ValueError("EDGE distillation needs the teacher log-probs under extra['teacher']")
+        return reverse_kl_sampled_loss(lp, teacher, mask, coef=coef)
 
     return loss
 

@@ -10,7 +10,9 @@ from crl_train.algorithms import (
     PolicyLoss,
     cispo_loss,
     clip_surrogate_loss,
+    reverse_kl_sampled_loss,
     reverse_kl_topk_loss,
+    self_distill_nll_loss,
 )
 
 L = math.log
@@ -135,3 +137,34 @@ def test_loss_registry_and_shape_errors() -> None:
         clip_surrogate_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
     with pytest.raises(ValueError, match="ratio_level"):
         clip_surrogate_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), ratio_level="word")  # type: ignore[arg-type]
+
+
+def test_reverse_kl_sampled_by_hand() -> None:
+    # Student log-probs of its own 3 tokens (third masked out), teacher's of the same tokens.
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    teacher = torch.tensor([[-1.5, -1.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, m = reverse_kl_sampled_loss(lp, teacher, mask, coef=2.0)
+    # diff = lp - teacher on kept tokens = [0.5, -1.0]; estimate = (0.5 - 1.0) / 2 = -0.25
+    assert m["edge_kl"] == pytest.approx(-0.25)
+    # surrogate = coef * Σ diff·lp / 2 = 2 * (0.5·(-1) + (-1)·(-2)) / 2 = 1.5
+    assert loss.item() == pytest.approx(1.5)
+    loss.backward()
+    # d/d lp_t = coef · sg(diff_t) / Σmask = [0.5, -1.0, 0] → [0.5, -1.0, 0.0]
+    assert lp.grad is not None
+    assert lp.grad.flatten().tolist() == pytest.approx([0.5, -1.0, 0.0])
+
+
+def test_self_distill_nll_by_hand() -> None:
+    lp = torch.tensor([[-0.2, -1.0], [-3.0, -0.6]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    loss, m = self_distill_nll_loss(lp, mask, coef=0.5)
+    # NLL = (0.2 + 1.0 + 0.6) / 3 = 0.6; loss = 0.5 · 0.6 = 0.3
+    assert m["self_distill_nll"] == pytest.approx(0.6)
+    assert loss.item() == pytest.approx(0.3)
+    loss.backward()
+    # d loss / d lp = −coef / 3 on kept tokens
+    assert lp.grad is not None
+    assert lp.grad.flatten().tolist() == pytest.approx([-1 / 6, -1 / 6, 0.0, -1 / 6])
+    with pytest.raises(ValueError, match="share a"):
+        self_distill_nll_loss(lp, torch.ones(3))

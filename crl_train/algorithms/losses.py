@@ -172,3 +172,55 @@ def reverse_kl_topk_loss(
     loss = (per_pos * m).sum() / denom
     mass = (top_lp.exp().sum(-1) * m).sum() / denom
     return loss, {"reverse_kl": float(loss.detach()), "topk_mass": float(mass.detach())}
+
+
+@LOSSES.register(PolicyLoss.REVERSE_KL_SAMPLED)
+def reverse_kl_sampled_loss(
+    logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    coef: float = 1.0,
+) -> tuple[torch.Tensor, Metrics]:
+    """KL(π_s ‖ sg π_t) on the student's own sampled tokens, from per-token log-probs only.
+
+    ∇ KL = E_{a∼π_s}[(log π_s(a) − log π_t(a)) ∇ log π_s(a)], so the surrogate is
+    coef · Σ sg(lp_s − lp_t) · lp_s / Σ mask; its value at the sampled tokens estimates the KL
+    (reported as ``edge_kl``). Used when full logits are not available (the Policy protocol
+    returns per-token log-probs); :func:`reverse_kl_topk_loss` is the top-k version.
+
+    Args:
+        logprobs: ``[B, T]`` student log-probs of its own tokens (with grad).
+        teacher_logprobs: ``[B, T]`` log-probs of the same tokens with the experience in context.
+        mask: ``[B, T]`` student tokens to distil.
+        coef: loss scale.
+    Returns:
+        (scalar loss, metrics: ``edge_kl``).
+    """
+    if logprobs.shape != teacher_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
+        raise ValueError(f"logprobs, teacher_logprobs and mask must share a [B, T] shape, got "
+                         f"{tuple(logprobs.shape)}, {tuple(teacher_logprobs.shape)}, {tuple(mask.shape)}")
+    m = mask.to(logprobs.dtype)
+    diff = (logprobs.detach() - teacher_logprobs.detach()) * m
+    denom = m.sum().clamp(min=1.0)
+    return coef * (diff * logprobs).sum() / denom, {"edge_kl": float(diff.sum() / denom)}
+
+
+@LOSSES.register(PolicyLoss.SELF_DISTILL_NLL)
+def self_distill_nll_loss(
+    logprobs: torch.Tensor, mask: torch.Tensor, *, coef: float = 1.0
+) -> tuple[torch.Tensor, Metrics]:
+    """Self-distillation: coef · mean next-token NLL over the kept (agent) tokens.
+
+    Args:
+        logprobs: ``[B, T]`` log-probs of the trajectory's tokens, experience stripped (with grad).
+        mask: ``[B, T]`` the agent's own tokens.
+        coef: loss scale.
+    Returns:
+        (scalar loss, metrics: ``self_distill_nll`` — the unscaled NLL).
+    """
+    if logprobs.shape != mask.shape or logprobs.dim() != 2:
+        raise ValueError(f"logprobs and mask must share a [B, T] shape, got {tuple(logprobs.shape)}, {tuple(mask.shape)}")
+    m = mask.to(logprobs.dtype)
+    nll = -(logprobs * m).sum() / m.sum().clamp(min=1.0)
+    return coef * nll, {"self_distill_nll": float(nll.detach())}

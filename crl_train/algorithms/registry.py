@@ -35,6 +35,10 @@ class PolicyLoss(StrEnum):
     """Clipped IS-weight policy optimisation (extractor, Eq. 3)."""
     REVERSE_KL_TOPK = "reverse_kl_topk"
     """EDGE on-support reverse-KL distillation over the student's top-k tokens."""
+    REVERSE_KL_SAMPLED = "reverse_kl_sampled"
+    """EDGE reverse-KL distillation, sampled-token estimator (needs only per-token log-probs)."""
+    SELF_DISTILL_NLL = "self_distill_nll"
+    """Next-token NLL on winning guided trajectories with the experience stripped."""
 
 
 class Registry(Generic[K, F]):
