@@ -158,7 +158,7 @@ def test_invalid_action_costs_a_turn_and_lists_valid_actions() -> None:
 def test_aliases_keyroom_actions_and_render() -> None:
     env = MiniHackEnv("KeyRoom-Dark-S5", render_mode="ansi")
     obs, info = env.reset(seed=2)
-    assert info["admissible_actions"][-2:] == ["pick_up", "apply"]
+    assert list(info["admissible_actions"][-2:]) == ["pick_up", "apply"]
     assert "Inventory: " in obs and env.render() == obs
     obs, *_, info = env.step("Pick Up")  # the agent starts on the up staircase
     assert info["invalid_action"] is False and "stairs are solidly fixed" in obs

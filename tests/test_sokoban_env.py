@@ -166,7 +166,7 @@ def test_aliases_and_admissible_actions() -> None:
     assert env.level.player == (1, 4)  # type: ignore[union-attr]
     env.step("move-down")
     assert env.level.player == (2, 4)  # type: ignore[union-attr]
-    assert info["admissible_actions"] == ["up", "down", "left", "right"]
+    assert list(info["admissible_actions"]) == ["up", "down", "left", "right"]
     assert info["task"].startswith("Push every box")
 
 

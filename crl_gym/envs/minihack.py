@@ -26,7 +26,7 @@ actions give the same observations.
 
 >>> env = MiniHackEnv("Room-5x5")
 >>> obs, info = env.reset(seed=0)
->>> info["admissible_actions"][:4]
+>>> list(info["admissible_actions"][:4])
 ['north', 'east', 'south', 'west']
 >>> "Map:" in obs and "@" in obs
 True
@@ -179,6 +179,8 @@ class MiniHackEnv(TextEnv):
         self._codes: list[int] = [int(a) for a in self._nle.actions]
         self.actions: list[str] = [_ACTION_NAMES[c] for c in self._codes]
         self._index: dict[str, int] = {name: i for i, name in enumerate(self.actions)}
+        # One shared immutable tuple: per-step copies would be kept alive by recorders (GC cost).
+        self._admissible = tuple(self.actions)
         for alias, name in ALIASES.items():
             if name in self._index:
                 self._index[alias] = self._index[name]
@@ -247,7 +249,7 @@ class MiniHackEnv(TextEnv):
     def _info(self, invalid: bool) -> dict[str, Any]:
         return {
             "task": self.spec_task.description,
-            "admissible_actions": list(self.actions),
+            "admissible_actions": self._admissible,
             "turn": self.turn,
             "success": self._success,
             "invalid_action": invalid,

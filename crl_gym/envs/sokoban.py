@@ -13,7 +13,7 @@ agent on a target); each observation starts with this legend.
 >>> env = SokobanEnv()
 >>> obs, info = env.reset(seed=0)
 >>> info["admissible_actions"]
-['up', 'down', 'left', 'right']
+('up', 'down', 'left', 'right')
 >>> plan = solve(env.level)
 >>> for action in plan:
 ...     obs, reward, terminated, truncated, info = env.step(action)
@@ -299,6 +299,8 @@ class SokobanEnv(TextEnv):
         self.reverse_steps = reverse_steps
         self.num_boxes = num_boxes
         self.actions = list(ACTIONS)
+        # One shared immutable tuple: per-step copies would be kept alive by recorders (GC cost).
+        self._admissible = tuple(self.actions)
         self._index = {a: a for a in ACTIONS} | ALIASES
         self.level: Level | None = None
         self._done = False
@@ -357,7 +359,7 @@ class SokobanEnv(TextEnv):
     def _info(self, invalid: bool) -> dict[str, Any]:
         return {
             "task": TASK,
-            "admissible_actions": list(self.actions),
+            "admissible_actions": self._admissible,
             "turn": self.turn,
             "success": self._done,
             "invalid_action": invalid,
