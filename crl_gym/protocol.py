@@ -185,9 +185,13 @@ class DistillationRequest:
             raise ValueError(f"condition must be one of {CONDITIONS}, got {self.condition!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        return self._to_dict_with(self.trajectory.to_dict())
+
+    def _to_dict_with(self, trajectory: dict[str, Any]) -> dict[str, Any]:
+        """The JSON dict of this request around an already serialised ``trajectory``."""
         return {
             "task": self.task,
-            "trajectory": self.trajectory.to_dict(),
+            "trajectory": trajectory,
             "outcome": float(self.outcome),
             "success": bool(self.success),
             "experience": self.experience.to_dict() if self.experience else None,

@@ -173,19 +173,7 @@ class RecordedRequest(DistillationRequest):
                 calls.append(call.to_dict())
             steps.append({"observation": obs, "action": action, "reward": float(reward),
                           "info": _jsonable(info), "kind": "search_and_ask" if searched else "env"})
-        return {
-            "task": self.task,
-            "trajectory": {"steps": steps, "initial_observation": record[0], "search_calls": calls},
-            "outcome": float(self.outcome),
-            "success": bool(self.success),
-            "experience": self.experience.to_dict() if self.experience else None,
-            "condition": self.condition,
-            "env_id": self.env_id,
-            "seed": self.seed,
-            "rollout_step": self.rollout_step,
-            "request_id": self.request_id,
-            "meta": _jsonable(self.meta),
-        }
+        return self._to_dict_with({"steps": steps, "initial_observation": record[0], "search_calls": calls})
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DistillationRequest):
