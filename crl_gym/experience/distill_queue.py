@@ -144,16 +144,7 @@ class DistillQueue:
                 return 0
             self._writer.flush()
             if self._mem:
-                with open(self.spill_path, "rb") as f:
-                    f.seek(self._read_pos)
-                    rest = f.read()
-                tmp = self.spill_path.with_name(self.spill_path.name + ".tmp")
-                with open(tmp, "wb") as f:
-                    for r in self._mem:
-                        f.write((r.to_json() + "\n").encode("utf-8"))
-                    f.write(rest)
-                    f.flush()
-                    os.fsync(f.fileno())
+                tmp = self._write_memory_before_unread(fsync=True)
                 self._writer.close()
                 os.replace(tmp, self.spill_path)
                 self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
@@ -165,6 +156,25 @@ class DistillQueue:
                 os.fsync(self._writer.fileno())
             return self._spilled
 
+    def _write_memory_before_unread(self, *, fsync: bool) -> Path:
+        """Write the in-memory requests, then the unread rest of the spill, to a temp file.
+
+        The caller holds ``_cond`` and swaps the temp file in with ``os.replace``."""
+        rest = b""
+        if self.spill_path.exists():
+            with open(self.spill_path, "rb") as f:
+                f.seek(self._read_pos)
+                rest = f.read()
+        tmp = self.spill_path.with_name(self.spill_path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            for r in self._mem:
+                f.write((r.to_json() + "\n").encode("utf-8"))
+            f.write(rest)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
+
     def close(self) -> None:
         """Persist the in-memory part in front of the unread spill, then release the file."""
         with self._cond:
@@ -175,16 +185,7 @@ class DistillQueue:
                 self.spill_path.unlink(missing_ok=True)
                 self._offset_path.unlink(missing_ok=True)
                 return
-            rest = b""
-            if self.spill_path.exists():
-                with open(self.spill_path, "rb") as f:
-                    f.seek(self._read_pos)
-                    rest = f.read()
-            tmp = self.spill_path.with_name(self.spill_path.name + ".tmp")
-            with open(tmp, "wb") as f:
-                for r in self._mem:
-                    f.write((r.to_json() + "\n").encode("utf-8"))
-                f.write(rest)
+            tmp = self._write_memory_before_unread(fsync=False)
             os.replace(tmp, self.spill_path)
             self._offset_path.unlink(missing_ok=True)
             self._mem.clear()
