@@ -9,7 +9,8 @@ an exception: the observation says so and lists the valid actions.
 from __future__ import annotations
 
 import string
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -17,6 +18,7 @@ from gymnasium import spaces
 # Printable ASCII plus a few symbols NetHack/Sokoban maps use; Text spaces check the charset.
 TEXT_CHARSET: frozenset[str] = frozenset(string.printable) | frozenset("·░▓█—–’‘“”…×°")
 MAX_TEXT = 1 << 16
+T = TypeVar("T")
 MAX_ECHO = 80
 """An invalid action is echoed up to this many characters (a sampled ``Text`` action can be 64k)."""
 
@@ -24,6 +26,22 @@ MAX_ECHO = 80
 def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
     """A Gymnasium ``Text`` space wide enough for free-form observations and actions."""
     return spaces.Text(max_length=max_length, min_length=0, charset=TEXT_CHARSET)
+
+
+def lookup_action(index: Mapping[str, T], action: Any) -> T | None:
+    """Look ``action`` up in an alias table, exactly first, then case/space/hyphen-normalised.
+
+    >>> lookup_action({"pick_up": 7}, " Pick-Up ")
+    7
+    >>> lookup_action({"north": 0}, 3) is None
+    True
+    """
+    if not isinstance(action, str):
+        return None
+    found = index.get(action)
+    if found is None:
+        found = index.get(action.strip().lower().replace(" ", "_").replace("-", "_"))
+    return found
 
 
 def to_charset(text: str) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from crl_gym.envs.base import TextEnv, to_charset
+from crl_gym.envs.base import TextEnv, lookup_action, to_charset
 
 with warnings.catch_warnings():
     # minihack imports pkg_resources, which warns on import under recent setuptools.
@@ -256,12 +256,7 @@ class MiniHackEnv(TextEnv):
         }
 
     def _parse(self, action: Any) -> int | None:
-        if not isinstance(action, str):
-            return None
-        index = self._index.get(action)
-        if index is None:
-            index = self._index.get(action.strip().lower().replace(" ", "_").replace("-", "_"))
-        return index
+        return lookup_action(self._index, action)
 
     def _render_state(self, obs: dict[str, np.ndarray]) -> str:
         """Legend + trimmed map + message. Only the seen part of the 21x79 map is touched."""

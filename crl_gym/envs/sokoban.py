@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from crl_gym.envs.base import TextEnv
+from crl_gym.envs.base import TextEnv, lookup_action
 
 WALL, FLOOR, BOX, TARGET, AGENT, BOX_ON_TARGET, AGENT_ON_TARGET = "W", ".", "A", "C", "@", "*", "+"
 LEGEND = (
@@ -341,12 +341,7 @@ class SokobanEnv(TextEnv):
         return self._last_obs, reward, self._done, truncated, self._info(name is None)
 
     def _parse(self, action: Any) -> str | None:
-        if not isinstance(action, str):
-            return None
-        name = self._index.get(action)
-        if name is None:
-            name = self._index.get(action.strip().lower().replace(" ", "_").replace("-", "_"))
-        return name
+        return lookup_action(self._index, action)
 
     def _observation(self, message: str) -> str:
         assert self.level is not None
