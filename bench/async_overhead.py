@@ -66,12 +66,13 @@ def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[st
         times: list[float] = []
         phases: dict[str, list[float]] = {"rollout_time_s": [], "update_time_s": [], "search_latency_s": []}
         ext = trainer.c.extractor
-        busy0 = 0.0
+        busy0 = track_cpu0 = 0.0
         try:
             trainer.c.track.start()
             for t in range(steps):
                 if t == warmup:
                     busy0 = float(getattr(ext, "busy_s", 0.0))
+                    track_cpu0 = trainer.c.track.stats.cpu_s
                 row = trainer.step(t)
                 times.append(row["step_time_s"])
                 for k, v in phases.items():
@@ -83,7 +84,7 @@ def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[st
                          "extractor_updates": st.updates, "merges": st.merges,
                          "queue_depth_end": trainer.c.manager.pending(), "track_errors": st.errors,
                          "extractor_process": ext.__class__.__name__ == "ExtractorWorker",
-                         "extractor_busy_s": busy, "busy_by_op_s": {k: round(v, 3) for k, v in
+                         "extractor_busy_s": busy, "track_cpu_s": st.cpu_s - track_cpu0, "busy_by_op_s": {k: round(v, 3) for k, v in
                                                                     getattr(ext, "busy_by_op", {}).items()},
                          "core_split": trainer.c.cpu_split.describe() if trainer.c.cpu_split else None,
                          "phases_mean_s": {k: statistics.mean(v[warmup:] or v) for k, v in phases.items()}}
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         "steps_kept": {k: len(v) for k, v in kept.items()},
         "extractor_busy_per_step_s": busy_per_step,
         "extractor_busy_fraction": busy_per_step / mean["complementary_async"],
+        # CPU the background thread took in the trainer process (the actor's core and GIL), per step
+        "track_cpu_per_step_s": sum(x["track_cpu_s"] for x in a_runs) / max(1, sum(x["steps"] for x in a_runs)),
         "queue_depth_end_async": [x["queue_depth_end"] for x in a_runs],
         "phases_mean_s": {k: {p: statistics.mean(x["phases_mean_s"][p] for x in v) for p in v[0]["phases_mean_s"]}
                           for k, v in runs.items()},

@@ -36,10 +36,11 @@ Two policies:
   ``wrapper_ms_per_episode`` (the prefetch's share, reset, the terminal step and submitting
   the request), in thread CPU time so that other processes on a shared machine do not count.
 
-Which env runs at which size: MiniHack instances cost ~0.1 s to create and 60–700 µs per step
-on this 2-core machine (and 1,024 of them do not fit the run's time budget), so sizes up to
-``--minihack-max`` (default 256) use ``crl/MiniHack-Room-5x5-v0`` and larger ones Sokoban
-(``crl/Sokoban-6x6-v0``); each size's JSON row names its env.
+Which env runs at which size: ``crl/MiniHack-Room-5x5-v0`` at every size. A MiniHack instance
+takes ~30 ms to create and ~3.5 MB of memory here (2,100 of them: 80 s, 7.5 GB), and a size
+needs two sets of N envs, so 1,024 fits a 24 GB machine. A size whose two sets would not fit
+the memory available (``MEMORY_PER_MINIHACK_MB`` each, with headroom) runs on ``--large-env``
+(Sokoban) instead, and the JSON's ``note`` says so; each size's row names its env.
 
     python bench/rollout_overhead.py --json            # last line: one JSON object
 """
@@ -69,6 +70,27 @@ from crl_gym.protocol import AddOp
 from crl_gym.wrappers import wrap
 
 TARGETS = {"ratio": 1.02, "wrapper_us_per_step": 2.0, "wrapper_ms_per_episode": 1.0}
+MEMORY_PER_MINIHACK_MB = 8.0
+"""Budget per MiniHack instance when deciding whether a size fits (measured: ~3.5 MB)."""
+
+
+def available_memory_mb() -> float:
+    """``MemAvailable`` from /proc/meminfo (infinite where it cannot be read)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.inf
+
+
+def env_for_size(n: int, args: argparse.Namespace) -> str:
+    """``--env`` when its two sets of ``n`` instances fit (see the module docstring), else ``--large-env``."""
+    if n > args.minihack_max or ("MiniHack" in args.env and 2 * n * MEMORY_PER_MINIHACK_MB > available_memory_mb()):
+        return str(args.large_env)
+    return str(args.env)
 
 
 def build_manager(bank_size: int, dim: int) -> ExperienceManager:
@@ -397,8 +419,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="128,256,512,1024", help="episodes in flight, comma separated")
     p.add_argument("--env", default="crl/MiniHack-Room-5x5-v0")
-    p.add_argument("--large-env", default="crl/Sokoban-6x6-v0", help="env for sizes above --minihack-max")
-    p.add_argument("--minihack-max", type=int, default=256, help="largest size run on --env")
+    p.add_argument("--large-env", default="crl/Sokoban-6x6-v0",
+                   help="env for sizes above --minihack-max or whose MiniHack instances would not fit in memory")
+    p.add_argument("--minihack-max", type=int, default=1024, help="largest size run on --env")
     p.add_argument("--bank-size", type=int, default=10_000)
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--policy-ms", type=float, default=50.0, help="simulated generation time per batched turn")
@@ -418,9 +441,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     manager = build_manager(args.bank_size, args.dim)
     bank_s = time.perf_counter() - t0
     results = {}
+    envs = {str(n): env_for_size(n, args) for n in sizes}
     try:
         for n in sizes:
-            env_id = args.env if n <= args.minihack_max else args.large_env
+            env_id = envs[str(n)]
             results[str(n)] = row = bench_size(n, env_id, manager, args)
             if not args.json:
                 print(f"N={n:5d} {env_id}: ratio {row['ratio']:.4f} [{row['ratio_min']:.4f}, {row['ratio_max']:.4f}]  "
@@ -443,9 +467,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "trainer_buffer": args.trainer_buffer,
         "policy": f"time.sleep({args.policy_ms / 1000:g}) once per batched turn (stands in for batched LLM generation)",
         "wrappers": "ExperienceWrapper(SearchAndAskWrapper(env)), guided half prefetched with one search_many",
-        "envs": {str(n): (args.env if n <= args.minihack_max else args.large_env) for n in sizes},
-        "note": f"sizes above {args.minihack_max} use {args.large_env}: MiniHack costs ~0.1 s to create and "
-                "60-700 us/step here, 1,024 instances do not fit the run's time budget",
+        "envs": envs,
+        "note": (f"every size runs {args.env}" if all(e == args.env for e in envs.values()) else
+                 f"sizes {[int(n) for n, e in envs.items() if e != args.env]} run {args.large_env}: above "
+                 f"--minihack-max {args.minihack_max} or more than {MEMORY_PER_MINIHACK_MB:g} MB x 2 sets "
+                 f"per MiniHack instance would exceed the {available_memory_mb():.0f} MB available"),
         "bank_build_s": round(bank_s, 2),
         "loadavg_1min_at_end": round(os.getloadavg()[0], 2),
         "cpu_count": os.cpu_count(),

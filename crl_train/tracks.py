@@ -71,6 +71,9 @@ class TrackStats:
     """CISPO batches dropped because the extractor worker is gone."""
     skipped_merges: int = 0
     """Merges not run because the extractor worker is gone."""
+    cpu_s: float = 0.0
+    """CPU seconds the track's passes took in the trainer process (bank and manager work, talking to
+    the worker): time taken from the primary loop's core and GIL, unlike the worker's own."""
     last_update: dict[str, float] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)
 
@@ -130,12 +133,15 @@ class BackgroundTrack:
                 time.sleep(0.01)
 
     def _safe_once(self, wait: float) -> bool:
+        c0 = time.thread_time()
         try:
             return self.run_once(wait=wait)
         except Exception:  # noqa: BLE001 - the track must survive a bad batch (in either mode)
             self.stats.errors += 1
             log.exception("background track: iteration failed (counted; continuing)")
             return False
+        finally:
+            self.stats.cpu_s += time.thread_time() - c0
 
     # ---------------------------------------------------------------- work
     def credit(self, credits: list[Credit]) -> None:

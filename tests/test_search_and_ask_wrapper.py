@@ -182,6 +182,18 @@ def test_custom_pattern_and_templates(manager: Any) -> None:
         SearchAndAskWrapper(CorridorEnv(), None, max_calls=-1)
 
 
+def test_default_pattern_compiled_case_insensitive_still_matches(manager: Any) -> None:
+    import re
+
+    from crl_gym.wrappers.search_and_ask import DEFAULT_PATTERN
+
+    # the literal pre-check for the default pattern must not skip a case-insensitive variant
+    env = SearchAndAskWrapper(CorridorEnv(), LocalClient(manager), pattern=re.compile(DEFAULT_PATTERN, re.I))
+    env.reset(seed=0)
+    info = env.step(f"SEARCH_AND_ASK[{QUERY}]")[4]
+    assert info["search_and_ask"]["status"] == "answered" and env.unwrapped.turn == 0
+
+
 def test_ordinary_actions_pass_through_unchanged(manager: Any) -> None:
     raw, env = CorridorEnv(length=2), SearchAndAskWrapper(CorridorEnv(length=2), LocalClient(manager))
     assert raw.reset(seed=4) == env.reset(seed=4)

@@ -104,6 +104,9 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             raise ValueError(f"pattern {regex.pattern!r} needs a group named 'query' or exactly one group")
         self.pattern = regex
         self._group: int | str = "query" if "query" in regex.groupindex else 1
+        # The default pattern cannot match without this text: a substring test (C speed) skips
+        # the regex on ordinary actions, which are nearly all of them.
+        self._marker = "search_and_ask[" if regex.pattern == DEFAULT_PATTERN and not regex.flags & re.IGNORECASE else ""
         self.templates = {
             name: check_template(t, name, _FIELDS)
             for name, t in (
@@ -145,7 +148,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        match = self.pattern.search(action) if isinstance(action, str) else None
+        match = self.pattern.search(action) if isinstance(action, str) and self._marker in action else None
         if match is not None:
             return self._search_and_ask(str(match.group(self._group)).strip())
         # The env's own tuple goes back untouched: the common turn costs one lookup and two stores.
