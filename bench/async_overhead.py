@@ -23,6 +23,13 @@ trainer's calls into the worker took) is about 0.5–0.9× the actor's step — 
 waiting for it costs the synchronous run, light enough that the background track keeps up
 (``queue_depth_end``).
 
+``core_interference`` (measured first, before any run): how much a busy extractor core slows a
+pure-Python loop on the actor's core. On a machine whose cores are independent it is ~1.0; where
+the two vCPUs are SMT siblings of one physical core it reaches 1.5-1.8 (seen on this VM), and
+then no split can keep the extractor's work from costing the actor: read ``async_over_grpo``
+together with it. ``track_cpu_per_step_s`` is the CPU the background thread took in the trainer
+process (its GIL and core) per actor step.
+
 The first ``--warmup`` steps of each run are excluded (cold caches, the first search of an empty
 bank); the worker's start-up happens while the trainer is built, before any timed step. Ratios are
 of means over the kept steps of all rounds (``median_*``: the same with medians, less sensitive to
@@ -97,6 +104,50 @@ def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[st
             "step_times_s": [round(x, 4) for x in times], **extra_out, "wall_s": wall}
 
 
+def _spin(cpus: list[int], seconds: float) -> None:
+    """Child of :func:`core_interference`: a pure-Python busy loop on ``cpus``."""
+    os.sched_setaffinity(0, cpus)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(1000))
+
+
+def _python_loop_s(n: int = 3_000_000) -> float:
+    t0 = time.thread_time()
+    x = 0
+    for i in range(n):
+        x += i
+    return time.thread_time() - t0
+
+
+def core_interference(actor_cpus: list[int], extractor_cpus: list[int]) -> dict[str, Any]:
+    """How much a busy extractor core slows the actor's core: a fixed pure-Python loop pinned to the
+    actor's cores, timed (thread CPU time, best of 3) alone and while a process spins on the
+    extractor's cores. 1.0 means independent cores; two SMT siblings of one physical core (how some
+    VMs present 2 vCPUs) give ~1.5-1.8, and then any extractor work running beside the actor costs
+    it that factor for as long as the two overlap."""
+    import multiprocessing as mp
+
+    if not hasattr(os, "sched_setaffinity") or not extractor_cpus:
+        return {"slowdown": None, "why": "no separate extractor cores to probe"}
+    before = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, actor_cpus)
+    try:
+        alone = min(_python_loop_s() for _ in range(3))
+        proc = mp.get_context("spawn").Process(target=_spin, args=(extractor_cpus, 60.0), daemon=True)
+        proc.start()
+        try:
+            time.sleep(1.0)  # the child is spinning
+            busy = min(_python_loop_s() for _ in range(3))
+        finally:
+            proc.terminate()
+            proc.join()
+    finally:
+        os.sched_setaffinity(0, before)
+    return {"slowdown": round(busy / alone, 3), "alone_s": round(alone, 4), "beside_busy_core_s": round(busy, 4),
+            "actor_cpus": actor_cpus, "extractor_cpus": extractor_cpus}
+
+
 CONFIGS = {"grpo": ("grpo", True), "complementary_async": ("complementary", True),
            "complementary_sync": ("complementary", False)}
 
@@ -121,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
     load_start = os.getloadavg()
+    from crl_train.affinity import available_cpus, split_cpus
+
+    split = split_cpus(available_cpus())
+    interference = core_interference(list(split.actor or ()), list(split.extractor or ()))
     overrides = ([] if args.tiny_extractor else WORKLOAD) + args.overrides
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in CONFIGS}
     for r in range(args.rounds):
@@ -152,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases_mean_s": {k: {p: statistics.mean(x["phases_mean_s"][p] for x in v) for p in v[0]["phases_mean_s"]}
                           for k, v in runs.items()},
         "core_split": {"split": a_runs[0]["core_split"], "threads": CORE_SPLIT},
+        "core_interference": interference,
         "cpu_count": os.cpu_count(),
         "loadavg_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
         "overrides": overrides,

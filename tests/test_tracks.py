@@ -46,6 +46,7 @@ def test_sync_track_distils_credits_trains_and_records_counts(policies: tuple[An
         track.run_until_idle()
         rounds += 1
     assert track.stats.distilled == 4 * rounds and mgr.pending() == 0
+    assert track.stats.cpu_s > 0  # the passes' CPU in this process is accounted
     adds = track.stats.added
     assert len(mgr.bank) == adds
     entries = list(mgr.bank)
