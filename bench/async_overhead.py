@@ -172,11 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
     load_start = os.getloadavg()
-    from crl_train.affinity import available_cpus, split_cpus
-
-    split = split_cpus(available_cpus())
-    interference = core_interference(list(split.actor or ()), list(split.extractor or ()))
     overrides = ([] if args.tiny_extractor else WORKLOAD) + args.overrides
+    from crl_train.affinity import available_cpus, split_cpus
+    from crl_train.config import load_config
+
+    # the split the runs will use, --set experience.actor_cpus=... included
+    exp = load_config(None, overrides).experience
+    split = split_cpus(available_cpus(), exp.actor_cpus, exp.extractor_cpus, pin=exp.pin_cpus)
+    interference = core_interference(list(split.actor or ()), list(split.extractor or ()))
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in CONFIGS}
     for r in range(args.rounds):
         order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))

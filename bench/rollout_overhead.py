@@ -86,9 +86,10 @@ def available_memory_mb() -> float:
     return math.inf
 
 
-def env_for_size(n: int, args: argparse.Namespace) -> str:
-    """``--env`` when its two sets of ``n`` instances fit (see the module docstring), else ``--large-env``."""
-    if n > args.minihack_max or ("MiniHack" in args.env and 2 * n * MEMORY_PER_MINIHACK_MB > available_memory_mb()):
+def env_for_size(n: int, args: argparse.Namespace, available_mb: float) -> str:
+    """``--env`` when its two sets of ``n`` instances fit in ``available_mb`` (see the module
+    docstring), else ``--large-env``."""
+    if n > args.minihack_max or ("MiniHack" in args.env and 2 * n * MEMORY_PER_MINIHACK_MB > available_mb):
         return str(args.large_env)
     return str(args.env)
 
@@ -441,7 +442,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     manager = build_manager(args.bank_size, args.dim)
     bank_s = time.perf_counter() - t0
     results = {}
-    envs = {str(n): env_for_size(n, args) for n in sizes}
+    memory_mb = available_memory_mb()  # read once: the choice and the note must agree
+    envs = {str(n): env_for_size(n, args, memory_mb) for n in sizes}
     try:
         for n in sizes:
             env_id = envs[str(n)]
@@ -471,7 +473,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "note": (f"every size runs {args.env}" if all(e == args.env for e in envs.values()) else
                  f"sizes {[int(n) for n, e in envs.items() if e != args.env]} run {args.large_env}: above "
                  f"--minihack-max {args.minihack_max} or more than {MEMORY_PER_MINIHACK_MB:g} MB x 2 sets "
-                 f"per MiniHack instance would exceed the {available_memory_mb():.0f} MB available"),
+                 f"per MiniHack instance would exceed the {memory_mb:.0f} MB available"),
         "bank_build_s": round(bank_s, 2),
         "loadavg_1min_at_end": round(os.getloadavg()[0], 2),
         "cpu_count": os.cpu_count(),

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "async_overhead.py"
+from _bench import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    spec = importlib.util.spec_from_file_location("async_overhead_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("async_overhead")
 
 
 def test_no_extractor_cores_means_no_probe(bench: Any) -> None:
