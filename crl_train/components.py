@@ -19,9 +19,10 @@ from crl_gym.experience.embedders import load_embedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.prompts import DISTILLATION_TEMPLATE, REFINEMENT_TEMPLATE
 from crl_gym.protocol import DistillationRequest
+from crl_gym.wrappers.experience import DEFAULT_TEMPLATE
 from crl_train.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.config import ModelConfig, TrainConfig
-from crl_train.extractor import Extractor
+from crl_train.extractor import Extractor, example_op_lines
 from crl_train.extractor_worker import ExtractorSpec, ExtractorWorker, build_extractor
 from crl_train.methods import MethodSpec
 from crl_train.policy.base import OptimConfig, SamplingConfig
@@ -89,6 +90,10 @@ def make_raw_env(cfg: TrainConfig, env_id: str) -> Any:
     return make(env_id, **kwargs)
 
 
+CARRIED_TEXT_WEIGHT = 8
+"""How many times the tiny tokenizer's corpus repeats the texts guided prompts carry."""
+
+
 def _texts_for_tokenizer(cfg: TrainConfig, raw_env: Callable[[str], Any]) -> list[str]:
     from crl_train.policy.tiny import gather_env_texts
 
@@ -98,9 +103,14 @@ def _texts_for_tokenizer(cfg: TrainConfig, raw_env: Callable[[str], Any]) -> lis
     finally:
         for e in envs:
             e.close()
+    # What every guided prompt carries (the wrapper's header, entries phrased as the tiny extractor
+    # writes them): BPE merges the most frequent pairs, so these are weighed like the observations
+    # they ride with. Seen once, they would stay near one token per character and a guided prompt
+    # would carry far more tokens than a real tokenizer gives the same words.
+    carried = [DEFAULT_TEMPLATE.format(experience="", observation=""), *example_op_lines(),
+               *cfg.experience.seed_entries]
     return texts + [SYSTEM_CONSTRAINED, SYSTEM_REACT, SEARCH_ACTION, DISTILLATION_TEMPLATE, REFINEMENT_TEMPLATE,
-                    "RETURN: nothing new", "ADD: UPDATE: Avoid repeating explore other directions. helped reach the goal.",
-                    "accept refine reject", *cfg.experience.seed_entries]
+                    "accept refine reject"] + carried * CARRIED_TEXT_WEIGHT
 
 
 GeneratorFactory = Callable[[Any, ModelConfig, int], Any]
@@ -144,6 +154,7 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: str, s
                  generator_factory: GeneratorFactory | None = None) -> Any:
     """The HF policy of ``mc``, with its fast generator attached when ``mc.generator`` is ``vllm``."""
     policy = _build_hf_policy(mc, texts, loss_scale=loss_scale, seed=seed, checkpoint=checkpoint)
+    policy.prefix_cache = mc.prefix_cache
     if mc.generator == "vllm":
         gen = (generator_factory or vllm_generator)(policy, mc, seed)
         if loss_scale == "tokens" and not gen.logprobs_exact:
@@ -280,6 +291,7 @@ def build_components(cfg: TrainConfig, spec: MethodSpec, run_dir: Path, *, check
         checkpoint=str(ext_ckpt) if ext_ckpt is not None else None, num_threads=cfg.experience.extractor_threads,
         cpus=split.extractor, nice=cfg.experience.extractor_nice, options={"max_new_tokens": cfg.extractor.max_new_tokens, "max_context_tokens": cfg.extractor.max_context_tokens,
                  "max_prompt_chars": cfg.experience.max_prompt_chars, "constrained": cfg.extractor.constrained,
+                 "think_tokens": cfg.extractor.think_tokens,
                  "eps_low": cfg.algo.cispo_eps_low, "eps_high": cfg.algo.cispo_eps_high,
                  "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha})
     # started first: the child builds π_φ while this process builds the actor

@@ -92,6 +92,15 @@ class ModelConfig:
     """Constrained decoding through a token trie: the actor restricts each action to
     ``info['admissible_actions']``; the extractor answers by choosing one candidate op line
     (``crl_train.extractor``), as the tiny preset does for both."""
+    prefix_cache: bool = False
+    """``hf`` generation: keep each episode's keys/values between its turns, so a turn encodes only
+    its new tokens instead of the whole conversation (attention over it grows as T²). Costs one KV
+    cache per live episode in memory (small for the tiny preset; large for a 7B model on GPU,
+    where ``generator: vllm`` caches prefixes itself)."""
+    think_tokens: int = 0
+    """Constrained extractor only: free reasoning tokens it samples before choosing its op line
+    (stands in for a thinking model's reasoning, trained on but never stored in the bank; on top
+    of ``max_new_tokens``). 0 = choose at once. A free-text model reasons on its own."""
     generator: Literal["hf", "vllm"] = "hf"
     """Who samples: ``hf`` (the trained model itself) or ``vllm`` (a vLLM engine on a CUDA GPU,
     weights synced after every update; needs ``complementary-rl[vllm]``). Constrained requests
@@ -126,8 +135,13 @@ class ModelConfig:
         for name in ("micro_batch_size", "max_new_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_new_tokens >= self.max_context_tokens:
-            raise ConfigError(f"max_new_tokens ({self.max_new_tokens}) must be < max_context_tokens ({self.max_context_tokens})")
+        if self.think_tokens < 0:
+            raise ConfigError(f"think_tokens must be >= 0, got {self.think_tokens}")
+        if self.think_tokens and not self.constrained:
+            raise ConfigError(f"think_tokens ({self.think_tokens}) needs constrained=true: a free-text model reasons on its own")
+        if self.max_new_tokens + self.think_tokens >= self.max_context_tokens:
+            raise ConfigError(f"max_new_tokens + think_tokens ({self.max_new_tokens} + {self.think_tokens}) must be "
+                              f"< max_context_tokens ({self.max_context_tokens})")
 
 
 @dataclass(frozen=True)
@@ -300,6 +314,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.method not in METHOD_NAMES:
             raise ConfigError(f"method: unknown method {self.method!r}; accepted: {', '.join(METHOD_NAMES)}")
+        if self.actor.think_tokens:
+            raise ConfigError(f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
+                              "constrained answers take reasoning tokens")
         if self.method == "offline_exp" and not self.experience.offline_source:
             raise ConfigError("experience.offline_source must name a trajectories.jsonl or bank .jsonl for method offline_exp")
 

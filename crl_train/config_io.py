@@ -13,12 +13,16 @@ type checking of values against dataclass annotations, and the way back to plain
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
+
+_EXPONENT_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+"""``1e-6``, ``5E+3``: floats that YAML 1.1 loaders return as strings."""
 
 
 class ConfigError(ValueError):
@@ -85,6 +89,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads ``1e-6`` (no dot) as a string
         raise bad
     if tp is str:
         if isinstance(value, str):

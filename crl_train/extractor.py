@@ -10,6 +10,13 @@ when the entry is later credited.
 actor uses, one line among candidate ops built from the episode: ``RETURN``, ``ADD: …`` /
 ``UPDATE: …`` advice about the actions the episode took. CISPO then learns *which* advice to
 write. Real extractors (``constrained=False``) write free text parsed by ``parse_ops``.
+
+**Thinking (``think_tokens``).** The paper's extractor is a *thinking* model: most of its tokens
+are reasoning, and only the short ops after it reach the bank. With ``think_tokens=N`` the
+constrained extractor samples N free tokens (any token but EOS) before it chooses its op line
+(:class:`~crl_train.policy.trie.ThinkThenChoose`): the reasoning costs what a thinking model's
+would and is trained on by CISPO, while entries keep their realistic length. Distillation only:
+refinement answers while the actor waits for it, and merges are free text.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from crl_gym.experience.prompts import (
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.algorithms import batch_advantages, cispo_loss, training_count_weights
 from crl_train.policy.base import Generation, TokenSequence, TrainBatch
+from crl_train.policy.trie import ActionTrie, ThinkThenChoose
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,20 @@ def candidate_ops(request: DistillationRequest, max_candidates: int = 6) -> list
     return list(dict.fromkeys(out))[: max_candidates + 2]
 
 
+def example_op_lines(actions: Sequence[str] = ("north", "east")) -> list[str]:
+    """Every phrasing :func:`candidate_ops` writes, for ``actions`` (tokenizer training texts)."""
+    from crl_gym.protocol import ExperienceRef, Step, Trajectory
+
+    steps = [Step("", a, 0.0) for a in actions]
+    lines: list[str] = []
+    for success in (True, False):
+        for exp in (None, ExperienceRef(id=0, text="")):
+            req = DistillationRequest(task="", trajectory=Trajectory(steps=steps), outcome=float(success),
+                                      success=success, experience=exp, condition="free")
+            lines += candidate_ops(req)
+    return list(dict.fromkeys(lines))
+
+
 @dataclass
 class BufferItem:
     """One rewarded sample of B_φ."""
@@ -97,6 +119,7 @@ class Extractor:
         max_context_tokens: int = 4096,
         max_prompt_chars: int = 6000,
         constrained: bool = False,
+        think_tokens: int = 0,
         eps_low: float = 0.1,
         eps_high: float = 0.1,
         cooldown: int = 2,
@@ -107,6 +130,11 @@ class Extractor:
         self.max_context_tokens = max_context_tokens
         self.max_prompt_chars = max_prompt_chars
         self.constrained = constrained
+        if think_tokens < 0 or (think_tokens and not constrained):
+            raise ValueError(f"Extractor: think_tokens={think_tokens} needs constrained=True and must be >= 0 "
+                             "(a free-text model reasons on its own)")
+        self.think_tokens = think_tokens
+        self._free_ids: tuple[int, ...] | None = None
         self.eps_low, self.eps_high = eps_low, eps_high
         self.cooldown, self.alpha = cooldown, alpha
         self.version = 0
@@ -116,15 +144,18 @@ class Extractor:
         """Per-token allowed ids of constrained samples (the ExtractorSample has no field for them)."""
 
     # ------------------------------------------------------------------ generation
-    def _prompt_ids(self, prompt: str) -> list[int]:
+    def _prompt_ids(self, prompt: str, new_tokens: int) -> list[int]:
         ids = list(self.policy.apply_chat([{"role": "user", "content": prompt}]))
-        budget = self.max_context_tokens - self.max_new_tokens
+        budget = self.max_context_tokens - new_tokens
         return ids[-budget:] if len(ids) > budget else ids  # keep the end: the question is last
 
-    def generate(self, prompts: Sequence[str], allowed: Sequence[list[str] | None] | None = None) -> list[ExtractorSample]:
-        ids = [self._prompt_ids(p) for p in prompts]
+    def generate(self, prompts: Sequence[str], allowed: Sequence[Any | None] | None = None,
+                 think_tokens: int = 0) -> list[ExtractorSample]:
+        """One sample per prompt; ``allowed`` as in ``Policy.generate``; ``think_tokens`` extend the budget."""
+        new_tokens = self.max_new_tokens + think_tokens
+        ids = [self._prompt_ids(p, new_tokens) for p in prompts]
         with self.lock, torch.no_grad():
-            gens: list[Generation] = self.policy.generate(ids, self.max_new_tokens, allowed=allowed)
+            gens: list[Generation] = self.policy.generate(ids, new_tokens, allowed=allowed)
         out = []
         for p, pid, g in zip(prompts, ids, gens, strict=True):
             # a constrained answer cut by max_new_tokens is an incomplete op line: make it unparsable
@@ -139,13 +170,24 @@ class Extractor:
     def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One batched generation over ``requests``; each answer parsed into ops (never raises)."""
         prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars) for r in requests]
-        allowed = [candidate_ops(r) for r in requests] if self.constrained else None
-        samples = self.generate(prompts, allowed)
+        allowed = [self._choices(candidate_ops(r)) for r in requests] if self.constrained else None
+        samples = self.generate(prompts, allowed, self.think_tokens)
         out = []
         for r, s in zip(requests, samples, strict=True):
             ops = parse_ops(s.response, allowed_update_ids=distillation_update_ids(r))
             out.append((s, ops))
         return out
+
+    def _choices(self, lines: list[str]) -> list[str] | ThinkThenChoose:
+        """The candidate lines, behind ``think_tokens`` free tokens when the extractor thinks."""
+        if not self.think_tokens:
+            return lines
+        tok = self.policy.tokenizer
+        eos = int(self.policy.eos_token_ids[0])
+        if self._free_ids is None:
+            special = set(tok.all_special_ids) | {int(e) for e in self.policy.eos_token_ids}
+            self._free_ids = tuple(i for i in range(len(tok)) if i not in special)
+        return ThinkThenChoose(ActionTrie.from_actions(lines, tok, eos), self.think_tokens, self._free_ids)
 
     def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
         """The manager's ``refiner``: rewrite ``entry`` for the actor's query."""
@@ -209,16 +251,29 @@ class Extractor:
             self.policy.load(directory)
 
     def get_state(self) -> dict[str, Any]:
-        """Version and per-sample constraints (JSON-ready) for a checkpoint."""
+        """Version and per-sample constraints (JSON-ready) for a checkpoint.
+
+        Each distinct allowed set is written once in ``allowed_sets`` and the samples refer to it by
+        index: a thinking sample's reasoning positions all allow the same few hundred ids.
+        """
         with self.lock:
-            return {"version": self.version,
-                    "constraints": {k: [list(a) if a is not None else None for a in v] for k, v in self.constraints.items()}}
+            index: dict[tuple[int, ...], int] = {}
+            refs = {k: [None if a is None else index.setdefault(tuple(a), len(index)) for a in v]
+                    for k, v in self.constraints.items()}
+            return {"version": self.version, "allowed_sets": [list(a) for a in index], "constraints": refs}
 
     def set_state(self, d: dict[str, Any]) -> None:
+        """Inverse of :meth:`get_state` (also reads the older form with the sets written inline)."""
         with self.lock:
             self.version = int(d.get("version", 0))
-            self.constraints = {k: [tuple(a) if a is not None else None for a in v]
-                                for k, v in d.get("constraints", {}).items()}
+            sets = [tuple(int(i) for i in a) for a in d.get("allowed_sets", [])]
+
+            def one(a: Any) -> tuple[int, ...] | None:
+                if a is None:
+                    return None
+                return sets[a] if isinstance(a, int) else tuple(a)
+
+            self.constraints = {k: [one(a) for a in v] for k, v in d.get("constraints", {}).items()}
 
     def close(self) -> None:
         """Nothing to release in process (the worker's ``close`` stops its child)."""

@@ -228,11 +228,16 @@ class RolloutRunner:
         # 3. advance all together
         for ep in episodes:
             ep.info["rollout_step"] = step
-        while True:
-            live = [(ep, env) for ep, env in zip(episodes, envs, strict=True) if not ep.done]
-            if not live:
-                break
-            self._turn(live)
+        try:
+            while True:
+                live = [(ep, env) for ep, env in zip(episodes, envs, strict=True) if not ep.done]
+                if not live:
+                    break
+                self._turn(live)
+        finally:
+            release = getattr(self.policy, "release_cache", None)
+            if release is not None:
+                release([id(ep) for ep in episodes])
         return episodes
 
     def _reset(self, ep: Episode, env: Any, options: dict[str, Any] | None) -> None:
@@ -254,7 +259,9 @@ class RolloutRunner:
     def _turn(self, live: list[tuple[Episode, Any]]) -> None:
         prompts = [ep.sequence.input_ids for ep, _ in live]
         allowed = [self._allowed(ep) for ep, _ in live]
-        gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None)
+        # a policy with a prefix cache encodes only each episode's new tokens (keys live until collect ends)
+        kw = {"cache_keys": [id(ep) for ep, _ in live]} if getattr(self.policy, "prefix_cache", False) else {}
+        gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None, **kw)
         for (ep, env), gen in zip(live, gens, strict=True):
             ep.sequence.append_generation(gen)
             action = gen.text.strip() if self.constrained else (parse_action(gen.text) or gen.text.strip())

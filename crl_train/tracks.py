@@ -282,4 +282,4 @@ class BackgroundTrack:
     def load_state(self, d: dict[str, Any]) -> None:
         self.buffer = [BufferItem.from_dict(x) for x in d.get("buffer", [])]
         self.ext_step = int(d.get("ext_step", 0))
-        self.extractor.set_state({"version": d.get("version", 0), "constraints": d.get("constraints", {})})
+        self.extractor.set_state({k: d[k] for k in ("version", "allowed_sets", "constraints") if k in d})

@@ -42,6 +42,27 @@ def test_overrides_parse_yaml_values() -> None:
     assert parse_override("a.b= 1.5") == ("a.b", 1.5)
 
 
+def test_exponent_floats_without_a_dot_are_floats() -> None:
+    # YAML 1.1 reads ``1e-6`` as a string; the paper's learning rate is written that way
+    cfg = load_config(None, ["actor.lr=1e-6", "extractor.lr=5E-4", "algo.adv_eps=+1e-8"])
+    assert cfg.actor.lr == 1e-6 and cfg.extractor.lr == 5e-4 and cfg.algo.adv_eps == 1e-8
+    with pytest.raises(ConfigError, match="actor.lr: expected float"):
+        load_config(None, ["actor.lr=1e-6x"])
+
+
+def test_think_tokens_are_validated() -> None:
+    cfg = load_config(None, ["extractor.think_tokens=32"])
+    assert cfg.extractor.think_tokens == 32 and cfg.extractor.constrained
+    with pytest.raises(ConfigError, match="think_tokens .4. needs constrained=true"):
+        load_config(None, ["extractor.constrained=false", "extractor.think_tokens=4"])
+    with pytest.raises(ConfigError, match="think_tokens must be >= 0"):
+        load_config(None, ["extractor.think_tokens=-1"])
+    with pytest.raises(ConfigError, match=r"max_new_tokens \+ think_tokens \(48 \+ 1000\) must be < max_context_tokens \(1024\)"):
+        load_config(None, ["extractor.think_tokens=1000"])
+    with pytest.raises(ConfigError, match="actor.think_tokens must be 0"):
+        load_config(None, ["actor.think_tokens=8"])
+
+
 @pytest.mark.parametrize(
     ("override", "match"),
     [

@@ -82,3 +82,22 @@ def test_generation_and_config_validation() -> None:
     with pytest.raises(ValueError, match="loss_scale"):
         OptimConfig(loss_scale="mean")  # type: ignore[arg-type]
     assert OptimConfig().lr == 1e-6  # the paper's default
+
+
+def test_trimmed_drops_only_columns_no_row_uses() -> None:
+    short, long = TokenSequence(), TokenSequence()
+    short.append_context([5, 6])
+    short.append_generation(Generation(prompt_ids=[5, 6], token_ids=[7], logprobs=[-0.5], text="a"))
+    long.append_context([5, 6, 8])
+    long.append_generation(Generation(prompt_ids=[5, 6, 8], token_ids=[9, 10], logprobs=[-0.1, -0.2], text="b"))
+    batch = TrainBatch.from_sequences([short, long], [1.0, 2.0], pad_token_id=0,
+                                      extra={"w": torch.tensor([0.5, 0.25]), "per_token": torch.ones(2, 5)})
+    assert batch.input_ids.shape == (2, 5) and batch.trimmed() is batch  # the long row uses every column
+    one = batch.select(torch.tensor([0])).trimmed()
+    assert one.input_ids.tolist() == [[5, 6, 7]] and one.loss_mask.tolist() == [[0.0, 0.0, 1.0]]
+    assert one.old_logprobs.tolist() == [[0.0, 0.0, -0.5]] and one.extra["per_token"].shape == (1, 3)
+    assert one.extra["w"].tolist() == [0.5] and one.advantages.tolist() == [1.0]
+    token_adv = TrainBatch(input_ids=batch.input_ids[:1], attention_mask=batch.attention_mask[:1],
+                           loss_mask=batch.loss_mask[:1], old_logprobs=batch.old_logprobs[:1],
+                           advantages=torch.arange(5.0)[None])
+    assert token_adv.trimmed().advantages.tolist() == [[0.0, 1.0, 2.0]]

@@ -121,6 +121,57 @@ def test_generate_bad_input(policy: HFPolicy) -> None:
         policy.generate([[1]], 4, allowed=["north"])
 
 
+def _greedy(policy: HFPolicy, prompts: list[list[int]], new: int, **kw: Any) -> list[Any]:
+    return policy.generate(prompts, new, sampling=SamplingConfig(temperature=policy.sampling.temperature, greedy=True), **kw)
+
+
+def test_prefix_cache_encodes_only_new_tokens_and_changes_nothing() -> None:
+    policy = make_policy()
+    policy.prefix_cache = True
+    first = prompts_for(policy)[:3]
+    turn1 = _greedy(policy, first, 5, cache_keys=["a", "b", "c"], allowed=[ACTIONS[0], None, ACTIONS[2]])
+    assert set(policy._kv) == {"a", "b", "c"}
+    for key, prompt, g in zip("abc", first, turn1, strict=True):  # every token fed: prompt + response[:-1]
+        kv = policy._kv[key]
+        assert kv.ids == tuple(prompt) + tuple(g.token_ids[:-1])
+        assert all(k.shape[1] == len(kv.ids) == v.shape[1] for k, v in kv.layers)
+    # turn 2: "a" and "c" extend their cached conversations, "b" was edited (no prefix: encoded
+    # in full), "d" is new; the batch mixes all four cached lengths
+    second = [first[0] + turn1[0].token_ids + policy.chat.user_turn_ids("You see a wall."),
+              policy.apply_chat([{"role": "user", "content": "something else entirely"}]),
+              first[2] + turn1[2].token_ids + policy.chat.user_turn_ids("open door"),
+              policy.apply_chat([{"role": "user", "content": "wait"}])]
+    cached = _greedy(policy, second, 6, cache_keys=["a", "b", "c", "d"], allowed=[ACTIONS[0], None, None, ACTIONS[3]])
+    policy.prefix_cache = False
+    policy.release_cache()
+    plain = _greedy(policy, second, 6, allowed=[ACTIONS[0], None, None, ACTIONS[3]])
+    for x, y in zip(cached, plain, strict=True):
+        assert x.token_ids == y.token_ids and x.allowed == y.allowed
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+
+
+def test_prefix_cache_is_dropped_when_the_weights_change(tmp_path: Path) -> None:
+    policy = make_policy(lr=1e-2)
+    policy.prefix_cache = True
+    prompts = prompts_for(policy)[:2]
+    gens = policy.generate(prompts, 4, cache_keys=[0, 1])
+    assert len(policy._kv) == 2
+    with pytest.raises(ValueError, match="cache_keys has 1 entries for 2 prompts"):
+        policy.generate(prompts, 4, cache_keys=[0])
+    policy.release_cache([0])
+    assert list(policy._kv) == [1]
+    policy.save(tmp_path / "ckpt")
+    batch = TrainBatch.from_sequences(sequences(policy, prompts, gens), [1.0, -1.0], policy.pad_token_id)
+    policy.train_step(batch, pg_loss)
+    assert policy._kv == {}  # keys/values of the old weights would be wrong now
+    policy.generate(prompts, 4, cache_keys=[0, 1])
+    policy.load(tmp_path / "ckpt")
+    assert policy._kv == {}
+    policy.prefix_cache = False
+    policy.generate(prompts, 4, cache_keys=[0, 1])
+    assert policy._kv == {}  # cache_keys are ignored with the cache off
+
+
 def pg_loss(logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, **kw: Any):  # type: ignore[no-untyped-def]
     """-mean over sequences of adv * (token-mean log-prob): a per-sequence-mean loss."""
     per_seq = (logprobs * mask).sum(-1) / mask.sum(-1).clamp(min=1)
@@ -147,9 +198,10 @@ def test_micro_batching_gives_the_full_batch_gradient(scale: str, loss_fn: Any) 
     gens = pol.generate(prompts, 6, allowed=ACTIONS)
     batch = TrainBatch.from_sequences(sequences(pol, prompts, gens), [1.0, -0.5, 2.0, 0.3], pol.pad_token_id)
     full = _grads(pol, batch, loss_fn)
-    pol.optim = OptimConfig(micro_batch_size=3, loss_scale=scale)  # type: ignore[arg-type]
-    split = _grads(pol, batch, loss_fn)
-    assert torch.allclose(full, split, atol=1e-6, rtol=1e-4)
+    for mbs in (3, 1):  # micro-batches of like length, each cut to its own width
+        pol.optim = OptimConfig(micro_batch_size=mbs, loss_scale=scale)  # type: ignore[arg-type]
+        split = _grads(pol, batch, loss_fn)
+        assert torch.allclose(full, split, atol=1e-6, rtol=1e-4)
 
 
 def test_loss_scale_weights_by_hand() -> None:

@@ -49,9 +49,17 @@ def test_free_rollout_groups_masks_and_one_generation_per_turn(policy: Any) -> N
         assert e.turns == len(e.history) and e.success == (e.reward > 0)
 
 
-def test_old_logprobs_match_recomputed(policy: Any) -> None:
-    runner = RolloutRunner(policy, corridor_factory(None, max_turns=2), group_size=2, max_turns=2, max_new_tokens=4, constrained=True)
-    eps = runner.collect([("corridor", 0)], guided=False)
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_old_logprobs_match_recomputed(policy: Any, prefix_cache: bool) -> None:
+    policy.prefix_cache = prefix_cache
+    try:
+        runner = RolloutRunner(policy, corridor_factory(None, max_turns=3), group_size=4, max_turns=3, max_new_tokens=4,
+                               constrained=True)
+        eps = runner.collect([("corridor", 0), ("corridor", 1)], guided=False)
+        assert policy._kv == {}  # every episode's kept keys/values are released when collect ends
+    finally:
+        policy.prefix_cache = False
+    assert max(e.turns for e in eps) > 1  # later turns started from the kept keys/values
     batch = TrainBatch.from_sequences([e.sequence for e in eps], [0.0] * len(eps), policy.pad_token_id)
     lp = policy.logprobs(batch)
     m = batch.loss_mask.bool()

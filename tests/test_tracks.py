@@ -11,7 +11,8 @@ import torch
 from _trainer_fixtures import LocalClient, corridor_factory, manager, tiny_policy
 
 from crl_gym.protocol import DistillationRequest, Step, Trajectory
-from crl_train.extractor import Extractor, candidate_ops
+from crl_train.extractor import Extractor, candidate_ops, sample_key
+from crl_train.policy.base import TrainBatch
 from crl_train.rollout import RolloutRunner
 from crl_train.tracks import BackgroundTrack, Credit
 
@@ -110,6 +111,44 @@ def test_state_roundtrip(policies: tuple[Any, Any]) -> None:
     assert [b.to_dict() for b in other.buffer] == [b.to_dict() for b in track.buffer]
     assert other.extractor.constraints == extractor.constraints and len(other.buffer) == 1
     mgr.close()
+
+
+def test_thinking_extractor_reasons_then_answers_one_op_and_recomputes_its_logprobs(policies: tuple[Any, Any]) -> None:
+    _, ext_policy = policies
+    extractor = Extractor(ext_policy, max_new_tokens=96, max_context_tokens=1024, max_prompt_chars=600,
+                          constrained=True, think_tokens=12)
+    torch.manual_seed(0)
+    reqs = [_request(True), _request(False)]
+    out = extractor.distill(reqs)
+    eos = ext_policy.eos_token_ids[0]
+    for r, (s, ops) in zip(reqs, out, strict=True):
+        assert s.response in candidate_ops(r)  # the reasoning never reaches the answer
+        assert len(ops) == 1 and s.token_ids[-1] == eos and len(s.token_ids) > 12
+        assert eos not in s.token_ids[:12]
+        cons = extractor.constraints[sample_key(s)]
+        assert all(a is cons[0] for a in cons[:12]) and len(cons[0]) > 100  # reasoning: any non-special token
+    # the stored masks make the recomputed log-probs those sampled (CISPO's ratio starts at 1)
+    seqs = [extractor._sequence(s) for s, _ in out]
+    batch = TrainBatch.from_sequences(seqs, [0.0, 0.0], ext_policy.pad_token_id)
+    new = ext_policy.logprobs(batch)
+    for i, (s, _) in enumerate(out):
+        start = len(s.prompt_token_ids)
+        assert torch.allclose(new[i, start : start + len(s.token_ids)], torch.tensor(s.logprobs), atol=1e-4)
+    # a checkpoint writes the shared reasoning set once, and reads back to the same constraints
+    state = extractor.get_state()
+    assert sum(len(a) > 100 for a in state["allowed_sets"]) == 1
+    other = Extractor(ext_policy, constrained=True, think_tokens=12)
+    other.set_state(state)
+    assert other.constraints == extractor.constraints
+    # the older checkpoint form (sets written inline) still loads
+    inline = {k: [list(a) if a is not None else None for a in v] for k, v in extractor.constraints.items()}
+    other.set_state({"version": 3, "constraints": inline})
+    assert other.constraints == extractor.constraints and other.version == 3
+
+
+def test_think_tokens_need_a_constrained_extractor(policies: tuple[Any, Any]) -> None:
+    with pytest.raises(ValueError, match="needs constrained=True"):
+        Extractor(policies[1], constrained=False, think_tokens=4)
 
 
 # --- through the trainer: sync waits, async uses the worker, a dead worker costs nothing but counts ------------

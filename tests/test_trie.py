@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from crl_train.policy.trie import ActionTrie, constraint_mask
+from crl_train.policy.trie import ActionTrie, ThinkThenChoose, constraint_mask
 
 
 class CharTokenizer:
@@ -71,3 +71,35 @@ def test_constraint_mask_bad_input() -> None:
         constraint_mask(torch.zeros(1, 3), [(3,)])
     with pytest.raises(ValueError, match="allows no token"):
         constraint_mask(torch.zeros(1, 3), [()])
+
+
+def test_think_then_choose_reasons_freely_then_follows_the_trie() -> None:
+    trie = ActionTrie.from_actions(["go", "up"], CharTokenizer())
+    think = ThinkThenChoose(trie, think_tokens=3, free_ids=[0, 5, 6, 7])
+    assert think.free_ids == (5, 6, 7)  # EOS never allowed while reasoning: it would end the answer
+    for n in range(3):
+        assert think.allowed([5] * n) is think.free_ids  # one shared tuple per position
+    assert think.allowed([5, 6, 7]) == (ord("g"), ord("u"))
+    assert think.allowed([5, 6, 7, ord("u"), ord("p")]) == (0,)
+    assert think.action_of([5, 6, 7, ord("u"), ord("p"), 0]) == "up"
+    assert think.action_of([5, 6, 7]) is None and think.action_of([ord("u"), ord("p")]) is None
+    assert think.is_complete([5, 6, 7, ord("g"), ord("o")]) and not think.is_complete([ord("g"), ord("o")])
+    assert think.eos_token_id == 0 and len(think) == 2 and sorted(think.actions) == ["go", "up"]
+    # think_tokens=0 is the trie itself
+    plain = ThinkThenChoose(trie, 0, [])
+    assert plain.allowed([]) == trie.allowed([]) and plain.action_of([ord("g"), ord("o"), 0]) == "go"
+
+
+def test_think_then_choose_bad_input() -> None:
+    trie = ActionTrie.from_actions(["go"], CharTokenizer())
+    with pytest.raises(ValueError, match="think_tokens must be >= 0"):
+        ThinkThenChoose(trie, -1, [1])
+    with pytest.raises(ValueError, match="no free token ids"):
+        ThinkThenChoose(trie, 2, [0])  # only EOS
+
+
+def test_constraint_mask_converts_a_shared_allowed_set_once_per_call() -> None:
+    shared = (1, 2)
+    out = constraint_mask(torch.zeros(3, 4), [shared, shared, (3,)])
+    assert torch.isinf(out[:, 0]).all() and torch.isfinite(out[:2, 1:3]).all() and torch.isinf(out[:2, 3]).all()
+    assert torch.isfinite(out[2, 3]) and torch.isinf(out[2, :3]).all()

@@ -19,11 +19,12 @@ from .base import (
     TrainBatch,
 )
 from .chat import ACTION_PATTERN, ChatFormatter, parse_action
-from .trie import ActionTrie, constraint_mask
+from .trie import ActionTrie, ThinkThenChoose, constraint_mask
 
 __all__ = [
     "ACTION_PATTERN",
     "ActionTrie",
+    "ThinkThenChoose",
     "ChatFormatter",
     "FinishReason",
     "Generation",

@@ -273,6 +273,29 @@ class TrainBatch:
             extra={k: torch.as_tensor(v) for k, v in (extra or {}).items()},
         )
 
+    def trimmed(self) -> TrainBatch:
+        """The same rows without the trailing columns no row attends to.
+
+        A batch is padded to its longest sequence; a micro-batch of shorter ones needs only its own
+        longest (attention costs grow with the square of the width). Per-token tensors — ``[B, T]``
+        advantages and ``extra`` entries whose second dim is T — are cut alike.
+        """
+        width = self.input_ids.shape[1]
+        used = self.attention_mask.any(0).nonzero()
+        keep = int(used.max()) + 1 if used.numel() else width
+        if keep >= width:
+            return self
+
+        def cut(x: torch.Tensor) -> torch.Tensor:
+            return x[:, :keep] if x.dim() >= 2 and x.shape[1] == width else x
+
+        return TrainBatch(
+            input_ids=self.input_ids[:, :keep], attention_mask=self.attention_mask[:, :keep],
+            loss_mask=self.loss_mask[:, :keep], old_logprobs=self.old_logprobs[:, :keep],
+            advantages=cut(self.advantages), group_ids=self.group_ids, condition_ids=self.condition_ids,
+            constraints=self.constraints, extra={k: cut(v) for k, v in self.extra.items()},
+        )
+
     def select(self, index: slice | torch.Tensor) -> TrainBatch:
         """Rows ``index`` of every per-sequence field (micro-batching)."""
         rows = list(range(self.batch_size))[index] if isinstance(index, slice) else index.tolist()
@@ -321,7 +344,9 @@ class Policy(Protocol):
         sampling: SamplingConfig | None = None,
     ) -> list[Generation]:
         """One response per prompt (token ids). ``allowed[i]`` is None (free text), an
-        ``ActionTrie`` or a list of admissible action strings for prompt ``i``."""
+        ``ActionTrie`` / ``ThinkThenChoose`` or a list of admissible action strings for prompt ``i``.
+        A policy with ``prefix_cache = True`` also takes ``cache_keys`` (one hashable per prompt)
+        and ``release_cache(keys)``: see :meth:`crl_train.policy.hf.HFPolicy.generate`."""
         ...
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:

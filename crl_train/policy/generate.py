@@ -3,19 +3,27 @@
 Written out instead of ``model.generate`` so that each sampled token's log-prob is taken from
 exactly the distribution the training recomputation uses (``sampling.tempered_logprobs``), with
 the per-sequence trie constraints, and so the allowed sets can be stored with the tokens.
+
+**Prefix reuse across turns.** A multi-turn prompt is the previous turn's prompt + response + the
+new observation. Re-encoding it every turn costs O(T²) attention over the whole conversation (most
+of a tiny model's rollout time). A row given a :class:`RowKV` whose ids are a prefix of its prompt
+starts from those keys/values and encodes only the new tokens; rows of one batch may have different
+cached lengths (the attention mask has holes between a row's cached part and its new part; position
+ids count only real tokens, so every token sees what it would see without the cache).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .base import FinishReason, Generation, SamplingConfig
 from .sampling import sample_tokens, tempered_logprobs
-from .trie import ActionTrie
+from .trie import Constraint
 
 
 def _cache_arg(model: Any) -> str:
@@ -39,11 +47,56 @@ def _stop_cut(text: str, stops: Sequence[str]) -> str | None:
     return None if best is None else text[:best]
 
 
+@dataclass
+class RowKV:
+    """One sequence's cached keys/values: per layer ``(k, v)``, each [kv_heads, len(ids), head_dim]."""
+
+    ids: tuple[int, ...]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def prefix_of(self, prompt: Sequence[int]) -> bool:
+        """True when these ids start ``prompt`` and leave at least one new token to encode."""
+        n = len(self.ids)
+        return n < len(prompt) and tuple(prompt[:n]) == self.ids
+
+
+def _past_cache(past: Sequence[RowKV | None], device: torch.device) -> tuple[Any, torch.Tensor]:
+    """The rows' cached keys/values left-padded into one ``DynamicCache``, and its [n, P] mask."""
+    from transformers import DynamicCache
+
+    n = len(past)
+    width = max((len(p.ids) for p in past if p is not None), default=0)
+    mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    some = next(p for p in past if p is not None)
+    layers = []
+    for layer, (k0, v0) in enumerate(some.layers):
+        k = k0.new_zeros((n, k0.shape[0], width, k0.shape[-1]))
+        v = v0.new_zeros((n, v0.shape[0], width, v0.shape[-1]))
+        for i, p in enumerate(past):
+            if p is not None:
+                start = width - len(p.ids)
+                k[i, :, start:] = p.layers[layer][0]
+                v[i, :, start:] = p.layers[layer][1]
+        layers.append((k, v))
+    for i, p in enumerate(past):
+        if p is not None:
+            mask[i, width - len(p.ids) :] = 1
+    return DynamicCache(ddp_cache_data=layers), mask
+
+
+def _row_kv(cache: Any, attn: torch.Tensor, prefill_width: int, i: int, ids: tuple[int, ...], fed_new: int) -> RowKV:
+    """Row ``i``'s real positions in ``cache``: its prefill columns, then ``fed_new`` generated tokens."""
+    cols = torch.cat([attn[i, :prefill_width].nonzero().squeeze(-1),
+                      torch.arange(prefill_width, prefill_width + fed_new, device=attn.device)])
+    layers = [(layer.keys[i].index_select(1, cols), layer.values[i].index_select(1, cols)) for layer in cache.layers]
+    return RowKV(ids, layers)
+
+
 def generate_batch(
     model: Any,
     tokenizer: Any,
     prompts: list[list[int]],
-    tries: Sequence[ActionTrie | None],
+    tries: Sequence[Constraint | None],
     *,
     max_new_tokens: int,
     sampling: SamplingConfig,
@@ -51,18 +104,34 @@ def generate_batch(
     pad_token_id: int,
     device: torch.device,
     generator: torch.Generator | None = None,
-) -> list[Generation]:
-    """Sample one response per prompt. Constrained rows follow their trie and end with its EOS."""
+    past: Sequence[RowKV | None] | None = None,
+    keep_kv: bool = False,
+) -> tuple[list[Generation], list[RowKV] | None]:
+    """Sample one response per prompt. Constrained rows follow their trie and end with its EOS.
+
+    ``past[i]``: cached keys/values of a prefix of ``prompts[i]`` (see the module docstring; a row
+    whose cache is not a prefix of its prompt is encoded in full). ``keep_kv``: also return each
+    row's keys/values of ``prompt + response[:-1]`` (every token fed to the model), for its next turn.
+    """
     n = len(prompts)
-    width = max(len(p) for p in prompts)
+    rows_past = [p if p is not None and p.prefix_of(prompts[i]) else None
+                 for i, p in enumerate(past or [None] * n)]
+    new_parts = [prompts[i][len(p.ids):] if p is not None else prompts[i] for i, p in enumerate(rows_past)]
+    width = max(len(p) for p in new_parts)
     ids = torch.full((n, width), pad_token_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+    for i, p in enumerate(new_parts):  # left padding: every prompt ends at the same column
         ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         attn[i, width - len(p) :] = 1
     ids, attn = ids.to(device), attn.to(device)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
     cache_arg = _cache_arg(model)
+    extra: dict[str, Any] = {}
+    if any(p is not None for p in rows_past):
+        cache, past_mask = _past_cache(rows_past, device)
+        attn = torch.cat([past_mask, attn], dim=1)
+        extra[cache_arg] = cache
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, attn.shape[1] - width :]
+    prefill_width = attn.shape[1]
     eos = set(int(e) for e in eos_token_ids)
 
     tokens: list[list[int]] = [[] for _ in range(n)]
@@ -71,7 +140,7 @@ def generate_batch(
     finish: list[FinishReason | None] = [None] * n
     texts: list[str | None] = [None] * n
 
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, **extra)
     for _ in range(max_new_tokens):
         logits = out.logits[:, -1, :]
         allowed: list[tuple[int, ...] | None] = []
@@ -110,6 +179,11 @@ def generate_batch(
             **{cache_arg: _cache_of(out)},
         )
 
+    kept = None
+    if keep_kv:
+        cache = _cache_of(out)
+        kept = [_row_kv(cache, attn, prefill_width, i, tuple(prompts[i]) + tuple(tokens[i][:-1]), len(tokens[i]) - 1)
+                for i in range(n)]
     gens = []
     for i in range(n):
         trie = tries[i]
@@ -127,4 +201,4 @@ def generate_batch(
                 allowed=allowed_log[i] if trie is not None else None,
             )
         )
-    return gens
+    return gens, kept

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,9 @@ import torch
 from .base import Generation, LossFn, OptimConfig, SamplingConfig, TrainBatch
 from .chat import ChatFormatter
 from .checkpoint import MODEL_DIR, load_weights, read_state, resolve_dtype, write_checkpoint
-from .generate import generate_batch
+from .generate import RowKV, generate_batch
 from .sampling import selective_logprobs
-from .trie import ActionTrie
+from .trie import ActionTrie, Constraint, ThinkThenChoose
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ class HFPolicy:
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss or gradient (logged, never applied)."""
         self._generators: dict[int, torch.Generator] = {}  # one RNG stream per SamplingConfig.seed
+        self.prefix_cache = False
+        """Keep each ``cache_key``'s keys/values between ``generate`` calls (see ``generate``)."""
+        self._kv: dict[Hashable, RowKV] = {}
         self.generator: Any | None = None
         """Optional fast generator (``VLLMGenerator``) for unconstrained requests; see attach_generator."""
 
@@ -127,14 +130,14 @@ class HFPolicy:
     def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         return self.chat.prompt_ids(messages, add_generation_prompt=add_generation_prompt)
 
-    def _tries(self, allowed: Sequence[Any | None] | None, n: int) -> list[ActionTrie | None]:
+    def _tries(self, allowed: Sequence[Any | None] | None, n: int) -> list[Constraint | None]:
         if allowed is None:
             return [None] * n
         if len(allowed) != n:
             raise ValueError(f"generate: allowed has {len(allowed)} entries for {n} prompts")
-        out: list[ActionTrie | None] = []
+        out: list[Constraint | None] = []
         for i, a in enumerate(allowed):
-            if a is None or isinstance(a, ActionTrie):
+            if a is None or isinstance(a, (ActionTrie, ThinkThenChoose)):
                 out.append(a)
             elif isinstance(a, str):
                 raise TypeError(f"generate: allowed[{i}] is a str; pass a list of action strings")
@@ -150,7 +153,12 @@ class HFPolicy:
         allowed: Sequence[Any | None] | None = None,
         *,
         sampling: SamplingConfig | None = None,
+        cache_keys: Sequence[Hashable] | None = None,
     ) -> list[Generation]:
+        """See ``Policy.generate``. With ``prefix_cache`` on, ``cache_keys[i]`` names prompt i's
+        conversation: its keys/values are kept after the call, and a later prompt under the same key
+        that extends them encodes only its new tokens (``generate.py``). Weights change only in
+        ``train_step`` / ``load``, which drop every kept cache; ``release_cache`` drops them too."""
         if max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         for i, p in enumerate(prompts):
@@ -172,18 +180,32 @@ class HFPolicy:
                 generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
                 self._generators[cfg.seed] = generator
         self.model.eval()
+        keys = list(cache_keys) if self.prefix_cache and cache_keys is not None else None
+        if keys is not None and len(keys) != len(prompts):
+            raise ValueError(f"generate: cache_keys has {len(keys)} entries for {len(prompts)} prompts")
         out: list[Generation] = []
         bs = self.generation_batch_size
         for s in range(0, len(prompts), bs):
-            out.extend(
-                generate_batch(
-                    self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
-                    tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
-                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                    device=self.device, generator=generator,
-                )
+            chunk = keys[s : s + bs] if keys is not None else None
+            gens, kept = generate_batch(
+                self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
+                tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
+                eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                device=self.device, generator=generator,
+                past=[self._kv.get(k) for k in chunk] if chunk is not None else None, keep_kv=chunk is not None,
             )
+            out.extend(gens)
+            if chunk is not None and kept is not None:
+                self._kv.update(zip(chunk, kept, strict=True))
         return out
+
+    def release_cache(self, keys: Iterable[Hashable] | None = None) -> None:
+        """Drop the kept keys/values of ``keys`` (all when None)."""
+        if keys is None:
+            self._kv.clear()
+        else:
+            for k in keys:
+                self._kv.pop(k, None)
 
     # ---------------------------------------------------------------- log-probs and training
     def _sequence_logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -243,8 +265,11 @@ class HFPolicy:
         self.model.train()
         try:
             mbs = self.optim.micro_batch_size
+            # sequences of like length share a micro-batch, cut to its own width: the summed
+            # gradient is the same for any split into micro-batches, the padding is not
+            order = batch.attention_mask.sum(1).argsort(descending=True, stable=True)
             for s in range(0, batch.batch_size, mbs):
-                mb = batch.select(slice(s, s + mbs))
+                mb = batch.select(order[s : s + mbs]).trimmed()
                 if mb.num_tokens == 0 and self.optim.loss_scale == "tokens":
                     continue
                 kw: dict[str, Any] = {k: v.to(self.device) for k, v in mb.extra.items()}
@@ -277,6 +302,7 @@ class HFPolicy:
         (``skipped`` = 1 in the metrics, counted in ``skipped_steps``, logged) instead of
         corrupting the weights.
         """
+        self._kv.clear()  # kept keys/values are of the weights about to change
         total_tokens = batch.num_tokens
         if total_tokens == 0:
             self.skipped_steps += 1
@@ -329,6 +355,7 @@ class HFPolicy:
     def load(self, directory: str | Path) -> None:
         """Load weights, optimizer state and step written by :meth:`save` into this policy."""
         load_weights(self.model, directory, self.device)
+        self._kv.clear()
         state = read_state(directory)
         self.step = int(state["step"])
         self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -14,6 +14,17 @@ recomputed for training, so the ratio compares like with like.
 (0,)
 >>> trie.action_of([5, 6, 0])
 'north'
+
+:class:`ThinkThenChoose` puts a fixed number of free "reasoning" tokens before the trie: how the
+tiny preset's extractor stands in for a thinking model (long reasoning, short answer).
+
+>>> think = ThinkThenChoose(trie, think_tokens=2, free_ids=range(1, 9))
+>>> think.allowed([3])        # still reasoning: any token but EOS
+(1, 2, 3, 4, 5, 6, 7, 8)
+>>> think.allowed([3, 8])     # reasoning over: the trie's first tokens
+(5, 7)
+>>> think.action_of([3, 8, 7, 0])
+'south'
 """
 
 from __future__ import annotations
@@ -119,6 +130,54 @@ class ActionTrie:
         return self._actions.get(tuple(ids))
 
 
+class ThinkThenChoose:
+    """``think_tokens`` free tokens (any of ``free_ids``; never EOS), then one action of ``trie``.
+
+    Same interface as :class:`ActionTrie` (``allowed``, ``is_complete``, ``action_of``,
+    ``eos_token_id``), so ``generate_batch`` takes either. ``action_of`` returns only the chosen
+    action: like a thinking model's reasoning, the free tokens are trained on but never stored as
+    the answer. Every reasoning position allows the same tuple object, so the per-token allowed
+    sets a generation stores cost one reference each.
+    """
+
+    def __init__(self, trie: ActionTrie, think_tokens: int, free_ids: Iterable[int]) -> None:
+        if think_tokens < 0:
+            raise ValueError(f"ThinkThenChoose: think_tokens must be >= 0, got {think_tokens}")
+        self.trie = trie
+        self.think_tokens = int(think_tokens)
+        self.free_ids: tuple[int, ...] = tuple(sorted({int(i) for i in free_ids} - {trie.eos_token_id}))
+        if think_tokens and not self.free_ids:
+            raise ValueError("ThinkThenChoose: no free token ids to reason with")
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.trie.eos_token_id
+
+    @property
+    def actions(self) -> list[str]:
+        return self.trie.actions
+
+    def __len__(self) -> int:
+        return len(self.trie)
+
+    def allowed(self, prefix: Sequence[int]) -> tuple[int, ...]:
+        if len(prefix) < self.think_tokens:
+            return self.free_ids
+        return self.trie.allowed(prefix[self.think_tokens :])
+
+    def is_complete(self, prefix: Sequence[int]) -> bool:
+        return len(prefix) >= self.think_tokens and self.trie.is_complete(prefix[self.think_tokens :])
+
+    def action_of(self, ids: Sequence[int]) -> str | None:
+        if len(ids) <= self.think_tokens:
+            return None
+        return self.trie.action_of(ids[self.think_tokens :])
+
+
+Constraint = ActionTrie | ThinkThenChoose
+"""What ``generate_batch`` accepts per row to constrain it."""
+
+
 def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> torch.Tensor:
     """``logits`` [N, V] with every token outside ``allowed[n]`` set to ``-inf`` (None: row kept).
 
@@ -132,12 +191,16 @@ def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None
         return logits
     vocab = logits.shape[1]
     keep = torch.zeros((len(rows), vocab), dtype=torch.bool, device=logits.device)
+    seen: dict[int, torch.Tensor] = {}  # rows sharing one allowed object (ThinkThenChoose) convert it once
     for j, i in enumerate(rows):
-        ids = torch.as_tensor(list(allowed[i]), dtype=torch.long, device=logits.device)  # type: ignore[arg-type]
-        if ids.numel() == 0:
-            raise ValueError(f"constraint_mask: row {i} allows no token")
-        if int(ids.max()) >= vocab or int(ids.min()) < 0:
-            raise ValueError(f"constraint_mask: row {i} allows token ids outside the vocabulary of {vocab}")
+        ids = seen.get(id(allowed[i]))
+        if ids is None:
+            ids = torch.as_tensor(list(allowed[i]), dtype=torch.long, device=logits.device)  # type: ignore[arg-type]
+            if ids.numel() == 0:
+                raise ValueError(f"constraint_mask: row {i} allows no token")
+            if int(ids.max()) >= vocab or int(ids.min()) < 0:
+                raise ValueError(f"constraint_mask: row {i} allows token ids outside the vocabulary of {vocab}")
+            seen[id(allowed[i])] = ids
         keep[j, ids] = True
     out = logits.clone()
     row_idx = torch.as_tensor(rows, dtype=torch.long, device=logits.device)
