@@ -1,6 +1,6 @@
 """Actor step time of grpo vs complementary (background track) vs complementary forced synchronous.
 
-Runs the tiny preset for a few steps three ways, in one process, in interleaved rounds:
+Runs the tiny preset three ways, in one process, **interleaved step by step**:
 
 * ``grpo``: no experience; the actor gets its share (1 core).
 * ``complementary`` asynchronous: the background track runs in its own thread of the trainer
@@ -8,43 +8,50 @@ Runs the tiny preset for a few steps three ways, in one process, in interleaved 
 * ``complementary`` synchronous: each actor step waits for distillation, the extractor update and
   the merge (``experience.asynchronous=false``; the extractor in process, as auto mode picks).
 
+**Interleaving.** The three trainers are built first; then step t of each runs in turn, the order
+cycling through all six permutations, so that load drift on a shared host (seen here: the same
+loop taking 2x as long a few seconds later) hits the three alike and no configuration always
+follows the same one. The asynchronous run's extractor process runs only during that run's own
+steps: it is stopped (``SIGSTOP``) when its step ends and continued (``SIGCONT``) when its next
+step starts, so its work overlaps exactly the actor steps it would overlap in a run of its own,
+and never the other two configurations' steps. (The background *thread* is not stopped: it only
+waits on the worker's pipe or does bank work, ``track_cpu_per_step_s``, a few ms per step.)
+
 Core split: each track is pinned to its own cores (``os.sched_setaffinity``, ``crl_train.affinity``;
 on 2 cores: trainer process → core 0, extractor process → core 1) and runs torch with 1 intra-op
-thread. The trainer process holds the actor's primary loop and the light bank/manager work of the
-background thread (which otherwise waits on the worker's pipe). The grpo run and the synchronous
-run (extractor in process) get the actor's share. The split is printed in ``core_split``.
+thread. The grpo run and the synchronous run (extractor in process) get the actor's share. The
+split is printed in ``core_split``.
 
 Extractor workload (``WORKLOAD``, applied to all three runs unless ``--tiny-extractor``): the
-tiny preset's extractor answers one constrained op line, i.e. it does almost nothing, whereas the
-paper's extractor is a 4B *thinking* model that writes its reasoning before its ops. The benchmark
-lets it answer in free text (``extractor.constrained=false``) up to ``extractor.max_new_tokens``
-tokens, so that its work per actor step (``extractor_busy_per_step_s`` of the async run, time the
-trainer's calls into the worker took) is about 0.5–0.9× the actor's step — heavy enough that
-waiting for it costs the synchronous run, light enough that the background track keeps up
-(``queue_depth_end``).
+paper's extractor is a 4B *thinking* model that reasons at length before writing a short op. The
+tiny preset's extractor chooses its op line at once, i.e. does almost nothing; here it first
+samples ``extractor.think_tokens`` free reasoning tokens (``ThinkThenChoose``) with a deeper
+model, so that its work per actor step (``extractor_cpu_per_step_s``: CPU of the extractor
+process per asynchronous step) is a large part of the actor's step, while its entries — what
+guided prompts carry — keep the length of a real op.
 
-``core_interference`` (measured first, before any run): how much a busy extractor core slows a
-pure-Python loop on the actor's core. On a machine whose cores are independent it is ~1.0; where
-the two vCPUs are SMT siblings of one physical core it reaches 1.5-1.8 (seen on this VM), and
-then no split can keep the extractor's work from costing the actor: read ``async_over_grpo``
-together with it. ``track_cpu_per_step_s`` is the CPU the background thread took in the trainer
-process (its GIL and core) per actor step.
+``core_interference`` (measured first): how much a busy extractor core slows a pure-Python loop on
+the actor's core. ~1.0 on independent cores; 1.5-1.8 where the two vCPUs share a physical core
+(seen on this VM at times), and then the extractor's work costs the actor that factor while the
+two overlap: read ``async_over_grpo`` with it.
 
-The first ``--warmup`` steps of each run are excluded (cold caches, the first search of an empty
-bank); the worker's start-up happens while the trainer is built, before any timed step. Ratios are
-of means over the kept steps of all rounds (``median_*``: the same with medians, less sensitive to
-other users' load spikes). Prints one JSON object last.
+The first ``--warmup`` steps of each configuration are excluded (cold caches, the first search of
+an empty bank). Ratios are of means over the kept steps (``median_*``: of medians;
+``paired_median_*``: the median over steps t of the per-step ratio). Prints one JSON object last.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,60 +63,101 @@ CORE_SPLIT = ("trainer process pinned to the actor's cores, torch 1 intra-op thr
               "CISPO, checkpoints); grpo and sync (extractor in process): the actor's cores, 1 thread")
 
 
-WORKLOAD = ["extractor.constrained=false", "extractor.max_new_tokens=96", "extractor.tiny_layers=4"]
+WORKLOAD = ["extractor.think_tokens=64", "actor.lr=1e-6"]
+
+CONFIGS = {"grpo": ("grpo", True), "complementary_async": ("complementary", True),
+           "complementary_sync": ("complementary", False)}
+
+PHASES = ("rollout_time_s", "update_time_s", "search_latency_s", "actions_per_episode", "success")
 
 
-def run(method: str, asynchronous: bool, steps: int, warmup: int, extra: list[str]) -> dict[str, Any]:
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Arm:
+    """One configuration: its trainer, and what its steps measured."""
+
+    name: str
+    trainer: Any
+    tmp: Any
+    times: list[float] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in PHASES})
+    extractor_cpu: list[float] = field(default_factory=list)
+
+    @property
+    def worker_pid(self) -> int | None:
+        ext = self.trainer.c.extractor
+        return ext.pid if ext.__class__.__name__ == "ExtractorWorker" else None
+
+    def step(self, t: int) -> None:
+        pid = self.worker_pid
+        cpu0 = 0.0
+        if pid is not None:
+            cpu0 = _process_cpu_s(pid)
+            os.kill(pid, signal.SIGCONT)
+        try:
+            row = self.trainer.step(t)
+        finally:
+            if pid is not None:
+                os.kill(pid, signal.SIGSTOP)
+                self.extractor_cpu.append(_process_cpu_s(pid) - cpu0)
+        self.times.append(row["step_time_s"])
+        for k in PHASES:
+            self.phases[k].append(float(row.get(k) or 0.0))
+
+    def close(self) -> dict[str, Any]:
+        """Stop the track, release the worker, and report the run's counters."""
+        c = self.trainer.c
+        pid = self.worker_pid
+        try:
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)  # a stopped child could not answer close()
+            st = c.track.stats
+            out = {"distilled": st.distilled, "distill_batches": st.distill_batches, "extractor_updates": st.updates,
+                   "merges": st.merges, "queue_depth_end": c.manager.pending(), "track_errors": st.errors,
+                   "track_cpu_s": st.cpu_s, "extractor_process": pid is not None,
+                   "core_split": c.cpu_split.describe() if c.cpu_split else None}
+            c.track.stop()
+        finally:
+            self.trainer.close()
+            self.tmp.cleanup()
+        return out
+
+
+def build(name: str, steps: int, extra: list[str], cpus: set[int]) -> Arm:
     from crl_train.config import load_config
     from crl_train.trainer import Trainer
 
+    method, asynchronous = CONFIGS[name]
     overrides = [f"method={method}", f"train.steps={steps}", "train.eval_episodes=0", "train.checkpoint_every=1000",
                  f"experience.asynchronous={str(asynchronous).lower()}", "experience.actor_threads=1",
                  "experience.extractor_threads=1", *extra]
-    cfg = load_config(None, overrides)
-    with tempfile.TemporaryDirectory(prefix=f"bench_{method}_") as d:
-        t0 = time.perf_counter()
-        trainer = Trainer(cfg, d, progress=False)
-        times: list[float] = []
-        phases: dict[str, list[float]] = {"rollout_time_s": [], "update_time_s": [], "search_latency_s": []}
-        ext = trainer.c.extractor
-        busy0 = track_cpu0 = 0.0
-        try:
-            trainer.c.track.start()
-            for t in range(steps):
-                if t == warmup:
-                    busy0 = float(getattr(ext, "busy_s", 0.0))
-                    track_cpu0 = trainer.c.track.stats.cpu_s
-                row = trainer.step(t)
-                times.append(row["step_time_s"])
-                for k, v in phases.items():
-                    v.append(float(row.get(k) or 0.0))
-            busy = float(getattr(ext, "busy_s", 0.0)) - busy0
-            # how far the extractor got while the actor ran (async: it may trail; sync: nothing pending)
-            st = trainer.c.track.stats
-            extra_out = {"distilled": st.distilled, "distill_batches": st.distill_batches,
-                         "extractor_updates": st.updates, "merges": st.merges,
-                         "queue_depth_end": trainer.c.manager.pending(), "track_errors": st.errors,
-                         "extractor_process": ext.__class__.__name__ == "ExtractorWorker",
-                         "extractor_busy_s": busy, "track_cpu_s": st.cpu_s - track_cpu0, "busy_by_op_s": {k: round(v, 3) for k, v in
-                                                                    getattr(ext, "busy_by_op", {}).items()},
-                         "core_split": trainer.c.cpu_split.describe() if trainer.c.cpu_split else None,
-                         "phases_mean_s": {k: statistics.mean(v[warmup:] or v) for k, v in phases.items()}}
-            trainer.c.track.stop()
-        finally:
-            trainer.close()
-        wall = time.perf_counter() - t0
-    kept = times[warmup:] or times
-    return {"mean_step_s": statistics.mean(kept), "median_step_s": statistics.median(kept), "steps": len(kept),
-            "step_times_s": [round(x, 4) for x in times], **extra_out, "wall_s": wall}
-
-
-def _spin(cpus: list[int], seconds: float) -> None:
-    """Child of :func:`core_interference`: a pure-Python busy loop on ``cpus``."""
+    tmp = tempfile.TemporaryDirectory(prefix=f"bench_{name}_")
+    # each trainer splits the cores it finds: give it the process's original set, not the
+    # actor's share the previous trainer pinned the process to
     os.sched_setaffinity(0, cpus)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        sum(range(1000))
+    trainer = Trainer(load_config(None, overrides), tmp.name, progress=False)
+    arm = Arm(name, trainer, tmp)
+    if arm.worker_pid is not None:
+        os.kill(arm.worker_pid, signal.SIGSTOP)  # runs only during its own run's steps
+    trainer.c.track.start()
+    return arm
+
+
+SPIN = """
+import os, sys, time
+os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
+end = time.perf_counter() + float(sys.argv[2])
+while time.perf_counter() < end:
+    sum(range(1000))
+"""
+"""Child of :func:`core_interference`: a pure-Python busy loop on the given cores (run with ``-c``,
+so it needs nothing importable from this script)."""
 
 
 def _python_loop_s(n: int = 3_000_000) -> float:
@@ -126,7 +174,7 @@ def core_interference(actor_cpus: list[int], extractor_cpus: list[int]) -> dict[
     extractor's cores. 1.0 means independent cores; two SMT siblings of one physical core (how some
     VMs present 2 vCPUs) give ~1.5-1.8, and then any extractor work running beside the actor costs
     it that factor for as long as the two overlap."""
-    import multiprocessing as mp
+    import subprocess
 
     if not hasattr(os, "sched_setaffinity") or not extractor_cpus:
         return {"slowdown": None, "why": "no separate extractor cores to probe"}
@@ -134,37 +182,32 @@ def core_interference(actor_cpus: list[int], extractor_cpus: list[int]) -> dict[
     os.sched_setaffinity(0, actor_cpus)
     try:
         alone = min(_python_loop_s() for _ in range(3))
-        proc = mp.get_context("spawn").Process(target=_spin, args=(extractor_cpus, 60.0), daemon=True)
-        proc.start()
+        proc = subprocess.Popen([sys.executable, "-c", SPIN, ",".join(map(str, extractor_cpus)), "60"])
         try:
             time.sleep(1.0)  # the child is spinning
             busy = min(_python_loop_s() for _ in range(3))
+            spinner_cpu = _process_cpu_s(proc.pid)  # proves the child really ran beside the loop
         finally:
             proc.terminate()
-            proc.join()
+            proc.wait()
     finally:
         os.sched_setaffinity(0, before)
     return {"slowdown": round(busy / alone, 3), "alone_s": round(alone, 4), "beside_busy_core_s": round(busy, 4),
-            "actor_cpus": actor_cpus, "extractor_cpus": extractor_cpus}
-
-
-CONFIGS = {"grpo": ("grpo", True), "complementary_async": ("complementary", True),
-           "complementary_sync": ("complementary", False)}
+            "spinner_cpu_s": round(spinner_cpu, 2), "actor_cpus": actor_cpus, "extractor_cpus": extractor_cpus}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=8, help="actor steps per run")
-    ap.add_argument("--warmup", type=int, default=2, help="first steps of each run excluded")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="runs per configuration, interleaved (order reversed every other round) so that "
-                         "load drift on a shared machine hits all three alike")
+    ap.add_argument("--steps", type=int, default=30, help="actor steps per configuration (interleaved)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of each configuration excluded")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config overrides applied to all three runs")
     ap.add_argument("--tiny-extractor", action="store_true",
-                    help="keep the tiny preset's constrained one-line extractor instead of the benchmark's WORKLOAD")
+                    help="keep the tiny preset's one-line extractor instead of the benchmark's WORKLOAD")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
     args = ap.parse_args(argv)
+    if args.warmup >= args.steps:
+        ap.error(f"--warmup ({args.warmup}) must be < --steps ({args.steps})")
     import logging
 
     import torch
@@ -180,19 +223,33 @@ def main(argv: list[str] | None = None) -> int:
     exp = load_config(None, overrides).experience
     split = split_cpus(available_cpus(), exp.actor_cpus, exp.extractor_cpus, pin=exp.pin_cpus)
     interference = core_interference(list(split.actor or ()), list(split.extractor or ()))
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in CONFIGS}
-    for r in range(args.rounds):
-        order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
-        for name in order:
-            method, asynchronous = CONFIGS[name]
-            runs[name].append(run(method, asynchronous, args.steps, args.warmup, overrides))
+    t0 = time.perf_counter()
+    cpus = os.sched_getaffinity(0)
+    arms: dict[str, Arm] = {}
+    counters: dict[str, dict[str, Any]] = {}
+    orders = list(itertools.permutations(CONFIGS))
+    try:
+        for name in CONFIGS:
+            arms[name] = build(name, args.steps, overrides, cpus)
+        for t in range(args.steps):
+            for name in orders[t % len(orders)]:
+                arms[name].step(t)
             if not args.json:
-                print(f"round {r} {name}: mean {runs[name][-1]['mean_step_s']:.3f} s", file=sys.stderr)
-    kept = {k: [t for x in v for t in x["step_times_s"][args.warmup:]] for k, v in runs.items()}
+                print(f"step {t}: " + ", ".join(f"{n} {a.times[-1]:.3f} s" for n, a in arms.items()), file=sys.stderr)
+    finally:
+        for name in reversed(list(arms)):
+            counters[name] = arms[name].close()
+        os.sched_setaffinity(0, cpus)
+    w = args.warmup
+    kept = {k: a.times[w:] for k, a in arms.items()}
     mean = {k: statistics.mean(v) for k, v in kept.items()}
     median = {k: statistics.median(v) for k, v in kept.items()}
-    a_runs = runs["complementary_async"]
-    busy_per_step = sum(x["extractor_busy_s"] for x in a_runs) / max(1, sum(x["steps"] for x in a_runs))
+
+    def paired(num: str, den: str) -> float:
+        return statistics.median(x / y for x, y in zip(kept[num], kept[den], strict=True))
+
+    a = arms["complementary_async"]
+    ext_cpu = statistics.mean(a.extractor_cpu[w:]) if a.extractor_cpu else 0.0
     out = {
         "grpo_step_s": mean["grpo"],
         "async_step_s": mean["complementary_async"],
@@ -201,24 +258,27 @@ def main(argv: list[str] | None = None) -> int:
         "sync_over_async": mean["complementary_sync"] / mean["complementary_async"],
         "median_async_over_grpo": median["complementary_async"] / median["grpo"],
         "median_sync_over_async": median["complementary_sync"] / median["complementary_async"],
+        "paired_median_async_over_grpo": paired("complementary_async", "grpo"),
+        "paired_median_sync_over_async": paired("complementary_sync", "complementary_async"),
         "steps_kept": {k: len(v) for k, v in kept.items()},
-        "extractor_busy_per_step_s": busy_per_step,
-        "extractor_busy_fraction": busy_per_step / mean["complementary_async"],
+        "extractor_cpu_per_step_s": ext_cpu,
+        "extractor_busy_fraction": ext_cpu / mean["complementary_async"],
         # CPU the background thread took in the trainer process (the actor's core and GIL), per step
-        "track_cpu_per_step_s": sum(x["track_cpu_s"] for x in a_runs) / max(1, sum(x["steps"] for x in a_runs)),
-        "queue_depth_end_async": [x["queue_depth_end"] for x in a_runs],
-        "phases_mean_s": {k: {p: statistics.mean(x["phases_mean_s"][p] for x in v) for p in v[0]["phases_mean_s"]}
-                          for k, v in runs.items()},
-        "core_split": {"split": a_runs[0]["core_split"], "threads": CORE_SPLIT},
+        "track_cpu_per_step_s": counters["complementary_async"]["track_cpu_s"] / args.steps,
+        "queue_depth_end_async": counters["complementary_async"]["queue_depth_end"],
+        "phases_mean_s": {k: {p: statistics.mean(v[w:]) for p, v in arm.phases.items()} for k, arm in arms.items()},
+        "core_split": {"split": counters["complementary_async"]["core_split"], "threads": CORE_SPLIT},
         "core_interference": interference,
         "cpu_count": os.cpu_count(),
         "loadavg_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+        "wall_s": round(time.perf_counter() - t0, 1),
         "overrides": overrides,
-        "runs": runs,
+        "counters": counters,
+        "step_times_s": {k: [round(x, 4) for x in arm.times] for k, arm in arms.items()},
     }
     if not args.json:
         for k, v in out.items():
-            if k != "runs":
+            if k != "step_times_s":
                 print(f"{k}: {v}", file=sys.stderr)
     print(json.dumps(out))
     return 0
