@@ -101,8 +101,8 @@ def test_cispo_in_the_child_equals_cispo_in_process(worker: ExtractorWorker, tmp
     torch.manual_seed(0)
     local = build_extractor(SPEC)  # same init seed, same tokenizer texts → same weights as the child's
     samples = local.generate(["p1", "p2", "p3"], [["RETURN: nothing new", "ADD: walk east"]] * 3)
-    state = local.get_state()  # constraints of these samples: the child needs them to recompute log-probs
-    worker.set_state({"version": worker.version, "constraints": {**worker.get_state()["constraints"], **state["constraints"]}})
+    # constraints of these samples: the child needs them to recompute log-probs
+    worker.set_state({**local.get_state(), "version": worker.version})
     mgr_w, mgr_l = manager(("a",)), manager(("a",))
     eid = mgr_w.bank.ids()[0]
     # rewards r̄ = (+1, −1, +1): Â = r̄ − mean = (2/3, −4/3, 2/3), weights w = 1 (never trained, cooldown 0)
