@@ -25,10 +25,12 @@ split is printed in ``core_split``.
 Extractor workload (``WORKLOAD``, applied to all three runs unless ``--tiny-extractor``): the
 paper's extractor is a 4B *thinking* model that reasons at length before writing a short op. The
 tiny preset's extractor chooses its op line at once, i.e. does almost nothing; here it first
-samples ``extractor.think_tokens`` free reasoning tokens (``ThinkThenChoose``) with a deeper
-model, so that its work per actor step (``extractor_cpu_per_step_s``: CPU of the extractor
-process per asynchronous step) is a large part of the actor's step, while its entries — what
-guided prompts carry — keep the length of a real op.
+samples ``extractor.think_tokens`` free reasoning tokens (``ThinkThenChoose``), so that its work
+per actor step (``extractor_cpu_per_step_s``: CPU of the extractor process per asynchronous step)
+is a large part of the actor's step, while its entries — what guided prompts carry — keep the
+length of a real op. ``actor.lr=1e-6`` (the paper's value): the benchmark measures time, not
+learning; with the tiny preset's 1e-3 the configuration that learns fastest gets shorter
+episodes, so cheaper steps, for that reason alone (``actions_per_episode`` in ``phases_mean_s``).
 
 ``core_interference`` (measured first): how much a busy extractor core slows a pure-Python loop on
 the actor's core. ~1.0 on independent cores; 1.5-1.8 where the two vCPUs share a physical core

@@ -38,7 +38,14 @@ from crl_gym.experience.prompts import (
     distillation_update_ids,
     extract_refined_advice,
 )
-from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
+from crl_gym.protocol import (
+    DistillationRequest,
+    ExperienceOp,
+    ExperienceRef,
+    ExtractorSample,
+    Step,
+    Trajectory,
+)
 from crl_train.algorithms import batch_advantages, cispo_loss, training_count_weights
 from crl_train.policy.base import Generation, TokenSequence, TrainBatch
 from crl_train.policy.trie import ActionTrie, ThinkThenChoose
@@ -77,8 +84,6 @@ def candidate_ops(request: DistillationRequest, max_candidates: int = 6) -> list
 
 def example_op_lines(actions: Sequence[str] = ("north", "east")) -> list[str]:
     """Every phrasing :func:`candidate_ops` writes, for ``actions`` (tokenizer training texts)."""
-    from crl_gym.protocol import ExperienceRef, Step, Trajectory
-
     steps = [Step("", a, 0.0) for a in actions]
     lines: list[str] = []
     for success in (True, False):
@@ -265,15 +270,20 @@ class Extractor:
     def set_state(self, d: dict[str, Any]) -> None:
         """Inverse of :meth:`get_state` (also reads the older form with the sets written inline)."""
         with self.lock:
-            self.version = int(d.get("version", 0))
             sets = [tuple(int(i) for i in a) for a in d.get("allowed_sets", [])]
 
             def one(a: Any) -> tuple[int, ...] | None:
                 if a is None:
                     return None
-                return sets[a] if isinstance(a, int) else tuple(a)
+                if not isinstance(a, int):
+                    return tuple(a)
+                if not 0 <= a < len(sets):
+                    raise ValueError(f"extractor state: a constraint refers to allowed set {a}, "
+                                     f"but the state holds {len(sets)} sets (corrupt checkpoint?)")
+                return sets[a]
 
-            self.constraints = {k: [one(a) for a in v] for k, v in d.get("constraints", {}).items()}
+            constraints = {k: [one(a) for a in v] for k, v in d.get("constraints", {}).items()}
+            self.version, self.constraints = int(d.get("version", 0)), constraints  # nothing changes on a bad state
 
     def close(self) -> None:
         """Nothing to release in process (the worker's ``close`` stops its child)."""

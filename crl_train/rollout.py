@@ -228,14 +228,16 @@ class RolloutRunner:
         # 3. advance all together
         for ep in episodes:
             ep.info["rollout_step"] = step
+        release = getattr(self.policy, "release_cache", None)
         try:
             while True:
                 live = [(ep, env) for ep, env in zip(episodes, envs, strict=True) if not ep.done]
                 if not live:
                     break
                 self._turn(live)
+                if release is not None:  # a finished episode's kept keys/values are not needed again
+                    release([id(ep) for ep, _ in live if ep.done])
         finally:
-            release = getattr(self.policy, "release_cache", None)
             if release is not None:
                 release([id(ep) for ep in episodes])
         return episodes

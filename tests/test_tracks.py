@@ -144,6 +144,10 @@ def test_thinking_extractor_reasons_then_answers_one_op_and_recomputes_its_logpr
     inline = {k: [list(a) if a is not None else None for a in v] for k, v in extractor.constraints.items()}
     other.set_state({"version": 3, "constraints": inline})
     assert other.constraints == extractor.constraints and other.version == 3
+    # a state whose references point past its sets is refused, naming the problem
+    bad = {**state, "allowed_sets": state["allowed_sets"][:1]}
+    with pytest.raises(ValueError, match="refers to allowed set 1, but the state holds 1 sets"):
+        other.set_state(bad)
 
 
 def test_think_tokens_need_a_constrained_extractor(policies: tuple[Any, Any]) -> None:
