@@ -47,7 +47,6 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Sequence
@@ -215,9 +214,6 @@ class ExtractorWorker:
         self._dead_reason: str | None = None
         self._stale = 0  # replies of calls interrupted by an exception (Ctrl-C) still in the pipe
         self._token_cache: dict[str, int] = {}
-        self.busy_s = 0.0
-        """Seconds callers spent waiting for the child's answers (its model work, plus the pipe)."""
-        self.busy_by_op: dict[str, float] = {}
         ctx = mp.get_context(start_method)
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, spec), name="crl-extractor", daemon=True)  # type: ignore[attr-defined]
@@ -285,7 +281,6 @@ class ExtractorWorker:
             while self._stale:  # a Ctrl-C left an answer in the pipe: read it so replies stay paired
                 self._recv(op, None)
                 self._stale -= 1
-            t0 = time.perf_counter()
             try:
                 self._conn.send((op, args))
             except (BrokenPipeError, OSError):
@@ -297,10 +292,6 @@ class ExtractorWorker:
             except BaseException:
                 self._stale += 1  # interrupted while the child still works on it
                 raise
-            finally:
-                dt = time.perf_counter() - t0
-                self.busy_s += dt
-                self.busy_by_op[op] = self.busy_by_op.get(op, 0.0) + dt
 
     def affinity(self) -> list[int] | None:
         """The cores the child may run on (None where the platform has no affinity)."""

@@ -337,9 +337,8 @@ class Trainer:
     def _save_extractor(self, target: Path, previous: Path) -> None:
         """π_φ's weights (through the worker when it runs in a process). A dead worker has nothing
         to save: the previous checkpoint's extractor is kept, so ``--resume`` still finds one."""
+        assert not isinstance(self.c.extractor, NoExtractor)  # checkpoint() calls this only for methods with one
         try:
-            if isinstance(self.c.extractor, NoExtractor):
-                raise ExtractorUnavailable("this method has no extractor")
             self.c.extractor.save(target)
         except ExtractorUnavailable:
             if previous.is_dir():

@@ -87,12 +87,10 @@ def test_model_work_runs_in_another_process(worker: ExtractorWorker) -> None:
 
 
 @pytest.mark.skipif(WORKER_CPUS is None, reason="no CPU affinity on this platform")
-def test_the_child_runs_on_its_own_cores_and_its_busy_time_is_counted(worker: ExtractorWorker) -> None:
-    busy = worker.busy_s
+def test_the_child_runs_on_its_own_cores(worker: ExtractorWorker) -> None:
     assert worker.affinity() == list(WORKER_CPUS or ())
     # this process keeps all its cores: only the child was pinned
     assert len(os.sched_getaffinity(0)) >= 1 and worker.pid != os.getpid()
-    assert worker.busy_s > busy and worker.busy_by_op["affinity"] > 0
 
 
 def test_cispo_in_the_child_equals_cispo_in_process(worker: ExtractorWorker, tmp_path: Path) -> None:
