@@ -31,7 +31,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check crl_gym crl_train bench tests
-	$(VENV)/bin/mypy crl_train/algorithms crl_train/config.py crl_gym/experience/config.py
+	$(VENV)/bin/mypy crl_gym crl_train
 
 bench: $(STAMP)
 	$(PY) bench/retrieval.py --json

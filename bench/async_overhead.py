@@ -4,7 +4,7 @@ Runs the tiny preset three ways, in one process, **interleaved step by step**:
 
 * ``grpo``: no experience; the actor gets its share (1 core).
 * ``complementary`` asynchronous: the background track runs in its own thread of the trainer
-  process and the extractor's model work in its own process (``crl_train.extractor_worker``).
+  process and the extractor's model work in its own process (``crl_train.extractor.worker``).
 * ``complementary`` synchronous: each actor step waits for distillation, the extractor update and
   the merge (``experience.asynchronous=false``; the extractor in process, as auto mode picks).
 
@@ -17,7 +17,7 @@ step starts, so its work overlaps exactly the actor steps it would overlap in a 
 and never the other two configurations' steps. (The background *thread* is not stopped: it only
 waits on the worker's pipe or does bank work, ``track_cpu_per_step_s``, a few ms per step.)
 
-Core split: each track is pinned to its own cores (``os.sched_setaffinity``, ``crl_train.affinity``;
+Core split: each track is pinned to its own cores (``os.sched_setaffinity``, ``crl_train.run.affinity``;
 on 2 cores: trainer process → core 0, extractor process → core 1) and runs torch with 1 intra-op
 thread. The grpo run and the synchronous run (extractor in process) get the actor's share. The
 split is printed in ``core_split``.
@@ -93,7 +93,7 @@ class Arm:
 
     @property
     def worker_pid(self) -> int | None:
-        ext = self.trainer.c.extractor
+        ext = self.trainer.c.service.extractor
         return ext.pid if ext.__class__.__name__ == "ExtractorWorker" else None
 
     def step(self, t: int) -> None:
@@ -119,12 +119,13 @@ class Arm:
         try:
             if pid is not None:
                 os.kill(pid, signal.SIGCONT)  # a stopped child could not answer close()
-            st = c.track.stats
-            out = {"distilled": st.distilled, "distill_batches": st.distill_batches, "extractor_updates": st.updates,
-                   "merges": st.merges, "queue_depth_end": c.manager.pending(), "track_errors": st.errors,
-                   "track_cpu_s": st.cpu_s, "extractor_process": pid is not None,
+            st = c.service.stats()
+            out = {"distilled": st["distilled"], "distill_batches": st.get("distill_batches", 0),
+                   "extractor_updates": st["extractor_updates"], "merges": st["merges"],
+                   "queue_depth_end": st["queue_depth"], "track_errors": st.get("errors", 0),
+                   "track_cpu_s": st.get("cpu_s", 0.0), "extractor_process": pid is not None,
                    "core_split": c.cpu_split.describe() if c.cpu_split else None}
-            c.track.stop()
+            c.service.stop()
         finally:
             self.trainer.close()
             self.tmp.cleanup()
@@ -133,7 +134,7 @@ class Arm:
 
 def build(name: str, steps: int, extra: list[str], cpus: set[int]) -> Arm:
     from crl_train.config import load_config
-    from crl_train.trainer import Trainer
+    from crl_train.run.trainer import Trainer
 
     method, asynchronous = CONFIGS[name]
     overrides = [f"method={method}", f"train.steps={steps}", "train.eval_episodes=0", "train.checkpoint_every=1000",
@@ -147,7 +148,7 @@ def build(name: str, steps: int, extra: list[str], cpus: set[int]) -> Arm:
     arm = Arm(name, trainer, tmp)
     if arm.worker_pid is not None:
         os.kill(arm.worker_pid, signal.SIGSTOP)  # runs only during its own run's steps
-    trainer.c.track.start()
+    trainer.c.service.start()
     return arm
 
 
@@ -218,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     load_start = os.getloadavg()
     overrides = ([] if args.tiny_extractor else WORKLOAD) + args.overrides
-    from crl_train.affinity import available_cpus, split_cpus
     from crl_train.config import load_config
+    from crl_train.run.affinity import available_cpus, split_cpus
 
     # the split the runs will use, --set experience.actor_cpus=... included
     exp = load_config(None, overrides).experience

@@ -1,42 +1,66 @@
-"""Clients the wrappers use to reach the experience manager: in-process or over HTTP.
+"""Clients of the experience service: in-process (:class:`LocalClient`) or over HTTP (:class:`RemoteClient`).
 
-Both clients implement :class:`ExperienceClient` and behave identically (the same tests run
-against both): ``search`` / ``search_many`` return :class:`~crl_gym.protocol.ExperienceRef`
-(or ``None`` when the bank has nothing), ``ask`` has the extractor refine an entry for the
-agent's own query (the raw entry when no extractor is attached), ``submit`` hands a finished
-episode's :class:`~crl_gym.protocol.DistillationRequest` to the manager without blocking.
+Both implement :class:`ExperienceClient`, the whole interface of
+:class:`~crl_gym.experience.service.RetrievalService`, and behave identically (the same tests run
+against both): ``search`` / ``search_many`` return :class:`~crl_gym.protocol.ExperienceRef` (or
+``None`` when the bank has nothing), ``ask`` has the extractor refine an entry for the agent's own
+query (the raw entry when no extractor is attached), ``submit`` hands a finished episode's
+:class:`~crl_gym.protocol.DistillationRequest` to the service without waiting for the extractor,
+``end_step`` closes a rollout step (:class:`~crl_gym.experience.service.StepOrderError` for a step
+ended twice or out of order, on both faces), ``apply_ops`` writes Add / Update / Delete ops,
+``stats`` / ``health`` report.
 
 >>> from crl_gym.experience.bank import ExperienceBank
 >>> from crl_gym.experience.embedders import HashingEmbedder
 >>> from crl_gym.experience.manager import ExperienceManager
->>> emb = HashingEmbedder(64)
->>> bank = ExperienceBank(None, dim=64)
->>> _ = bank.add("Walk east until the stairs.", emb.encode(["Walk east until the stairs."])[0])
->>> client = LocalClient(ExperienceManager(bank, emb))
+>>> from crl_gym.protocol import AddOp
+>>> client = LocalClient(ExperienceManager(ExperienceBank(None, dim=64), HashingEmbedder(64)))
+>>> client.apply_ops([AddOp("Walk east until the stairs.")])["added"]
+1
 >>> client.search("reach the stairs").text
 'Walk east until the stairs.'
->>> client.close()
+>>> client.end_step(0)["ended"]
+[0]
+>>> client.service.close()
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
-from typing import Any, Protocol, runtime_checkable
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from crl_gym.protocol import DistillationRequest, ExperienceRef
+from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, op_to_dict
+
+if TYPE_CHECKING:
+    from crl_gym.experience.manager import ExperienceManager
+    from crl_gym.experience.service import RetrievalService
 
 logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "CRL_EXPERIENCE_TOKEN"
+"""Environment variable holding the bearer token of ``crl-experience serve`` (both sides read it)."""
 
 
 class ExperienceUnavailable(RuntimeError):
     """The experience service could not be reached or failed; callers run without it."""
 
 
+class ExperienceAuthError(PermissionError, ValueError):
+    """The server refused the call (401): no token was sent, or not the server's token.
+
+    A :class:`ValueError` too (like every 4xx), so callers that catch bad input also catch it,
+    and not an :class:`ExperienceUnavailable`: running on without the bank would hide the mistake.
+    """
+
+
 @runtime_checkable
 class ExperienceClient(Protocol):
-    """What the wrappers need from the experience layer."""
+    """What the wrappers and trainers need from the experience service (every face has all of it)."""
 
     def search(self, query: str) -> ExperienceRef | None:
         """The best (diversified) entry for ``query``, or ``None`` when the bank is empty."""
@@ -55,12 +79,39 @@ class ExperienceClient(Protocol):
         ...
 
     def submit(self, request: DistillationRequest) -> None:
-        """Queue a finished episode for distillation; never blocks on the extractor."""
+        """Queue a finished episode for distillation; never waits for the extractor."""
+        ...
+
+    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
+        """Take up to ``max_n`` queued requests (a trainer that distils on its own)."""
+        ...
+
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+        """Close rollout ``step`` (and earlier open ones): ``{step, ended, requests, credited}``.
+
+        Raises :class:`~crl_gym.experience.service.StepOrderError` for a step already ended.
+        """
+        ...
+
+    def apply_ops(self, ops: list[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+        """Apply Add / Update / Delete / Return ops: ``{added, added_ids, updated, deleted, returned, malformed}``."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """``bank_size``, ``queue_depth``, the extractor's counters and the manager's (``manager``)."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok", "pending": n, "extractor": ...}`` (cheap; no token needed over HTTP)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the client itself holds (never the service it was given)."""
         ...
 
 
 def ask_manager(manager: Any, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-    """Shared ``ask`` logic of :class:`LocalClient` and the HTTP server.
+    """Shared ``ask`` logic of every face (``RetrievalService.ask`` calls it).
 
     The manager's ``refiner(query, entry, context) -> (text, ExtractorSample | None)`` rewrites
     the entry; without one the raw entry text is the answer. A refiner that fails or returns an
@@ -93,108 +144,304 @@ def _count_fallback(reason: str) -> None:
     logger.warning("search_and_ask: returning the raw entry: %s", reason)
 
 
-class LocalClient:
-    """An :class:`ExperienceClient` over an in-process ``ExperienceManager``."""
+def as_service(target: Any) -> RetrievalService:
+    """``target`` itself when it is a service; a bare ``ExperienceManager`` wrapped in a
+    :class:`~crl_gym.experience.service.RetrievalService` (old callers pass a manager)."""
+    from crl_gym.experience.manager import ExperienceManager
+    from crl_gym.experience.service import RetrievalService
 
-    def __init__(self, manager: Any) -> None:
-        self.manager = manager
+    if isinstance(target, RetrievalService):
+        return target
+    if isinstance(target, ExperienceManager):
+        return RetrievalService(target)
+    raise TypeError(f"expected a RetrievalService or an ExperienceManager, got {type(target).__name__}")
+
+
+def check_step(step: object) -> int:
+    """``step`` as a rollout step (int >= 0), else the service's own :class:`StepOrderError`."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        from crl_gym.experience.service import StepOrderError
+
+        raise StepOrderError(f"end_step: step must be an int >= 0, got {step!r}")
+    return step
+
+
+class LocalClient:
+    """An :class:`ExperienceClient` over an in-process service (everything delegates to it).
+
+    Args:
+        target: a :class:`~crl_gym.experience.service.RetrievalService` (or subclass, e.g.
+            ``crl_train.service.ExperienceService``), or an ``ExperienceManager``, which is
+            wrapped in a ``RetrievalService`` of its own. :meth:`close` closes neither: they
+            belong to the caller.
+    """
+
+    def __init__(self, target: RetrievalService | ExperienceManager) -> None:
+        self.service = as_service(target)
+
+    @property
+    def manager(self) -> ExperienceManager:
+        """The service's manager (older callers reach the bank through it)."""
+        return self.service.manager
 
     def search(self, query: str) -> ExperienceRef | None:
-        hits = self.manager.search(query, k=1)
-        return hits[0].ref() if hits else None
+        return self.service.search(query)
 
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
-        if not queries:
-            return []
-        results = self.manager.search_many(list(queries), k=1)
-        return [hits[0].ref() if hits else None for hits in results]
+        return self.service.search_many(list(queries))
 
     def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        return ask_manager(self.manager, query, entry, context)
+        return self.service.ask(query, entry, context)
 
     def submit(self, request: DistillationRequest) -> None:
-        self.manager.submit(request)
+        self.service.submit(request)
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
-        """Dequeue up to ``max_n`` pending requests (trainer side)."""
-        return list(self.manager.get_requests(max_n, timeout))
+        return self.service.get_requests(max_n, timeout)
+
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+        return self.service.end_step(check_step(step), bonus)
+
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+        return self.service.apply_ops(list(ops), step=step)
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.manager.stats())
+        return dict(self.service.stats())
 
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "pending": int(self.manager.pending())}
+        return dict(self.service.health())
 
     def close(self) -> None:
-        """Nothing to release: the manager belongs to the caller."""
+        """Nothing to release: the service (and its manager) belong to the caller."""
+
+
+class _Slot:
+    """One caller's place in a :class:`Combiner` batch."""
+
+    __slots__ = ("item", "result", "error", "batch", "wake")
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.batch: list[_Slot] | None = None
+        self.wake = threading.Lock()
+        self.wake.acquire()  # released once: by the leader that answered it, or to make it lead
+
+
+class Combiner:
+    """Concurrent calls from this process's threads ride one HTTP request (flat combining).
+
+    A caller that finds fewer than ``max_inflight`` batches on the wire sends its own call at
+    once; the others queue, and whoever finishes a batch hands the queue (up to ``max_batch``
+    calls) to its oldest caller, which sends it as one request. One thread alone pays one round
+    trip, as without it; 1,024 env threads that search or submit together cost a handful of
+    requests instead of 1,024 (each of which would cost the server and this process far more
+    than its share of a batch). ``send(items) -> results`` does one request; a result that is an
+    exception is raised to its caller, and when ``send`` raises, every caller of the batch gets it.
+    """
+
+    def __init__(self, send: Callable[[list[Any]], list[Any]], max_batch: int = 1024, max_inflight: int = 2) -> None:
+        self._send = send
+        self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
+        self._lock = threading.Lock()
+        self._waiting: deque[_Slot] = deque()
+        self._inflight = 0
+
+    def __call__(self, item: Any) -> Any:
+        slot = _Slot(item)
+        with self._lock:
+            self._waiting.append(slot)
+            if self._inflight < self.max_inflight:
+                self._inflight += 1
+                slot.batch = self._take()
+        if slot.batch is None:
+            slot.wake.acquire()  # answered, or handed a batch to send (which holds this slot first)
+        if slot.batch is not None:
+            batch, slot.batch = slot.batch, None
+            self._run(batch, slot)
+        if slot.error is not None:
+            raise slot.error
+        return slot.result
+
+    def _take(self) -> list[_Slot]:
+        return [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
+
+    def _run(self, batch: list[_Slot], own: _Slot) -> None:
+        try:
+            results = self._send([s.item for s in batch])
+            for s, r in zip(batch, results, strict=True):
+                if isinstance(r, BaseException):
+                    s.error = r
+                else:
+                    s.result = r
+        except BaseException as exc:  # noqa: BLE001 - handed to every caller of the batch
+            for s in batch:
+                s.error = exc
+        with self._lock:
+            nxt = self._take() if self._waiting else None
+            if nxt is None:
+                self._inflight -= 1
+        if nxt is not None:
+            nxt[0].batch = nxt
+            nxt[0].wake.release()
+        for s in batch:
+            if s is not own:
+                s.wake.release()
 
 
 class RemoteClient:
     """An :class:`ExperienceClient` over HTTP to ``crl-experience serve`` (see :mod:`crl_gym.server`).
 
-    Picklable (the HTTP connection pool is opened lazily in each process), so an env factory
-    that captures it can be sent to ``AsyncVectorEnv`` workers. Transport failures and server
-    errors raise :class:`ExperienceUnavailable`; the wrappers catch it and run the episode free.
+    Args:
+        url: ``http://host:port`` of the server.
+        timeout: seconds per call (``get_requests`` adds its own wait).
+        token: bearer token; ``None`` reads :data:`TOKEN_ENV` (``CRL_EXPERIENCE_TOKEN``).
+
+    Picklable, token included (the HTTP connection pool is opened lazily in each process), so an
+    env factory that captures it can be sent to ``AsyncVectorEnv`` workers. One client is safe to
+    share between threads: its pool keeps a kept-alive connection per concurrent caller.
+    Transport failures and 5xx raise :class:`ExperienceUnavailable` (the wrappers catch it and run
+    the episode free); a 4xx is a :class:`ValueError` with the server's message, 401 an
+    :class:`ExperienceAuthError`, 409 (a step ended twice) a ``StepOrderError``.
     """
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
+        self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self._http: Any = None
         self._pid = -1
+        self._lock = threading.Lock()
+        self._make_combiners()
 
-    # The httpx client holds sockets and locks: rebuild it after pickling or forking.
+    def _make_combiners(self) -> None:
+        # Batch sizes measured by bench/service.py: 512 searches keep a cold storm's embedding
+        # passes short enough that early callers are answered early; 256 submits (~0.4 MB).
+        self._search = Combiner(self._send_searches, max_batch=512, max_inflight=2)
+        self._submit = Combiner(self._send_submits, max_batch=256, max_inflight=2)
+        self._combiners_pid = os.getpid()
+
+    def _combined(self) -> tuple[Combiner, Combiner]:
+        """The (search, submit) combiners of this process (a forked child must not inherit a
+        parent's queue or its held locks)."""
+        if self._combiners_pid != os.getpid():
+            with self._lock:
+                if self._combiners_pid != os.getpid():
+                    self._make_combiners()
+        return self._search, self._submit
+
+    # The httpx client and the combiners hold sockets and locks: rebuild them after pickling
+    # (and the httpx client after forking).
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "timeout": self.timeout}
+        return {"url": self.url, "timeout": self.timeout, "token": self.token}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["timeout"])  # type: ignore[misc]
+        # "" keeps __init__ from reading the environment: the pickled token (or None) is the one.
+        self.__init__(state["url"], state["timeout"], "")  # type: ignore[misc]
+        self.token = state.get("token")
+
+    def __repr__(self) -> str:  # never print the token
+        return f"RemoteClient({self.url!r}, timeout={self.timeout}, token={'***' if self.token else None})"
 
     def _client(self) -> Any:
         if self._http is None or self._pid != os.getpid():
-            import httpx
+            with self._lock:
+                if self._http is None or self._pid != os.getpid():
+                    import httpx
 
-            self._http = httpx.Client(base_url=self.url, timeout=self.timeout)
-            self._pid = os.getpid()
+                    headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+                    # Keep a connection alive per concurrent caller: reconnecting costs more than a call.
+                    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=60.0)
+                    self._http = httpx.Client(base_url=self.url, timeout=self.timeout, headers=headers, limits=limits)
+                    self._pid = os.getpid()
         return self._http
 
-    def _call(self, method: str, path: str, payload: dict[str, Any] | None = None, extra_wait: float = 0.0) -> Any:
+    def _call(self, method: str, path: str, payload: Any = None, extra_wait: float = 0.0, body: bytes | None = None) -> Any:
         import httpx
 
+        content = body if body is not None else None if payload is None else json.dumps(payload, ensure_ascii=False).encode()
+        headers = None if content is None else {"Content-Type": "application/json"}
         try:
-            resp = self._client().request(method, path, json=payload, timeout=self.timeout + extra_wait)
+            resp = self._client().request(method, path, content=content, headers=headers, timeout=self.timeout + extra_wait)
         except httpx.HTTPError as exc:
             raise ExperienceUnavailable(f"experience server {self.url}{path} unreachable: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 500:
-            raise ExperienceUnavailable(f"experience server {self.url}{path} failed ({resp.status_code}): {resp.text[:500]}")
-        if resp.status_code >= 400:
-            # A 4xx is our bug or bad input, not an outage: say which field the server rejected.
-            raise ValueError(f"experience server {self.url}{path} rejected the request ({resp.status_code}): {resp.text[:500]}")
-        return resp.json()
+        status = resp.status_code
+        if status < 400:
+            return resp.json()
+        if status >= 500:
+            raise ExperienceUnavailable(f"experience server {self.url}{path} failed ({status}): {resp.text[:500]}")
+        detail = _detail(resp)
+        if status == 401:
+            need = "a wrong token was sent" if self.token else f"no token was sent (set {TOKEN_ENV} or pass token=)"
+            raise ExperienceAuthError(f"experience server {self.url}{path} refused the call (401): {need}; server said: {detail}")
+        if status == 409:
+            from crl_gym.experience.service import StepOrderError
+
+            raise StepOrderError(detail)
+        # A 4xx is our bug or bad input, not an outage: say which field the server rejected.
+        raise ValueError(f"experience server {self.url}{path} rejected the request ({status}): {detail}")
+
+    def _send_searches(self, queries: list[str]) -> list[ExperienceRef | None]:
+        if len(queries) == 1:  # /search: the server coalesces it with other processes' searches
+            return [ExperienceRef.from_dict(self._call("POST", "/search", {"query": queries[0]})["entry"])]
+        return self._search_many(queries)
+
+    def _search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
+        out = self._call("POST", "/search_many", {"queries": queries})["entries"]
+        return [ExperienceRef.from_dict(d) for d in out]
+
+    def _send_submits(self, encoded: list[str]) -> list[BaseException | None]:
+        body = ('{"requests":[' + ",".join(encoded) + "]}").encode()
+        try:
+            self._call("POST", "/submit", body=body)
+        except ValueError:
+            if len(encoded) == 1:
+                raise
+            # The server rejects a batch as a whole: resend one by one, so only the bad one fails.
+            return [self._submit_one(e) for e in encoded]
+        return [None] * len(encoded)
+
+    def _submit_one(self, encoded: str) -> BaseException | None:
+        try:
+            self._call("POST", "/submit", body=('{"requests":[' + encoded + "]}").encode())
+        except (ValueError, ExperienceUnavailable) as exc:
+            return exc
+        return None
 
     def search(self, query: str) -> ExperienceRef | None:
-        return ExperienceRef.from_dict(self._call("POST", "/search", {"query": query})["entry"])
+        result: ExperienceRef | None = self._combined()[0](str(query))
+        return result
 
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         if not queries:
             return []
-        out = self._call("POST", "/search_many", {"queries": list(queries)})["entries"]
-        return [ExperienceRef.from_dict(d) for d in out]
+        return self._search_many([str(q) for q in queries])
 
     def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
         out = self._call("POST", "/ask", {"query": query, "entry": entry.to_dict(), "context": context})
         return str(out["answer"]), out.get("provenance")
 
     def submit(self, request: DistillationRequest) -> None:
-        self._call("POST", "/submit", {"requests": [request.to_dict()]})
+        if not isinstance(request, DistillationRequest):
+            raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
+        # Encoded by the caller's thread, so the batch's sender only joins the pieces.
+        self._combined()[1](json.dumps(request.to_dict(), ensure_ascii=False))
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
         out = self._call("POST", "/get_requests", {"max_n": max_n, "timeout": timeout}, extra_wait=timeout)
         return [DistillationRequest.from_dict(d) for d in out["requests"]]
+
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+        body = {"step": check_step(step), "bonus": None if bonus is None else {str(k): float(v) for k, v in bonus.items()}}
+        return dict(self._call("POST", "/end_step", body))
+
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+        return dict(self._call("POST", "/apply_ops", {"ops": [op_to_dict(op) for op in ops], "step": step}))
 
     def stats(self) -> dict[str, Any]:
         return dict(self._call("GET", "/stats"))
@@ -206,3 +453,14 @@ class RemoteClient:
         if self._http is not None and self._pid == os.getpid():
             self._http.close()
         self._http = None
+
+
+def _detail(resp: Any) -> str:
+    """The server's error message: FastAPI's ``detail`` (a string, or pydantic's error list)."""
+    try:
+        detail = resp.json().get("detail")
+    except (ValueError, AttributeError):
+        return str(resp.text[:500])
+    if isinstance(detail, str):
+        return detail
+    return json.dumps(detail, ensure_ascii=False)[:1000]

@@ -1,54 +1,81 @@
-"""HTTP front of an ``ExperienceManager`` (FastAPI), and the ``crl-experience`` command.
+"""HTTP face of the experience service (FastAPI), and the ``crl-experience`` command.
 
 Envs in other processes (Gymnasium ``AsyncVectorEnv`` workers), other RL libraries or other
-languages share one bank through it; :class:`crl_gym.clients.RemoteClient` is the Python client.
-Every route delegates to :class:`crl_gym.clients.LocalClient`, so local and remote behave the same.
+languages share one service through it; :class:`crl_gym.clients.RemoteClient` is the Python
+client. Every route delegates to one :class:`~crl_gym.experience.service.RetrievalService` (or a
+subclass such as ``crl_train.service.ExperienceService``), so local and remote behave the same.
 
 Routes (JSON): ``POST /search {query}`` → ``{entry}``, ``POST /search_many {queries}`` →
 ``{entries}``, ``POST /ask {query, entry, context}`` → ``{answer, provenance}``,
 ``POST /submit {requests: [...]}`` → ``{accepted}``, ``POST /get_requests {max_n, timeout}`` →
-``{requests}``, ``GET /stats``, ``GET /health``. A malformed body is answered 422 naming the field.
+``{requests}``, ``POST /end_step {step, bonus}`` → ``{step, ended, requests, credited}`` (409 for a
+step already ended), ``POST /apply_ops {ops, step}`` → ``{added, added_ids, updated, deleted,
+returned, malformed}``, ``GET /stats``, ``GET /health``. A malformed body is answered 422 naming
+the field. With a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
+(else 401).
 
-Start it with ``crl-experience serve --bank DIR --port 8765 [--embedder hashing:384]``.
+Start it with ``crl-experience serve --bank DIR --port 8765 [--embedder hashing:384]
+[--extractor tiny|CONFIG.yaml] [--token-file FILE]``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import importlib
+import ipaddress
+import json
 import logging
+import os
+import secrets
+from collections import deque
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Annotated, Any, Literal
 
 import click
-from fastapi import FastAPI, HTTPException
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
-from crl_gym.clients import LocalClient
-from crl_gym.protocol import DistillationRequest, ExperienceRef
+from crl_gym.clients import TOKEN_ENV, as_service
+from crl_gym.experience.service import RetrievalService, StepOrderError
+from crl_gym.protocol import DistillationRequest, ExperienceRef, _jsonable, op_from_dict
 
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 4096
-"""Most queries / requests accepted in one call (bounded memory per request)."""
+"""Most queries / requests / ops accepted in one call (bounded memory per request)."""
+MAX_TEXT = 1_000_000
+"""Longest query, context or entry text accepted, in characters."""
+ID = Annotated[int, Field(ge=0, lt=2**64)]
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
 
 
 class SearchBody(BaseModel):
-    query: str
+    query: Text
 
 
 class SearchManyBody(BaseModel):
-    queries: list[str] = Field(max_length=MAX_BATCH)
+    queries: list[Text] = Field(max_length=MAX_BATCH)
 
 
 class EntryBody(BaseModel):
-    id: int = Field(ge=0, lt=2**64)
-    text: str
-    version: int = 0
+    id: ID
+    text: Text
+    version: int = Field(default=0, ge=0)
 
 
 class AskBody(BaseModel):
-    query: str
+    query: Text
     entry: EntryBody
-    context: str = ""
+    context: Text = ""
 
 
 class SubmitBody(BaseModel):
@@ -60,39 +87,185 @@ class GetRequestsBody(BaseModel):
     timeout: float = Field(default=0.0, ge=0.0, le=60.0)
 
 
-def create_app(manager: Any) -> FastAPI:
-    """A FastAPI app serving ``manager``. Routes are sync (FastAPI runs them in its thread
-    pool), so the manager's own batching and reader/writer lock see concurrent callers."""
-    client = LocalClient(manager)
-    app = FastAPI(title="crl experience server", version="1")
-    app.state.manager = manager
+class EndStepBody(BaseModel):
+    step: int = Field(ge=0, strict=True)
+    bonus: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(default=None, max_length=16 * MAX_BATCH)
 
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return client.health()
 
-    @app.get("/stats")
-    def stats() -> dict[str, Any]:
-        return _jsonable_stats(client.stats())
+class AddOpBody(BaseModel):
+    kind: Literal["add"]
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    tags: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=64)
 
-    @app.post("/search")
-    def search(body: SearchBody) -> dict[str, Any]:
-        ref = client.search(body.query)
-        return {"entry": ref.to_dict() if ref is not None else None}
 
-    @app.post("/search_many")
-    def search_many(body: SearchManyBody) -> dict[str, Any]:
-        refs = client.search_many(body.queries)
-        return {"entries": [r.to_dict() if r is not None else None for r in refs]}
+class UpdateOpBody(BaseModel):
+    kind: Literal["update"]
+    id: ID
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
 
-    @app.post("/ask")
-    def ask(body: AskBody) -> dict[str, Any]:
+
+class DeleteOpBody(BaseModel):
+    kind: Literal["delete"]
+    id: ID
+
+
+class ReturnOpBody(BaseModel):
+    kind: Literal["return"]
+    reason: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    malformed: bool = False
+
+
+OpBody = Annotated[AddOpBody | UpdateOpBody | DeleteOpBody | ReturnOpBody, Field(discriminator="kind")]
+
+
+class ApplyOpsBody(BaseModel):
+    ops: list[OpBody] = Field(max_length=MAX_BATCH)
+    step: int | None = Field(default=None, ge=0)
+
+
+def _json(payload: Any) -> Response:
+    """A JSON response encoded once with the stdlib (FastAPI's own path validates and re-walks it)."""
+    return Response(json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(), media_type="application/json")
+
+
+class SearchCoalescer:
+    """Gathers concurrent ``/search`` calls into ``service.search_many`` batches run off the loop.
+
+    One thread hop per batch instead of one per call (and no cap of the default thread pool
+    on how many searches wait at once): the calls that arrive while a batch runs form the next
+    one, so 1,024 simultaneous searchers cost a few batched embedding passes, as they do in
+    process through the manager's own batcher. ``search_many`` re-ranks per requester, so K
+    callers with one task text still get different entries.
+    """
+
+    def __init__(self, service: RetrievalService, max_batch: int = 1024, max_inflight: int = 2) -> None:
+        self.service = service
+        self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
+        self._waiting: deque[tuple[str, asyncio.Future[ExperienceRef | None]]] = deque()
+        self._inflight = 0
+        self._scheduled = False
+        self._pool = ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="crl-http-search")
+
+    async def search(self, query: str) -> ExperienceRef | None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[ExperienceRef | None] = loop.create_future()
+        self._waiting.append((query, fut))
+        if not self._scheduled and self._inflight < self.max_inflight:
+            self._scheduled = True  # dispatch after this loop pass: calls read in it join the batch
+            loop.call_soon(self._dispatch, loop)
+        return await fut
+
+    def _dispatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._scheduled = False
+        while self._waiting and self._inflight < self.max_inflight:
+            batch = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
+            self._inflight += 1
+            job = self._pool.submit(self.service.search_many, [q for q, _ in batch])
+            job.add_done_callback(partial(self._wake, loop, batch))
+
+    def _wake(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
+        loop.call_soon_threadsafe(self._done, loop, batch, job)  # runs in the search thread
+
+    def _done(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
+        self._inflight -= 1
+        exc = job.exception()
+        refs = job.result() if exc is None else [None] * len(batch)
+        for (_, fut), ref in zip(batch, refs, strict=True):
+            if fut.done():  # the caller went away
+                continue
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(ref)
+        if self._waiting:
+            self._dispatch(loop)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _check_token(token: str) -> str:
+    if not token or any(c.isspace() or not c.isprintable() or ord(c) > 126 for c in token):
+        raise ValueError("the token must be non-empty printable ASCII without spaces")
+    return token
+
+
+def _bearer(token: str) -> Callable[[Request], Coroutine[Any, Any, None]]:
+    expected = f"Bearer {_check_token(token)}".encode("ascii")
+
+    async def require_token(request: Request) -> None:  # async: a sync one costs a thread hop per call
+        got = request.headers.get("authorization", "").encode("latin-1", "replace")
+        if not secrets.compare_digest(got, expected):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token (send 'Authorization: Bearer <token>')",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return require_token
+
+
+class GuardedRoute(APIRoute):
+    """A route that answers the service's own errors itself: 409 for a ``StepOrderError``, 500
+    (logged) for anything else. Left to uvicorn, an exception closes the kept-alive connection,
+    and the client's next call on it would fail as if the server were down."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (HTTPException, RequestValidationError):
+                raise  # FastAPI's own 4xx answers
+            except StepOrderError as exc:
+                return JSONResponse(status_code=409, content={"detail": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - reported to the client as a 5xx
+                logger.exception("experience server: %s failed", request.url.path)
+                return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+
+        return guarded
+
+
+def create_app(service: Any, token: str | None = None) -> FastAPI:
+    """A FastAPI app serving ``service`` (an ``ExperienceManager`` is wrapped in a RetrievalService).
+
+    With ``token``, every route except ``/health`` needs ``Authorization: Bearer <token>``.
+    ``/search`` is async and coalesced (:class:`SearchCoalescer`); the other routes are sync
+    (FastAPI's thread pool), so the service's locks see concurrent callers as in process.
+    """
+    svc = as_service(service)
+    app = FastAPI(title="crl experience server", version="2")
+    app.state.service = svc
+    app.state.manager = svc.manager
+    coalescer = SearchCoalescer(svc)
+    app.state.coalescer = coalescer
+    open_routes = APIRouter(route_class=GuardedRoute)
+    router = APIRouter(route_class=GuardedRoute, dependencies=[Depends(_bearer(token))] if token is not None else [])
+
+    @open_routes.get("/health")
+    def health() -> Response:
+        return _json(_jsonable(svc.health()))
+
+    @router.get("/stats")
+    def stats() -> Response:
+        return _json(_jsonable(svc.stats()))
+
+    @router.post("/search")
+    async def search(body: SearchBody) -> Response:
+        ref = await coalescer.search(body.query)
+        return _json({"entry": ref.to_dict() if ref is not None else None})
+
+    @router.post("/search_many")
+    def search_many(body: SearchManyBody) -> Response:
+        refs = svc.search_many(body.queries)
+        return _json({"entries": [r.to_dict() if r is not None else None for r in refs]})
+
+    @router.post("/ask")
+    def ask(body: AskBody) -> Response:
         entry = ExperienceRef(id=body.entry.id, text=body.entry.text, version=body.entry.version)
-        answer, provenance = client.ask(body.query, entry, body.context)
-        return {"answer": answer, "provenance": provenance}
+        answer, provenance = svc.ask(body.query, entry, body.context)
+        return _json({"answer": answer, "provenance": _jsonable(provenance)})
 
-    @app.post("/submit")
-    def submit(body: SubmitBody) -> dict[str, Any]:
+    @router.post("/submit")
+    def submit(body: SubmitBody) -> Response:
         # Parse every request before queueing any: a bad one rejects the call as a whole, so
         # the client keeps (and can retry) the batch instead of losing part of it.
         parsed = []
@@ -102,46 +275,53 @@ def create_app(manager: Any) -> FastAPI:
             except (KeyError, TypeError, ValueError) as exc:
                 raise HTTPException(status_code=422, detail=f"requests[{i}]: {type(exc).__name__}: {exc}") from exc
         for req in parsed:
-            client.submit(req)
-        return {"accepted": len(parsed)}
+            svc.submit(req)
+        return _json({"accepted": len(parsed)})
 
-    @app.post("/get_requests")
-    def get_requests(body: GetRequestsBody) -> dict[str, Any]:
-        return {"requests": [r.to_dict() for r in client.get_requests(body.max_n, body.timeout)]}
+    @router.post("/get_requests")
+    def get_requests(body: GetRequestsBody) -> Response:
+        return _json({"requests": [r.to_dict() for r in svc.get_requests(body.max_n, body.timeout)]})
 
+    @router.post("/end_step")
+    def end_step(body: EndStepBody) -> Response:
+        return _json(_jsonable(svc.end_step(body.step, body.bonus)))
+
+    @router.post("/apply_ops")
+    def apply_ops(body: ApplyOpsBody) -> Response:
+        ops = [op_from_dict(op.model_dump()) for op in body.ops]
+        return _json(_jsonable(svc.apply_ops(ops, step=body.step)))
+
+    app.include_router(open_routes)
+    app.include_router(router)
     return app
 
 
-def _jsonable_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    from crl_gym.protocol import _jsonable
-
-    return dict(_jsonable(stats))
-
-
 class BackgroundServer:
-    """A uvicorn server for ``manager`` on a daemon thread of this process.
+    """A uvicorn server for a service (or a bare manager) on a daemon thread of this process.
 
-    Lets a trainer that owns the manager serve it to its ``AsyncVectorEnv`` workers (and lets
-    tests run a real server). ``port=0`` picks a free port; ``url`` tells which.
+    Lets a trainer that owns the service serve it to its ``AsyncVectorEnv`` workers (and lets
+    tests run a real server). ``port=0`` picks a free port; ``url`` tells which. Stopping the
+    server does not close the service: it belongs to the caller.
 
     >>> from crl_gym.experience.bank import ExperienceBank
     >>> from crl_gym.experience.embedders import HashingEmbedder
     >>> from crl_gym.experience.manager import ExperienceManager
     >>> from crl_gym.clients import RemoteClient
-    >>> manager = ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32))
-    >>> with BackgroundServer(manager) as server:
-    ...     RemoteClient(server.url).health()["status"]
-    'ok'
-    >>> manager.close()
+    >>> service = RetrievalService(ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32)))
+    >>> with BackgroundServer(service, token="s3cret") as server:
+    ...     RemoteClient(server.url, token="s3cret").end_step(0)["ended"]
+    [0]
+    >>> service.close()
     """
 
-    def __init__(self, manager: Any, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0) -> None:
+    def __init__(self, service: Any, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 startup_timeout: float = 30.0) -> None:
         import threading
         import time
 
-        import uvicorn
-
-        config = uvicorn.Config(create_app(manager), host=host, port=port, log_level="warning", lifespan="off")
+        self.app = create_app(service, token)
+        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="crl-experience-server", daemon=True)
         self._thread.start()
@@ -158,12 +338,19 @@ class BackgroundServer:
         """Ask uvicorn to exit and wait for the thread."""
         self._server.should_exit = True
         self._thread.join(timeout)
+        self.app.state.coalescer.close()
 
     def __enter__(self) -> BackgroundServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+KEEP_ALIVE_S = 75
+"""Idle seconds a client connection is kept (clients keep one per concurrent caller)."""
+BACKLOG = 4096
+"""Pending TCP connections the listening socket holds (1,024 clients may connect at once)."""
 
 
 def build_manager(bank_dir: str | Path, embedder: str | None) -> Any:
@@ -177,6 +364,46 @@ def build_manager(bank_dir: str | Path, embedder: str | None) -> Any:
     return ExperienceManager(bank, emb)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` only exposes the server to this machine."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def resolve_token(token_file: str | None) -> str | None:
+    """The token from ``token_file`` (stripped; empty is an error), else from ``CRL_EXPERIENCE_TOKEN``."""
+    if token_file is not None:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+        if not token:
+            raise click.BadParameter(f"{token_file} is empty", param_hint="--token-file")
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        if not token:
+            return None
+    try:
+        return _check_token(token)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--token-file" if token_file else TOKEN_ENV) from exc
+
+
+class _StopOnSignal(uvicorn.Server):
+    """``uvicorn.Server`` whose SIGINT / SIGTERM mean "shut down and return".
+
+    uvicorn re-raises the signal once it has shut down, which would kill the command before it
+    closes the service (queue persisted, bank flushed) and make it exit non-zero.
+    """
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
+
 @click.group()
 def cli() -> None:
     """Experience bank tools."""
@@ -185,23 +412,57 @@ def cli() -> None:
 @cli.command()
 @click.option("--bank", "bank_dir", required=True, type=click.Path(file_okay=False), help="Bank directory (created if missing).")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (0.0.0.0 for all).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind. Anything but loopback (e.g. 0.0.0.0) needs a token.")
 @click.option("--embedder", default=None, help="'default' (bundled MiniLM), 'hashing:DIM', or a sentence-transformers id/path.")
+@click.option("--extractor", default=None,
+              help="Run the extractor's learning loop in the service: 'tiny' or a crl-train YAML config (needs crl_train).")
+@click.option("--token-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help=f"File holding the bearer token clients must send (default: ${TOKEN_ENV}).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(bank_dir: str, port: int, host: str, embedder: str | None, log_level: str) -> None:
+def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: str | None, token_file: str | None,
+          log_level: str) -> None:
     """Serve the experience bank in BANK over HTTP for RemoteClient."""
-    import uvicorn
-
+    token = resolve_token(token_file)
+    if token is None and not is_loopback(host):
+        raise click.UsageError(
+            f"refusing to bind {host} without a token: anyone who can reach it could read and rewrite the bank. "
+            f"Pass --token-file FILE or set {TOKEN_ENV}, or bind 127.0.0.1.")
+    service = _build_service(bank_dir, embedder, extractor)
+    # The embedder (torch, transformers) leaves ~10^6 long-lived objects; a full collection
+    # walks them all (~250 ms here) in the middle of whatever requests are in flight. Frozen,
+    # they are skipped: collections only see what the server allocates from now on.
+    gc.collect()
+    gc.freeze()
+    auth = "token required" if token else "no token"
+    click.echo(f"crl-experience: serving {bank_dir} on http://{host}:{port} ({auth}"
+               f"{', extractor ' + extractor if extractor else ''})", err=True)
+    app = create_app(service, token)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
     try:
-        manager = build_manager(bank_dir, embedder)
-    except ValueError as exc:  # e.g. the bank was made with another embedding dim
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"crl-experience: serving {bank_dir} on http://{host}:{port}", err=True)
-    try:
-        uvicorn.run(create_app(manager), host=host, port=port, log_level=log_level)
+        _StopOnSignal(config).run()
     finally:
-        manager.close()
-        manager.bank.close()
+        app.state.coalescer.close()
+        service.close()
+    click.echo("crl-experience: stopped; bank closed", err=True)
+
+
+def _build_service(bank_dir: str, embedder: str | None, extractor: str | None) -> RetrievalService:
+    if extractor is None:
+        try:
+            return RetrievalService(build_manager(bank_dir, embedder))
+        except ValueError as exc:  # e.g. the bank was made with another embedding dim
+            raise click.ClickException(str(exc)) from exc
+    try:  # crl_train is optional here (and imported by name so that crl_gym type-checks alone)
+        build_served_service = importlib.import_module("crl_train.serve").build_served_service
+    except (ImportError, AttributeError) as exc:
+        raise click.ClickException(
+            f"--extractor needs the crl_train package (pip install 'complementary-rl[train]'): {exc}") from exc
+    try:
+        service: RetrievalService = build_served_service(Path(bank_dir), extractor, embedder)
+        return service
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(f"--extractor {extractor}: {exc}") from exc
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,13 +1,11 @@
-"""``crl-train`` and ``crl-eval`` (thin click commands over :mod:`crl_train.trainer`)."""
+"""``crl-train`` and ``crl-eval`` (thin click commands over :mod:`crl_train.run.trainer`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +59,8 @@ def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None
     try:
         row = trainer.run()
         if cfg.train.eval_episodes:
+            from crl_train.run.evaluate import evaluate_run
+
             evaluate_run(trainer, cfg.train.eval_episodes)
     finally:
         trainer.close()
@@ -68,7 +68,7 @@ def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None
 
 
 def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ...]) -> str:
-    from crl_train.config_docs import render_config_yaml
+    from crl_train.config.docs import render_config_yaml
 
     header = "\n".join([
         "Resolved crl-train config",
@@ -78,35 +78,6 @@ def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ..
         "Save this output and pass it back with --config to run exactly this config.",
     ])
     return render_config_yaml(cfg, header=header)
-
-
-def evaluate_run(trainer: Any, episodes: int, modes: tuple[bool, ...] = (True, False)) -> dict[str, Any]:
-    """Held-out episodes (seeds from env.eval_seed_offset) with and/or without experience; writes eval.json."""
-    import torch
-
-    cfg: TrainConfig = trainer.cfg
-    runner = trainer.c.runner
-    k = cfg.env.group_size
-    groups = max(1, -(-episodes // k))
-    result: dict[str, Any] = {"episodes_per_mode": groups * k}
-    for with_exp in modes:
-        if with_exp and not trainer.spec.uses_experience:
-            continue
-        tasks = [(cfg.env.ids[g % len(cfg.env.ids)], cfg.env.seed + cfg.env.eval_seed_offset + g) for g in range(groups)]
-        with torch.no_grad():
-            if with_exp:  # only the guided half of each group counts: run twice as many groups
-                tasks = [(cfg.env.ids[g % len(cfg.env.ids)], cfg.env.seed + cfg.env.eval_seed_offset + g) for g in range(2 * groups)]
-                eps = runner.collect(tasks, guided=True, step=-1)
-                eps = [e for e in eps if e.condition == "guided"]
-            else:
-                eps = runner.collect(tasks, guided=False, step=-1)
-        key = "with_experience" if with_exp else "without_experience"
-        result[key] = {"success": sum(e.success for e in eps) / len(eps),
-                       "actions_per_episode": sum(e.num_actions for e in eps) / len(eps), "episodes": len(eps)}
-    # evaluation episodes are held out: their distillation requests must not reach the bank
-    trainer.c.manager.get_requests(10**9)
-    (trainer.run_dir / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    return result
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -128,27 +99,23 @@ def evaluate(run_dir: Path, episodes: int, with_exp: bool | None) -> None:
     click.echo(json.dumps(evaluate_dir(cfg, run_dir, episodes, modes)))
 
 
-def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] = (True, False),
-                 env_factory: Any = None) -> dict[str, Any]:
-    """``crl-eval``: the run's checkpoint on held-out seeds. The run is left as it was: retrieval
-    counts, pending requests and the index change on a copy of ``bank/``, deleted afterwards."""
-    with tempfile.TemporaryDirectory(prefix="crl_eval_") as tmp:
-        bank_copy = Path(tmp) / "bank"
-        if (run_dir / "bank").is_dir():
-            shutil.copytree(run_dir / "bank", bank_copy)
-        trainer = _make_trainer(cfg, run_dir, read_only=True, eval_bank_dir=bank_copy, progress=False,
-                                env_factory=env_factory)
-        try:
-            return evaluate_run(trainer, episodes, modes)
-        finally:
-            trainer.close()
-
-
 def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Any:
-    from crl_train.components import GeneratorUnavailable
-    from crl_train.trainer import Trainer
+    from crl_train.policy.factory import GeneratorUnavailable
+    from crl_train.run.trainer import Trainer
 
     try:
         return Trainer(cfg, run_dir, **kw)
+    except GeneratorUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] = (True, False),
+                 env_factory: Any = None) -> dict[str, Any]:
+    """:func:`crl_train.run.evaluate.evaluate_dir`, a vLLM generator that cannot start reported as a usage error."""
+    from crl_train.policy.factory import GeneratorUnavailable
+    from crl_train.run.evaluate import evaluate_dir as run_eval
+
+    try:
+        return run_eval(cfg, run_dir, episodes, modes, env_factory=env_factory)
     except GeneratorUnavailable as exc:
         raise click.ClickException(str(exc)) from None

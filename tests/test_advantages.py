@@ -1,5 +1,7 @@
 """Split-subgroup and GRPO advantages, and the Eq. 5 weights, against hand-worked numbers."""
 
+import doctest
+import inspect
 import math
 
 import pytest
@@ -91,3 +93,65 @@ def test_registry_lookup_and_error() -> None:
     assert ADVANTAGES.get(AdvantageEstimator.GRPO) is grpo_advantages
     with pytest.raises(KeyError, match="accepted: grpo, split_subgroup, edge_pooled"):
         ADVANTAGES.get("nope")
+
+
+# Episode 3 of the group raised: rewards [1, 0, 1, ·] with · never read (NaN here).
+# mean over [1, 0, 1] = 2/3; population var = ((1/3)² + (2/3)² + (1/3)²) / 3 = 2/9, std = √2/3
+# advantages: (1/3)/(√2/3) = 1/√2 = 0.7071068, (−2/3)/(√2/3) = −√2 = −1.4142136; invalid → 0
+HALF = 1 / math.sqrt(2)
+VALID4 = torch.tensor([True, True, True, False])
+
+
+def test_grpo_leaves_invalid_episodes_out_by_hand() -> None:
+    r = torch.tensor([1.0, 0.0, 1.0, float("nan")])
+    a = grpo_advantages(r, torch.zeros(4, dtype=torch.long), valid=VALID4, eps=0.0)
+    assert torch.allclose(a, torch.tensor([HALF, -math.sqrt(2), HALF, 0.0]), atol=1e-6)
+    # unbiased: var = (2/3) / 2 = 1/3, std = 0.5773503 -> (1/3)/0.57735 = 0.5773503, −1.1547005
+    u = grpo_advantages(r, torch.zeros(4, dtype=torch.long), valid=VALID4, eps=0.0, unbiased=True)
+    assert torch.allclose(u, torch.tensor([0.5773503, -1.1547005, 0.5773503, 0.0]), atol=1e-6)
+    # what the invalid episode's reward 0 did before: mean .5 over all 4 -> [1, −1, 1, −1]
+    old = grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long), eps=0.0)
+    assert old.tolist() == [1.0, -1.0, 1.0, -1.0]
+    all_valid = grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long),
+                                valid=torch.ones(4, dtype=torch.bool), eps=0.0)
+    assert all_valid.tolist() == old.tolist()
+
+
+def test_split_subgroup_leaves_invalid_episodes_out_by_hand() -> None:
+    # guided [1, 0, 1, 0], episode 3 invalid -> [.7071, −1.4142, .7071, 0] (as above)
+    # free [1, 1, 0, 0], episode 4 (reward 1) invalid -> valid [1, 0, 0]: mean 1/3, std √2/3
+    #   -> [0, (2/3)/(√2/3) = √2, −(1/3)/(√2/3) = −.7071, −.7071]
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    g = torch.zeros(8, dtype=torch.long)
+    c = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    v = torch.tensor([True, True, True, False, False, True, True, True])
+    a = split_subgroup_advantages(r, g, c, valid=v, eps=0.0)
+    s2 = math.sqrt(2)
+    assert torch.allclose(a, torch.tensor([HALF, -s2, HALF, 0.0, 0.0, s2, -HALF, -HALF]), atol=1e-6)
+    # one valid episode left in a subgroup: no spread -> 0; no valid one: 0 (no NaN)
+    lone = split_subgroup_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long),
+                                     torch.tensor([0, 0, 1, 1]), valid=torch.tensor([True, False, False, False]))
+    assert lone.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_every_estimator_takes_the_shared_signature_with_valid() -> None:
+    # one call shape for all of ADVANTAGES: (rewards, group_index, condition, *, valid, eps, unbiased)
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    g = torch.zeros(8, dtype=torch.long)
+    c = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    v = torch.tensor([True, True, True, False, True, True, True, True])
+    for name in ADVANTAGES.names():
+        fn = ADVANTAGES.get(name)
+        params = inspect.signature(fn).parameters
+        assert list(params)[:3] == ["rewards", "group_index", "condition"]
+        assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("valid", "eps", "unbiased"))
+        a = fn(r, g, c, valid=v, eps=1e-6, unbiased=False)
+        assert a.shape == (8,) and a[3].item() == 0.0 and bool(torch.isfinite(a).all())
+        with pytest.raises(ValueError, match="valid must be"):
+            fn(r, g, c, valid=torch.ones(3, dtype=torch.bool))
+
+
+def test_module_doctests() -> None:
+    from crl_train.algorithms import advantages
+
+    assert doctest.testmod(advantages).failed == 0

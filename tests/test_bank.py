@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,28 +13,38 @@ import pytest
 from crl_gym.experience.bank import (
     INDEX_FILE,
     INDEX_META_FILE,
+    LOCK_FILE,
     BankCorruptError,
+    BankLockedError,
     ExperienceBank,
     PendingAdd,
     PendingUpdate,
 )
 from crl_gym.experience.embedders import HashingEmbedder
+from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.protocol import ExtractorSample
 
 DIM = 32
 EMB = HashingEmbedder(DIM)
 
 
-def vec(text):
+def vec(text: str) -> np.ndarray:
     return EMB.encode([text])[0]
 
 
-def fill(bank, n):
+def got(bank: ExperienceBank, id_: int) -> ExperienceEntry:
+    """``bank.get(id_)``, which must exist."""
+    e = bank.get(id_)
+    assert e is not None, id_
+    return e
+
+
+def fill(bank: ExperienceBank, n: int) -> list[int]:
     return [bank.add(f"tip number {i} about {'doors' if i % 2 else 'keys'}", vec(f"tip {i}"),
                      created_step=i, tags=("t",)) for i in range(n)]
 
 
-def test_every_operation_in_memory():
+def test_every_operation_in_memory() -> None:
     bank = ExperienceBank(None, DIM)
     assert len(bank) == 0 and bank.search(vec("x")[None], 3) == [[]]
     sample = ExtractorSample("prompt", "ADD: hug walls", [-0.5], [4], [1, 2], 3)
@@ -41,7 +52,7 @@ def test_every_operation_in_memory():
                  tags=("maze",), provenance=sample)
     b = bank.add("pick up the key first", vec("pick up the key first"))
     assert (a, b) == (1, 2) and len(bank) == 2 and bank.ids() == [1, 2] and a in bank
-    e = bank.get(a)
+    e = got(bank, a)
     assert e.text == "hug the walls in a maze" and e.created_step == 2 and e.tags == ("maze",)
     assert e.provenance == sample and e.version == 0 and e.last_trained_step == -1
     hits = bank.search(np.stack([vec("pick up the key first"), vec("hug the walls in a maze")]), 1)
@@ -52,7 +63,7 @@ def test_every_operation_in_memory():
     bank.record_retrieval([a, a, b, 999], now=5.0)
     bank.record_training([b], step=7)
     bank.set_utility(b, 0.75)
-    ea, eb = bank.get(a), bank.get(b)
+    ea, eb = got(bank, a), got(bank, b)
     assert (ea.retrieval_count, ea.last_retrieved) == (2, 5.0)
     assert (eb.train_count, eb.last_trained_step, eb.utility) == (1, 7, 0.75)
     bank.delete(a)
@@ -66,18 +77,18 @@ def test_every_operation_in_memory():
         bank.set_utility(a, 1.0)
 
 
-def test_returned_entries_are_copies():
+def test_returned_entries_are_copies() -> None:
     bank = ExperienceBank(None, DIM)
     i = bank.add("x", vec("x"))
-    e = bank.get(i)
+    e = got(bank, i)
     e.history.append("mutated")
     e.retrieval_count = 99
-    assert bank.get(i).history == [] and bank.get(i).retrieval_count == 0
+    assert got(bank, i).history == [] and got(bank, i).retrieval_count == 0
     with pytest.raises(ValueError):
-        e.embedding[0] = 1.0  # stored vectors are read-only
+        e.embedding[0] = 1.0  # type: ignore[index]  # stored vectors are read-only
 
 
-def test_apply_batch_is_atomic():
+def test_apply_batch_is_atomic() -> None:
     bank = ExperienceBank(None, DIM)
     ids = fill(bank, 3)
     before = [e.to_dict() for e in bank]
@@ -90,10 +101,10 @@ def test_apply_batch_is_atomic():
     assert [e.to_dict() for e in bank] == before and bank.generation == gen
     new = bank.apply_batch(adds=[{"text": "n1", "embedding": vec("n1")}, PendingAdd("n2", vec("n2"))],
                            updates=[PendingUpdate(ids[0], "u", vec("u"))], deletes=[ids[1]])
-    assert new == [4, 5] and bank.ids() == [1, 3, 4, 5] and bank.get(1).text == "u"
+    assert new == [4, 5] and bank.ids() == [1, 3, 4, 5] and got(bank, 1).text == "u"
 
 
-def test_bad_vectors_and_queries():
+def test_bad_vectors_and_queries() -> None:
     bank = ExperienceBank(None, DIM)
     with pytest.raises(ValueError, match="non-zero"):
         bank.add("z", np.zeros(DIM))
@@ -107,7 +118,7 @@ def test_bad_vectors_and_queries():
         ExperienceBank(None, 0)
 
 
-def test_persistence_and_index_rebuild(tmp_path):
+def test_persistence_and_index_rebuild(tmp_path: Path) -> None:
     d = tmp_path / "bank"
     with ExperienceBank(d, DIM) as bank:
         ids = fill(bank, 20)
@@ -119,8 +130,8 @@ def test_persistence_and_index_rebuild(tmp_path):
     with ExperienceBank(d, DIM) as bank:
         assert bank.index_recoveries == [] and len(bank) == 20
         assert bank.search(q, 5) == expect
-        assert bank.get(ids[3]).history == ["tip number 3 about doors"]
-        assert bank.get(ids[5]).train_count == 1
+        assert got(bank, ids[3]).history == ["tip number 3 about doors"]
+        assert got(bank, ids[5]).train_count == 1
     # missing index -> rebuilt from SQLite
     (d / INDEX_FILE).unlink()
     with ExperienceBank(d, DIM) as bank:
@@ -137,7 +148,7 @@ def test_persistence_and_index_rebuild(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncate", "meta"])
-def test_corrupt_index_is_recovered_from_sqlite(tmp_path, damage):
+def test_corrupt_index_is_recovered_from_sqlite(tmp_path: Path, damage: str) -> None:
     d = tmp_path / "bank"
     with ExperienceBank(d, DIM) as bank:
         fill(bank, 10)
@@ -151,7 +162,7 @@ def test_corrupt_index_is_recovered_from_sqlite(tmp_path, damage):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncate"])
-def test_corrupt_database_names_the_file(tmp_path, damage):
+def test_corrupt_database_names_the_file(tmp_path: Path, damage: str) -> None:
     d = tmp_path / "bank"
     with ExperienceBank(d, DIM) as bank:
         fill(bank, 200)  # several pages, so truncation cuts real data
@@ -164,14 +175,14 @@ def test_corrupt_database_names_the_file(tmp_path, damage):
         ExperienceBank(d, DIM)
 
 
-def test_wrong_dimension_names_both_sizes(tmp_path):
+def test_wrong_dimension_names_both_sizes(tmp_path: Path) -> None:
     with ExperienceBank(tmp_path, DIM) as bank:
         fill(bank, 1)
     with pytest.raises(ValueError, match=r"dim 32.*dim 64"):
         ExperienceBank(tmp_path, 64)
 
 
-def test_jsonl_roundtrip_and_errors(tmp_path):
+def test_jsonl_roundtrip_and_errors(tmp_path: Path) -> None:
     src = ExperienceBank(None, DIM)
     ids = fill(src, 5)
     src.update(ids[0], "v2", vec("v2"), provenance=ExtractorSample("p", "r", [-1.0]))
@@ -193,13 +204,15 @@ def test_jsonl_roundtrip_and_errors(tmp_path):
     assert len(fresh) == 0  # all or nothing
 
 
-def test_concurrent_readers_and_writers_no_lost_update_no_torn_read():
+def test_concurrent_readers_and_writers_no_lost_update_no_torn_read() -> None:
     bank = ExperienceBank(None, DIM)
     pair = [bank.add("start", vec("a")), bank.add("start", vec("b"))]
     stop = threading.Event()
-    torn, reads, errors = [], [0], []
+    torn: list[object] = []
+    reads: list[int] = [0]
+    errors: list[Exception] = []
 
-    def writer(w):
+    def writer(w: int) -> None:
         try:
             for n in range(40):
                 # both entries change together in one batch: readers must see both or neither
@@ -208,10 +221,10 @@ def test_concurrent_readers_and_writers_no_lost_update_no_torn_read():
         except Exception as exc:  # pragma: no cover - surfaced below
             errors.append(exc)
 
-    def reader():
+    def reader() -> None:
         while not stop.is_set():
             with bank.lock.read():
-                a, b = bank.get(pair[0]), bank.get(pair[1])
+                a, b = got(bank, pair[0]), got(bank, pair[1])
                 n_entries = len(bank)
             if (a.version, a.text) != (b.version, b.text):
                 torn.append((a.text, b.text))
@@ -233,8 +246,8 @@ def test_concurrent_readers_and_writers_no_lost_update_no_torn_read():
         t.join()
     assert not errors and not torn and reads[0] > 0
     assert len(bank) == 2 + 4 * 40  # no lost add
-    assert bank.get(pair[0]).version == 4 * 40  # no lost update
-    assert len(bank.get(pair[0]).history) == 160
+    assert got(bank, pair[0]).version == 4 * 40  # no lost update
+    assert len(got(bank, pair[0]).history) == 160
 
 
 KILL_SCRIPT = textwrap.dedent("""
@@ -254,15 +267,16 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_kill_and_reopen_keeps_acknowledged_writes(tmp_path):
+def test_kill_and_reopen_keeps_acknowledged_writes(tmp_path: Path) -> None:
     d = tmp_path / "bank"
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(d)], stdout=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    acked = []
+    acked: list[tuple[int, int]] = []
+    assert proc.stdout is not None
     try:
         for line in proc.stdout:
-            _, eid, i = line.split()
-            acked.append((int(eid), int(i)))
+            _, eid_s, i_s = line.split()
+            acked.append((int(eid_s), int(i_s)))
             if len(acked) >= 60:
                 break
     finally:
@@ -277,4 +291,63 @@ def test_kill_and_reopen_keeps_acknowledged_writes(tmp_path):
             assert e.text == (f"entry {i} v2" if i % 3 == 0 else f"entry {i}")
             assert e.train_count == 1 and e.last_trained_step == i
         hit = bank.search(EMB.encode(["entry 5"]), 1)[0][0][0]
-        assert bank.get(hit).text == "entry 5"
+        assert got(bank, hit).text == "entry 5"
+
+
+# ------------------------------------------------------------------------ one writer per directory
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def test_a_second_open_in_this_process_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    first = ExperienceBank(d, DIM)
+    fill(first, 3)
+    first.flush()
+    assert (d / LOCK_FILE).read_text().strip() == str(os.getpid())
+    before = _snapshot(d)
+    (tmp_path / "alias").symlink_to(d)
+    for path in (d, tmp_path / "alias"):  # the same directory under another name
+        with pytest.raises(BankLockedError, match=rf"bank .*{path.name} is locked by PID {os.getpid()}; .*close the other"):
+            ExperienceBank(path, DIM)
+    assert _snapshot(d) == before
+    assert first.add("still writable", vec("still")) == 4  # the first bank is unaffected
+    first.close()
+    with ExperienceBank(d, DIM) as again:  # released on close
+        assert len(again) == 4
+    a, b = ExperienceBank(None, DIM), ExperienceBank(None, DIM)  # in memory: nothing to lock
+    assert a.add("x", vec("x")) == b.add("y", vec("y")) == 1
+
+
+def test_a_failed_open_releases_the_lock(tmp_path: Path) -> None:
+    with ExperienceBank(tmp_path, DIM) as bank:
+        fill(bank, 1)
+    with pytest.raises(ValueError, match="dim 32"):
+        ExperienceBank(tmp_path, 64)
+    with ExperienceBank(tmp_path, DIM) as bank:
+        assert len(bank) == 1
+
+
+HOLD_SCRIPT = textwrap.dedent("""
+    import sys
+    from crl_gym.experience.bank import ExperienceBank
+    bank = ExperienceBank(sys.argv[1], 32)
+    print("open", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_another_process_holding_the_bank_is_named_until_it_exits(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, str(d)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "open"
+        with pytest.raises(BankLockedError, match=f"locked by PID {proc.pid};"):
+            ExperienceBank(d, DIM)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no close(): the OS releases the lock with the process
+        proc.wait()
+    with ExperienceBank(d, DIM) as bank:
+        assert len(bank) == 0

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from crl_train.cli import train
 from crl_train.config import TrainConfig, config_from_dict, dump_config, load_config
-from crl_train.config_docs import (
+from crl_train.config.docs import (
     ConfigKey,
     config_reference,
     field_docs,
@@ -271,7 +271,7 @@ def test_every_set_key_in_the_training_docs_exists() -> None:
 
 
 def test_training_docs_list_every_metrics_field() -> None:
-    from crl_train.outputs import METRIC_FIELDS
+    from crl_train.run.outputs import METRIC_FIELDS
 
     text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     table = text.split("### `metrics.jsonl`", 1)[1].split("\n## ", 1)[0]

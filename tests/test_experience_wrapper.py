@@ -101,6 +101,7 @@ def test_prefetched_entry_is_used_without_searching(manager: Any) -> None:
     assert client.calls["search_many"] == 1 and refs[0] is not None and refs[0].text == TIP
     assert all(r is not None and manager.bank.get(r.id).text == r.text for r in refs)
     obs, info = env.reset(seed=0, options={"experience": "guided", "prefetched": refs[0]})
+    assert refs[0] is not None and refs[1] is not None
     assert info["experience"] == refs[0].to_dict() and obs.startswith(f"Experience from similar tasks (use it if it helps):\n{TIP}\n\n")
     # A dict works too (options cross process boundaries), and an explicit None means
     # "the batch found nothing": no second search, no experience shown.
@@ -306,6 +307,7 @@ def test_real_envs_wrapped_pass_check_env_and_record(manager: Any, env_id: str) 
     assert info["experience"] is not None and obs.endswith(raw_obs) and obs != raw_obs
     assert env.env_id == env_id
     # env.spec records the wrapper stack; rebuilding it shares the client (a handle), not a copy.
+    assert env.spec is not None
     rebuilt = gym.make(env.spec)
     assert isinstance(rebuilt, ExperienceWrapper) and rebuilt.client is client
     assert isinstance(rebuilt.env, SearchAndAskWrapper) and rebuilt.env.client is client
@@ -332,10 +334,237 @@ def test_docs_five_line_example_runs(tmp_path: Any, monkeypatch: pytest.MonkeyPa
 
     doc = (Path(__file__).parent.parent / "docs" / "wrappers.md").read_text()
     section = doc.split("## Wrap your own text env in five lines", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert found is not None, "no python block in the five-line section"
+    code = found.group(1)
     monkeypatch.chdir(tmp_path)  # the example writes runs/bank
     scope: dict[str, Any] = {}
     exec(compile(code, "docs/wrappers.md", "exec"), scope)
     assert scope["info"]["search_and_ask"]["status"] in ("answered", "no_entry")
     assert (tmp_path / "runs" / "bank").is_dir()
     scope["manager"].close()
+
+
+# ---------------------------------------------------------------- non-text input, rejected requests
+class JsonClient:
+    """Serialises every request as the HTTP client does (json.dumps raises on non-JSON values)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.submitted = 0
+
+    def search(self, query: str) -> ExperienceRef | None:
+        return None
+
+    def submit(self, request: DistillationRequest) -> None:
+        self.submitted += 1
+        self.manager.submit(DistillationRequest.from_json(json.dumps(request.to_dict())))
+
+
+class BytesIO(gym.Wrapper):
+    """Takes bytes (or numpy text) actions and gives bytes observations; any integer seed."""
+
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> Any:
+        obs, info = self.env.reset(seed=None if seed is None else int(seed), options=options)
+        return obs.encode(), info
+
+    def step(self, action: Any) -> Any:
+        text = bytes(action).decode() if isinstance(action, (bytes, bytearray)) else str(action)
+        obs, reward, term, trunc, info = self.env.step(text)
+        return obs.encode(), reward, term, trunc, info
+
+
+class AnyAction(gym.Wrapper):
+    """Steps the inner env with ``east`` whatever the action is (so any value reaches the recorder)."""
+
+    def step(self, action: Any) -> Any:
+        return self.env.step("east")
+
+
+def test_non_text_actions_and_observations_are_converted_at_episode_end(manager: Any) -> None:
+    import numpy as np
+
+    client = JsonClient(manager)
+    env = ExperienceWrapper(BytesIO(CorridorEnv(length=3)), client, env_id="bytes")
+    env.reset(seed=np.int64(4))  # type: ignore[arg-type]  # a numpy seed on purpose
+    for action in (np.str_("west"), b"east", np.bytes_(b"east")):
+        *_, info = env.step(action)
+    info = env.step(bytearray(b"east"))[4]
+    req = info["distillation_request"]
+    assert env.rejected_count == 0 and env.error_count == 0 and "experience_error" not in info
+    [got] = manager.get_requests(10, 0.5)  # it survived JSON, as it would over HTTP
+    assert got.request_id == req.request_id and got.seed == 4 and type(req.seed) is int
+    raw = CorridorEnv(length=3).reset(seed=4)[0]
+    assert req.trajectory.initial_observation == raw and type(req.trajectory.initial_observation) is str
+    assert [s.action for s in req.trajectory.steps] == ["west", "east", "east", "east"]
+    assert all(type(s.action) is str and type(s.observation) is str for s in req.trajectory.steps)
+    assert req.task == "Walk east 3 times to reach the exit of the corridor."
+    # numpy scalars and undecodable bytes
+    env2 = ExperienceWrapper(AnyAction(CorridorEnv(length=2)), client)
+    env2.reset(seed=0)
+    env2.step(np.int64(3))
+    req2 = env2.step(b"\xffeast")[4]["distillation_request"]
+    assert [s.action for s in req2.trajectory.steps] == ["3", "\ufffdeast"]
+    assert manager.get_requests(10, 0.5)[0].request_id == req2.request_id
+
+
+def test_a_value_with_no_text_form_is_refused_and_later_episodes_go_through(manager: Any) -> None:
+    import numpy as np
+
+    client = JsonClient(manager)
+    env = ExperienceWrapper(AnyAction(CorridorEnv(length=1)), client)
+    for action, named in ((np.array([1, 2]), "the action of turn 1 is a numpy.ndarray of shape (2,), not text"),
+                          (None, "the action of turn 1 is None, not text"),
+                          (object(), "the action of turn 1 is an object, not text")):
+        env.reset(seed=0)
+        info = env.step(action)[4]
+        assert info["distillation_request"] is None and named in info["experience_error"]
+    assert env.rejected_count == 3 and client.submitted == 0 and not env.unsent and env.error_count == 0
+    env.reset(seed=1)
+    info = env.step("east")[4]
+    assert "experience_error" not in info and client.submitted == 1
+    assert [r.request_id for r in manager.get_requests(10, 0.5)] == [info["distillation_request"].request_id]
+
+    class NoneObservation(gym.Wrapper):
+        def step(self, action: Any) -> Any:
+            obs, *rest = self.env.step(action)
+            return (None, *rest)
+
+    env = ExperienceWrapper(NoneObservation(CorridorEnv(length=2)), client)
+    env.reset(seed=0)
+    env.step("east")
+    info = env.step("east")[4]
+    assert "the observation after turn 1 is None, not text" in info["experience_error"]
+    assert env.rejected_count == 1 and info["distillation_request"] is None
+
+
+def test_a_reward_that_is_not_a_number_refuses_the_request_without_raising(manager: Any) -> None:
+    class NoneReward(gym.Wrapper):
+        def step(self, action: Any) -> Any:
+            obs, _, term, trunc, info = self.env.step(action)
+            return obs, None, term, trunc, info
+
+    env = ExperienceWrapper(NoneReward(CorridorEnv(length=1)), LocalClient(manager))
+    env.reset(seed=0)
+    info = env.step("east")[4]
+    assert info["distillation_request"] is None and "record is malformed (TypeError" in info["experience_error"]
+    assert env.rejected_count == 1 and manager.pending() == 0
+
+
+class RejectingClient(CountingClient):
+    """Rejects the requests of some seeds as malformed (what a 4xx or a failed json.dumps raises)."""
+
+    def __init__(self, inner: Any, reject_seeds: set[int], error: type[Exception] = ValueError) -> None:
+        super().__init__(inner)
+        self.reject_seeds, self.error = reject_seeds, error
+
+    def submit(self, request: DistillationRequest) -> None:
+        self._hit("submit")
+        if request.seed in self.reject_seeds:
+            raise self.error(f"experience server rejected the request (422): seed {request.seed}")
+        self.inner.submit(request)
+
+
+def test_a_request_the_client_rejects_is_logged_counted_and_not_retried(
+    manager: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = RejectingClient(LocalClient(manager), {1})
+    env = ExperienceWrapper(CorridorEnv(length=1), client)
+    env.reset(seed=1)
+    info = env.step("east")[4]
+    assert env.rejected_count == 1 and not env.unsent and env.error_count == 0
+    assert "was rejected (ValueError: experience server rejected" in info["experience_error"]
+    assert "rejected so far: 1" in caplog.text
+    env.reset(seed=2)
+    second = env.step("east")[4]["distillation_request"]
+    assert client.calls["submit"] == 2  # the rejected one was not tried again
+    assert [r.request_id for r in manager.get_requests(10, 0.5)] == [second.request_id]
+    assert env.episodes_submitted == 1
+
+
+def test_a_kept_request_rejected_on_retry_does_not_block_the_ones_behind_it(manager: Any) -> None:
+    client = RejectingClient(LocalClient(manager), {0}, error=TypeError)
+    env = ExperienceWrapper(CorridorEnv(length=1), client)
+    client.down = True  # an outage: both requests are kept, in order
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        env.step("east")
+    assert len(env.unsent) == 2 and env.error_count == 2 and env.rejected_count == 0
+    client.down = False
+    ids = []
+    for seed in (2, 3):
+        env.reset(seed=seed)
+        ids.append(env.step("east")[4]["distillation_request"].request_id)
+    # seed 0 is dropped at the first retry; seed 1 then the new ones follow, in order
+    assert [r.seed for r in manager.get_requests(10, 0.5)] == [1, 2, 3]
+    assert env.rejected_count == 1 and not env.unsent and env.episodes_submitted == 3
+
+
+def test_an_auth_error_keeps_the_request_like_an_outage(manager: Any) -> None:
+    from crl_gym.clients import ExperienceAuthError
+
+    client = RejectingClient(LocalClient(manager), {0}, error=ExperienceAuthError)
+    env = ExperienceWrapper(CorridorEnv(length=1), client)
+    env.reset(seed=0)
+    env.step("east")
+    assert len(env.unsent) == 1 and env.rejected_count == 0 and env.error_count == 1
+
+
+def test_numpy_values_over_http_do_not_block_later_requests(manager: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from crl_gym.clients import TOKEN_ENV, RemoteClient
+    from crl_gym.server import BackgroundServer
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with BackgroundServer(manager) as server:
+        env = ExperienceWrapper(AnyAction(CorridorEnv(length=1)), RemoteClient(server.url))
+        env.reset(seed=0)
+        env.step(np.int64(7))
+        env.reset(seed=1)
+        env.step("east")
+        assert not env.unsent and env.error_count == 0 and env.episodes_submitted == 2
+        got = manager.get_requests(10, 1.0)
+    assert [(r.seed, r.trajectory.steps[0].action) for r in got] == [(0, "7"), (1, "east")]
+
+
+def test_numpy_values_are_spilled_as_text_while_the_client_is_down(manager: Any, tmp_path: Any) -> None:
+    import numpy as np
+
+    client = CountingClient(LocalClient(manager))
+    client.down = True
+    spill = tmp_path / "unsent.jsonl"
+    env = ExperienceWrapper(AnyAction(CorridorEnv(length=1)), client, spill_path=spill)
+    env.reset(seed=0)
+    env.step(np.float32(0.5))
+    [line] = spill.read_text().splitlines()
+    assert DistillationRequest.from_json(line).trajectory.steps[0].action == "0.5"
+
+
+# ------------------------------------------------------------------------------------ rollout_step
+def test_rollout_step_option_reaches_the_request_and_not_the_env(manager: Any) -> None:
+    import numpy as np
+
+    seen: list[Any] = []
+
+    class Spy(gym.Wrapper):
+        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+            seen.append(options)
+            return self.env.reset(seed=seed, options=options)
+
+    env = ExperienceWrapper(Spy(CorridorEnv(length=1)), JsonClient(manager))
+    env.reset(seed=0, options={"experience": "guided", "rollout_step": 4})
+    req = env.step("east")[4]["distillation_request"]
+    assert req.rollout_step == 4 and DistillationRequest.from_json(req.to_json()).rollout_step == 4
+    env.reset(seed=0, options={"rollout_step": np.int64(5), "level": 2})
+    req = env.step("east")[4]["distillation_request"]
+    assert req.rollout_step == 5 and type(req.rollout_step) is int
+    env.reset(seed=0, options={"experience": "free"})
+    assert env.step("east")[4]["distillation_request"].rollout_step is None
+    assert seen == [None, {"level": 2}, None]
+    assert [r.rollout_step for r in manager.get_requests(10, 0.5)] == [4, 5, None]
+    for bad in ("3", True, 2.0):
+        with pytest.raises(TypeError, match=r'options\["rollout_step"\]'):
+            env.reset(seed=0, options={"rollout_step": bad})
+    env.reset(seed=0, options={"rollout_step": -1})  # held out (evaluation): a step the service never credits
+    assert env.step("east")[4]["distillation_request"].rollout_step == -1

@@ -20,8 +20,8 @@ from _trainer_fixtures import TEXTS, manager
 from crl_gym.clients import LocalClient
 from crl_gym.protocol import DistillationRequest, ExperienceRef, ExtractorSample, Step, Trajectory
 from crl_train.config import ModelConfig
-from crl_train.extractor import BufferItem
-from crl_train.extractor_worker import (
+from crl_train.extractor.model import BufferItem
+from crl_train.extractor.worker import (
     ExtractorError,
     ExtractorSpec,
     ExtractorUnavailable,
@@ -29,7 +29,7 @@ from crl_train.extractor_worker import (
     build_extractor,
 )
 from crl_train.policy.hf import HFPolicy
-from crl_train.tracks import BackgroundTrack, Credit
+from crl_train.service.track import BackgroundTrack, Credit
 
 SPEC = ExtractorSpec(
     ModelConfig(tiny_vocab_size=300, tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_kv_heads=1, tiny_intermediate=64,
@@ -169,7 +169,7 @@ def test_a_dead_child_is_logged_counted_and_never_raises_in_the_track(caplog: py
     assert track.stats.distilled == 1
     os.kill(w.wait_ready(), signal.SIGKILL)  # out of memory, segfault, …
     assert _gone(w.process.pid or 0)
-    with caplog.at_level(logging.ERROR, logger="crl_train.extractor_worker"):
+    with caplog.at_level(logging.ERROR, logger="crl_train.extractor.worker"):
         for s in (True, False, True):
             mgr.submit(_request(s))
         sample = ExtractorSample(prompt="p", response="ADD: x", logprobs=[-0.5, -0.1], token_ids=[5, 2],
@@ -196,7 +196,7 @@ SCRIPT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {tests!r})
     from test_extractor_worker import SPEC
-    from crl_train.extractor_worker import ExtractorWorker
+    from crl_train.extractor.worker import ExtractorWorker
 
     if __name__ == "__main__":
         w = ExtractorWorker(SPEC)

@@ -1,5 +1,7 @@
 """Clip surrogate, CISPO and reverse-KL losses: values and gradients worked out by hand."""
 
+import doctest
+import inspect
 import math
 
 import pytest
@@ -10,6 +12,8 @@ from crl_train.algorithms import (
     PolicyLoss,
     cispo_loss,
     clip_surrogate_loss,
+    loss_scale_for,
+    losses,
     reverse_kl_sampled_loss,
     reverse_kl_topk_loss,
     self_distill_nll_loss,
@@ -144,7 +148,8 @@ def test_reverse_kl_sampled_by_hand() -> None:
     lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
     teacher = torch.tensor([[-1.5, -1.0, -9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    loss, m = reverse_kl_sampled_loss(lp, teacher, mask, coef=2.0)
+    unused = torch.zeros(1, 3), torch.zeros(1)  # old_logprobs and advantages: the shared signature
+    loss, m = reverse_kl_sampled_loss(lp, *unused, mask, teacher=teacher, coef=2.0)
     # diff = lp - teacher on kept tokens = [0.5, -1.0]; estimate = (0.5 - 1.0) / 2 = -0.25
     assert m["edge_kl"] == pytest.approx(-0.25)
     # surrogate = coef * Σ diff·lp / 2 = 2 * (0.5·(-1) + (-1)·(-2)) / 2 = 1.5
@@ -158,7 +163,7 @@ def test_reverse_kl_sampled_by_hand() -> None:
 def test_self_distill_nll_by_hand() -> None:
     lp = torch.tensor([[-0.2, -1.0], [-3.0, -0.6]], dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
-    loss, m = self_distill_nll_loss(lp, mask, coef=0.5)
+    loss, m = self_distill_nll_loss(lp, torch.zeros(2, 2), torch.zeros(2), mask, coef=0.5)
     # NLL = (0.2 + 1.0 + 0.6) / 3 = 0.6; loss = 0.5 · 0.6 = 0.3
     assert m["self_distill_nll"] == pytest.approx(0.6)
     assert loss.item() == pytest.approx(0.3)
@@ -167,4 +172,56 @@ def test_self_distill_nll_by_hand() -> None:
     assert lp.grad is not None
     assert lp.grad.flatten().tolist() == pytest.approx([-1 / 6, -1 / 6, 0.0, -1 / 6])
     with pytest.raises(ValueError, match="share a"):
-        self_distill_nll_loss(lp, torch.ones(3))
+        self_distill_nll_loss(lp, lp, torch.zeros(2), torch.ones(3))
+
+
+def test_reverse_kl_sampled_needs_the_teacher() -> None:
+    lp, z = torch.zeros(1, 2), torch.zeros(1)
+    with pytest.raises(ValueError, match=r"teacher=\[B, T\]"):
+        reverse_kl_sampled_loss(lp, lp, z, torch.ones(1, 2))
+    with pytest.raises(ValueError, match="share a"):
+        reverse_kl_sampled_loss(lp, lp, z, torch.ones(1, 2), teacher=torch.zeros(1, 3))
+
+
+def _convention_inputs() -> dict[str, torch.Tensor]:
+    return {"weights": torch.tensor([0.5, 0.5], dtype=torch.float64), "teacher": torch.full((2, 2), -1.0, dtype=torch.float64),
+            "group_ids": torch.tensor([0, 0]), "condition_ids": torch.tensor([0, 1])}
+
+
+@pytest.mark.parametrize("name", [n.value for n in LOSSES.names()])
+def test_every_registered_loss_takes_the_policy_calling_convention(name: str) -> None:
+    # what HFPolicy.train_step passes: 4 positionals + every batch tensor (extra, group/condition
+    # ids) whether the loss uses it or not; the loss returns (scalar with grad, float metrics)
+    fn = LOSSES.get(name)
+    params = list(inspect.signature(fn).parameters.values())
+    assert [p.name for p in params[:4]] == ["logprobs", "old_logprobs", "advantages", "mask"]
+    assert params[-1].kind is inspect.Parameter.VAR_KEYWORD
+    lp, old, adv, mask = _clip_inputs()
+    loss, metrics = fn(lp, old, adv, mask, **_convention_inputs())
+    assert loss.dim() == 0 and loss.requires_grad and math.isfinite(loss.item())
+    assert metrics and all(isinstance(v, float) for v in metrics.values())
+    # a misspelt hyper-parameter is not batch context: it raises instead of being ignored
+    with pytest.raises(TypeError, match="'coeff'"):
+        fn(lp, old, adv, mask, coeff=2.0, **_convention_inputs())
+    assert loss_scale_for(name) in ("samples", "tokens", "none")
+
+
+def test_registered_losses_are_exactly_the_log_prob_ones() -> None:
+    # the top-k reverse KL needs [B, T, V] logits: it keeps its own signature, outside LOSSES
+    assert sorted(n.value for n in LOSSES.names()) == ["cispo", "clip", "reverse_kl_sampled", "self_distill_nll"]
+    assert {n.value: loss_scale_for(n) for n in LOSSES.names()} == {
+        "clip": "none", "cispo": "tokens", "reverse_kl_sampled": "tokens", "self_distill_nll": "tokens"}
+    with pytest.raises(KeyError, match="accepted: clip, cispo"):
+        loss_scale_for("reverse_kl_topk")
+    assert reverse_kl_topk_loss not in [LOSSES.get(n) for n in LOSSES.names()]
+    with pytest.raises(KeyError, match="unknown policy loss 'reverse_kl_topk'"):
+        LOSSES.get("reverse_kl_topk")
+    assert "Own signature, not in" in (reverse_kl_topk_loss.__doc__ or "")
+
+
+def test_module_doctests() -> None:
+    from crl_train.algorithms import registry
+
+    for module in (losses, registry):
+        result = doctest.testmod(module)
+        assert result.failed == 0

@@ -3,8 +3,8 @@
 import pytest
 
 from crl_train.algorithms import AdvantageEstimator
-from crl_train.config import METHOD_NAMES
-from crl_train.methods import METHODS, get_method
+from crl_train.config import METHOD_NAMES, load_config
+from crl_train.methods import METHODS, Method, make_method
 
 
 def test_every_config_method_is_registered() -> None:
@@ -12,7 +12,7 @@ def test_every_config_method_is_registered() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "exp", "actor", "distill", "extractor", "adv"),
+    ("name", "guided", "actor", "distill", "train", "adv"),
     [
         ("grpo", False, True, False, False, AdvantageEstimator.GRPO),
         ("complementary", True, True, True, True, AdvantageEstimator.SPLIT_SUBGROUP),
@@ -22,15 +22,20 @@ def test_every_config_method_is_registered() -> None:
         ("edge", True, True, True, False, AdvantageEstimator.EDGE_POOLED),
     ],
 )
-def test_method_specs(name: str, exp: bool, actor: bool, distill: bool, extractor: bool, adv: AdvantageEstimator) -> None:
-    m = get_method(name)
-    assert (m.uses_experience, m.train_actor, m.distill_online, m.train_extractor, m.advantage) == (exp, actor, distill, extractor, adv)
-    assert m.offline_bank == (name == "offline_exp") and m.edge == (name == "edge")
+def test_methods_actor_and_service_sides(name: str, guided: bool, actor: bool, distill: bool, train: bool,
+                                         adv: AdvantageEstimator) -> None:
+    extra = ["experience.offline_source=x.jsonl"] if name == "offline_exp" else []
+    m = make_method(load_config(None, [f"method={name}", *extra]))
+    assert isinstance(m, Method) and m.name == name
+    opts = m.service_options()
+    assert (m.guided, m.trains_actor, opts.distill, opts.train, m.advantage) == (guided, actor, distill, train, adv)  # type: ignore[attr-defined]
+    assert opts.extractor == guided and (opts.edge is not None) == (name == "edge")
+    assert (opts.offline_source is not None) == (name == "offline_exp")
 
 
 def test_unknown_method() -> None:
     with pytest.raises(KeyError, match="accepted: grpo"):
-        get_method("ppo")
+        METHODS.get("ppo")
 
 
 # --- every method through Trainer.step, on the corridor env with tiny models (fast) -------------
@@ -39,9 +44,8 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from crl_gym.wrappers.examples import CorridorEnv  # noqa: E402
-from crl_train.config import load_config  # noqa: E402
-from crl_train.outputs import metric_fields  # noqa: E402
-from crl_train.trainer import Trainer  # noqa: E402
+from crl_train.run.outputs import metric_fields  # noqa: E402
+from crl_train.run.trainer import Trainer  # noqa: E402
 
 SMALL = ["env.ids=[corridor]", "env.tasks_per_step=2", "env.group_size=4", "env.max_turns=3", "train.eval_episodes=0",
          "actor.tiny_vocab_size=300", "extractor.tiny_vocab_size=300", "actor.tiny_hidden=32", "extractor.tiny_hidden=32",
@@ -64,22 +68,23 @@ def test_method_runs_a_step(name: str, tmp_path: Path) -> None:
         changed = any(not p.detach().equal(before[n]) for n, p in trainer.c.actor.model.named_parameters())
     finally:
         trainer.close()
-    spec = get_method(name)
+    method = make_method(cfg)
     assert all(0.0 <= r["success"] <= 1.0 for r in rows)
-    if spec.uses_experience:
+    if method.guided:
         assert rows[-1]["success_guided"] is not None
-        assert (rows[-1]["distilled"] > 0) == spec.distill_online
+        assert (rows[-1]["distilled"] > 0) == method.service_options().distill
+        assert rows[-1]["credited"] is not None
     else:
         assert rows[-1]["success_guided"] is None and rows[-1]["bank_size"] == 1  # the seed entry only
-    if not spec.train_actor:
+    if not method.trains_actor:
         assert not changed  # exp_only: the actor is frozen
     if name == "edge":
-        assert "edge_gain_mean" in rows[-1]
-    # a real row has exactly the declared columns (crl_train.outputs is the one source of truth)
+        assert rows[-1]["edge_gain_mean"] is not None and rows[-1]["edge_pruned"] is not None
+    # a real row has exactly the declared columns (crl_train.run.outputs is the one source of truth)
     for r in rows:
-        assert list(r) == list(metric_fields(edge=spec.edge, self_distill=name == "complementary"))
+        assert list(r) == list(metric_fields(method.metric_fields()))
     lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
-    assert len(lines) == (2 * 8 if spec.uses_experience else 0)  # every experience episode's request is kept
+    assert len(lines) == (2 * 8 if method.guided else 0)  # every experience episode's request is kept
 
 
 def test_offline_exp_builds_its_bank_once_from_a_prior_run(tmp_path: Path) -> None:
@@ -94,8 +99,75 @@ def test_offline_exp_builds_its_bank_once_from_a_prior_run(tmp_path: Path) -> No
                              "experience.seed_entries=[]", *SMALL])
     trainer = Trainer(cfg, tmp_path / "offline", progress=False, env_factory=_corridor)
     try:
-        size = len(trainer.c.manager.bank)
+        size = len(trainer.c.service.manager.bank)
         row = trainer.step(0)
     finally:
         trainer.close()
     assert row["distilled"] == 0 and row["bank_size"] == size  # frozen after the one-off distillation
+
+
+# --- the method objects on hand-made rollouts ----------------------------------------------------
+
+import torch  # noqa: E402
+
+from crl_train.rollout import Episode  # noqa: E402
+
+
+def _rollout(rewards: list[float], conds: list[str], errors: tuple[int, ...] = ()) -> Any:
+    from crl_train.methods import Rollout
+
+    eps = [Episode(group=0, condition=c, env_id="e", seed=0, success=r > 0) for r, c in zip(rewards, conds, strict=True)]
+    for i in errors:
+        eps[i].info["error"] = "step: RuntimeError: env crashed"
+    return Rollout.of(eps)
+
+
+def test_an_episode_the_env_ended_by_raising_is_left_out_of_the_subgroup_statistics() -> None:
+    method = make_method(load_config(None, ["method=complementary"]))
+    # guided [1, 0, (error)], free [1, 0]: the guided subgroup's mean/std are over [1, 0] only
+    ro = _rollout([1.0, 0.0, 0.0, 1.0, 0.0], ["guided", "guided", "guided", "free", "free"], errors=(2,))
+    adv = method.advantages(ro)
+    # mean 0.5, population std 0.5 → ±1 (ε = 1e-6); the errored episode gets 0
+    assert torch.allclose(adv, torch.tensor([1.0, -1.0, 0.0, 1.0, -1.0]), atol=1e-5)
+    assert method.train_mask(ro).tolist() == [True, True, False, True, True]
+
+
+def test_edge_gain_ignores_errored_episodes_and_its_distillation_weight_is_the_config_lambda() -> None:
+    edge = make_method(load_config(None, ["method=edge"]))
+    # guided [1, (error, would count as 0)], free [0, 0]: Δe = 1 − 0 = 1 (it would be 0.5 with the error)
+    ro = _rollout([1.0, 0.0, 0.0, 0.0], ["guided", "guided", "free", "free"], errors=(1,))
+    mask = edge.train_mask(ro)
+    assert mask.tolist() == [True, False, True, True]
+    _, metrics = edge.extra_updates(ro, actor=None)  # type: ignore[arg-type]  # no prompt ids: no distillation pair
+    assert metrics["edge_gain_mean"] == pytest.approx(1.0)
+    assert load_config(None, []).algo.edge_lambda == 0.1
+    with pytest.raises(Exception, match="edge_lambda"):
+        load_config(None, ["algo.edge_lambda=-1"])
+
+
+def test_edge_distillation_update_uses_lambda(tmp_path: Path) -> None:
+    cfg = load_config(None, ["method=edge", "algo.edge_lambda=0.3", "algo.edge_threshold=-2", "train.steps=1", *SMALL])
+    trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
+    try:
+        eps = trainer.c.runner.collect([("corridor", 0)], guided=True, step=0)
+        from crl_train.methods import Rollout
+
+        updates, _ = trainer.method.extra_updates(Rollout.of(eps), trainer.c.actor)
+    finally:
+        trainer.close()
+    assert [(u.loss.value, u.kwargs) for u in updates] == [("reverse_kl_sampled", {"coef": 0.3})]
+
+
+def test_one_cooldown_default_that_really_cools_down() -> None:
+    import inspect
+
+    from crl_train.algorithms import training_count_weights
+    from crl_train.config import AlgoConfig
+    from crl_train.extractor import Extractor
+
+    algo = AlgoConfig()
+
+    assert inspect.signature(Extractor.__init__).parameters["cooldown"].default == algo.cooldown == 2
+    # an entry trained at extractor step 4 gets weight 0 at step 5 under the default δ
+    w = training_count_weights(torch.tensor([1]), torch.tensor([4]), 5, cooldown=algo.cooldown, alpha=algo.count_alpha)
+    assert w.tolist() == [0.0]

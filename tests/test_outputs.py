@@ -1,4 +1,4 @@
-"""crl_train.outputs: the declared metrics columns, the docs that list them, the plots that read them."""
+"""crl_train.run.outputs: the declared metrics columns, the docs that list them, the plots that read them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from crl_train import outputs
-from crl_train.outputs import (
+from crl_train.run import outputs
+from crl_train.run.outputs import (
     ALL_METRIC_FIELDS,
     METRIC_FIELDS,
     commit_checkpoint,
@@ -36,9 +36,11 @@ def test_docs_table_lists_exactly_the_declared_fields() -> None:
 
 def test_fields_are_unique_and_method_extras_are_appended() -> None:
     assert len(set(ALL_METRIC_FIELDS)) == len(ALL_METRIC_FIELDS)
-    assert metric_fields(edge=False, self_distill=False) == METRIC_FIELDS
-    assert metric_fields(edge=True, self_distill=False)[-4:] == outputs.EDGE_FIELDS
-    assert set(metric_fields(edge=True, self_distill=True)) == set(ALL_METRIC_FIELDS)
+    assert metric_fields() == METRIC_FIELDS
+    assert metric_fields(outputs.EDGE_FIELDS)[-4:] == outputs.EDGE_FIELDS
+    assert set(metric_fields(outputs.EDGE_FIELDS + outputs.SELF_DISTILL_FIELDS)) == set(ALL_METRIC_FIELDS)
+    with pytest.raises(KeyError, match="not declared"):
+        metric_fields(("nope",))
 
 
 def test_make_row_fills_missing_and_rejects_undeclared() -> None:

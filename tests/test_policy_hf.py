@@ -330,3 +330,109 @@ def test_stop_cut_takes_the_earliest_end() -> None:
     # "</a>" ends at index 9, "go" ends at index 4: the earlier end wins.
     assert _stop_cut("x go <x></a>", ("</a>", "go")) == "x go"
     assert _stop_cut("nothing", ("</a>",)) is None
+
+
+# ---------------------------------------------------------------- loss scaling per train_step
+def _scaling_batch(pol: HFPolicy) -> TrainBatch:
+    """4 sequences of different lengths (so micro-batches differ in token counts), with every
+    batch tensor a registered loss may read: weights (summing to 1), teacher, group/condition ids."""
+    prompts = prompts_for(pol)
+    gens = pol.generate(prompts, 6, allowed=[ACTIONS[0], None, ACTIONS[2], None])  # no forced (zero-grad) action
+    seqs = sequences(pol, prompts, gens)
+    batch = TrainBatch.from_sequences(seqs, [1.0, -0.5, 2.0, 0.3], pol.pad_token_id, group_ids=[0, 0, 1, 1],
+                                      condition_ids=[0, 1, 0, 1], extra={"weights": [0.1, 0.2, 0.3, 0.4]})
+    g = torch.Generator().manual_seed(0)
+    m = batch.loss_mask
+    batch.old_logprobs = batch.old_logprobs + 0.1 * torch.randn(m.shape, generator=g) * m
+    batch.extra["teacher"] = (batch.old_logprobs - torch.rand(m.shape, generator=g)) * m
+    assert len(set(m.sum(1).tolist())) > 1  # unequal token counts: a per-micro-batch mean is not the batch mean
+    return batch
+
+
+def _sgd_delta(pol: HFPolicy, init: dict[str, torch.Tensor], batch: TrainBatch, mbs: int, loss_fn: Any,
+               **kw: Any) -> torch.Tensor:
+    """Weights after one plain SGD step (lr 1, no clip) minus the weights before: −(accumulated grad)."""
+    pol.model.load_state_dict(init)
+    pol.optim = OptimConfig(micro_batch_size=mbs, loss_scale="none", grad_clip=0.0)  # the actor's default
+    params = [p for p in pol.model.parameters() if p.requires_grad]
+    pol.optimizer = torch.optim.SGD(params, lr=1.0)
+    out = pol.train_step(batch, loss_fn, **kw)
+    assert out["skipped"] == 0.0
+    return torch.cat([(p.detach() - init[n]).flatten() for n, p in pol.model.named_parameters()])
+
+
+HYPER: dict[str, dict[str, Any]] = {
+    "clip": {"clip_eps": 0.2, "ratio_level": "sequence"},
+    "cispo": {"eps_low": 0.1, "eps_high": 0.1},
+    "reverse_kl_sampled": {"coef": 1.0},
+    "self_distill_nll": {"coef": 0.5},
+}
+
+
+@pytest.mark.parametrize("name", ["reverse_kl_sampled", "self_distill_nll"])
+def test_token_mean_losses_are_micro_batch_invariant_on_the_actor(name: str) -> None:
+    # the actor's policy defaults to loss_scale="none"; a token-mean loss says "tokens" for its call,
+    # and the update is then the same for micro-batches of 1, 2 and the full batch of 4
+    from crl_train.algorithms import LOSSES
+
+    pol = make_policy()
+    batch = _scaling_batch(pol)
+    init = {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
+    deltas = [_sgd_delta(pol, init, batch, mbs, LOSSES.get(name), loss_scale="tokens", **HYPER[name]) for mbs in (4, 2, 1)]
+    assert deltas[0].abs().sum() > 0
+    for d in deltas[1:]:
+        assert torch.allclose(d, deltas[0], atol=1e-6, rtol=1e-4)
+
+
+def test_none_scale_sums_micro_batch_means_and_tokens_weights_them_by_hand() -> None:
+    # The old behaviour: under the actor's "none", micro-batches of one sequence add up each
+    # sequence's own token mean, Σ_b g_b, while the full batch gives the token mean Σ_b (n_b/N) g_b.
+    from crl_train.algorithms import LOSSES
+
+    pol = make_policy()
+    batch = _scaling_batch(pol)
+    init = {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
+    fn = LOSSES.get("reverse_kl_sampled")
+    n = batch.loss_mask.sum(1)
+    per_seq = [_sgd_delta(pol, init, batch.select(slice(b, b + 1)), 1, fn) for b in range(4)]  # −g_b
+    full = _sgd_delta(pol, init, batch, 4, fn)
+    assert torch.allclose(full, sum(float(n[b] / n.sum()) * per_seq[b] for b in range(4)), atol=1e-6, rtol=1e-4)
+    old = _sgd_delta(pol, init, batch, 1, fn)  # no loss_scale: the policy's "none"
+    assert torch.allclose(old, sum(per_seq), atol=1e-6, rtol=1e-4)
+    assert not torch.allclose(old, full, atol=1e-6, rtol=1e-2)
+    assert torch.allclose(_sgd_delta(pol, init, batch, 1, fn, loss_scale="tokens"), full, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["clip", "cispo", "reverse_kl_sampled", "self_distill_nll"])
+def test_every_registered_loss_trains_through_train_step_by_name(name: str) -> None:
+    # the trainer's call: train_step(batch, LOSSES.get(name), loss_scale=loss_scale_for(name), **hyper);
+    # the loss gets group/condition ids, weights and teacher whether it reads them or not
+    from crl_train.algorithms import LOSSES, loss_scale_for
+
+    assert sorted(n.value for n in LOSSES.names()) == sorted(HYPER)
+    pol = make_policy()
+    batch = _scaling_batch(pol)
+    init = {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
+    deltas = [_sgd_delta(pol, init, batch, mbs, LOSSES.get(name), loss_scale=loss_scale_for(name), **HYPER[name])
+              for mbs in (4, 3, 1)]
+    assert bool(torch.isfinite(deltas[0]).all()) and deltas[0].abs().sum() > 0
+    for d in deltas[1:]:
+        assert torch.allclose(d, deltas[0], atol=1e-6, rtol=1e-4)
+
+
+def test_train_step_rejects_an_unknown_loss_scale() -> None:
+    pol = make_policy()
+    batch = _scaling_batch(pol)
+    with pytest.raises(ValueError, match="loss_scale must be one of"):
+        pol.train_step(batch, pg_loss, loss_scale="mean")  # type: ignore[arg-type]
+    assert pol.step == 0 and pol.skipped_steps == 0
+
+
+def test_train_step_signature_matches_the_protocol() -> None:
+    import inspect
+
+    for fn in (Policy.train_step, HFPolicy.train_step, HFPolicy.accumulate_gradients):
+        params = inspect.signature(fn).parameters
+        assert list(params)[:3] == ["self", "batch", "loss_fn"]
+        assert params["loss_scale"].kind is inspect.Parameter.KEYWORD_ONLY and params["loss_scale"].default is None
+        assert next(reversed(params.values())).kind is inspect.Parameter.VAR_KEYWORD

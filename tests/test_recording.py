@@ -23,7 +23,7 @@ from crl_gym.experience.distill_queue import DistillQueue
 from crl_gym.protocol import DistillationRequest, ExperienceRef, SearchCall, Step, Trajectory
 from crl_gym.wrappers import ExperienceWrapper, wrap
 from crl_gym.wrappers.examples import CorridorEnv
-from crl_gym.wrappers.recording import RecordedRequest, steps_and_calls
+from crl_gym.wrappers.recording import RecordedRequest, steps_and_calls, text_record
 
 TIP = ExperienceRef(id=3, text="Walk east.", version=2)
 CALL = SearchCall(query="where?", answer="east", entry=TIP, turn=1, refined=True, provenance={"prompt": "p"})
@@ -141,6 +141,39 @@ def test_bad_record_length_is_named() -> None:
         lazy(["start", "east"])
     steps, calls = steps_and_calls(["only the first observation"])
     assert steps == [] and calls == []
+
+
+def test_text_record_converts_in_place_and_leaves_text_records_alone() -> None:
+    rec = record()
+    before = list(rec)
+    assert text_record(rec) is None and rec == before and all(a is b for a, b in zip(rec, before, strict=True))
+    rec = [np.str_("start"), np.int64(1), 0.0, {}, b"o\xe91", bytearray(b"east"), 1, {"n": np.int64(2)}, np.array("end")]
+    assert text_record(rec) is None
+    assert rec[0::4] == ["start", "o\ufffd1", "end"] and rec[1::4] == ["1", "east"]
+    assert all(type(x) is str for x in rec[0::4] + rec[1::4])
+    assert rec[3] == {} and rec[7]["n"] == 2  # rewards and infos are not touched
+    assert json.loads(RecordedRequest.from_record(rec, task="t", experience=None, condition="free", env_id="",
+                                                  seed=None).to_json())["trajectory"]["steps"][1]["action"] == "east"
+
+
+@pytest.mark.parametrize(("index", "value", "named"), [
+    (0, None, "the first observation is None, not text"),
+    (1, np.zeros((2, 2)), "the action of turn 1 is a numpy.ndarray of shape (2, 2), not text"),
+    (4, {"obs": 1}, "the observation after turn 1 is a dict, not text"),
+    (9, [1], "the action of turn 3 is a list, not text"),
+])
+def test_text_record_names_the_first_value_without_a_text_form(index: int, value: Any, named: str) -> None:
+    rec = record()
+    rec[index] = value
+    assert text_record(rec) == named
+
+
+def test_rollout_step_is_a_field_of_the_recorded_request() -> None:
+    req = RecordedRequest.from_record(record(), task="t", experience=None, condition="free", env_id="e", seed=1,
+                                      rollout_step=7)
+    assert req.rollout_step == 7 and DistillationRequest.from_json(req.to_json()).rollout_step == 7
+    assert RecordedRequest.from_record(record(), task="t", experience=None, condition="free", env_id="e",
+                                       seed=1).rollout_step is None
 
 
 def test_spilled_lazy_requests_come_back_equal(tmp_path: Any) -> None:

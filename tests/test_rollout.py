@@ -10,7 +10,7 @@ from _trainer_fixtures import LocalClient, corridor_factory, manager, tiny_polic
 
 from crl_gym.wrappers.examples import CorridorEnv
 from crl_train.policy.base import Generation, TrainBatch
-from crl_train.rollout import Episode, RolloutRunner, Turn, stripped_sequence
+from crl_train.rollout.runner import Episode, RolloutRunner, Turn, swap_prompt
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +123,17 @@ def test_context_policy_ends_episode_before_overflow(policy: Any) -> None:
     assert runner.context_truncations == 2
 
 
-def test_stripped_sequence_drops_search_turns() -> None:
+def test_swap_prompt_drops_search_turns() -> None:
     g1 = Generation(prompt_ids=[1], token_ids=[10, 11], logprobs=[-0.1, -0.2], text="east")
     g2 = Generation(prompt_ids=[1], token_ids=[12], logprobs=[-0.3], text="search")
     g3 = Generation(prompt_ids=[1], token_ids=[13], logprobs=[-0.4], text="east")
     ep = Episode(group=0, condition="guided", env_id="c", seed=0, prompt_ids=[1, 2, 3, 4])
     ep.history = [Turn(g1, [20]), Turn(g2, [21, 22], "search_and_ask"), Turn(g3, [])]
-    seq = stripped_sequence(ep, [1, 2])
+    seq = swap_prompt(ep, [1, 2], drop_search_turns=True)
     assert seq.input_ids == [1, 2, 10, 11, 20, 13]
     assert seq.loss_mask == [0, 0, 1, 1, 0, 1]
+    kept = swap_prompt(ep, [7])
+    assert kept.input_ids == [7, 10, 11, 20, 12, 21, 22, 13] and kept.old_logprobs[1:3] == [-0.1, -0.2]
 
 
 def test_group_size_must_be_even(policy: Any) -> None:

@@ -11,10 +11,10 @@ import torch
 from _trainer_fixtures import LocalClient, corridor_factory, manager, tiny_policy
 
 from crl_gym.protocol import DistillationRequest, Step, Trajectory
-from crl_train.extractor import Extractor, candidate_ops, sample_key
+from crl_train.extractor.model import Extractor, candidate_ops, sample_key
 from crl_train.policy.base import TrainBatch
-from crl_train.rollout import RolloutRunner
-from crl_train.tracks import BackgroundTrack, Credit
+from crl_train.rollout.runner import RolloutRunner
+from crl_train.service.track import BackgroundTrack, Credit
 
 
 @pytest.fixture(scope="module")
@@ -178,20 +178,20 @@ def _wait(cond: Any, timeout: float = 120.0) -> None:
 
 def test_sync_step_returns_only_after_distillation_and_update(tmp_path: Any) -> None:
     from crl_train.config import load_config
-    from crl_train.trainer import Trainer
+    from crl_train.run.trainer import Trainer
 
     cfg = load_config(None, [*SMALL, "experience.asynchronous=false"])
     trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
     try:
-        assert isinstance(trainer.c.extractor, Extractor)  # auto: a synchronous run keeps π_φ in process
-        st = trainer.c.track.stats
+        assert isinstance(trainer.c.service.extractor, Extractor)  # auto: a synchronous run keeps π_φ in process
+        st = trainer.c.service.track.stats
         for t in range(3):
             row = trainer.step(t)
             # when the actor's step returns, every request of it is distilled and every credit is in B_φ …
             assert row["queue_depth"] == 0 and row["distilled"] == st.distilled == 8 * (t + 1)
-            assert trainer.c.track.credits.empty()
+            assert trainer.c.service.track.credits.empty()
             # … and B_φ was trained on as soon as it held buffer_size (2) samples: none is left waiting
-            assert len(trainer.c.track.buffer) < 2 and 2 * st.updates + len(trainer.c.track.buffer) == st.credited
+            assert len(trainer.c.service.track.buffer) < 2 and 2 * st.updates + len(trainer.c.service.track.buffer) == st.credited
     finally:
         trainer.close()
 
@@ -203,36 +203,36 @@ def test_async_trainer_uses_the_worker_and_survives_its_death(tmp_path: Any, cap
 
     from crl_gym.protocol import ExperienceRef
     from crl_train.config import load_config
-    from crl_train.extractor_worker import ExtractorWorker
-    from crl_train.trainer import Trainer
+    from crl_train.extractor.worker import ExtractorWorker
+    from crl_train.run.trainer import Trainer
 
     cfg = load_config(None, [*SMALL, "experience.asynchronous=true", "experience.search_and_ask=true"])
     trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
     c = trainer.c
-    worker = c.extractor
+    worker = c.service.extractor
     try:
         assert isinstance(worker, ExtractorWorker) and worker.pid != os.getpid()
         # search_and_ask refinements asked by the wrappers go to the worker too
-        assert c.manager.refiner == worker.refine
+        assert c.service.manager.refiner == worker.refine
         _, prov = c.client.ask("I am stuck", ExperienceRef(1, "Walk east.", 0), "cell 0")
         assert prov is not None and prov["token_ids"] and prov["extractor_version"] == 0
-        c.track.start()
+        c.service.track.start()
         for t in range(2):
             trainer.step(t)
-        _wait(lambda: c.track.stats.distilled == 16 and c.manager.pending() == 0)
+        _wait(lambda: c.service.track.stats.distilled == 16 and c.service.manager.pending() == 0)
         trainer.checkpoint(1)
         assert (tmp_path / "checkpoint" / "extractor" / "policy_state.pt").exists()
 
         os.kill(worker.wait_ready(), signal.SIGKILL)
         with caplog.at_level(logging.ERROR):
             trainer.step(2)  # rollouts (refinements fall back to the raw entry) and the actor update go on
-            _wait(lambda: c.track.stats.skipped_distill == 8 and c.manager.pending() == 0)
+            _wait(lambda: c.service.track.stats.skipped_distill == 8 and c.service.manager.pending() == 0)
             row = trainer.step(3)
             trainer.checkpoint(3)  # the previous extractor weights are carried over
         assert row["extractor_alive"] is False and row["skipped_distill"] >= 8 and row["track_errors"] == 0
         assert (tmp_path / "checkpoint" / "extractor" / "policy_state.pt").exists()
         assert any("extractor worker died" in r.getMessage() for r in caplog.records)
     finally:
-        c.track.stop()
+        c.service.track.stop()
         trainer.close()
     assert not worker.process.is_alive()

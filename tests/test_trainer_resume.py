@@ -17,10 +17,9 @@ from crl_gym.experience.distill_queue import DistillQueue
 from crl_gym.protocol import DistillationRequest, Trajectory
 from crl_gym.wrappers.examples import CorridorEnv
 from crl_train.cli import evaluate_dir
-from crl_train.components import NoExtractor
 from crl_train.config import load_config
-from crl_train.outputs import resolve_checkpoint, truncate_jsonl
-from crl_train.trainer import Trainer
+from crl_train.run.outputs import resolve_checkpoint, truncate_jsonl
+from crl_train.run.trainer import Trainer
 
 SMALL = ["env.ids=[corridor]", "env.tasks_per_step=1", "env.group_size=4", "env.max_turns=3", "train.eval_episodes=0",
          "actor.tiny_vocab_size=300", "extractor.tiny_vocab_size=300", "actor.tiny_hidden=32", "extractor.tiny_hidden=32",
@@ -58,7 +57,7 @@ def test_resume_saves_config_restores_counters_and_trims_outputs(tmp_path: Path)
     cfg = load_config(run / "config.yaml", ["train.steps=3"])
     trainer = Trainer(cfg, run, resume=True, progress=False, env_factory=_corridor)
     try:
-        st = trainer.c.track.stats
+        st = trainer.c.service.track.stats
         # (b) the cumulative counters continue from the checkpoint's values, not from 0
         assert (st.distilled, st.distill_batches, st.added) == (last["distilled"], last["distill_batches"], last["added"])
         # (c) the killed run's later rows are gone before the resumed run writes its own
@@ -124,17 +123,17 @@ def test_checkpoint_persists_requests_still_in_memory(tmp_path: Path) -> None:
     cfg = load_config(None, ["method=complementary", "train.steps=1", *SMALL])
     trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
     try:
-        trainer.c.manager.submit(_req("queued-before-the-checkpoint"))
+        trainer.c.service.manager.submit(_req("queued-before-the-checkpoint"))
         trainer.checkpoint(0)
         # A SIGKILL now would skip close(): the spill file alone must hold the request.
-        spill = trainer.c.manager.queue.spill_path
+        spill = trainer.c.service.manager.queue.spill_path
         assert "queued-before-the-checkpoint" in spill.read_text()
         copy = tmp_path / "after_kill.jsonl"
         shutil.copy(spill, copy)
         reopened = DistillQueue(maxsize=4, spill_path=copy)
         assert [r.task for r in reopened.get(10)] == ["queued-before-the-checkpoint"]
         reopened.close()
-        assert [r.task for r in trainer.c.manager.get_requests(10)] == ["queued-before-the-checkpoint"]
+        assert [r.task for r in trainer.c.service.manager.get_requests(10)] == ["queued-before-the-checkpoint"]
     finally:
         trainer.close()
 
@@ -176,7 +175,7 @@ def test_grpo_builds_no_extractor_and_resumes(tmp_path: Path) -> None:
     cfg = load_config(None, ["method=grpo", "train.steps=1", *SMALL])
     trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
     try:
-        assert isinstance(trainer.c.extractor, NoExtractor)
+        assert trainer.c.service.extractor is None
         row = trainer.run()
     finally:
         trainer.close()
@@ -185,6 +184,6 @@ def test_grpo_builds_no_extractor_and_resumes(tmp_path: Path) -> None:
     trainer = Trainer(load_config(tmp_path / "config.yaml", ["train.steps=2"]), tmp_path, resume=True, progress=False,
                       env_factory=_corridor)
     try:
-        assert trainer.start_step == 1 and isinstance(trainer.c.extractor, NoExtractor)
+        assert trainer.start_step == 1 and trainer.c.service.extractor is None
     finally:
         trainer.close()

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from crl_gym.wrappers.examples import CorridorEnv
-from crl_train.components import GeneratorUnavailable, vllm_generator
 from crl_train.config import ConfigError, ModelConfig, load_config
 from crl_train.policy.base import Generation, SamplingConfig
-from crl_train.trainer import Trainer
+from crl_train.policy.factory import GeneratorUnavailable, vllm_generator
+from crl_train.run.trainer import Trainer
 
 SMALL = ["method=grpo", "env.ids=[corridor]", "env.tasks_per_step=1", "env.group_size=4", "env.max_turns=2",
          "train.eval_episodes=0", "actor.tiny_vocab_size=300", "actor.tiny_hidden=32", "actor.tiny_layers=1",
@@ -93,7 +93,7 @@ def test_generator_is_attached_synced_and_old_logprobs_recomputed(tmp_path: Path
 
 
 def test_inexact_extractor_generator_is_refused(tmp_path: Path) -> None:
-    from crl_train.components import build_policy
+    from crl_train.policy.factory import build_policy
 
     mc = ModelConfig(tiny_vocab_size=300, tiny_hidden=32, tiny_layers=1, generator="vllm", max_new_tokens=8,
                      max_context_tokens=256)

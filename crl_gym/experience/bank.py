@@ -4,6 +4,12 @@ SQLite is the source of truth; the index is rebuilt from it whenever the index f
 unreadable or out of date (e.g. after a crash). Readers take ``bank.lock.read()``, writers take
 ``bank.lock.write()`` (writer-preferring), so a search never sees half of an ``apply_batch``.
 
+One writer per directory: a persistent bank holds an exclusive OS lock (``flock``) on
+``DIR/bank.lock`` (which names its PID) from open to :meth:`ExperienceBank.close` or process
+exit. Two banks over one directory would each keep their own copy of the entries and their own
+vector index, and the second to save would silently undo the first; so a second open, from
+this process or another, raises :class:`BankLockedError` and changes nothing.
+
 >>> import numpy as np
 >>> bank = ExperienceBank(None, dim=2)
 >>> a = bank.add("go north", np.array([1.0, 0.0], np.float32))
@@ -17,6 +23,8 @@ unreadable or out of date (e.g. after a crash). Readers take ``bank.lock.read()`
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -24,7 +32,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -37,6 +45,8 @@ from crl_gym.protocol import ExtractorSample
 log = logging.getLogger(__name__)
 MAX_ID = 2**63 - 1  # ids are uint64 restricted to SQLite's native INTEGER range
 DB_FILE = "bank.sqlite"
+LOCK_FILE = "bank.lock"
+"""Held with ``flock(LOCK_EX)`` by the one open bank of a directory; holds that process's PID."""
 _RETRIEVAL_SQL = "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?"
 
 
@@ -61,6 +71,46 @@ class PendingUpdate:
     provenance: ExtractorSample | None = None
 
 
+class BankLockedError(RuntimeError):
+    """The bank directory is already open (in this process or another): one writer per bank."""
+
+
+def _lock_directory(path: Path) -> IO[str]:
+    """Take the directory's exclusive lock without waiting; the open lock file holds it."""
+    f = open(path / LOCK_FILE, "a+", encoding="ascii")  # noqa: SIM115 - held until close()
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        try:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+        finally:
+            f.close()
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise BankLockedError(
+            f"bank {path} is locked by PID {holder}; only one ExperienceBank may have a bank directory "
+            f"open at a time: close the other one (bank.close(), or stop that process), or open a copy "
+            f"of the directory"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")  # who holds it, for the next opener's message
+    f.flush()
+    return f
+
+
+def _unlock_directory(f: IO[str]) -> None:
+    """Release the lock explicitly, so a forked child that inherited the file does not keep it."""
+    try:
+        f.seek(0)
+        f.truncate()
+        f.flush()
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    finally:
+        f.close()
+
+
 def _copy(e: ExperienceEntry) -> ExperienceEntry:
     # Embeddings are stored read-only, so copies can share them safely.
     return dataclasses.replace(e, history=list(e.history))
@@ -77,8 +127,19 @@ class ExperienceBank:
         self.lock = RWLock()
         self._db_lock = threading.Lock()  # serialises use of the single SQLite connection
         self.index_recoveries: list[str] = []  # why the index had to be rebuilt (logged)
+        self._dir_lock: IO[str] | None = None
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
+            self._dir_lock = _lock_directory(self.path)  # before anything in the directory is read
+        try:
+            self._open_store()
+        except BaseException:
+            if self._dir_lock is not None:
+                _unlock_directory(self._dir_lock)
+                self._dir_lock = None
+            raise
+
+    def _open_store(self) -> None:
         self._store = SQLiteStore(None if self.path is None else self.path / DB_FILE)
         stored_dim = self._store.get_meta("dim")
         if stored_dim is None:
@@ -367,14 +428,19 @@ class ExperienceBank:
         return len(entries)
 
     def close(self) -> None:
-        """Save the index and close the database. Idempotent."""
+        """Save the index, close the database and release the directory's lock. Idempotent."""
         if getattr(self, "_closed", False):
             return
-        self.flush_stats()
-        self.flush()
-        with self.lock.write(), self._db_lock:
-            self._store.close()
-            self._closed = True
+        try:
+            self.flush_stats()
+            self.flush()
+            with self.lock.write(), self._db_lock:
+                self._store.close()
+                self._closed = True
+        finally:
+            if self._dir_lock is not None:  # released even when saving failed: the process may go on
+                _unlock_directory(self._dir_lock)
+                self._dir_lock = None
 
     def __enter__(self) -> ExperienceBank:
         return self
@@ -387,6 +453,6 @@ class ExperienceBank:
 
 
 __all__ = [
-    "DB_FILE", "INDEX_FILE", "INDEX_META_FILE", "BankCorruptError", "ExperienceBank", "PendingAdd",
-    "PendingUpdate",
+    "DB_FILE", "INDEX_FILE", "INDEX_META_FILE", "LOCK_FILE", "BankCorruptError", "BankLockedError", "ExperienceBank",
+    "PendingAdd", "PendingUpdate",
 ]

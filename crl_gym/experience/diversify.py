@@ -3,30 +3,81 @@
     s(m) = s_rank(m) − λ · log(1 + c(m)) − 1[recent(m)]
 
 where s_rank is the cosine similarity to the query, c(m) the retrieval count and recent(m) means
-m was retrieved within the recency window. Pure functions over numpy arrays.
+m was retrieved within the recency window.
+
+The formula lives in :func:`diversity_score` and :func:`was_recent` only; :func:`rerank` is what
+:class:`~crl_gym.experience.manager.ExperienceManager` calls per requester (plain Python: pools
+are tiny, N×k ≈ 8, and numpy's per-call overhead would dominate at 1,024 requests per batch);
+the array functions below apply the same scalar functions element-wise, for analysis and tests.
 
 >>> import numpy as np
 >>> diversity_scores(np.array([0.9, 0.8]), np.array([3, 0]), np.array([True, False]), lam=0.5)
 array([-0.79314718,  0.8       ])
+>>> rerank([(7, 0.9), (8, 0.8)], {7: (3, 99.0), 8: (0, 0.0)}, k=1, now=100.0, lam=0.5, window=10.0)
+[8]
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 
+def was_recent(last_retrieved: float, now: float, window: float) -> bool:
+    """1[recent(m)]: retrieved (``last > 0``; 0 means never) less than ``window`` s before ``now``."""
+    return last_retrieved > 0 and now - last_retrieved < window
+
+
+def diversity_score(similarity: float, count: float, recent: bool, lam: float) -> float:
+    """s(m) of one candidate: ``similarity − lam·log(1 + count) − recent``."""
+    return similarity - lam * math.log1p(count) - (1.0 if recent else 0.0)
+
+
+def rerank(
+    pool: Sequence[tuple[int, float]],
+    stats: Mapping[int, tuple[float, float]],
+    *,
+    k: int,
+    now: float,
+    lam: float,
+    window: float,
+) -> list[int]:
+    """Ids of the top-``k`` of ``pool`` (``(id, similarity)``, most similar first) by s(m).
+
+    ``stats`` maps id → ``(retrieval_count, last_retrieved)``; a pool id missing from it (deleted
+    since the pool was cached) is skipped. Ties keep pool order (the more similar entry first).
+    """
+    scored = []
+    for pos, (i, sim) in enumerate(pool):
+        st = stats.get(i)
+        if st is None:
+            continue
+        scored.append((-diversity_score(sim, st[0], was_recent(st[1], now, window), lam), pos, i))
+    scored.sort()
+    return [i for _, _, i in scored[:k]]
+
+
 def is_recent(last_retrieved: np.ndarray, now: float, window: float) -> np.ndarray:
-    """bool[n]: retrieved (last > 0) less than ``window`` before ``now``."""
-    last = np.asarray(last_retrieved, dtype=np.float64)
-    return (last > 0) & (now - last < window)
+    """bool[n]: :func:`was_recent` per candidate."""
+    last = np.asarray(last_retrieved, dtype=np.float64).reshape(-1)
+    return np.fromiter((was_recent(x, now, window) for x in last.tolist()), dtype=bool, count=last.size)
 
 
 def diversity_scores(
     similarity: np.ndarray, counts: np.ndarray, recent: np.ndarray, lam: float
 ) -> np.ndarray:
-    """s(m) for n candidates: ``similarity`` float[n], ``counts`` int[n], ``recent`` bool[n]."""
-    sim = np.asarray(similarity, dtype=np.float64)
-    return sim - lam * np.log1p(np.asarray(counts, dtype=np.float64)) - np.asarray(recent, float)
+    """s(m) for n candidates (:func:`diversity_score` per candidate): ``similarity`` float[n],
+    ``counts`` int[n], ``recent`` bool[n]."""
+    sim = np.asarray(similarity, dtype=np.float64).reshape(-1).tolist()
+    cnt = np.asarray(counts, dtype=np.float64).reshape(-1).tolist()
+    rec = np.asarray(recent, dtype=bool).reshape(-1).tolist()
+    if not len(sim) == len(cnt) == len(rec):
+        raise ValueError(f"similarity, counts and recent must have one value per candidate, "
+                         f"got {len(sim)}, {len(cnt)} and {len(rec)}")
+    return np.array([diversity_score(s, c, r, lam) for s, c, r in zip(sim, cnt, rec, strict=True)],
+                    dtype=np.float64)
 
 
 def select_diverse(
@@ -39,10 +90,14 @@ def select_diverse(
     lam: float,
     window: float,
 ) -> np.ndarray:
-    """Indices (into the pool) of the top-``k`` candidates by s(m), best first.
-
-    Ties keep pool order (more similar first) thanks to a stable sort.
-    """
-    scores = diversity_scores(similarity, counts, is_recent(last_retrieved, now, window), lam)
-    order = np.argsort(-scores, kind="stable")
-    return order[:k]
+    """Indices (into the pool) of the top-``k`` candidates by s(m), best first (:func:`rerank`
+    over the pool positions, so ties keep pool order)."""
+    sim = np.asarray(similarity, dtype=np.float64).reshape(-1).tolist()
+    cnt = np.asarray(counts, dtype=np.float64).reshape(-1).tolist()
+    last = np.asarray(last_retrieved, dtype=np.float64).reshape(-1).tolist()
+    if not len(sim) == len(cnt) == len(last):
+        raise ValueError(f"similarity, counts and last_retrieved must have one value per candidate, "
+                         f"got {len(sim)}, {len(cnt)} and {len(last)}")
+    pool = list(enumerate(sim))
+    stats = dict(enumerate(zip(cnt, last, strict=True)))
+    return np.array(rerank(pool, stats, k=k, now=now, lam=lam, window=window), dtype=np.int64)

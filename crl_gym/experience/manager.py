@@ -6,9 +6,10 @@ soon as B queries wait or the first has waited t_max (adaptive: everything alrea
 looks each *distinct* text up in an LRU embedding cache, embeds the misses in one call and
 hands the batch round-robin to one of W search workers. The worker searches each distinct
 query once (or reuses its candidate pool while the bank is unchanged), then re-ranks the shared
-pool per requester with s(m) = s_rank − λ·log(1+c(m)) − 1[recent], updating counts as it goes,
-so the K members of a group get different entries. ``search_many`` runs the same pipeline
-in the caller's thread for callers that hold many envs.
+pool per requester with s(m) = s_rank − λ·log(1+c(m)) − 1[recent]
+(:func:`crl_gym.experience.diversify.rerank`, the one implementation of the formula), updating
+counts as it goes, so the K members of a group get different entries. ``search_many`` runs the
+same pipeline in the caller's thread for callers that hold many envs.
 
 >>> from crl_gym.experience.bank import ExperienceBank
 >>> from crl_gym.experience.embedders import HashingEmbedder
@@ -23,7 +24,6 @@ in the caller's thread for callers that hold many envs.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -37,6 +37,7 @@ import numpy as np
 from crl_gym.experience.bank import ExperienceBank, PendingAdd, PendingUpdate
 from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.distill_queue import DistillQueue
+from crl_gym.experience.diversify import rerank
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.protocol import (
@@ -245,18 +246,8 @@ class ExperienceManager:
             cand = {i for t in texts for i, _ in pools[t]}
             stats = self.bank.retrieval_stats(cand)
             for r in reqs:
-                # s(m) per candidate; pure-python here because pools are tiny (N×k ≈ 8) and
-                # numpy's per-call overhead would dominate at 1,024 requests per batch.
-                scored = []
-                for pos, (i, sim) in enumerate(pools[r.query]):
-                    st = stats.get(i)
-                    if st is None:
-                        continue  # deleted since the pool was cached
-                    c, last = st
-                    recent = 1.0 if last > 0 and now - last < window else 0.0
-                    scored.append((-(sim - lam * math.log1p(c) - recent), pos, i))
-                scored.sort()
-                chosen = [i for _, _, i in scored[: r.k]]
+                chosen = rerank(pools[r.query], stats, k=r.k, now=now, lam=lam, window=window)
+                # counted at once: the next member of the group sees this pick as used and recent
                 for i in chosen:
                     stats[i] = (stats[i][0] + 1, now)
                 picks.append(chosen)

@@ -1,4 +1,4 @@
-"""Every prompt of the experience layer, written for the Complementary RL setting.
+"""The prompts of the experience layer, built for the Complementary RL setting.
 
 * the **distillation** prompt: the extractor reads one finished episode R = (τ, g, o, m) and
   answers with Add / Update / Return ops in the format :func:`crl_gym.experience.ops.parse_ops`
@@ -9,7 +9,8 @@
   merge / discard decisions as JSON (read by :mod:`crl_gym.experience.merge`);
 * the **experience template** the actor sees, and the text of the ``search_and_ask`` tool.
 
-Templates are filled by :func:`fill`, which replaces ``{name}`` placeholders in one pass and
+The template texts themselves live in :mod:`crl_gym.templates` (re-exported here under the same
+names); this module builds prompts from them. Templates are filled by :func:`fill`, which replaces ``{name}`` placeholders in one pass and
 never interprets braces inside the values (the authors' fallback prompt used ``str.format`` on
 text with literal braces and raised ``KeyError``). Literal JSON in a template is therefore fine.
 
@@ -25,6 +26,30 @@ from dataclasses import dataclass
 
 from crl_gym.experience.ops import strip_think
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_gym.templates import (
+    DISTILLATION_TEMPLATE,
+    EMPTY_TRAJECTORY,
+    EXPERIENCE_TEMPLATE,
+    GIVEN_ENTRY_TEMPLATE,
+    INFLUENCE_QUESTION_FREE,
+    INFLUENCE_QUESTION_GUIDED,
+    MERGE_TEMPLATE,
+    NO_EXPERIENCE,
+    OMITTED_TURNS_TEMPLATE,
+    OUTCOME_TEMPLATE,
+    REFINEMENT_TEMPLATE,
+    SEARCH_AND_ASK_TOOL,
+    SEARCH_ANSWER_TEMPLATE,
+    SEARCH_NO_RESULT,
+    SEARCH_STEP_TEMPLATE,
+    STEP_TEMPLATE,
+    UPDATE_RULE_FREE,
+    UPDATE_RULE_GUIDED,
+)
+
+# Old private names, kept for importers.
+_UPDATE_RULE_GUIDED = UPDATE_RULE_GUIDED
+_UPDATE_RULE_FREE = UPDATE_RULE_FREE
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
@@ -64,23 +89,6 @@ def truncate_middle(text: str, max_chars: int, marker: str = " … ") -> str:
 # What the actor sees
 # --------------------------------------------------------------------------------------------
 
-EXPERIENCE_TEMPLATE = (
-    "Experience distilled from earlier episodes (advice that may not fit this exact "
-    "situation; use your judgement):\n{experience}\n\n{observation}"
-)
-"""Prepended to the first observation of a guided episode."""
-
-SEARCH_AND_ASK_TOOL = (
-    "Besides the normal actions you may call the tool search_and_ask[your question] at any "
-    "turn. Describe where you are and what is blocking you; the reply is advice drawn from "
-    "experience of earlier episodes, and calling the tool does not advance the environment."
-)
-"""Tool description appended to the actor's instructions by ``SearchAndAskWrapper``."""
-
-SEARCH_ANSWER_TEMPLATE = "Advice for \"{query}\":\n{answer}"
-SEARCH_NO_RESULT = "No stored experience matches \"{query}\". Continue with your own plan."
-
-
 def render_experience(experience: str, observation: str,
                       template: str = EXPERIENCE_TEMPLATE) -> str:
     """First observation of a guided episode: the entry, then the env's observation.
@@ -102,62 +110,13 @@ def render_search_answer(query: str, answer: str | None) -> str:
 # Distillation
 # --------------------------------------------------------------------------------------------
 
-DISTILLATION_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
-The agent (the actor) just finished one episode. Your job is to maintain a shared bank of short,
-reusable pieces of experience that make the actor succeed more often in later episodes. You are
-rewarded when the entries you write help the actor succeed.
-
-## Task
-{task}
-
-## Outcome
-{outcome}
-
-## Experience the actor was given
-{experience}
-
-## Trajectory
-{trajectory}
-
-## What to do
-First reason step by step inside <think>...</think>:
-- Why did the episode succeed or fail? Which decisions mattered, which were mistakes, where
-  did the actor waste actions or get stuck?
-- {influence_question}
-- Is there a lesson here that would change what the actor does next time, on this task or on
-  similar ones?
-
-Then answer with a JSON list of operations in a ```json block, and nothing after it:
-- {"op": "add", "text": "...", "tags": ["..."]} adds a new entry.
-{update_rule}
-- {"op": "return", "reason": "..."} changes nothing; use it when the episode teaches nothing
-  new or the lesson is already covered.
-
-Rules for entry text: one to three sentences, an instruction the actor can act on (when X, do
-Y because Z); general enough to transfer to other episodes of the task (no coordinates, seeds
-or one-off details); never copy the trajectory. Use at most {max_ops} operations.
-
-Example answer:
-```json
-[{"op": "add", "text": "When the key is visible, pick it up before heading to the door; the door cannot be opened without it.", "tags": ["keyroom"]}]
-```"""
-
-_UPDATE_RULE_GUIDED = (
-    '- {"op": "update", "id": {id}, "text": "..."} rewrites the entry the actor was given '
-    "(id {id}) when it was wrong, misleading or incomplete; write the whole new text."
-)
-_UPDATE_RULE_FREE = (
-    "- (No entry was given in this episode, so there is nothing to update; do not use \"update\".)"
-)
-
-
 def _render_step(i: int, step: Step, max_obs_chars: int, max_action_chars: int) -> str:
     obs = truncate_middle(step.observation.strip(), max_obs_chars)
     act = truncate_middle(step.action.strip(), max_action_chars)
     if step.kind == "search_and_ask":
-        return f"[{i}] asked for advice: {act}\n    advice received: {obs}"
+        return fill(SEARCH_STEP_TEMPLATE, i=i, action=act, observation=obs)
     reward = f" (reward {step.reward:+g})" if step.reward else ""
-    return f"[{i}] observation: {obs}\n    action: {act}{reward}"
+    return fill(STEP_TEMPLATE, i=i, observation=obs, action=act, reward=reward)
 
 
 def render_trajectory(
@@ -183,7 +142,7 @@ def render_trajectory(
     lines = [_render_step(i + 1, s, max_obs_chars, max_action_chars)
              for i, s in enumerate(trajectory.steps)]
     if not lines:
-        return "(the episode ended before the actor acted)"
+        return EMPTY_TRAJECTORY
     text = "\n".join(lines)
     if len(text) <= max_chars:
         return text
@@ -196,14 +155,14 @@ def render_trajectory(
         tail.insert(0, line)
         budget -= len(line) + 1
     omitted = len(lines) - len(head) - len(tail)
-    parts = head + ([f"… ({omitted} turns omitted) …"] if omitted else []) + tail
+    parts = head + ([fill(OMITTED_TURNS_TEMPLATE, omitted=omitted)] if omitted else []) + tail
     return truncate_middle("\n".join(parts), max_chars)
 
 
 def _render_outcome(request: DistillationRequest) -> str:
     verdict = "SUCCESS" if request.success else "FAILURE"
     turns = request.trajectory.num_actions
-    return f"{verdict}: episode return {request.outcome:+g} after {turns} actions."
+    return fill(OUTCOME_TEMPLATE, verdict=verdict, outcome=f"{request.outcome:+g}", turns=turns)
 
 
 def build_distillation_prompt(
@@ -223,15 +182,13 @@ def build_distillation_prompt(
     """
     m = request.experience
     if m is None:
-        experience = "None: this episode ran without retrieved experience."
-        influence = ("No experience was given: what would the actor have needed to know at the "
-                     "start?")
-        update_rule = fill(_UPDATE_RULE_FREE)
+        experience = NO_EXPERIENCE
+        influence = INFLUENCE_QUESTION_FREE
+        update_rule = fill(UPDATE_RULE_FREE)
     else:
-        experience = f"Entry id {m.id} (version {m.version}):\n{truncate_middle(m.text, 2000)}"
-        influence = ("How did the given entry influence the actor? Did it follow the advice, "
-                     "did the advice help, was it irrelevant, wrong or too vague?")
-        update_rule = fill(_UPDATE_RULE_GUIDED, id=m.id)
+        experience = fill(GIVEN_ENTRY_TEMPLATE, id=m.id, version=m.version, text=truncate_middle(m.text, 2000))
+        influence = INFLUENCE_QUESTION_GUIDED
+        update_rule = fill(UPDATE_RULE_GUIDED, id=m.id)
     task = truncate_middle(request.task.strip(), 2000)
     frame = fill(DISTILLATION_TEMPLATE, task=task, outcome=_render_outcome(request),
                  experience=experience, influence_question=influence,
@@ -250,24 +207,6 @@ def distillation_update_ids(request: DistillationRequest) -> frozenset[int]:
 # --------------------------------------------------------------------------------------------
 # Refinement (search_and_ask)
 # --------------------------------------------------------------------------------------------
-
-REFINEMENT_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
-In the middle of an episode the agent asked for advice. Rewrite the stored experience so that it
-answers the agent's question for its current situation.
-
-## The agent's question
-{query}
-
-## Stored experience found for it
-{entry}
-
-## Recent turns of the episode
-{context}
-
-Reason briefly inside <think>...</think>, then give only the advice: one to four sentences,
-concrete for this situation (say what to do next and why). If the stored experience does not
-apply, say so and give the best general advice you can. No preamble, no JSON."""
-
 
 def build_refinement_prompt(
     query: str, entry: ExperienceRef | str, context: str, max_chars: int = 6000
@@ -328,31 +267,6 @@ class MergeItem:
     """How often retrieval returned it (a hint of how established it is)."""
 
 
-MERGE_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent and you
-curate its experience bank. Several episodes of the same task run in parallel, so the bank
-collects entries that repeat or contradict each other, which makes retrieval worse. Below is one
-chunk of the bank. Each entry has a label in square brackets.
-
-## Entries
-{entries}
-
-## What to do
-Reason inside <think>...</think> about which entries say the same thing, which contradict each
-other (keep the better-supported advice), and which are vague, wrong or useless. Then answer with
-one JSON object in a ```json block, and nothing after it:
-```json
-{"keep": ["E1"],
- "merge": [{"from": ["E2", "E3"], "text": "one entry that says what both said, without losing any distinct advice"}],
- "discard": ["E4"]}
-```
-- "keep": entries that stay unchanged.
-- "merge": groups of entries replaced by one new text; a group with a single label rewrites
-  that entry. Merged text follows the entry style: one to three actionable sentences.
-- "discard": entries that are wrong, useless, or fully covered by another entry.
-Use every label exactly once across the three lists; labels you leave out are kept unchanged.
-Use only the labels shown above."""
-
-
 def render_merge_item(item: MergeItem) -> str:
     """One line block of the merge prompt."""
     meta = []
@@ -373,3 +287,11 @@ def build_merge_prompt(items: Sequence[MergeItem]) -> str:
     """
     body = "\n".join(render_merge_item(i) for i in items) or "(none)"
     return fill(MERGE_TEMPLATE, entries=body)
+
+
+__all__ = [
+    "DISTILLATION_TEMPLATE", "EXPERIENCE_TEMPLATE", "MERGE_TEMPLATE", "REFINEMENT_TEMPLATE", "SEARCH_AND_ASK_TOOL",
+    "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "MergeItem", "build_distillation_prompt", "build_merge_prompt",
+    "build_refinement_prompt", "distillation_update_ids", "extract_refined_advice", "fill", "render_experience",
+    "render_merge_item", "render_search_answer", "render_trajectory", "truncate_middle",
+]

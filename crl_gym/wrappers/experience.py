@@ -11,6 +11,22 @@ whose ``Step`` objects and id are built when a consumer first reads them, not at
 for every episode of a rollout at once — submits it and returns it under
 ``info["distillation_request"]``. Rewards and the env's info keys pass through.
 
+Reset options of the wrapper's own (the others reach the env): ``"experience"`` (``"guided"`` /
+``"free"``), ``"prefetched"`` (an ``ExperienceRef``, its dict, or ``None``) and
+``"rollout_step"``: the actor step ``t`` the episode belongs to, copied into the request's
+``rollout_step`` (``None`` when not given). The experience service groups requests by it to
+credit the entries used in step ``t`` once that step has ended; a negative step marks an episode
+of no training step (held-out evaluation), which the service never credits.
+
+Actions and observations are recorded as text. At episode end (not per step) a value that is
+not ``str`` is converted — a numpy scalar or 0-d array to its Python value's ``str``, bytes
+decoded as UTF-8 with replacement, a number to its ``str`` — or, for ``None``, arrays and
+other objects, the request is refused: nothing is submitted, ``info["distillation_request"]``
+is ``None`` and ``info["experience_error"]`` names the turn and the value. A request the client
+rejects as malformed (``TypeError`` / ``ValueError``, see :data:`MALFORMED_ERRORS`) is logged
+and dropped, never retried; both count in ``rejected_count``. An outage
+(``ExperienceUnavailable``, a transport error) keeps the request for a later retry.
+
 >>> from crl_gym.clients import LocalClient
 >>> from crl_gym.experience.bank import ExperienceBank
 >>> from crl_gym.experience.embedders import HashingEmbedder
@@ -40,17 +56,39 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
-from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest
-from crl_gym.wrappers.text_actions import Shared, TextFitter, check_template, unshare
+from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
+from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
+from crl_gym.wrappers.text_actions import (
+    NotTextError,
+    Shared,
+    TextFitter,
+    check_template,
+    to_text,
+    unshare,
+)
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TEMPLATE = "Experience from similar tasks (use it if it helps):\n{experience}\n\n{observation}"
-"""How a guided episode's first observation shows the entry; fields ``{experience}``, ``{observation}``."""
+DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
+"""How a guided episode's first observation shows the entry (text in :mod:`crl_gym.templates`)."""
 
-_OWN_OPTIONS = ("experience", "prefetched")
+_OWN_OPTIONS = ("experience", "prefetched", "rollout_step")
 
-__all__ = ["DEFAULT_TEMPLATE", "SEARCH_INFO_KEY", "ExperienceWrapper"]
+MALFORMED_ERRORS: tuple[type[BaseException], ...] = (TypeError, ValueError, RecursionError)
+"""What a client raises for a request it cannot take as it is (it fails to serialise, the server
+answers 4xx): logged, counted in ``rejected_count`` and dropped, because a retry would fail the
+same way and hold up every request queued behind it. Anything else (``ExperienceUnavailable``,
+a transport error) is an outage: the request is kept and retried. So is a ``PermissionError``
+(``ExperienceAuthError``, also a ``ValueError``): a wrong token is the client's fault, not the
+request's, and the request must survive until it is fixed."""
+
+
+def _malformed(exc: BaseException) -> bool:
+    """Whether ``exc`` from ``client.submit`` rejects the request itself (see :data:`MALFORMED_ERRORS`)."""
+    return isinstance(exc, MALFORMED_ERRORS) and not isinstance(exc, PermissionError)
+
+
+__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper"]
 
 
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -70,7 +108,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         max_unsent: most requests kept in memory for retry (older ones are spilled or logged).
 
     A client that is down never costs an episode: the episode runs free, ``info``
-    gets ``"experience_error"``, and the request is kept and retried later.
+    gets ``"experience_error"``, and the request is kept and retried later. A malformed
+    request is dropped instead (``rejected_count``), so it never holds up the ones after it.
     """
 
     def __init__(
@@ -103,7 +142,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.unsent: deque[DistillationRequest] = deque()
         self.max_unsent = max_unsent
         self.error_count = 0
-        """Client failures seen by this wrapper (search or submit)."""
+        """Client outages seen by this wrapper (search or submit)."""
+        self.rejected_count = 0
+        """Requests dropped as malformed: refused here (an action or observation with no text
+        form) or by the client (see :data:`MALFORMED_ERRORS`); each one is logged."""
         self.episodes_submitted = 0
         # Flat [obs0, action1, reward1, info1, obs1, action2, ...]: extend() with a temporary
         # tuple leaves no new GC-tracked object per step (a tuple or Step per step would make
@@ -115,16 +157,20 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._experience: ExperienceRef | None = None
         self._condition = "free"
         self._seed: int | None = None
+        self._rollout_step: int | None = None
         self._errors: list[str] = []
 
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        condition, prefetched, has_prefetched, env_options = self._parse_options(options)
+        condition, prefetched, has_prefetched, rollout_step, env_options = self._parse_options(options)
         obs, info = self.env.reset(seed=seed, options=env_options)
         task = info.get(self.task_key)
-        self._task = str(task) if task is not None else str(obs)
+        task = task if task is not None else obs
+        self._task = task if type(task) is str else _task_text(task)
         self._initial_obs = obs
-        self._seed = seed
+        # a numpy seed would not survive JSON
+        self._seed = seed if seed is None or type(seed) is int else int(seed)
+        self._rollout_step = rollout_step
         if self._errors:
             self._errors = []
         experience: ExperienceRef | None = None
@@ -150,9 +196,11 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._records = [self._initial_obs]
         return obs, info
 
-    def _parse_options(self, options: dict[str, Any] | None) -> tuple[str, ExperienceRef | None, bool, dict[str, Any] | None]:
+    def _parse_options(
+        self, options: dict[str, Any] | None,
+    ) -> tuple[str, ExperienceRef | None, bool, int | None, dict[str, Any] | None]:
         if not options:
-            return self.default_condition, None, False, options
+            return self.default_condition, None, False, None, options
         if not isinstance(options, dict):
             raise TypeError(f"reset options must be a dict, got {type(options).__name__}")
         condition = options.get("experience", self.default_condition)
@@ -164,9 +212,13 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             prefetched = ExperienceRef.from_dict(prefetched)
         if prefetched is not None and not isinstance(prefetched, ExperienceRef):
             raise TypeError(f'options["prefetched"] must be an ExperienceRef, a dict or None, got {type(prefetched).__name__}')
+        rollout_step = options.get("rollout_step")
+        if rollout_step is not None and type(rollout_step) is not int:
+            rollout_step = _rollout_step(rollout_step)
         if all(k in _OWN_OPTIONS for k in options):
-            return condition, prefetched, has_prefetched, None
-        return condition, prefetched, has_prefetched, {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+            return condition, prefetched, has_prefetched, rollout_step, None
+        env_options = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+        return condition, prefetched, has_prefetched, rollout_step, env_options
 
     # ------------------------------------------------------------------- step
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -183,18 +235,30 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         records = self._records or [self._initial_obs]
         self._records = None
         success = info.get("success")
-        request = RecordedRequest.from_record(
-            records,
-            task=self._task,
-            experience=self._experience,
-            condition=self._condition,  # type: ignore[arg-type]  # validated in _parse_options
-            env_id=self.env_id,
-            seed=self._seed,
-            success=bool(success) if success is not None else None,
-            # the search failed: the extractor should know the episode ran free
-            meta={"experience_error": list(self._errors)} if self._errors else None,
-        )
-        self._submit(request)
+        # Text is checked here, once per episode, not per step: a request that cannot be
+        # serialised must never reach the client, where it would be retried forever.
+        problem = text_record(records)
+        request: RecordedRequest | None = None
+        if problem is None:
+            try:
+                request = RecordedRequest.from_record(
+                    records,
+                    task=self._task,
+                    experience=self._experience,
+                    condition=self._condition,  # type: ignore[arg-type]  # validated in _parse_options
+                    env_id=self.env_id,
+                    seed=self._seed,
+                    success=bool(success) if success is not None else None,
+                    # the search failed: the extractor should know the episode ran free
+                    meta={"experience_error": list(self._errors)} if self._errors else None,
+                    rollout_step=self._rollout_step,
+                )
+            except (TypeError, ValueError) as exc:  # e.g. a reward float() cannot read
+                problem = f"its record is malformed ({type(exc).__name__}: {exc})"
+        if request is not None:
+            self._submit(request)
+        else:
+            self._reject(f"the episode (env {self.env_id!r}, seed {self._seed}) is not recorded: {problem}")
         # A new dict: the last step's info is in the record, and putting the request inside it
         # would make the trajectory contain itself.
         info = {**info, "distillation_request": request}
@@ -215,17 +279,25 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         try:
             self.client.submit(request)
         except Exception as exc:  # noqa: BLE001 - keep the request, never lose the episode
-            self._note_error("submit", exc)
-            self._keep(request)
+            if _malformed(exc):
+                self._reject(f"submit of request {request.request_id} was rejected ({type(exc).__name__}: {exc})")
+            else:
+                self._note_error("submit", exc)
+                self._keep(request)
             return
         self.episodes_submitted += 1
 
     def _keep(self, request: DistillationRequest) -> None:
         if self.spill_path is not None:
             try:
+                line = json.dumps(request.to_dict(), ensure_ascii=False) + "\n"
+            except MALFORMED_ERRORS as exc:
+                self._reject(f"request {request.request_id} cannot be spilled ({type(exc).__name__}: {exc})")
+                return
+            try:
                 self.spill_path.parent.mkdir(parents=True, exist_ok=True)
                 with self.spill_path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(request.to_dict(), ensure_ascii=False) + "\n")
+                    f.write(line)
                 return
             except OSError as exc:
                 logger.error("experience: cannot spill request %s to %s (%s); keeping it in memory", request.request_id, self.spill_path, exc)
@@ -238,19 +310,50 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             )
 
     def retry_unsent(self) -> int:
-        """Submit the requests kept in memory, oldest first; returns how many are still unsent."""
+        """Submit the requests kept in memory, oldest first; returns how many are still unsent.
+
+        A request the client rejects as malformed is dropped (counted in ``rejected_count``)
+        and the next one is tried: it must not hold up the requests queued behind it.
+        """
         while self.unsent:
+            request = self.unsent[0]
             try:
-                self.client.submit(self.unsent[0])
+                self.client.submit(request)
             except Exception as exc:  # noqa: BLE001
-                self._note_error("submit", exc)
-                break
+                if not _malformed(exc):
+                    self._note_error("submit", exc)
+                    break
+                self.unsent.popleft()
+                self._reject(f"submit of kept request {request.request_id} was rejected ({type(exc).__name__}: {exc})")
+                continue
             self.unsent.popleft()
             self.episodes_submitted += 1
         return len(self.unsent)
+
+    def _reject(self, message: str) -> None:
+        """Drop a request that can never be taken as it is: counted, logged, shown in ``info``."""
+        self.rejected_count += 1
+        self._errors.append(message)
+        logger.error("experience: %s; the request is dropped (rejected so far: %d)", message, self.rejected_count)
 
     def _note_error(self, what: str, exc: BaseException) -> None:
         self.error_count += 1
         message = f"{what} failed: {type(exc).__name__}: {exc}"
         self._errors.append(message)
         logger.warning("experience: %s (episode continues)", message)
+
+
+def _task_text(value: Any) -> str:
+    """The task (``info[task_key]`` or the first observation) as text, ``str()`` when it has no
+    text form (a first observation without one also refuses the request at episode end)."""
+    try:
+        return to_text(value)
+    except NotTextError:
+        return str(value)
+
+
+def _rollout_step(value: Any) -> int:
+    """``options["rollout_step"]`` as an ``int`` (numpy integers too); bad values are named."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f'options["rollout_step"] must be an int or None, got {type(value).__name__}')
+    return int(value.__index__())

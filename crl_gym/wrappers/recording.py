@@ -33,6 +33,7 @@ from crl_gym.protocol import (
     Trajectory,
     _jsonable,
 )
+from crl_gym.wrappers.text_actions import NotTextError, to_text
 
 SEARCH_INFO_KEY = "search_and_ask"
 """Info key of a ``search_and_ask`` turn (set by :class:`~crl_gym.wrappers.SearchAndAskWrapper`)."""
@@ -41,6 +42,40 @@ SEARCH_INFO_KEY = "search_and_ask"
 # would be an allocation per episode for a race that almost never happens.
 _BUILD_LOCK = threading.Lock()
 _FIELDS = tuple(f.name for f in fields(DistillationRequest))
+_ONLY_STR = {str}  # the types seen in an all-text record
+
+
+def text_record(record: list[Any]) -> str | None:
+    """Make every observation and action of a flat record ``str``, in place; ``None`` when all
+    are text now, else why the record is refused (the first value with no text form).
+
+    Called once per episode, at its end: all-``str`` records (the common case) cost two
+    C-level type scans; anything else goes through :func:`~crl_gym.wrappers.text_actions.to_text`.
+
+    >>> import numpy as np
+    >>> rec = [b"start", np.int64(2), 0.0, {}, "end"]
+    >>> text_record(rec), rec[:2]
+    (None, ['start', '2'])
+    >>> text_record(["start", None, 0.0, {}, "end"])
+    'the action of turn 1 is None, not text'
+    """
+    kinds = set(map(type, record[0::4]))
+    kinds.update(map(type, record[1::4]))
+    if kinds == _ONLY_STR:
+        return None
+    for j in range(0, len(record), 4):
+        for k in (j, j + 1) if j + 1 < len(record) else (j,):
+            value = record[k]
+            if type(value) is str:
+                continue
+            try:
+                record[k] = to_text(value)
+            except NotTextError as exc:
+                turn = k // 4
+                what = (f"the action of turn {turn + 1}" if k % 4 else
+                        f"the observation after turn {turn}" if turn else "the first observation")
+                return f"{what} is {exc}"
+    return None
 
 
 def _turns(record: list[Any]) -> zip[tuple[Any, Any, Any, Any]]:
@@ -96,10 +131,12 @@ class RecordedRequest(DistillationRequest):
         seed: int | None,
         success: bool | None = None,
         meta: dict[str, Any] | None = None,
+        rollout_step: int | None = None,
     ) -> RecordedRequest:
         """Take ownership of ``record`` (``[obs0, a1, r1, info1, obs1, ...]``, length 4n+1).
 
-        ``outcome`` is the sum of the rewards; ``success`` defaults to ``outcome > 0``.
+        ``outcome`` is the sum of the rewards; ``success`` defaults to ``outcome > 0``. The
+        observations and actions are stored as given: run :func:`text_record` first.
         """
         if len(record) % 4 != 1:
             raise ValueError(f"record must hold 4n+1 items (obs0, then action, reward, info, obs per turn), got {len(record)}")
@@ -113,7 +150,7 @@ class RecordedRequest(DistillationRequest):
         self.condition = condition
         self.env_id = env_id
         self.seed = seed
-        self.rollout_step = None
+        self.rollout_step = rollout_step
         self.meta = meta if meta is not None else {}
         self._record = record
         self._trajectory = None

@@ -44,22 +44,26 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from crl_gym.protocol import SearchCall
+from crl_gym.templates import (
+    SEARCH_AND_ASK_ANSWER_TEMPLATE,
+    SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE,
+    SEARCH_AND_ASK_ERROR_TEMPLATE,
+    SEARCH_AND_ASK_NO_ENTRY_TEMPLATE,
+    SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
+)
 from crl_gym.wrappers.text_actions import Shared, check_template, fit_to_space, unshare
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PATTERN = r"search_and_ask\[(?P<query>.*)\]"
 """Regex with a ``query`` group (or one group) that finds a call anywhere in the action text."""
-ANSWER_TEMPLATE = "Answer to search_and_ask[{query}]:\n{answer}\n\n{observation}"
-NO_ENTRY_TEMPLATE = "search_and_ask[{query}]: no relevant experience found.\n\n{observation}"
-OVER_CAP_TEMPLATE = (
-    "search_and_ask refused: you have used all {max_calls} calls of this episode; "
-    "take an environment action.\n\n{observation}"
-)
-EMPTY_QUERY_TEMPLATE = (
-    "search_and_ask needs a query: write search_and_ask[<where you are stuck>].\n\n{observation}"
-)
-ERROR_TEMPLATE = "search_and_ask is unavailable right now; take an environment action.\n\n{observation}"
+
+# The observation texts live in crl_gym.templates; these names are this module's public API.
+ANSWER_TEMPLATE = SEARCH_AND_ASK_ANSWER_TEMPLATE
+NO_ENTRY_TEMPLATE = SEARCH_AND_ASK_NO_ENTRY_TEMPLATE
+OVER_CAP_TEMPLATE = SEARCH_AND_ASK_OVER_CAP_TEMPLATE
+EMPTY_QUERY_TEMPLATE = SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE
+ERROR_TEMPLATE = SEARCH_AND_ASK_ERROR_TEMPLATE
 
 _FIELDS = ("query", "answer", "observation", "max_calls")
 

@@ -90,6 +90,55 @@ def as_text(action: Any) -> str | None:
     return str(action) if isinstance(action, str) else None
 
 
+class NotTextError(TypeError):
+    """A value a distillation request must record as text (an action, an observation) is not
+    text and has no lossless text form; the message names its type."""
+
+
+def to_text(value: Any) -> str:
+    """``value`` as the text a distillation request records.
+
+    ``str`` (and subclasses such as ``numpy.str_``) as plain ``str``; ``bytes``-like as UTF-8
+    with undecodable bytes replaced (U+FFFD); Python numbers, numpy scalars and 0-d arrays as
+    the ``str`` of their Python value. ``None``, arrays of one or more dimensions and other
+    objects raise :class:`NotTextError`: their ``str`` would be a repr, not what the agent saw
+    or did.
+
+    >>> import numpy as np
+    >>> to_text(np.str_("east")), to_text(b"caf\\xc3\\xa9 \\xff"), to_text(np.int64(3)), to_text(np.array(2.5))
+    ('east', 'café \\ufffd', '3', '2.5')
+    >>> try:
+    ...     to_text(np.zeros((2, 3)))
+    ... except NotTextError as exc:
+    ...     print(exc)
+    a numpy.ndarray of shape (2, 3), not text
+    """
+    if isinstance(value, str):
+        return value if type(value) is str else str.__str__(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, (bool, int, float)):
+        return str(value)
+    # numpy scalars and 0-d arrays (or tensors): their one Python value; duck-typed, so this
+    # module does not import numpy
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        item = value.item()
+        if isinstance(item, (str, bytes, bool, int, float)):
+            return to_text(item)
+    raise NotTextError(_describe(value) + ", not text")
+
+
+def _describe(value: Any) -> str:
+    """``None`` / ``a numpy.ndarray of shape (2, 3)`` / ``a mymod.Action``: what a refusal names."""
+    if value is None:
+        return "None"
+    cls = type(value)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    article = "an" if name[0].lower() in "aeiou" else "a"
+    shape = getattr(value, "shape", None)
+    return f"{article} {name} of shape {tuple(shape)}" if isinstance(shape, tuple) else f"{article} {name}"
+
+
 class Shared:
     """Holds an object that must be shared, not copied, when Gymnasium deep-copies a wrapper's
     recorded constructor arguments (``env.spec``): an experience client is a handle to one

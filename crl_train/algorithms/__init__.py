@@ -29,6 +29,7 @@ from crl_train.algorithms.extractor_rewards import (
 from crl_train.algorithms.losses import (
     cispo_loss,
     clip_surrogate_loss,
+    loss_scale_for,
     reverse_kl_sampled_loss,
     reverse_kl_topk_loss,
     self_distill_nll_loss,
@@ -40,7 +41,7 @@ __all__ = [
     "ADVANTAGES", "LOSSES", "AdvantageEstimator", "PolicyLoss", "FREE", "GUIDED", "GATE_SCORES",
     "grpo_advantages", "split_subgroup_advantages", "sequence_weights", "edge_pooled_advantages",
     "edge_train_mask", "ema_utility", "gain_gate", "marginal_gain", "prune_mask", "batch_advantages",
-    "entry_rewards", "outcome_rewards", "cispo_loss", "clip_surrogate_loss", "reverse_kl_topk_loss", "reverse_kl_sampled_loss",
+    "entry_rewards", "outcome_rewards", "cispo_loss", "clip_surrogate_loss", "loss_scale_for", "reverse_kl_topk_loss", "reverse_kl_sampled_loss",
     "self_distill_nll_loss",
     "training_count_weights", "edge", "extractor_rewards", "losses", "reweighting",
 ]

@@ -9,12 +9,20 @@ population std makes the advantages of a subgroup have mean 0 and mean square 1,
 defined (zero) for a subgroup of one, which then gets advantage 0 like any zero-spread
 subgroup. ``unbiased=True`` reproduces ``torch.std``'s default (verl's choice).
 
+Invalid episodes: every estimator (here and in :mod:`crl_train.algorithms.edge`) takes an
+optional ``valid[N]`` bool. An episode with ``valid = False`` (it ended because the env raised:
+it is not trained on) is left out of every count, mean and std, and its advantage is 0; its
+reward is never read (it may be NaN). ``valid=None`` means every episode is valid.
+
 >>> import torch
 >>> r = torch.tensor([1., 0., 1., 1., 0., 0., 0., 1.])
 >>> g = torch.zeros(8, dtype=torch.long)
 >>> c = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
 >>> [round(x, 3) for x in split_subgroup_advantages(r, g, c).tolist()]
 [0.577, -1.732, 0.577, 0.577, -0.577, -0.577, -0.577, 1.732]
+>>> v = torch.tensor([True, True, True, False, True, True, True, True])  # episode 3 raised
+>>> [round(x, 3) for x in split_subgroup_advantages(r, g, c, valid=v).tolist()][:4]
+[0.707, -1.414, 0.707, 0.0]
 """
 
 from __future__ import annotations
@@ -29,24 +37,42 @@ ZERO_SPREAD = 1e-6
 """A subgroup whose std is below this has no learning signal: its advantages are set to 0."""
 
 
+def _valid_mask(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``valid[N]`` as bool (all True when ``None``), checked against ``like[N]``."""
+    if valid is None:
+        return torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    if valid.shape != like.shape:
+        raise ValueError(f"valid must be [N]={tuple(like.shape)}, got {tuple(valid.shape)}")
+    return valid.to(device=like.device, dtype=torch.bool)
+
+
 def _segment_normalise(
-    rewards: torch.Tensor, segment: torch.Tensor, eps: float, unbiased: bool
+    rewards: torch.Tensor,
+    segment: torch.Tensor,
+    eps: float,
+    unbiased: bool,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(r − mean_s) / (std_s + ε) inside each segment id ``segment[N]``; zero-spread → 0."""
+    """(r − mean_s) / (std_s + ε) inside each segment id ``segment[N]``; zero-spread → 0.
+
+    Only episodes with ``valid[N]`` True count towards a segment's mean and std; the others get 0.
+    """
     if rewards.dim() != 1 or segment.shape != rewards.shape:
         raise ValueError(f"rewards and segment ids must both be [N], got {tuple(rewards.shape)} and {tuple(segment.shape)}")
-    r = rewards.to(torch.float64)
+    ok = _valid_mask(valid, rewards)
+    v = ok.to(torch.float64)
+    r = torch.where(ok, rewards.to(torch.float64), torch.zeros((), dtype=torch.float64))
     _, inv = torch.unique(segment, return_inverse=True)
     n_seg = int(inv.max().item()) + 1 if inv.numel() else 0
-    count = torch.zeros(n_seg, dtype=torch.float64).scatter_add_(0, inv, torch.ones_like(r))
-    mean = torch.zeros(n_seg, dtype=torch.float64).scatter_add_(0, inv, r) / count
-    dev = r - mean[inv]
+    count = torch.zeros(n_seg, dtype=torch.float64).scatter_add_(0, inv, v)
+    mean = torch.zeros(n_seg, dtype=torch.float64).scatter_add_(0, inv, r) / count.clamp(min=1.0)
+    dev = (r - mean[inv]) * v
     sq = torch.zeros(n_seg, dtype=torch.float64).scatter_add_(0, inv, dev * dev)
-    denom = (count - 1).clamp(min=1) if unbiased else count
+    denom = (count - 1).clamp(min=1) if unbiased else count.clamp(min=1.0)
     std = (sq / denom).sqrt()
     std = torch.where(count > 1, std, torch.zeros_like(std))
     adv = dev / (std[inv] + eps)
-    adv = torch.where(std[inv] < ZERO_SPREAD, torch.zeros_like(adv), adv)
+    adv = torch.where((std[inv] < ZERO_SPREAD) | ~ok, torch.zeros_like(adv), adv)
     return adv.to(rewards.dtype)
 
 
@@ -56,6 +82,7 @@ def grpo_advantages(
     group_index: torch.Tensor,
     condition: torch.Tensor | None = None,
     *,
+    valid: torch.Tensor | None = None,
     eps: float = 1e-6,
     unbiased: bool = False,
 ) -> torch.Tensor:
@@ -65,11 +92,15 @@ def grpo_advantages(
         rewards: ``[N]`` outcome reward per trajectory.
         group_index: ``[N]`` long, the task group of each trajectory.
         condition: ignored (accepted so every estimator has one signature).
+        valid: ``[N]`` bool or ``None`` (all valid); invalid episodes are left out of the group's
+            mean and std and get advantage 0.
+        eps: added to the std.
+        unbiased: Bessel-corrected std instead of the population std.
     Returns:
         ``[N]`` advantages.
     """
     del condition
-    return _segment_normalise(rewards, group_index, eps, unbiased)
+    return _segment_normalise(rewards, group_index, eps, unbiased, valid)
 
 
 @ADVANTAGES.register(AdvantageEstimator.SPLIT_SUBGROUP)
@@ -78,6 +109,7 @@ def split_subgroup_advantages(
     group_index: torch.Tensor,
     condition: torch.Tensor | None = None,
     *,
+    valid: torch.Tensor | None = None,
     eps: float = 1e-6,
     unbiased: bool = False,
 ) -> torch.Tensor:
@@ -87,6 +119,10 @@ def split_subgroup_advantages(
         rewards: ``[N]``.
         group_index: ``[N]`` long, non-negative.
         condition: ``[N]`` long, ``GUIDED`` (0) or ``FREE`` (1); ``None`` means all free.
+        valid: ``[N]`` bool or ``None`` (all valid); invalid episodes are left out of their
+            subgroup's mean and std and get advantage 0.
+        eps: added to the std.
+        unbiased: Bessel-corrected std instead of the population std.
     Returns:
         ``[N]`` advantages; a subgroup whose rewards are all equal gets 0.
     """
@@ -97,7 +133,7 @@ def split_subgroup_advantages(
     if bool(((condition != GUIDED) & (condition != FREE)).any()):
         raise ValueError("condition values must be 0 (guided) or 1 (free)")
     segment = group_index.long() * 2 + condition.long()
-    return _segment_normalise(rewards, segment, eps, unbiased)
+    return _segment_normalise(rewards, segment, eps, unbiased, valid)
 
 
 def sequence_weights(group_index: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,11 +3,31 @@
 Shapes: ``B`` sequences, ``T`` padded tokens. ``mask[B, T]`` is 1 on the tokens being trained
 (the agent's own action tokens, or the extractor's response tokens) and 0 on observations,
 experience text, prompts and padding.
+
+**One calling convention.** Every loss registered in :data:`LOSSES` is called as
+
+    loss_fn(logprobs [B,T], old_logprobs [B,T], advantages [B], mask [B,T], **kw) -> (loss, metrics)
+
+which is how :meth:`crl_train.policy.hf.HFPolicy.train_step` calls it (``LossFn`` in
+:mod:`crl_train.policy.base`): ``kw`` holds the batch's ``group_ids`` / ``condition_ids`` when set,
+every tensor of ``TrainBatch.extra`` (``weights``, ``teacher`` …) and the caller's own keyword
+arguments (``clip_eps``, ``ratio_level``, ``coef`` …). A loss reads the keywords it declares; a
+*tensor* (or ``None``) keyword it does not use is batch context and is ignored, while any other
+unknown keyword (a misspelt hyper-parameter) raises ``TypeError``. Arguments a loss does not need
+(``advantages`` for the distillation losses) are accepted and unused.
+
+**Micro-batch scaling.** :func:`loss_scale_for` names, per loss, the ``loss_scale`` a train step must
+use so that the gradient accumulated over micro-batches equals the full-batch gradient:
+``tokens`` for a mean over the mask's tokens, ``none`` for a sum whose weights the caller
+normalised over the full batch.
+
+:func:`reverse_kl_topk_loss` needs full ``[B, T, V]`` logits, which the Policy protocol does not
+expose; it keeps its own signature and is *not* registered in :data:`LOSSES`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -15,6 +35,14 @@ from crl_train.algorithms.registry import LOSSES, PolicyLoss
 
 Metrics = dict[str, float]
 RatioLevel = Literal["token", "sequence"]
+LossScaleName = Literal["samples", "tokens", "none"]
+
+
+def _batch_context_only(loss: str, kw: dict[str, Any]) -> None:
+    """Raise ``TypeError`` for a keyword that is neither a tensor nor ``None`` (a misspelt option)."""
+    bad = sorted(k for k, v in kw.items() if v is not None and not isinstance(v, torch.Tensor))
+    if bad:
+        raise TypeError(f"{loss}() got unexpected keyword argument(s) {', '.join(map(repr, bad))}")
 
 
 def _check(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> None:
@@ -37,6 +65,7 @@ def clip_surrogate_loss(
     *,
     clip_eps: float = 0.2,
     ratio_level: RatioLevel = "token",
+    **context: Any,
 ) -> tuple[torch.Tensor, Metrics]:
     """−Σ_k w_k · L_clip(ρ_k, Â_k), the split-subgroup GRPO objective of Eq. 5 (no KL).
 
@@ -53,9 +82,17 @@ def clip_surrogate_loss(
         mask: ``[B, T]`` 1 on the agent's own tokens.
         weights: ``[B]`` per-trajectory weights, e.g. :func:`~crl_train.algorithms.advantages.sequence_weights`
             (½·1/K_c per group); ``None`` = 1/B each.
+        clip_eps: ε of the clip.
+        ratio_level: ``"token"`` or ``"sequence"``.
+        context: other batch tensors (``group_ids`` …), ignored.
     Returns:
         (scalar loss, metrics: ``clip_frac``, ``ratio_mean``, ``approx_kl``).
+
+    Micro-batching: with ``weights`` normalised over the full batch the loss is a weighted sum, so
+    ``loss_scale="none"`` (:func:`loss_scale_for`); with ``weights=None`` it is a mean over the
+    micro-batch's sequences and needs ``loss_scale="samples"``.
     """
+    _batch_context_only("clip_surrogate_loss", context)
     _check(logprobs, old_logprobs, mask, advantages)
     if ratio_level not in ("token", "sequence"):
         raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
@@ -102,6 +139,7 @@ def cispo_loss(
     *,
     eps_low: float = 0.1,
     eps_high: float = 0.1,
+    **context: Any,
 ) -> tuple[torch.Tensor, Metrics]:
     """Eq. 3 (CISPO), negated: −Σ_i Σ_t sg(clip(ρ_it, 1−ε_low, 1+ε_high)) Â_i log π_φ(m_it) / Σ_i |m_i|.
 
@@ -114,10 +152,15 @@ def cispo_loss(
         advantages: ``[B]`` Â_i = w(m_i)·(r̄(m_i) − mean r̄).
         mask: ``[B, T]`` 1 on response tokens.
         weights: unused (accepted so losses share a signature).
+        eps_low, eps_high: the IS-weight clip range [1 − ε_low, 1 + ε_high].
+        context: other batch tensors, ignored.
     Returns:
         (scalar loss, metrics: ``clip_frac``, ``is_weight_mean``, ``num_tokens``).
+
+    Micro-batching: a mean over the mask's tokens, ``loss_scale="tokens"``.
     """
     del weights
+    _batch_context_only("cispo_loss", context)
     _check(logprobs, old_logprobs, mask, advantages)
     m = mask.to(logprobs.dtype)
     total = m.sum().clamp(min=1.0)
@@ -135,7 +178,6 @@ def cispo_loss(
     return loss, metrics
 
 
-@LOSSES.register(PolicyLoss.REVERSE_KL_TOPK)
 def reverse_kl_topk_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -144,6 +186,11 @@ def reverse_kl_topk_loss(
     top_k: int = 20,
 ) -> tuple[torch.Tensor, Metrics]:
     """EDGE's on-support reverse KL, KL(π_student ‖ sg(π_teacher)), over the student's top-k tokens.
+
+    **Own signature, not in** :data:`LOSSES`: it needs the full ``[B, T, V]`` logits of both
+    models, while a Policy's ``train_step`` hands a loss per-token log-probs only, so it cannot be
+    called through the log-prob convention; training uses :func:`reverse_kl_sampled_loss`. A
+    caller with logits calls it directly; it is a token mean (``loss_scale="tokens"``).
 
     Both models score the *student's own* generated prefix (teacher = same policy with the
     experience in context). Per position: Σ_{v ∈ topk(p_s)} p_s(v) (log p_s(v) − log p_t(v));
@@ -177,10 +224,13 @@ def reverse_kl_topk_loss(
 @LOSSES.register(PolicyLoss.REVERSE_KL_SAMPLED)
 def reverse_kl_sampled_loss(
     logprobs: torch.Tensor,
-    teacher_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
+    teacher: torch.Tensor | None = None,
     coef: float = 1.0,
+    **context: Any,
 ) -> tuple[torch.Tensor, Metrics]:
     """KL(π_s ‖ sg π_t) on the student's own sampled tokens, from per-token log-probs only.
 
@@ -191,36 +241,82 @@ def reverse_kl_sampled_loss(
 
     Args:
         logprobs: ``[B, T]`` student log-probs of its own tokens (with grad).
-        teacher_logprobs: ``[B, T]`` log-probs of the same tokens with the experience in context.
+        old_logprobs: ``[B, T]``, unused (the shared signature).
+        advantages: ``[B]``, unused (the shared signature).
         mask: ``[B, T]`` student tokens to distil.
+        teacher: ``[B, T]`` log-probs of the same tokens with the experience in context
+            (``TrainBatch.extra["teacher"]``); required.
         coef: loss scale.
+        context: other batch tensors, ignored.
     Returns:
         (scalar loss, metrics: ``edge_kl``).
+
+    Micro-batching: a mean over the mask's tokens, ``loss_scale="tokens"``.
     """
-    if logprobs.shape != teacher_logprobs.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
-        raise ValueError(f"logprobs, teacher_logprobs and mask must share a [B, T] shape, got "
-                         f"{tuple(logprobs.shape)}, {tuple(teacher_logprobs.shape)}, {tuple(mask.shape)}")
+    del old_logprobs, advantages
+    _batch_context_only("reverse_kl_sampled_loss", context)
+    if teacher is None:
+        raise ValueError("reverse_kl_sampled_loss needs the teacher's log-probs of the student's tokens: "
+                         "pass teacher=[B, T] (TrainBatch.extra['teacher'])")
+    if logprobs.shape != teacher.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
+        raise ValueError(f"logprobs, teacher and mask must share a [B, T] shape, got "
+                         f"{tuple(logprobs.shape)}, {tuple(teacher.shape)}, {tuple(mask.shape)}")
     m = mask.to(logprobs.dtype)
-    diff = (logprobs.detach() - teacher_logprobs.detach()) * m
+    diff = (logprobs.detach() - teacher.detach().to(logprobs.dtype)) * m
     denom = m.sum().clamp(min=1.0)
     return coef * (diff * logprobs).sum() / denom, {"edge_kl": float(diff.sum() / denom)}
 
 
 @LOSSES.register(PolicyLoss.SELF_DISTILL_NLL)
 def self_distill_nll_loss(
-    logprobs: torch.Tensor, mask: torch.Tensor, *, coef: float = 1.0
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    coef: float = 1.0,
+    **context: Any,
 ) -> tuple[torch.Tensor, Metrics]:
     """Self-distillation: coef · mean next-token NLL over the kept (agent) tokens.
 
     Args:
         logprobs: ``[B, T]`` log-probs of the trajectory's tokens, experience stripped (with grad).
+        old_logprobs: ``[B, T]``, unused (the shared signature).
+        advantages: ``[B]``, unused (the shared signature).
         mask: ``[B, T]`` the agent's own tokens.
         coef: loss scale.
+        context: other batch tensors, ignored.
     Returns:
         (scalar loss, metrics: ``self_distill_nll`` — the unscaled NLL).
+
+    Micro-batching: a mean over the mask's tokens, ``loss_scale="tokens"``.
     """
+    del old_logprobs, advantages
+    _batch_context_only("self_distill_nll_loss", context)
     if logprobs.shape != mask.shape or logprobs.dim() != 2:
         raise ValueError(f"logprobs and mask must share a [B, T] shape, got {tuple(logprobs.shape)}, {tuple(mask.shape)}")
     m = mask.to(logprobs.dtype)
     nll = -(logprobs * m).sum() / m.sum().clamp(min=1.0)
     return coef * nll, {"self_distill_nll": float(nll.detach())}
+
+
+_LOSS_SCALES: dict[PolicyLoss, LossScaleName] = {
+    PolicyLoss.CLIP: "none",
+    PolicyLoss.CISPO: "tokens",
+    PolicyLoss.REVERSE_KL_SAMPLED: "tokens",
+    PolicyLoss.SELF_DISTILL_NLL: "tokens",
+}
+
+
+def loss_scale_for(name: PolicyLoss | str) -> LossScaleName:
+    """The ``loss_scale`` a train step must use for the loss registered as ``name``.
+
+    ``clip``'s ``"none"`` assumes ``weights`` normalised over the full batch, as
+    :func:`~crl_train.algorithms.advantages.sequence_weights` gives (without weights the clip loss
+    is a sequence mean and needs ``"samples"``); the other losses are token means (``"tokens"``).
+
+    >>> loss_scale_for("reverse_kl_sampled"), loss_scale_for(PolicyLoss.CLIP)
+    ('tokens', 'none')
+    """
+    LOSSES.get(name)  # KeyError naming the accepted losses for an unknown name
+    return _LOSS_SCALES[PolicyLoss(name)]

@@ -3,6 +3,9 @@
 >>> from crl_train.algorithms.registry import ADVANTAGES, AdvantageEstimator
 >>> sorted(e.value for e in ADVANTAGES.names())
 ['edge_pooled', 'grpo', 'split_subgroup']
+>>> from crl_train.algorithms.registry import LOSSES
+>>> sorted(e.value for e in LOSSES.names())
+['cispo', 'clip', 'reverse_kl_sampled', 'self_distill_nll']
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ class AdvantageEstimator(StrEnum):
 
 
 class PolicyLoss(StrEnum):
-    """Losses over per-token log-probs."""
+    """Losses over per-token log-probs, all called as
+    ``loss_fn(logprobs, old_logprobs, advantages, mask, **kw) -> (loss, metrics)``
+    (see :mod:`crl_train.algorithms.losses`; the logit-based top-k reverse KL is not one of them)."""
 
     CLIP = "clip"
     """PPO/GRPO clipped surrogate (actor)."""
     CISPO = "cispo"
     """Clipped IS-weight policy optimisation (extractor, Eq. 3)."""
-    REVERSE_KL_TOPK = "reverse_kl_topk"
-    """EDGE on-support reverse-KL distillation over the student's top-k tokens."""
     REVERSE_KL_SAMPLED = "reverse_kl_sampled"
     """EDGE reverse-KL distillation, sampled-token estimator (needs only per-token log-probs)."""
     SELF_DISTILL_NLL = "self_distill_nll"

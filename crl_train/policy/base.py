@@ -42,9 +42,16 @@ FinishReason = Literal["stop", "length"]
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
 """``loss_fn(logprobs [B,T], old_logprobs [B,T], advantages [B] or [B,T], mask [B,T], **kw)
 -> (scalar loss, metrics)``; ``kw`` holds the batch's ``group_ids`` / ``condition_ids`` when set,
-every tensor of ``TrainBatch.extra`` and the caller's own keyword arguments."""
+every tensor of ``TrainBatch.extra`` and the caller's own keyword arguments. Every loss in
+``crl_train.algorithms.LOSSES`` follows it."""
 
 LossScale = Literal["samples", "tokens", "none"]
+"""How ``train_step`` weights each micro-batch loss so the accumulated gradient is the full-batch
+one: ``samples`` (n_mb / B: the loss is a mean over sequences), ``tokens`` (mask tokens in the
+micro-batch / in the batch: the loss is a mean over the mask's tokens) or ``none`` (the loss is a
+sum whose weights the caller normalised over the full batch). ``OptimConfig.loss_scale`` is a
+policy's default; ``train_step(..., loss_scale=...)`` overrides it for one call."""
+LOSS_SCALE_NAMES: tuple[LossScale, ...] = ("samples", "tokens", "none")
 
 
 @dataclass(frozen=True)
@@ -87,10 +94,11 @@ class OptimConfig:
     micro_batch_size: int = 8
     """Sequences per forward/backward; gradients accumulate over a batch's micro-batches."""
     loss_scale: LossScale = "samples"
-    """How a micro-batch loss is weighted so the accumulated gradient equals the full-batch one:
+    """Default weighting of a micro-batch loss so the accumulated gradient equals the full-batch one:
     ``samples`` (n_mb / B: the loss is a mean over sequences), ``tokens`` (mask tokens in the
     micro-batch / in the batch: a token-mean loss such as CISPO's) or ``none`` (the loss is a sum
-    whose weights were normalised over the full batch by the caller)."""
+    whose weights were normalised over the full batch by the caller). A ``train_step`` whose loss
+    is scaled otherwise passes its own ``loss_scale`` (see :data:`LossScale`)."""
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -101,7 +109,7 @@ class OptimConfig:
             raise ValueError(f"OptimConfig.grad_clip must be >= 0, got {self.grad_clip}")
         if self.micro_batch_size < 1:
             raise ValueError(f"OptimConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.loss_scale not in ("samples", "tokens", "none"):
+        if self.loss_scale not in LOSS_SCALE_NAMES:
             raise ValueError(
                 f"OptimConfig.loss_scale must be one of 'samples', 'tokens', 'none', got {self.loss_scale!r}"
             )
@@ -330,6 +338,8 @@ class Policy(Protocol):
     """Human-readable model name (the tiny preset says it is random-init)."""
     sampling: SamplingConfig
     """Default sampling; its temperature is the one log-probs are computed under."""
+    pad_token_id: int
+    """Id that pads a :class:`TrainBatch` (never trained on)."""
 
     def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template."""
@@ -353,8 +363,14 @@ class Policy(Protocol):
         """[B, T] log-probs of ``batch.input_ids`` under the current weights (no grad)."""
         ...
 
-    def train_step(self, batch: TrainBatch, loss_fn: LossFn, **loss_kw: Any) -> dict[str, float]:
-        """Forward, loss, backward, grad clip, one optimizer step; returns metrics."""
+    def train_step(
+        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: Any
+    ) -> dict[str, float]:
+        """Forward, loss, backward, grad clip, one optimizer step; returns metrics.
+
+        ``loss_fn`` is called per micro-batch as :data:`LossFn` says, with ``loss_kw``; each
+        micro-batch loss is weighted by ``loss_scale`` (``None``: ``OptimConfig.loss_scale``), so a
+        loss gets the same gradient however the batch is split (a token-mean loss passes ``"tokens"``)."""
         ...
 
     def save(self, directory: str | Path) -> None:

@@ -26,7 +26,15 @@ from typing import Any
 
 import torch
 
-from .base import Generation, LossFn, OptimConfig, SamplingConfig, TrainBatch
+from .base import (
+    LOSS_SCALE_NAMES,
+    Generation,
+    LossFn,
+    LossScale,
+    OptimConfig,
+    SamplingConfig,
+    TrainBatch,
+)
 from .chat import ChatFormatter
 from .checkpoint import MODEL_DIR, load_weights, read_state, resolve_dtype, write_checkpoint
 from .generate import RowKV, generate_batch
@@ -242,8 +250,16 @@ class HFPolicy:
             self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         return self.optimizer
 
-    def _scale(self, mb: TrainBatch, batch: TrainBatch, total_tokens: int) -> float:
-        mode = self.optim.loss_scale
+    def _loss_scale(self, loss_scale: LossScale | None) -> LossScale:
+        """``loss_scale``, or the policy's default when ``None``; anything else raises."""
+        mode = self.optim.loss_scale if loss_scale is None else loss_scale
+        if mode not in LOSS_SCALE_NAMES:
+            raise ValueError(f"loss_scale must be one of {', '.join(map(repr, LOSS_SCALE_NAMES))}, got {mode!r}")
+        return mode
+
+    def _scale(self, mb: TrainBatch, batch: TrainBatch, total_tokens: int, loss_scale: LossScale | None = None) -> float:
+        """The weight of micro-batch ``mb``'s loss in ``batch`` under ``loss_scale`` (default: the policy's)."""
+        mode = self._loss_scale(loss_scale)
         if mode == "samples":
             return mb.batch_size / batch.batch_size
         if mode == "tokens":
@@ -251,14 +267,15 @@ class HFPolicy:
         return 1.0
 
     def accumulate_gradients(
-        self, batch: TrainBatch, loss_fn: LossFn, **loss_kw: Any
+        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: Any
     ) -> tuple[bool, float, dict[str, float]]:
-        """Backward over ``batch`` micro-batch by micro-batch, each loss weighted by
-        ``OptimConfig.loss_scale`` so the summed gradient equals the full-batch one.
+        """Backward over ``batch`` micro-batch by micro-batch, each loss weighted by ``loss_scale``
+        (``None``: ``OptimConfig.loss_scale``) so the summed gradient equals the full-batch one.
 
         Returns (all losses finite, weighted loss, loss metrics averaged over sequences). Stops
         at the first non-finite loss. Does not zero or step the optimizer.
         """
+        mode = self._loss_scale(loss_scale)
         total_tokens = max(batch.num_tokens, 1)
         metrics: dict[str, float] = {}
         loss_total = 0.0
@@ -270,7 +287,7 @@ class HFPolicy:
             order = batch.attention_mask.sum(1).argsort(descending=True, stable=True)
             for s in range(0, batch.batch_size, mbs):
                 mb = batch.select(order[s : s + mbs]).trimmed()
-                if mb.num_tokens == 0 and self.optim.loss_scale == "tokens":
+                if mb.num_tokens == 0 and mode == "tokens":
                     continue
                 kw: dict[str, Any] = {k: v.to(self.device) for k, v in mb.extra.items()}
                 if mb.group_ids is not None:
@@ -285,7 +302,7 @@ class HFPolicy:
                 )
                 if not torch.isfinite(loss):
                     return False, float("nan"), metrics
-                scale = self._scale(mb, batch, total_tokens)
+                scale = self._scale(mb, batch, total_tokens, mode)
                 (loss * scale).backward()
                 loss_total += float(loss.detach()) * scale
                 weight = mb.batch_size / batch.batch_size
@@ -295,13 +312,22 @@ class HFPolicy:
             self.model.eval()
         return True, loss_total, metrics
 
-    def train_step(self, batch: TrainBatch, loss_fn: LossFn, **loss_kw: Any) -> dict[str, float]:
+    def train_step(
+        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: Any
+    ) -> dict[str, float]:
         """One AdamW step over ``batch`` with gradient accumulation over micro-batches.
+
+        ``loss_scale`` says how ``loss_fn``'s value scales with its micro-batch (``None``: the
+        policy's ``OptimConfig.loss_scale``): ``"tokens"`` for a mean over the mask's tokens (CISPO,
+        the reverse KL, the self-distillation NLL), ``"samples"`` for a mean over sequences,
+        ``"none"`` for a sum with full-batch weights (the actor's clip loss). With the right one
+        the update does not depend on ``OptimConfig.micro_batch_size``.
 
         A batch without trained tokens, or a non-finite loss or gradient norm, skips the update
         (``skipped`` = 1 in the metrics, counted in ``skipped_steps``, logged) instead of
         corrupting the weights.
         """
+        mode = self._loss_scale(loss_scale)
         self._kv.clear()  # kept keys/values are of the weights about to change
         total_tokens = batch.num_tokens
         if total_tokens == 0:
@@ -310,7 +336,7 @@ class HFPolicy:
             return {"skipped": 1.0, "num_tokens": 0.0, "step": float(self.step)}
         opt = self._ensure_optimizer()
         opt.zero_grad(set_to_none=True)
-        finite, loss_total, metrics = self.accumulate_gradients(batch, loss_fn, **loss_kw)
+        finite, loss_total, metrics = self.accumulate_gradients(batch, loss_fn, loss_scale=mode, **loss_kw)
         grad_norm = float("nan")
         if finite:
             params = [p for g in opt.param_groups for p in g["params"]]

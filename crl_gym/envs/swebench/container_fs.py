@@ -1,18 +1,45 @@
-"""The editor's file system inside a running sandbox container (commands run as the agent)."""
+"""The editor's file system inside a running sandbox container (commands run as the agent).
+
+:class:`ContainerFS` needs three things of its sandbox, named by the :class:`Sandbox` protocol:
+the work directory, ``run`` and ``put_file``. It does not import
+:mod:`~crl_gym.envs.swebench.sandbox` (which imports this module to build ``DockerSandbox.fs``),
+so the two modules do not import each other, and any object with those members will do.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from crl_gym.envs.swebench.sandbox import DockerSandbox
+
+class _Workdir(Protocol):
+    @property
+    def workdir(self) -> str:
+        """The repository's directory inside the container."""
+        ...
+
+
+class Sandbox(Protocol):
+    """What :class:`ContainerFS` uses of a sandbox (:class:`~crl_gym.envs.swebench.sandbox.DockerSandbox` has it)."""
+
+    @property
+    def config(self) -> _Workdir:
+        """Its limits; only ``workdir`` is read here."""
+        ...
+
+    def run(self, argv: list[str], *, timeout: float = ...) -> tuple[int | None, bytes]:
+        """Run a short command as the agent: ``(exit_code, output)``, exit code None on timeout."""
+        ...
+
+    def put_file(self, path: str, data: bytes, mode: int = ...) -> None:
+        """Write a file (its parent exists), owned by the agent."""
+        ...
 
 
 class ContainerFS:
     """The editor's :class:`~crl_gym.envs.swebench.editor.FileSystem` inside a sandbox."""
 
-    def __init__(self, sandbox: DockerSandbox) -> None:
+    def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
         self.root = sandbox.config.workdir
 

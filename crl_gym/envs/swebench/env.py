@@ -38,18 +38,11 @@ from crl_gym.envs.swebench.tools import (
     parse_timeout,
     parse_tool_call,
 )
+from crl_gym.templates import SWEBENCH_TASK_TEMPLATE
 
 log = logging.getLogger(__name__)
 
-PROMPT = """You are working in a Linux sandbox on the repository at {workdir} (no network access).
-Resolve the following issue by editing the source code (not the tests) so that it is fixed.
-
-<issue>
-{problem_statement}
-</issue>
-
-{tool_help}
-When you are done, call submit."""
+PROMPT = SWEBENCH_TASK_TEMPLATE
 
 
 class SWEBenchEnv(TextEnv):

@@ -43,9 +43,10 @@ from crl_gym.envs.webshop.catalog import (
 )
 from crl_gym.envs.webshop.reward import get_reward
 from crl_gym.envs.webshop.search import BM25Index, product_document
+from crl_gym.templates import WEBSHOP_SEARCH_ACTION
 
 ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
-SEARCH_TEMPLATE = "search[<query>]"
+SEARCH_TEMPLATE = WEBSHOP_SEARCH_ACTION
 Split = Literal["all", "train", "eval", "test"]
 # web_agent_site: goals shuffled with seed 233; test = [0, 500), eval = [500, 1500), train = rest
 SPLIT_BOUNDS: dict[str, tuple[int, int | None]] = {

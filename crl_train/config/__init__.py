@@ -11,7 +11,7 @@ raises :class:`ConfigError` naming the key and the accepted keys or type.
 >>> load_config(None, ["train.stepz=3"])
 Traceback (most recent call last):
 ...
-crl_train.config_io.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps
+crl_train.config.io.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from crl_gym.experience.config import ManagerConfig
-from crl_train.config_io import (
+from crl_train.config.io import (
     ConfigError,
     build_dataclass,
     config_to_dict,
@@ -31,9 +31,10 @@ from crl_train.config_io import (
     read_yaml,
     set_path,
 )
+from crl_train.config.names import MethodName
 
-METHOD_NAMES: tuple[str, ...] = ("grpo", "complementary", "static_online", "exp_only", "offline_exp", "edge")
-PACKAGED_CONFIGS = Path(__file__).parent / "configs"
+METHOD_NAMES: tuple[str, ...] = tuple(m.value for m in MethodName)
+PACKAGED_CONFIGS = Path(__file__).parent.parent / "configs"
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,11 @@ class ModelConfig:
     max_new_tokens: int = 64
     """Tokens generated per turn (actor) or per distillation/merge answer (extractor)."""
     max_context_tokens: int = 4096
-    """Longest token sequence; see ``crl_train.rollout`` for what happens beyond it."""
+    """Longest token sequence; see ``crl_train.rollout.runner`` for what happens beyond it."""
     constrained: bool = False
     """Constrained decoding through a token trie: the actor restricts each action to
     ``info['admissible_actions']``; the extractor answers by choosing one candidate op line
-    (``crl_train.extractor``), as the tiny preset does for both."""
+    (``crl_train.extractor.model``), as the tiny preset does for both."""
     prefix_cache: bool = False
     """``hf`` generation: keep each episode's keys/values between its turns, so a turn encodes only
     its new tokens instead of the whole conversation (attention over it grows as T²). Costs one KV
@@ -162,8 +163,9 @@ class AlgoConfig:
     """CISPO upper clip of the IS weight (paper: 0.1)."""
     buffer_size: int = 64
     """|B_φ| that triggers a CISPO update of the extractor (paper: 64)."""
-    cooldown: int = 1
-    """δ: an entry trained fewer than δ extractor steps ago gets weight 0 (not given by the paper)."""
+    cooldown: int = 2
+    """δ: an entry trained fewer than δ extractor steps ago gets weight 0 (not given by the paper).
+    With δ = 1 the rule never fires (t − t_last < 1 never holds); 0 and 1 both disable it."""
     count_alpha: float = 0.5
     """α: weight (1 + c_train)^(−α) (not given by the paper)."""
     merge_every: int = 5
@@ -182,11 +184,15 @@ class AlgoConfig:
     """EDGE: EMA momentum of entry utility."""
     edge_prune: float = -0.2
     """EDGE: η, entries whose EMA utility falls below it are pruned."""
+    edge_lambda: float = 0.1
+    """EDGE: λ, weight of the reverse-KL distillation term (the EDGE summary reports that λ = 1
+    lets distillation dominate the RL signal)."""
 
     def __post_init__(self) -> None:
         if self.ratio_level not in ("token", "sequence"):
             raise ConfigError(f"algo.ratio_level must be 'token' or 'sequence', got {self.ratio_level!r}")
-        for name in ("clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps", "self_distill_coef"):
+        for name in ("clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps", "self_distill_coef",
+                     "edge_lambda"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("buffer_size",):
@@ -216,7 +222,7 @@ class ExperienceConfig:
     asynchronous: bool = True
     """Run the background track in its own thread; False = each actor step waits for it (benchmark)."""
     extractor_process: bool | None = None
-    """Run the extractor's model work in a child process (``crl_train.extractor_worker``) so the two
+    """Run the extractor's model work in a child process (``crl_train.extractor.worker``) so the two
     tracks do not share the GIL. None = auto: on when ``asynchronous`` and the method uses experience
     (a synchronous run waits for the extractor anyway); False keeps it in process (debugging)."""
     extractor_start_method: Literal["spawn", "forkserver"] = "spawn"
@@ -234,7 +240,7 @@ class ExperienceConfig:
     """torch intra-op threads of the extractor process (its share of the cores; in process, torch's
     pool is process-wide and ``actor_threads`` applies to both tracks)."""
     pin_cpus: bool = True
-    """Pin each track to its own cores (``os.sched_setaffinity``; see ``crl_train.affinity``): the trainer
+    """Pin each track to its own cores (``os.sched_setaffinity``; see ``crl_train.run.affinity``): the trainer
     process to ``actor_cpus``, the extractor process to ``extractor_cpus``. False = no pinning."""
     actor_cpus: tuple[int, ...] | None = None
     """Cores of the trainer process (primary loop; grpo and an in-process extractor get these too).
@@ -293,7 +299,7 @@ class TrainConfig:
     """The whole run."""
 
     method: str = "complementary"
-    """One of grpo, complementary, static_online, exp_only, offline_exp, edge."""
+    """One of grpo, complementary, static_online, exp_only, offline_exp, edge (``crl_train.methods``)."""
     seed: int = 0
     """Seed of torch and the samplers."""
     env: EnvConfig = field(default_factory=EnvConfig)

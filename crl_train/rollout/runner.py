@@ -30,21 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_gym.experience.prompts import truncate_middle
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.policy.base import Generation, TokenSequence
 from crl_train.policy.chat import parse_action
 
 log = logging.getLogger(__name__)
-
-SYSTEM_CONSTRAINED = "You are an agent in a text environment. Answer with one action."
-SYSTEM_REACT = (
-    "You are an agent in a text environment. Think briefly, then give exactly one action inside "
-    "<action>...</action>. You may also write search_and_ask[<your question>] inside the tags to "
-    "ask the experience bank for advice."
-)
-SEARCH_ACTION = "search_and_ask[what should I do next?]"
-"""The tool call offered to a constrained (tiny) actor when search_and_ask is on."""
-
 
 @dataclass
 class Turn:
@@ -82,13 +74,6 @@ class Episode:
     @property
     def failed_by_error(self) -> bool:
         return "error" in self.info
-
-
-def shorten(text: str, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    half = max(1, (max_chars - 5) // 2)
-    return text[:half] + " ... " + text[-half:]
 
 
 class RolloutRunner:
@@ -135,6 +120,7 @@ class RolloutRunner:
         self.errors = 0
         self.context_truncations = 0
         self.search_failures = 0
+        self.submit_failures = 0
         self.last_search_s = 0.0
         """Wall time of the last rollout step's batched search (s)."""
         self.eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
@@ -160,7 +146,7 @@ class RolloutRunner:
         return SYSTEM_CONSTRAINED if self.constrained else SYSTEM_REACT
 
     def _user_text(self, obs: str, admissible: Sequence[str]) -> str:
-        obs = shorten(str(obs), self.max_obs_chars)
+        obs = truncate_middle(str(obs), self.max_obs_chars)
         if admissible and not self.constrained:
             return f"{obs}\nValid actions: {', '.join(admissible)}"
         return obs
@@ -205,7 +191,7 @@ class RolloutRunner:
         task_text: dict[int, str] = {}
         for ep, env in zip(episodes, envs, strict=True):
             if ep.condition == "free":
-                self._reset(ep, env, {"experience": "free"} if self.client is not None else None)
+                self._reset(ep, env, {"experience": "free", "rollout_step": step} if self.client is not None else None)
                 if not ep.failed_by_error:
                     task_text.setdefault(ep.group, ep.task)
         # 2. one batched search for all guided halves
@@ -224,7 +210,7 @@ class RolloutRunner:
             prefetched = dict(zip(guided_groups, refs, strict=True))
         for ep, env in zip(episodes, envs, strict=True):
             if ep.condition == "guided":
-                self._reset(ep, env, {"experience": "guided", "prefetched": prefetched.get(ep.group)})
+                self._reset(ep, env, {"experience": "guided", "prefetched": prefetched.get(ep.group), "rollout_step": step})
         # 3. advance all together
         for ep in episodes:
             ep.info["rollout_step"] = step
@@ -240,7 +226,23 @@ class RolloutRunner:
         finally:
             if release is not None:
                 release([id(ep) for ep in episodes])
+        self._submit_unfinished(episodes, step)
         return episodes
+
+    def _submit_unfinished(self, episodes: list[Episode], step: int) -> None:
+        """Episodes the trainer cut (turn cap, context limit) got no request from their env: the
+        runner writes and submits one, so the service sees every episode it can credit."""
+        if self.client is None:
+            return
+        for ep in episodes:
+            if ep.request is None and not ep.failed_by_error and ep.prompt_ids:
+                ep.request = self.own_request(ep)
+                ep.request.rollout_step = step
+                try:
+                    self.client.submit(ep.request)
+                except Exception as exc:  # noqa: BLE001 - counted and logged; the step goes on
+                    self.submit_failures += 1
+                    log.warning("submit of a cut episode failed: %s", exc)
 
     def _reset(self, ep: Episode, env: Any, options: dict[str, Any] | None) -> None:
         try:
@@ -292,12 +294,13 @@ class RolloutRunner:
                 continue
             after_eos = bool(gen.token_ids) and gen.token_ids[-1] in self.eos_ids
             ctx = self.policy.chat.user_turn_ids(self._user_text(obs, ep.admissible), after_eos=after_eos)
-            ep.history.append(Turn(gen, list(ctx), kind))
             if len(ep.sequence) + len(ctx) + self.max_new_tokens > self.max_context_tokens:
                 self.context_truncations += 1
                 ep.info["context_truncated"] = True
                 ep.done, ep.success = True, False
+                ep.history.append(Turn(gen, [], kind))  # the history mirrors the sequence: no context was added
                 continue
+            ep.history.append(Turn(gen, list(ctx), kind))
             ep.sequence.append_context(ctx)
 
     def own_request(self, ep: Episode) -> DistillationRequest:
@@ -315,17 +318,19 @@ class RolloutRunner:
         )
 
 
-def stripped_sequence(ep: Episode, free_prompt_ids: Sequence[int]) -> TokenSequence:
-    """The episode's own tokens with the experience and search_and_ask turns removed.
+def swap_prompt(ep: Episode, prompt_ids: Sequence[int], *, drop_search_turns: bool = False) -> TokenSequence:
+    """``ep``'s own turns behind another first prompt (the same first observation with or without
+    the experience), rebuilt from its history (which mirrors its sequence turn by turn).
 
-    For self-distillation: the first prompt becomes the free copy's prompt (same seed, so the
-    same first observation), and every search_and_ask generation with the answer that followed
-    it is dropped (the env was not stepped, so the observation before it is still current).
+    EDGE's teacher is a free episode behind its group's guided prompt; self-distillation is a
+    guided episode behind the free prompt with every search_and_ask turn dropped
+    (``drop_search_turns``: the generation and the answer that followed it; the env was not
+    stepped, so the observation before it is still current).
     """
     seq = TokenSequence()
-    seq.append_context(list(free_prompt_ids))
+    seq.append_context(list(prompt_ids))
     for turn in ep.history:
-        if turn.kind == "search_and_ask":
+        if drop_search_turns and turn.kind == "search_and_ask":
             continue
         seq.append_generation(turn.generation)
         if turn.context_ids:

@@ -12,9 +12,9 @@ Layout of a run directory::
     trajectories.jsonl   every finished episode's distillation request (offline_exp source)
     eval.json            held-out evaluation (crl-eval / end of training)
 
->>> metric_fields(edge=False, self_distill=False)[:3]
+>>> metric_fields()[:3]
 ('step', 'actor_loss', 'actor_clip_frac')
->>> len(metric_fields(edge=True, self_distill=True)) - len(metric_fields(edge=False, self_distill=False))
+>>> len(metric_fields(EDGE_FIELDS + SELF_DISTILL_FIELDS)) - len(metric_fields())
 6
 """
 
@@ -27,35 +27,43 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from crl_train.methods.base import SELF_DISTILL_FIELDS
+from crl_train.methods.edge import EDGE_FIELDS
+
+if TYPE_CHECKING:
+    from crl_train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# The one declaration of a metrics row's keys: the trainer fills rows through ``make_row``
-# (which rejects an undeclared key), the plots read them, docs/training.md documents them
-# (tests/test_outputs.py checks both directions).
+# The declaration of a metrics row's keys (a method's own keys are declared in its module): the
+# trainer fills rows through ``make_row`` (which rejects an undeclared key), the plots read them,
+# docs/training.md documents them (tests/test_outputs.py checks both directions).
 ACTOR_FIELDS: tuple[str, ...] = ("actor_loss", "actor_clip_frac", "actor_approx_kl", "actor_grad_norm")
 """Actor update; null when the actor did not train this step."""
 STEP_FIELDS: tuple[str, ...] = (
     "success", "success_guided", "success_free", "actions_per_episode", "turns_per_episode",
     "adv_mean", "adv_std", "adv_abs_mean", "bank_size", "search_latency_s", "queue_depth", "extractor_reward",
     "extractor_updates", "extractor_loss", "buffer_size", "distilled", "distill_batches", "malformed", "added",
-    "updated", "uncreditable", "merges", "merge_failures", "track_errors", "extractor_alive", "skipped_distill",
+    "updated", "credited", "uncreditable", "merges", "merge_failures", "track_errors", "extractor_alive", "skipped_distill",
     "skipped_updates", "env_errors", "context_truncations", "step_time_s", "rollout_time_s", "update_time_s",
 )
 """Every step's rollout, bank and background-track columns."""
-EDGE_FIELDS: tuple[str, ...] = ("edge_gain_mean", "edge_gate_open", "edge_pruned", "edge_kl")
-"""``edge`` only."""
-SELF_DISTILL_FIELDS: tuple[str, ...] = ("self_distill_samples", "self_distill_nll")
-"""``algo.self_distill`` only."""
 METRIC_FIELDS: tuple[str, ...] = ("step", *ACTOR_FIELDS, *STEP_FIELDS)
 """Columns every metrics row has (``metric_fields`` adds the method's own)."""
 ALL_METRIC_FIELDS: tuple[str, ...] = (*METRIC_FIELDS, *EDGE_FIELDS, *SELF_DISTILL_FIELDS)
+"""Every key a row may have: :data:`METRIC_FIELDS` and each method's own."""
 
 
-def metric_fields(*, edge: bool, self_distill: bool) -> tuple[str, ...]:
-    """The exact keys of a metrics row of a run with (or without) EDGE / self-distillation."""
-    return (*METRIC_FIELDS, *(EDGE_FIELDS if edge else ()), *(SELF_DISTILL_FIELDS if self_distill else ()))
+def metric_fields(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The exact keys of a metrics row: every row's, then a method's own (``Method.metric_fields``)."""
+    unknown = sorted(set(extra) - set(ALL_METRIC_FIELDS))
+    if unknown:
+        raise KeyError(f"metrics keys {unknown} are not declared in crl_train.run.outputs (declare them there)")
+    return (*METRIC_FIELDS, *extra)
 
 
 def make_row(fields: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +74,7 @@ def make_row(fields: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
     """
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise KeyError(f"metrics keys {unknown} are not declared in crl_train.outputs (declare them there)")
+        raise KeyError(f"metrics keys {unknown} are not declared in crl_train.run.outputs (declare them there)")
     return {k: values.get(k) for k in fields}
 
 
@@ -253,3 +261,34 @@ def plot_curves(run_dir: Path) -> Path | None:
     fig.savefig(out, dpi=80)
     plt.close(fig)
     return out
+
+
+# ---------------------------------------------------------------------------- config.yaml
+def save_run_config(cfg: TrainConfig, run_dir: Path, resume_step: int | None) -> None:
+    """Write the resolved config to ``config.yaml``. On a resume that changes it (``--set``), the
+    previous file is kept as ``config.before_step<N>.yaml`` and the changed keys are logged, so
+    a later plain ``--resume`` runs what this one ran."""
+    from crl_train.config.io import config_to_dict
+
+    path = run_dir / "config.yaml"
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    if resume_step is not None and path.exists():
+        before = path.read_text(encoding="utf-8")
+        if before == text:
+            return
+        old = yaml.safe_load(before) or {}
+        changed = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _diff(old, config_to_dict(cfg))]
+        keep = run_dir / f"config.before_step{resume_step}.yaml"
+        keep.write_text(before, encoding="utf-8")
+        log.info("resume at step %d changes the config (%s); config.yaml updated, the previous one is %s",
+                 resume_step, "; ".join(changed) or "formatting only", keep.name)
+    atomic_write_text(path, text)
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for k in list(a) + [k for k in b if k not in a]:
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [(prefix[:-1], a, b)]

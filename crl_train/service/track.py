@@ -1,26 +1,22 @@
-"""The two tracks of Complementary RL.
+"""The extractor's background loop, owned by :class:`~crl_train.service.ExperienceService`.
 
-* The primary loop (:meth:`crl_train.trainer.Trainer.step`): rollout → split-subgroup
-  advantages → one actor update. It never waits on the extractor: credits and merge requests
-  go into this track's queues.
-* :class:`BackgroundTrack` — drains the manager's distillation queue, prompts the extractor,
-  applies the parsed ops (each new entry stored with its prompt / response / log-probs), turns
-  credits of finished rollout steps into rewarded samples in B_φ, runs a CISPO update when
-  |B_φ| ≥ ``buffer_size`` (then ``bank.record_training``), and runs the chunked Merge when the
-  primary loop asks for it (every ``merge_every`` actor steps). ``asynchronous=True`` runs it in
-  its own thread; ``False`` makes each actor step call :meth:`BackgroundTrack.run_until_idle`
-  (the synchronous baseline of the benchmark).
+:class:`BackgroundTrack` drains the manager's distillation queue, prompts the extractor, applies
+the parsed ops (each new entry stored with its prompt / response / log-probs), turns the credits
+the service hands it when a rollout step ends into rewarded samples in B_φ, runs a CISPO update
+when |B_φ| ≥ ``buffer_size`` (then ``bank.record_training``), and runs the chunked Merge when the
+service schedules one. ``asynchronous=True`` runs it in its own thread; ``False`` makes the
+service run it to idle inside each ``end_step`` (the synchronous baseline of the benchmark).
 
 The extractor is an :class:`~crl_train.extractor.Extractor` (model work in this process) or an
-:class:`~crl_train.extractor_worker.ExtractorWorker` (model work in a child process; the default
-for asynchronous runs). With the worker this thread only does bank/manager work — applying ops,
+:class:`~crl_train.extractor.ExtractorWorker` (model work in a child process; the default for
+asynchronous runs). With the worker this thread only does bank/manager work — applying ops,
 embedding new texts, reading training counts, building merge windows — and otherwise waits on
 the worker's pipe, so the actor keeps the GIL. Cores on the 2-core machine: the trainer process
 runs torch with 1 intra-op thread (the actor's core), the worker with 1 (the extractor's core).
 
-If the worker dies, the run goes on without extractor model work: the requests, update batches
-and merges the track had to skip are counted (``skipped_distill``, ``skipped_updates``,
-``skipped_merges``; the trajectories stay in the run's ``trajectories.jsonl``).
+If the worker dies, the loop goes on without extractor model work: the requests, update batches
+and merges it had to skip are counted (``skipped_distill``, ``skipped_updates``,
+``skipped_merges``; a trainer's trajectories stay in its run's ``trajectories.jsonl``).
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.experience.merge import merge_bank
-from crl_train.extractor import BufferItem, Extractor
-from crl_train.extractor_worker import ExtractorUnavailable, ExtractorWorker
+from crl_train.extractor import BufferItem, Extractor, ExtractorUnavailable, ExtractorWorker
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +67,8 @@ class TrackStats:
     skipped_merges: int = 0
     """Merges not run because the extractor worker is gone."""
     cpu_s: float = 0.0
-    """CPU seconds the track's passes took in the trainer process (bank and manager work, talking to
-    the worker): time taken from the primary loop's core and GIL, unlike the worker's own."""
+    """CPU seconds the track's passes took in the service's process (bank and manager work, talking
+    to the worker): time taken from the actor loop's core and GIL when both share a process."""
     last_update: dict[str, float] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)
 
@@ -110,6 +105,7 @@ class BackgroundTrack:
         self.merge_requests: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.stats = TrackStats()
         self.actor_step = 0
+        """The open rollout step (set by the service): the step of entries from requests without one."""
         self.ext_step = 0
         self._stop = threading.Event()
         self._busy = threading.Lock()
@@ -145,7 +141,7 @@ class BackgroundTrack:
 
     # ---------------------------------------------------------------- work
     def credit(self, credits: list[Credit]) -> None:
-        """Called by the primary loop after each rollout step (never blocks)."""
+        """Called by the service when a rollout step ends (never blocks)."""
         for c in credits:
             self.credits.put(c)
 
@@ -221,7 +217,8 @@ class BackgroundTrack:
         results = self.extractor.distill(reqs)
         self.stats.distill_batches += 1
         for req, (sample, ops) in zip(reqs, results, strict=True):
-            res = self.manager.apply_ops(ops, sample=sample, step=self.actor_step, request=req)
+            step = self.actor_step if req.rollout_step is None or req.rollout_step < 0 else req.rollout_step
+            res = self.manager.apply_ops(ops, sample=sample, step=step, request=req)
             self.stats.distilled += 1
             self.stats.added += len(res.added)
             self.stats.updated += len(res.updated)

@@ -47,6 +47,7 @@ from crl_gym.protocol import (
     Trajectory,
 )
 from crl_train.algorithms import batch_advantages, cispo_loss, training_count_weights
+from crl_train.config import AlgoConfig
 from crl_train.policy.base import Generation, TokenSequence, TrainBatch
 from crl_train.policy.trie import ActionTrie, ThinkThenChoose
 
@@ -125,10 +126,10 @@ class Extractor:
         max_prompt_chars: int = 6000,
         constrained: bool = False,
         think_tokens: int = 0,
-        eps_low: float = 0.1,
-        eps_high: float = 0.1,
-        cooldown: int = 2,
-        alpha: float = 0.5,
+        eps_low: float = AlgoConfig.cispo_eps_low,
+        eps_high: float = AlgoConfig.cispo_eps_high,
+        cooldown: int = AlgoConfig.cooldown,
+        alpha: float = AlgoConfig.count_alpha,
     ) -> None:
         self.policy = policy
         self.max_new_tokens = max_new_tokens
@@ -239,7 +240,7 @@ class Extractor:
         return cispo_update(self.train, items, bank, step)
 
     # ------------------------------------------------------------------ the worker interface
-    # (the same methods as crl_train.extractor_worker.ExtractorWorker, so the track takes either)
+    # (the same methods as crl_train.extractor.worker.ExtractorWorker, so the track takes either)
     alive = True
     """An in-process extractor cannot die without the trainer."""
 

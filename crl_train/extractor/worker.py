@@ -12,7 +12,7 @@ releases the GIL for the actor).
 Interface: the same methods as ``Extractor`` — ``distill``, ``refine`` (the manager's
 ``refiner``), ``merge_generate``, ``generate``, ``update(items, bank, step)`` (bank counts read
 and written here, ``train`` in the child), ``save``/``load``, ``get_state``/``set_state``,
-``count_tokens``, ``close`` and ``alive`` — so :class:`~crl_train.tracks.BackgroundTrack` takes
+``count_tokens``, ``close`` and ``alive`` — so :class:`~crl_train.service.track.BackgroundTrack` takes
 either. Calls are synchronous request/response over one ``multiprocessing`` pipe, serialised by
 a lock (refinements from the rollout thread and the track's work queue up, as they did on
 ``Extractor.lock``).
@@ -56,7 +56,7 @@ from typing import Any
 
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.config import ModelConfig
-from crl_train.extractor import BufferItem, Extractor, cispo_update
+from crl_train.extractor.model import BufferItem, Extractor, cispo_update
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ExtractorSpec:
     """torch intra-op threads of the child (its share of the cores)."""
     cpus: tuple[int, ...] | None = None
     """Cores the child is pinned to (``os.sched_setaffinity``, before torch starts threads); None = not pinned.
-    See :func:`crl_train.affinity.split_cpus`."""
+    See :func:`crl_train.run.affinity.split_cpus`."""
     nice: int = 0
     """Added to the child's scheduling niceness: when cores are oversubscribed the actor's process
     runs first (the extractor is off the critical path; on free cores it changes nothing)."""
@@ -95,7 +95,7 @@ class ExtractorSpec:
 
 def build_extractor(spec: ExtractorSpec) -> Extractor:
     """π_φ as the spec says (used in the child, and in process for ``experience.extractor_process=false``)."""
-    from crl_train.components import build_policy
+    from crl_train.policy.factory import build_policy
 
     policy = build_policy(spec.model, list(spec.texts) if spec.texts is not None else None, loss_scale="tokens",
                           seed=spec.seed, checkpoint=Path(spec.checkpoint) if spec.checkpoint else None)
@@ -127,7 +127,7 @@ _HANDLERS: dict[str, Any] = {
 def _serve(conn: Any, spec: ExtractorSpec) -> None:
     """Child main loop: build π_φ, then answer ``(op, args)`` with ``("ok", result)`` / ``("error", tb)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (it checkpoints through us)
-    from crl_train.affinity import pin_process
+    from crl_train.run.affinity import pin_process
 
     pin_process(spec.cpus)  # first: threads torch starts later inherit the extractor's cores
     import torch

@@ -1,0 +1,215 @@
+"""The experience service: one object behind every face (in-process, HTTP, Ray).
+
+A service owns one bank and its :class:`~crl_gym.experience.manager.ExperienceManager`
+(retrieval, the distillation queue, op application) and a :class:`StepLedger` of the requests it
+received, grouped by rollout step. Whoever drives the actor closes a rollout step with
+:meth:`RetrievalService.end_step`; the service then knows every episode of that step.
+
+:class:`RetrievalService` is the service without an extractor: it retrieves, queues requests and
+applies ops from outside, and ``end_step`` only closes steps. ``crl_train.service.ExperienceService``
+is the same object with the extractor's whole loop behind it (distil → ops → bank → credit →
+CISPO → merge): it overrides :meth:`RetrievalService._closed` to credit the closed steps.
+
+>>> from crl_gym.experience.bank import ExperienceBank
+>>> from crl_gym.experience.embedders import HashingEmbedder
+>>> from crl_gym.experience.manager import ExperienceManager
+>>> from crl_gym.protocol import AddOp, DistillationRequest, Trajectory
+>>> emb = HashingEmbedder(32)
+>>> service = RetrievalService(ExperienceManager(ExperienceBank(None, dim=32), emb))
+>>> service.apply_ops([AddOp("walk east")])["added"]
+1
+>>> service.submit(DistillationRequest(task="t", trajectory=Trajectory(), outcome=1.0, success=True,
+...                                    experience=None, rollout_step=0))
+>>> service.end_step(0)["requests"]
+1
+>>> service.end_step(0)
+Traceback (most recent call last):
+...
+crl_gym.experience.service.StepOrderError: end_step(0): step 0 is already ended (steps end once, in increasing order)
+>>> service.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_gym.experience.manager import ExperienceManager, Refiner
+from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
+
+log = logging.getLogger(__name__)
+
+
+class StepOrderError(ValueError):
+    """``end_step`` for a step that is already ended (twice, or out of order)."""
+
+
+@dataclass
+class ClosedStep:
+    """One rollout step's requests, handed over when the step ends."""
+
+    step: int
+    requests: list[DistillationRequest] = field(default_factory=list)
+    bonus: dict[str, float] = field(default_factory=dict)
+    """Extra reward per ``request_id`` added to r(m) (the actor-critic gate's score)."""
+
+
+class StepLedger:
+    """Requests by rollout step; steps end once each, in increasing order.
+
+    A request without ``rollout_step`` belongs to the open step (the one after the last ended).
+    A request for a step that already ended is *late*: it is counted and kept out of every
+    credit (its step's rewards were computed without it and are never recomputed). A negative
+    step marks an episode of no training step (held-out evaluation): counted, never credited.
+    """
+
+    def __init__(self, last_ended: int = -1) -> None:
+        self.last_ended = last_ended
+        self.late = 0
+        self.held_out = 0
+        self._open: dict[int, list[DistillationRequest]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, request: DistillationRequest) -> bool:
+        """Add ``request`` to its step; False (and counted) when that step already ended."""
+        with self._lock:
+            if request.rollout_step is None:
+                request.rollout_step = self.last_ended + 1
+            step = int(request.rollout_step)
+            if step < 0:
+                self.held_out += 1
+                return False
+            if step <= self.last_ended:
+                self.late += 1
+                return False
+            self._open.setdefault(step, []).append(request)
+            return True
+
+    def close(self, step: int) -> list[ClosedStep]:
+        """End every open step up to ``step``, oldest first.
+
+        Raises :class:`StepOrderError` when ``step`` is not after the last ended step.
+        """
+        with self._lock:
+            if step <= self.last_ended:
+                where = "is already ended" if step == self.last_ended else f"is out of order: step {self.last_ended} already ended"
+                raise StepOrderError(f"end_step({step}): step {step} {where} (steps end once, in increasing order)")
+            steps = sorted(s for s in self._open if s <= step)
+            closed = [ClosedStep(s, self._open.pop(s)) for s in steps]
+            if not closed or closed[-1].step != step:
+                closed.append(ClosedStep(step))
+            self.last_ended = step
+            return closed
+
+    def open_requests(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._open.values())
+
+
+class RetrievalService:
+    """The service without an extractor (see the module docstring).
+
+    Args:
+        manager: the bank's manager; the service closes it (and the bank) in :meth:`close`.
+        last_ended: the last rollout step already ended (a resumed run passes its own).
+    """
+
+    def __init__(self, manager: ExperienceManager, *, last_ended: int = -1) -> None:
+        self.manager = manager
+        self.ledger = StepLedger(last_ended)
+        self.counters: dict[str, int] = dict.fromkeys(("submitted", "steps_ended", "ops_applied"), 0)
+        self._closed_service = False
+
+    # ---------------------------------------------------------------- retrieval
+    @property
+    def refiner(self) -> Refiner | None:
+        """Rewrites an entry for the actor's own query (``ask``); None answers with the raw entry."""
+        return self.manager.refiner
+
+    def search(self, query: str) -> ExperienceRef | None:
+        hits = self.manager.search(query, k=1)
+        return hits[0].ref() if hits else None
+
+    def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
+        if not queries:
+            return []
+        return [hits[0].ref() if hits else None for hits in self.manager.search_many(list(queries), k=1)]
+
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+        from crl_gym.clients import ask_manager
+
+        return ask_manager(self.manager, query, entry, context)
+
+    # ---------------------------------------------------------------- requests and steps
+    def submit(self, request: DistillationRequest) -> None:
+        """Record ``request`` in its rollout step and queue it for distillation (never blocks)."""
+        if not isinstance(request, DistillationRequest):
+            raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
+        self.ledger.record(request)
+        self.manager.submit(request)
+        self.counters["submitted"] += 1
+
+    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
+        """Take up to ``max_n`` queued requests (a trainer that distils on its own)."""
+        return list(self.manager.get_requests(max_n, timeout))
+
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+        """Close rollout ``step`` (and any earlier step still open).
+
+        ``bonus`` maps a ``request_id`` of the step to an extra reward for the entry it used.
+        Returns ``{"step", "ended": [steps], "requests": n, "credited": n}``.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StepOrderError(f"end_step: step must be an int >= 0, got {step!r}")
+        closed = self.ledger.close(step)
+        if bonus:
+            closed[-1].bonus = dict(bonus)
+        self.counters["steps_ended"] += len(closed)
+        credited = self._closed(closed)
+        return {"step": step, "ended": [c.step for c in closed], "requests": sum(len(c.requests) for c in closed),
+                "credited": credited}
+
+    def _closed(self, closed: list[ClosedStep]) -> int:
+        """What ending ``closed`` does; returns how many credits it made. Nothing without an extractor."""
+        del closed
+        return 0
+
+    # ---------------------------------------------------------------- bank writes from outside
+    def apply_ops(self, ops: Iterable[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+        """Apply Add / Update / Delete / Return ops (seeding a bank, a user's own extractor)."""
+        res = self.manager.apply_ops(list(ops), step=self.ledger.last_ended + 1 if step is None else step)
+        self.counters["ops_applied"] += 1
+        return {"added": len(res.added), "added_ids": res.added, "updated": len(res.updated),
+                "deleted": len(res.deleted), "returned": res.returned, "malformed": res.malformed}
+
+    # ---------------------------------------------------------------- state
+    def stats(self) -> dict[str, Any]:
+        """``bank_size``, ``queue_depth``, the extractor's counters (0 without one) and the manager's."""
+        out: dict[str, Any] = {"manager": self.manager.stats()}
+        out.update(self.counters)
+        out.update({"bank_size": len(self.manager.bank), "queue_depth": self.manager.pending(),
+                    "last_ended_step": self.ledger.last_ended, "late_requests": self.ledger.late,
+                    "held_out_requests": self.ledger.held_out,
+                    "open_requests": self.ledger.open_requests(), "extractor": None,
+                    "distilled": 0, "credited": 0, "extractor_updates": 0, "merges": 0})
+        return out
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "pending": int(self.manager.pending()), "extractor": None}
+
+    def close(self) -> None:
+        """Close the manager (queue persisted) and the bank; safe to call twice."""
+        if self._closed_service:
+            return
+        self._closed_service = True
+        self.manager.close()
+        self.manager.bank.close()
+
+    def __enter__(self) -> RetrievalService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

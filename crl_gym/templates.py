@@ -1,0 +1,252 @@
+"""Every prompt and observation template of the project, in one place.
+
+One module so that a wording change is one edit, the tokenizer of the tiny preset can be trained
+on exactly what the models read, and a reviewer sees every text a model is shown side by side.
+The modules that fill them (:mod:`crl_gym.wrappers.experience`,
+:mod:`crl_gym.wrappers.search_and_ask`, :mod:`crl_gym.experience.prompts`, the trainer) import
+them from here and keep their old names as re-exports.
+
+Placeholders are ``{name}``. The observation templates of the wrappers are filled with
+``str.format`` (checked up front by ``check_template``: a literal brace is written ``{{ }}``);
+the extractor's prompts are filled with :func:`crl_gym.experience.prompts.fill`, which leaves
+braces in the template alone, so those may hold literal JSON. Neither re-reads the substituted
+values, so braces in a task, an observation or an entry are always safe.
+
+>>> GATE_TEMPLATE.format(task="Open the door.", experience="Keys open doors.").splitlines()[-1]
+'Was this experience useful? Answer accept, refine or reject.'
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------------------------
+# What the actor sees: guided first observation (ExperienceWrapper)
+# --------------------------------------------------------------------------------------------
+
+GUIDED_OBSERVATION_TEMPLATE = "Experience from similar tasks (use it if it helps):\n{experience}\n\n{observation}"
+"""``ExperienceWrapper``'s default guided first observation (``DEFAULT_TEMPLATE``); ``{experience}``, ``{observation}``."""
+
+# --------------------------------------------------------------------------------------------
+# What the actor sees: the search_and_ask tool (SearchAndAskWrapper, str.format)
+# --------------------------------------------------------------------------------------------
+
+SEARCH_AND_ASK_ANSWER_TEMPLATE = "Answer to search_and_ask[{query}]:\n{answer}\n\n{observation}"
+"""Observation after an answered ``search_and_ask`` call; ``{query}``, ``{answer}``, ``{observation}``."""
+
+SEARCH_AND_ASK_NO_ENTRY_TEMPLATE = "search_and_ask[{query}]: no relevant experience found.\n\n{observation}"
+"""Observation after a ``search_and_ask`` call that found no entry; ``{query}``, ``{observation}``."""
+
+SEARCH_AND_ASK_OVER_CAP_TEMPLATE = (
+    "search_and_ask refused: you have used all {max_calls} calls of this episode; "
+    "take an environment action.\n\n{observation}"
+)
+"""Observation after a ``search_and_ask`` call over the per-episode cap; ``{max_calls}``, ``{observation}``."""
+
+SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE = (
+    "search_and_ask needs a query: write search_and_ask[<where you are stuck>].\n\n{observation}"
+)
+"""Observation after a ``search_and_ask[]`` call without a query; ``{observation}``."""
+
+SEARCH_AND_ASK_ERROR_TEMPLATE = "search_and_ask is unavailable right now; take an environment action.\n\n{observation}"
+"""Observation after a ``search_and_ask`` call whose search failed (client down); ``{observation}``."""
+
+# --------------------------------------------------------------------------------------------
+# What the actor sees: the trainer's system prompts, tool action and gate (crl_train)
+# --------------------------------------------------------------------------------------------
+
+SYSTEM_CONSTRAINED = "You are an agent in a text environment. Answer with one action."
+"""System prompt of a constrained actor (it picks one admissible action, token by token)."""
+
+SYSTEM_REACT = (
+    "You are an agent in a text environment. Think briefly, then give exactly one action inside "
+    "<action>...</action>. You may also write search_and_ask[<your question>] inside the tags to "
+    "ask the experience bank for advice."
+)
+"""System prompt of a free-text (ReAct-style) actor, which may call ``search_and_ask``."""
+
+SEARCH_ACTION = "search_and_ask[what should I do next?]"
+"""The tool call offered to a constrained (tiny) actor when search_and_ask is on."""
+
+GATE_TEMPLATE = "Task: {task}\nExperience: {experience}\nWas this experience useful? Answer accept, refine or reject."
+"""Actor-critic gate question on a guided episode's entry (answered accept / refine / reject); ``{task}``, ``{experience}``."""
+
+# --------------------------------------------------------------------------------------------
+# Actor-facing texts of crl_gym.experience.prompts (filled with fill())
+# --------------------------------------------------------------------------------------------
+
+EXPERIENCE_TEMPLATE = (
+    "Experience distilled from earlier episodes (advice that may not fit this exact "
+    "situation; use your judgement):\n{experience}\n\n{observation}"
+)
+"""``render_experience``'s guided first observation (the wrapper's default is ``GUIDED_OBSERVATION_TEMPLATE``)."""
+
+SEARCH_AND_ASK_TOOL = (
+    "Besides the normal actions you may call the tool search_and_ask[your question] at any "
+    "turn. Describe where you are and what is blocking you; the reply is advice drawn from "
+    "experience of earlier episodes, and calling the tool does not advance the environment."
+)
+"""Description of the ``search_and_ask`` tool for an actor's instructions."""
+
+SEARCH_ANSWER_TEMPLATE = "Advice for \"{query}\":\n{answer}"
+"""``render_search_answer`` for a found answer; ``{query}``, ``{answer}``."""
+
+SEARCH_NO_RESULT = "No stored experience matches \"{query}\". Continue with your own plan."
+"""``render_search_answer`` when nothing was found; ``{query}``."""
+
+# --------------------------------------------------------------------------------------------
+# The extractor: distillation (crl_gym.experience.prompts.build_distillation_prompt)
+# --------------------------------------------------------------------------------------------
+
+DISTILLATION_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
+The agent (the actor) just finished one episode. Your job is to maintain a shared bank of short,
+reusable pieces of experience that make the actor succeed more often in later episodes. You are
+rewarded when the entries you write help the actor succeed.
+
+## Task
+{task}
+
+## Outcome
+{outcome}
+
+## Experience the actor was given
+{experience}
+
+## Trajectory
+{trajectory}
+
+## What to do
+First reason step by step inside <think>...</think>:
+- Why did the episode succeed or fail? Which decisions mattered, which were mistakes, where
+  did the actor waste actions or get stuck?
+- {influence_question}
+- Is there a lesson here that would change what the actor does next time, on this task or on
+  similar ones?
+
+Then answer with a JSON list of operations in a ```json block, and nothing after it:
+- {"op": "add", "text": "...", "tags": ["..."]} adds a new entry.
+{update_rule}
+- {"op": "return", "reason": "..."} changes nothing; use it when the episode teaches nothing
+  new or the lesson is already covered.
+
+Rules for entry text: one to three sentences, an instruction the actor can act on (when X, do
+Y because Z); general enough to transfer to other episodes of the task (no coordinates, seeds
+or one-off details); never copy the trajectory. Use at most {max_ops} operations.
+
+Example answer:
+```json
+[{"op": "add", "text": "When the key is visible, pick it up before heading to the door; the door cannot be opened without it.", "tags": ["keyroom"]}]
+```"""
+"""The extractor's prompt for one finished episode R = (τ, g, o, m); its answer is read by ``parse_ops``."""
+
+UPDATE_RULE_GUIDED = (
+    '- {"op": "update", "id": {id}, "text": "..."} rewrites the entry the actor was given '
+    "(id {id}) when it was wrong, misleading or incomplete; write the whole new text."
+)
+"""``{update_rule}`` of a guided episode: the given entry ``{id}`` may be rewritten."""
+
+UPDATE_RULE_FREE = (
+    "- (No entry was given in this episode, so there is nothing to update; do not use \"update\".)"
+)
+"""``{update_rule}`` of a free episode: there is no entry to update."""
+
+NO_EXPERIENCE = "None: this episode ran without retrieved experience."
+"""``{experience}`` of a free episode."""
+
+GIVEN_ENTRY_TEMPLATE = "Entry id {id} (version {version}):\n{text}"
+"""``{experience}`` of a guided episode: the entry it was given; ``{id}``, ``{version}``, ``{text}``."""
+
+INFLUENCE_QUESTION_FREE = ("No experience was given: what would the actor have needed to know at the "
+                           "start?")
+"""``{influence_question}`` of a free episode."""
+
+INFLUENCE_QUESTION_GUIDED = ("How did the given entry influence the actor? Did it follow the advice, "
+                             "did the advice help, was it irrelevant, wrong or too vague?")
+"""``{influence_question}`` of a guided episode."""
+
+OUTCOME_TEMPLATE = "{verdict}: episode return {outcome} after {turns} actions."
+"""``{outcome}`` of the distillation prompt; ``{verdict}`` (SUCCESS / FAILURE), ``{outcome}`` (signed), ``{turns}``."""
+
+STEP_TEMPLATE = "[{i}] observation: {observation}\n    action: {action}{reward}"
+"""One env turn of a rendered trajectory; ``{reward}`` is `` (reward +1)`` or empty."""
+
+SEARCH_STEP_TEMPLATE = "[{i}] asked for advice: {action}\n    advice received: {observation}"
+"""One ``search_and_ask`` turn of a rendered trajectory."""
+
+EMPTY_TRAJECTORY = "(the episode ended before the actor acted)"
+"""A rendered trajectory without turns."""
+
+OMITTED_TURNS_TEMPLATE = "… ({omitted} turns omitted) …"
+"""Stands for the middle turns cut from a trajectory too long for the prompt; ``{omitted}``."""
+
+# --------------------------------------------------------------------------------------------
+# The extractor: refinement for search_and_ask (build_refinement_prompt)
+# --------------------------------------------------------------------------------------------
+
+REFINEMENT_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
+In the middle of an episode the agent asked for advice. Rewrite the stored experience so that it
+answers the agent's question for its current situation.
+
+## The agent's question
+{query}
+
+## Stored experience found for it
+{entry}
+
+## Recent turns of the episode
+{context}
+
+Reason briefly inside <think>...</think>, then give only the advice: one to four sentences,
+concrete for this situation (say what to do next and why). If the stored experience does not
+apply, say so and give the best general advice you can. No preamble, no JSON."""
+"""The extractor's prompt to rewrite entry m for the actor's own query q′; read by ``extract_refined_advice``."""
+
+# --------------------------------------------------------------------------------------------
+# The extractor: Merge (build_merge_prompt)
+# --------------------------------------------------------------------------------------------
+
+MERGE_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent and you
+curate its experience bank. Several episodes of the same task run in parallel, so the bank
+collects entries that repeat or contradict each other, which makes retrieval worse. Below is one
+chunk of the bank. Each entry has a label in square brackets.
+
+## Entries
+{entries}
+
+## What to do
+Reason inside <think>...</think> about which entries say the same thing, which contradict each
+other (keep the better-supported advice), and which are vague, wrong or useless. Then answer with
+one JSON object in a ```json block, and nothing after it:
+```json
+{"keep": ["E1"],
+ "merge": [{"from": ["E2", "E3"], "text": "one entry that says what both said, without losing any distinct advice"}],
+ "discard": ["E4"]}
+```
+- "keep": entries that stay unchanged.
+- "merge": groups of entries replaced by one new text; a group with a single label rewrites
+  that entry. Merged text follows the entry style: one to three actionable sentences.
+- "discard": entries that are wrong, useless, or fully covered by another entry.
+Use every label exactly once across the three lists; labels you leave out are kept unchanged.
+Use only the labels shown above."""
+"""The extractor's prompt for one Merge window of the bank; read by ``parse_merge_decision``."""
+
+SWEBENCH_TASK_TEMPLATE = """You are working in a Linux sandbox on the repository at {workdir} (no network access).
+Resolve the following issue by editing the source code (not the tests) so that it is fixed.
+
+<issue>
+{problem_statement}
+</issue>
+
+{tool_help}
+When you are done, call submit."""
+"""The SWE-Bench env's first observation (fields ``{workdir}``, ``{problem_statement}``, ``{tool_help}``)."""
+WEBSHOP_SEARCH_ACTION = "search[<query>]"
+"""How WebShop lists its free-text search action among the admissible ones."""
+
+__all__ = [
+    "DISTILLATION_TEMPLATE", "EMPTY_TRAJECTORY", "EXPERIENCE_TEMPLATE", "GATE_TEMPLATE", "GIVEN_ENTRY_TEMPLATE",
+    "GUIDED_OBSERVATION_TEMPLATE", "INFLUENCE_QUESTION_FREE", "INFLUENCE_QUESTION_GUIDED", "MERGE_TEMPLATE",
+    "NO_EXPERIENCE", "OMITTED_TURNS_TEMPLATE", "OUTCOME_TEMPLATE", "REFINEMENT_TEMPLATE", "SEARCH_ACTION",
+    "SEARCH_AND_ASK_ANSWER_TEMPLATE", "SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE", "SEARCH_AND_ASK_ERROR_TEMPLATE",
+    "SEARCH_AND_ASK_NO_ENTRY_TEMPLATE", "SEARCH_AND_ASK_OVER_CAP_TEMPLATE", "SEARCH_AND_ASK_TOOL",
+    "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "SEARCH_STEP_TEMPLATE", "STEP_TEMPLATE", "SYSTEM_CONSTRAINED",
+    "SWEBENCH_TASK_TEMPLATE", "SYSTEM_REACT", "UPDATE_RULE_FREE", "UPDATE_RULE_GUIDED", "WEBSHOP_SEARCH_ACTION",
+]

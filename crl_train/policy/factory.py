@@ -1,0 +1,88 @@
+"""Build a policy from a :class:`~crl_train.config.ModelConfig`: the tiny preset, an HF model, a vLLM generator.
+
+One place for every model the project trains (the actor, the extractor in this process or in its
+worker process), so both are built the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from crl_train.config import ModelConfig
+from crl_train.policy.base import OptimConfig, SamplingConfig
+
+GeneratorFactory = Callable[[Any, ModelConfig, int], Any]
+"""``(policy, model_config, seed) -> generator``: builds the fast generator of ``generator: vllm``.
+The generator interface (``crl_train.policy.vllm_engine.VLLMGenerator``): ``generate(prompts,
+max_new_tokens, *, sampling=None) -> list[Generation]``, ``sync_weights(named_tensors) -> int``
+and ``logprobs_exact: bool``."""
+
+
+class GeneratorUnavailable(RuntimeError):
+    """``generator: vllm`` on a machine without vLLM or without a CUDA GPU."""
+
+
+def vllm_generator(policy: Any, mc: ModelConfig, seed: int) -> Any:
+    """A ``VLLMGenerator`` serving ``policy``'s current weights (vLLM is imported only here)."""
+    import importlib.util
+    import tempfile
+
+    missing = []
+    if importlib.util.find_spec("vllm") is None:
+        missing.append("vLLM is not installed (pip install 'complementary-rl[vllm]')")
+    if not torch.cuda.is_available():
+        missing.append("no CUDA GPU is visible (vLLM has no CPU backend here)")
+    if missing:
+        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) needs vLLM and a CUDA GPU: {'; '.join(missing)}. "
+                                   "Use generator: hf on this machine.")
+    from crl_train.policy.checkpoint import MODEL_DIR
+    from crl_train.policy.vllm_engine import VLLMGenerator
+
+    # vLLM loads a model directory: write the policy's current weights (a tiny model or a
+    # checkpoint has no hub id); the engine reads them at start-up, so the directory can go.
+    with tempfile.TemporaryDirectory(prefix="crl_vllm_") as tmp:
+        policy.save(tmp)
+        return VLLMGenerator(str(Path(tmp) / MODEL_DIR), policy.tokenizer, sampling=policy.sampling,
+                             dtype="bfloat16" if mc.dtype == "auto" else mc.dtype,
+                             gpu_memory_utilization=mc.gpu_memory_utilization, max_model_len=mc.max_context_tokens,
+                             seed=seed)
+
+
+def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: str, seed: int, checkpoint: Path | None,
+                 generator_factory: GeneratorFactory | None = None) -> Any:
+    """The HF policy of ``mc``, with its fast generator attached when ``mc.generator`` is ``vllm``."""
+    policy = _build_hf_policy(mc, texts, loss_scale=loss_scale, seed=seed, checkpoint=checkpoint)
+    policy.prefix_cache = mc.prefix_cache
+    if mc.generator == "vllm":
+        gen = (generator_factory or vllm_generator)(policy, mc, seed)
+        if loss_scale == "tokens" and not gen.logprobs_exact:
+            # the extractor's CISPO weighs by π_φ / π_φ_old at sampling time: recomputing later would
+            # use newer weights, so only exact engine log-probs are correct there
+            raise GeneratorUnavailable(f"extractor.generator: vllm needs exact log-probs (top_p = 1, sampling, "
+                                       f"vLLM >= 0.10.2); this engine's are not (top_p={mc.top_p})")
+        # attach_generator pushes the current weights now; HFPolicy.train_step after every update
+        policy.attach_generator(gen)
+    return policy
+
+
+def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: str, seed: int, checkpoint: Path | None) -> Any:
+    from crl_train.policy.hf import HFPolicy
+
+    if checkpoint is not None:
+        return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=mc.dtype)
+    sampling = SamplingConfig(temperature=mc.temperature, top_p=mc.top_p)
+    optim = OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale=loss_scale)  # type: ignore[arg-type]
+    if mc.model == "tiny":
+        from crl_train.policy.tiny import build_tiny_policy
+
+        assert texts is not None
+        return build_tiny_policy(texts, vocab_size=mc.tiny_vocab_size, device=mc.device, sampling=sampling, optim=optim,
+                                 seed=seed, hidden=mc.tiny_hidden, layers=mc.tiny_layers, heads=mc.tiny_heads,
+                                 kv_heads=mc.tiny_kv_heads, intermediate=mc.tiny_intermediate,
+                                 max_positions=max(mc.max_context_tokens, 512))
+    return HFPolicy.from_pretrained(mc.model, device=mc.device, dtype=mc.dtype, sampling=sampling, optim=optim,
+                                    enable_thinking=mc.enable_thinking)

@@ -1,0 +1,143 @@
+"""Build one training run from a config: the actor, the experience service, the envs and the runner.
+
+What differs between methods comes from the method (``method.guided``, ``method.service_options()``);
+nothing here looks at a method's name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from crl_gym.clients import LocalClient
+from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
+from crl_train.config import TrainConfig
+from crl_train.extractor import Extractor, ExtractorWorker, build_extractor
+from crl_train.methods import Method
+from crl_train.policy.base import Policy
+from crl_train.policy.factory import GeneratorFactory, build_policy
+from crl_train.rollout.runner import RolloutRunner
+from crl_train.run.affinity import CpuSplit, available_cpus, pin_process, split_cpus
+from crl_train.service import ExperienceService, ServiceOptions, build_service
+from crl_train.service.build import extractor_spec, make_raw_env, tokenizer_texts
+
+log = logging.getLogger(__name__)
+
+ACTOR_TEXTS = (SYSTEM_CONSTRAINED, SYSTEM_REACT, SEARCH_ACTION)
+"""The actor's own prompt texts, for the tiny tokenizer's corpus."""
+
+
+@dataclass
+class Run:
+    """The parts of one run. ``close`` releases them (the extractor's process, the bank, the cores)."""
+
+    actor: Policy
+    service: ExperienceService
+    client: LocalClient
+    runner: RolloutRunner
+    cpu_split: CpuSplit | None = None
+    """Cores of the actor and the extractor (``experience.pin_cpus`` / ``actor_cpus`` / ``extractor_cpus``)."""
+    cpus_before: tuple[int, ...] | None = None
+    """This process's cores before it was pinned to the actor's (restored by :meth:`close`)."""
+
+    def state(self) -> dict[str, Any]:
+        """The service's and the runner's part of a checkpoint's ``state.json``."""
+        return {"service": self.service.state(),
+                "runner": {"errors": self.runner.errors, "context_truncations": self.runner.context_truncations}}
+
+    def load_state(self, state: dict[str, Any], *, step: int) -> None:
+        """Inverse of :meth:`state` for a checkpoint of ``step`` (its steps are ended)."""
+        self.service.load_state({"last_ended": step, **state.get("service", {})})
+        for k, v in state.get("runner", {}).items():
+            if k in ("errors", "context_truncations"):
+                setattr(self.runner, k, int(v))
+            else:
+                log.warning("checkpoint counter runner.%s is unknown here; ignored", k)
+
+    def close(self) -> None:
+        try:
+            self.runner.close()
+        finally:  # the extractor's process and the bank are released whatever failed above
+            self.service.close()
+            pin_process(self.cpus_before)  # the caller (a test, a benchmark) gets its cores back
+
+
+def use_extractor_process(cfg: TrainConfig, options: ServiceOptions) -> bool:
+    """``experience.extractor_process``, with None = on for asynchronous runs that have an extractor."""
+    if cfg.experience.extractor_process is not None:
+        return cfg.experience.extractor_process
+    return cfg.experience.asynchronous and options.extractor
+
+
+def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Path | None = None,
+              env_factory: Callable[[str], Any] | None = None, generator_factory: GeneratorFactory | None = None,
+              bank_dir: Path | None = None) -> Run:
+    """Everything a run needs. ``env_factory(env_id)`` replaces ``crl_gym.envs.make`` (tests, custom envs);
+    ``generator_factory`` replaces the vLLM generator for the actor; ``bank_dir`` replaces ``run_dir/bank``."""
+    raw_env = env_factory or (lambda env_id: make_raw_env(cfg, env_id))
+    options = method.service_options()
+    torch.manual_seed(cfg.seed)
+    # The trainer process's intra-op pool is the actor's share of the cores (see crl_train.service.track);
+    # an extractor process sets its own (experience.extractor_threads).
+    torch.set_num_threads(max(1, cfg.experience.actor_threads))
+    ex = cfg.experience
+    ext_ckpt = checkpoint / "extractor" if checkpoint is not None else None
+    if options.extractor and ext_ckpt is not None and not ext_ckpt.is_dir():
+        log.error("%s is missing (the extractor worker died before any checkpoint): starting a fresh extractor", ext_ckpt)
+        ext_ckpt = None
+    in_worker = options.extractor and use_extractor_process(cfg, options)
+    # each model on its own cores (the paper: its own GPUs); without a worker everything is the actor's share
+    split = split_cpus(available_cpus(), ex.actor_cpus, ex.extractor_cpus, pin=ex.pin_cpus)
+    log.info("core split: %s%s", split.describe(), "" if in_worker or split.actor is None else
+             " (no extractor process: this run uses the actor's cores only)")
+    need_texts = (cfg.actor.model == "tiny" and checkpoint is None) or (
+        options.extractor and cfg.extractor.model == "tiny" and ext_ckpt is None)
+    texts = tokenizer_texts(cfg, raw_env, ACTOR_TEXTS) if need_texts else None
+    spec = extractor_spec(cfg, texts, checkpoint=ext_ckpt, cpus=split.extractor)
+    # started first: the child builds π_φ while this process builds the actor
+    worker = ExtractorWorker(spec, start_method=ex.extractor_start_method) if in_worker else None
+    before = pin_process(split.actor)
+    try:
+        actor = build_policy(cfg.actor, texts, loss_scale="none", seed=cfg.seed,
+                             checkpoint=checkpoint / "actor" if checkpoint else None, generator_factory=generator_factory)
+        if worker is not None:
+            log.info("extractor worker ready (pid %d)", worker.wait_ready())
+        extractor: Extractor | ExtractorWorker | None = None
+        if options.extractor:
+            extractor = worker if worker is not None else build_extractor(spec)
+        service = build_service(cfg, options, bank_dir or run_dir / "bank", extractor, fresh=checkpoint is None)
+    except BaseException:
+        if worker is not None:
+            worker.close()
+        pin_process(before)
+        raise
+    client = LocalClient(service)
+    runner = RolloutRunner(actor, _env_maker(cfg, method, raw_env, client, bank_dir or run_dir / "bank"),
+                           client=client if method.guided else None, group_size=cfg.env.group_size,
+                           max_turns=cfg.env.max_turns, max_new_tokens=cfg.actor.max_new_tokens,
+                           max_context_tokens=cfg.actor.max_context_tokens, constrained=cfg.actor.constrained,
+                           search_and_ask=cfg.experience.search_and_ask)
+    return Run(actor, service, client, runner, split, before)
+
+
+def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], client: LocalClient,
+               bank_dir: Path) -> Callable[[str], Any]:
+    """Envs as the method sees them: guided methods get the experience wrappers around each."""
+    if not method.guided:
+        return raw_env
+
+    def make_env(env_id: str) -> Any:
+        from crl_gym.wrappers.experience import ExperienceWrapper
+        from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
+
+        env = raw_env(env_id)
+        if cfg.experience.search_and_ask:
+            env = SearchAndAskWrapper(env, client, max_calls=cfg.experience.max_search_calls)
+        return ExperienceWrapper(env, client, env_id=env_id, spill_path=bank_dir / "unsent_requests.jsonl")
+
+    return make_env

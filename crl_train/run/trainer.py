@@ -1,0 +1,216 @@
+"""The actor loop: rollout → advantages → actor update → ``end_step``, then log.
+
+Everything the extractor learns happens behind the experience service (``crl_train.service``):
+the wrappers submit each finished episode, and ``end_step(t)`` tells the service that step t is
+done, so it credits the entries used in it. The method (``crl_train.methods``) supplies the
+advantages, the episodes that train, any extra actor updates and the entries' extra reward.
+
+The outcome reward of an episode is binary, r = 1 on success else 0 (the paper's R ∈ {0, 1});
+the extractor's r(m) ∈ {−1, +1} is derived by the service from the same success flag. Episodes
+that ended because the env raised are failures for the success rate but are never trained on
+(the agent's tokens were not at fault), never enter a mean or a gain, and credit nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from crl_train.algorithms import LOSSES, PolicyLoss, loss_scale_for, sequence_weights
+from crl_train.config import TrainConfig
+from crl_train.methods import Method, Rollout, make_method
+from crl_train.policy.base import TrainBatch
+from crl_train.rollout.runner import Episode
+from crl_train.rollout.tasks import task_seeds
+from crl_train.run.build import Run, build_run
+from crl_train.run.outputs import (
+    CKPT,
+    MetricsWriter,
+    commit_checkpoint,
+    make_row,
+    metric_fields,
+    plot_curves,
+    resolve_checkpoint,
+    save_run_config,
+    trim_run_outputs,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE_FIELDS: dict[str, str] = {
+    "bank_size": "bank_size", "queue_depth": "queue_depth", "extractor_reward": "extractor_reward",
+    "extractor_updates": "extractor_updates", "extractor_loss": "extractor_loss", "buffer_size": "buffer_size",
+    "distilled": "distilled", "distill_batches": "distill_batches", "malformed": "malformed", "added": "added",
+    "updated": "updated", "credited": "credited", "uncreditable": "uncreditable", "merges": "merges",
+    "merge_failures": "merge_failures", "track_errors": "errors", "skipped_distill": "skipped_distill",
+    "skipped_updates": "skipped_updates",
+}
+"""Metrics-row key → key of ``ExperienceService.stats()``."""
+
+
+class Trainer:
+    """One run in ``run_dir`` (fresh, or resumed from its last checkpoint).
+
+    ``read_only`` (``crl-eval``): load the checkpoint, leave every run output (config, metrics,
+    trajectories, bank) as it is; the bank is used through a copy in ``eval_bank_dir``.
+    """
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
+                 env_factory: Any = None, generator_factory: Any = None, read_only: bool = False,
+                 eval_bank_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.method: Method = make_method(cfg)
+        self.progress = progress
+        self.read_only = read_only
+        self.start_step = 0
+        state: dict[str, Any] = {}
+        ckpt: Path | None = None
+        if resume or read_only:
+            ckpt = resolve_checkpoint(self.run_dir) if not read_only else self.run_dir / CKPT
+            if ckpt is None or not (ckpt / "state.json").exists():
+                raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint/state.json to resume from")
+            state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+            self.start_step = int(state["step"]) + 1
+        if not read_only:
+            if resume:
+                trim_run_outputs(self.run_dir, int(state["step"]))
+            save_run_config(cfg, self.run_dir, self.start_step if resume else None)
+        self.c: Run = build_run(cfg, self.method, self.run_dir, checkpoint=ckpt, env_factory=env_factory,
+                                generator_factory=generator_factory, bank_dir=eval_bank_dir)
+        if ckpt is not None:
+            self.c.load_state(state, step=int(state["step"]))
+        self.metrics = None if read_only else MetricsWriter(self.run_dir, purge_step=self.start_step if resume else None)
+        self.fields = metric_fields(self.method.metric_fields())
+        self.last_row: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ one step
+    def step(self, t: int) -> dict[str, Any]:
+        c, method = self.c, self.method
+        t0 = time.perf_counter()
+        eps = c.runner.collect(task_seeds(self.cfg.env, t), guided=method.guided, step=t)   # rollout
+        t1 = time.perf_counter()
+        rollout = Rollout.of(eps)
+        adv = method.advantages(rollout)                                                     # advantages
+        row: dict[str, Any] = {"step": t, **self._update(rollout, adv)}                      # actor update
+        bonus = method.entry_bonus(rollout, c.actor)
+        t2 = time.perf_counter()
+        self._write_trajectories(eps)
+        c.client.end_step(t, bonus or None)                                                  # the service credits step t
+        t3 = time.perf_counter()
+        row.update(self._row(rollout, adv, t3 - t0, t1 - t0, t2 - t1))                       # log
+        return make_row(self.fields, row)
+
+    def _update(self, rollout: Rollout, adv: torch.Tensor) -> dict[str, Any]:
+        """The RL update over the method's train mask, then the method's extra updates."""
+        method, actor, algo = self.method, self.c.actor, self.cfg.algo
+        if not method.trains_actor:
+            return {}
+        row: dict[str, Any] = {}
+        idx = [i for i, keep in enumerate(method.train_mask(rollout).tolist()) if keep]
+        if idx:
+            g, cond = rollout.group[idx], rollout.condition[idx]
+            w = sequence_weights(g, cond if method.guided else None)
+            batch = TrainBatch.from_sequences([rollout.episodes[i].sequence for i in idx], adv[idx], actor.pad_token_id,
+                                              group_ids=g.tolist(), condition_ids=cond.tolist(), extra={"weights": w})
+            self._recompute_old_logprobs(batch)
+            m = actor.train_step(batch, LOSSES.get(PolicyLoss.CLIP), loss_scale=loss_scale_for(PolicyLoss.CLIP),
+                                 clip_eps=algo.clip_eps, ratio_level=algo.ratio_level)
+            row.update({"actor_loss": m.get("loss"), "actor_clip_frac": m.get("clip_frac"),
+                        "actor_approx_kl": m.get("approx_kl"), "actor_grad_norm": m.get("grad_norm")})
+        updates, extra = method.extra_updates(rollout, actor)
+        row.update(extra)
+        for u in updates:
+            m = actor.train_step(u.batch, LOSSES.get(u.loss), loss_scale=loss_scale_for(u.loss), **u.kwargs)
+            row.update({k: m.get(src) for k, src in u.metrics.items()})
+        return row
+
+    def _recompute_old_logprobs(self, batch: TrainBatch) -> None:
+        """The fast generator's log-probs are not π_old's (top-p, raw logits, old vLLM): recompute them
+        with the trained model, whose weights the generator sampled with (synced after each update)."""
+        gen = getattr(self.c.actor, "generator", None)
+        if gen is not None and not gen.logprobs_exact:
+            with torch.no_grad():
+                batch.old_logprobs = self.c.actor.logprobs(batch).detach() * batch.loss_mask.to(batch.old_logprobs.dtype)
+
+    def _write_trajectories(self, eps: list[Episode]) -> None:
+        """Every episode's request, for ``offline_exp`` runs that start from this one."""
+        with (self.run_dir / "trajectories.jsonl").open("a", encoding="utf-8") as f:
+            for e in eps:
+                if e.request is not None:
+                    f.write(e.request.to_json() + "\n")
+
+    def _row(self, rollout: Rollout, adv: torch.Tensor, total: float, rollout_s: float, update_s: float) -> dict[str, Any]:
+        eps, runner = rollout.episodes, self.c.runner
+        stats = self.c.client.stats()
+
+        def rate(cond: str) -> float | None:
+            xs = [e.success for e in eps if e.condition == cond]
+            return sum(xs) / len(xs) if xs else None
+
+        row: dict[str, Any] = {k: stats.get(src) for k, src in {**SERVICE_FIELDS, **self.method.service_metrics}.items()}
+        row.update({
+            "success": float(rollout.reward.mean()), "success_guided": rate("guided"), "success_free": rate("free"),
+            "actions_per_episode": sum(e.num_actions for e in eps) / len(eps),
+            "turns_per_episode": sum(e.turns for e in eps) / len(eps),
+            "adv_mean": float(adv.mean()), "adv_std": float(adv.std(unbiased=False)), "adv_abs_mean": float(adv.abs().mean()),
+            "search_latency_s": runner.last_search_s, "env_errors": runner.errors,
+            "context_truncations": runner.context_truncations,
+            "extractor_alive": None if stats.get("extractor") is None else stats["extractor"] == "alive",
+            "step_time_s": total, "rollout_time_s": rollout_s, "update_time_s": update_s,
+        })
+        return row
+
+    # ------------------------------------------------------------------ loop
+    def checkpoint(self, step: int) -> None:
+        tmp = self.run_dir / (CKPT + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        self.c.actor.save(tmp / "actor")
+        # the service's state waits for its extractor's current pass: buffer, counters and weights agree
+        state = {"step": step, "method": self.cfg.method, **self.c.state()}
+        self.c.service.save_extractor(tmp / "extractor", self.run_dir / CKPT / "extractor")
+        self.c.service.flush()  # queued requests reach the spill file: a kill after this loses none
+        commit_checkpoint(self.run_dir, tmp, state)
+
+    def run(self) -> dict[str, Any]:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.c.service.start()
+        bar = tqdm(range(self.start_step, cfg.train.steps), initial=self.start_step, total=cfg.train.steps,
+                   desc=f"{cfg.method}", disable=not self.progress, unit="step")
+        done = self.start_step - 1
+        try:
+            for t in bar:
+                row = self.step(t)
+                self.last_row = row
+                if (t % cfg.train.log_every == 0 or t == cfg.train.steps - 1) and self.metrics is not None:
+                    self.metrics.write(row)
+                bar.set_postfix(success=f"{row['success']:.2f}", bank=row["bank_size"])
+                done = t
+                if (t + 1) % cfg.train.checkpoint_every == 0 or t == cfg.train.steps - 1:
+                    self.checkpoint(t)
+        except KeyboardInterrupt:
+            if done >= self.start_step:  # keep the last finished step: --resume continues from it
+                log.warning("interrupted: checkpointing step %d before exiting", done)
+                self.checkpoint(done)
+            raise
+        finally:
+            bar.close()
+            self.c.service.stop()
+            if self.metrics is not None:
+                self.metrics.close()
+        plot_curves(self.run_dir)
+        self.c.service.manager.bank.export_jsonl(self.run_dir / "bank" / "bank.jsonl")
+        return self.last_row
+
+    def close(self) -> None:
+        self.c.close()

@@ -1,0 +1,45 @@
+"""The service behind ``crl-experience serve --extractor``: Complementary RL's extractor side for any trainer.
+
+``crl_gym.server`` imports :func:`build_served_service` only when ``--extractor`` is given, so serving
+a bank for retrieval alone needs nothing from ``crl_train``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from crl_train.config import load_config
+from crl_train.extractor import ExtractorWorker
+from crl_train.methods import make_method
+from crl_train.service import ExperienceService, build_service
+from crl_train.service.build import extractor_spec, make_raw_env, tokenizer_texts
+
+log = logging.getLogger(__name__)
+
+
+def build_served_service(bank_dir: Path, extractor: str, embedder: str | None = None) -> ExperienceService:
+    """The service behind ``crl-experience serve --extractor``: started, its extractor in a worker process.
+
+    ``extractor`` is ``tiny`` (the packaged tiny preset: a tiny random-initialised extractor whose
+    tokenizer is trained on the preset's envs) or a crl-train YAML config whose ``extractor``,
+    ``algo`` and ``experience`` sections are used, with the extractor side of its ``method``.
+    ``embedder`` overrides the config's (it must match the one the bank was built with).
+    """
+    overrides = [] if embedder is None else [f"experience.embedder={embedder}"]
+    cfg = load_config(None if extractor == "tiny" else Path(extractor), overrides)
+    options = make_method(cfg).service_options()
+    if not options.extractor:
+        raise ValueError(f"method {cfg.method!r} has no extractor: serve without --extractor instead")
+    options = dataclasses.replace(options, asynchronous=True)  # a server never waits inside end_step
+    texts = None
+    if cfg.extractor.model == "tiny":
+        texts = tokenizer_texts(cfg, lambda env_id: make_raw_env(cfg, env_id))
+    worker = ExtractorWorker(extractor_spec(cfg, texts))
+    try:
+        log.info("extractor worker ready (pid %d)", worker.wait_ready())
+        return build_service(cfg, options, bank_dir, worker).start()
+    except BaseException:
+        worker.close()
+        raise

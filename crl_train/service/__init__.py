@@ -1,0 +1,11 @@
+"""The experience service: bank, retrieval, queue, extractor, credit, B_φ, CISPO and Merge, one owner.
+
+Faces: in process through ``crl_gym.clients.LocalClient``, over HTTP through ``crl-experience serve
+--extractor`` (``crl_train.serve``) and ``crl_gym.clients.RemoteClient``.
+"""
+
+from crl_train.service.build import build_service, service_options
+from crl_train.service.service import EdgeUtility, ExperienceService, ServiceOptions
+
+__all__ = ["EdgeUtility", "ExperienceService", "ServiceOptions", "build_service",
+           "service_options"]

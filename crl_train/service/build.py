@@ -1,0 +1,142 @@
+"""Build an :class:`~crl_train.service.ExperienceService` from a crl-train config.
+
+Two callers: the trainer (``crl_train.run.build``: the service of one run, its bank under the run
+directory) and ``crl-experience serve --extractor`` (``crl_train.serve``: a service for any
+trainer, over HTTP).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from crl_gym.experience.bank import ExperienceBank
+from crl_gym.experience.embedders import Embedder, load_embedder
+from crl_gym.experience.manager import ExperienceManager
+from crl_gym.protocol import DistillationRequest
+from crl_gym.templates import (
+    DISTILLATION_TEMPLATE,
+    GUIDED_OBSERVATION_TEMPLATE,
+    REFINEMENT_TEMPLATE,
+)
+from crl_train.config import TrainConfig
+from crl_train.extractor import Extractor, ExtractorSpec, ExtractorWorker, example_op_lines
+from crl_train.service.service import ExperienceService, ServiceOptions
+
+log = logging.getLogger(__name__)
+
+CARRIED_TEXT_WEIGHT = 8
+"""How many times the tiny tokenizer's corpus repeats the texts guided prompts carry."""
+
+def make_raw_env(cfg: TrainConfig, env_id: str) -> Any:
+    """``crl_gym.envs.make(env_id, **env.kwargs)``."""
+    from crl_gym.envs import make
+
+    return make(env_id, **dict(cfg.env.kwargs))
+
+
+def tokenizer_texts(cfg: TrainConfig, raw_env: Callable[[str], Any], actor_texts: tuple[str, ...] = ()) -> list[str]:
+    """The tiny preset's tokenizer corpus: what the envs show, and every prompt the models read."""
+    from crl_train.policy.tiny import gather_env_texts
+
+    envs = [raw_env(env_id) for env_id in cfg.env.ids]
+    try:
+        texts = gather_env_texts(envs, [], seeds=(0, 1), steps=4)
+    finally:
+        for e in envs:
+            e.close()
+    # What every guided prompt carries (the wrapper's header, entries phrased as the tiny extractor
+    # writes them): BPE merges the most frequent pairs, so these are weighed like the observations
+    # they ride with. Seen once, they would stay near one token per character and a guided prompt
+    # would carry far more tokens than a real tokenizer gives the same words.
+    carried = [GUIDED_OBSERVATION_TEMPLATE.format(experience="", observation=""), *example_op_lines(),
+               *cfg.experience.seed_entries]
+    return texts + [*actor_texts, DISTILLATION_TEMPLATE, REFINEMENT_TEMPLATE,
+                    "accept refine reject"] + carried * CARRIED_TEXT_WEIGHT
+
+
+def embedder_of(cfg: TrainConfig) -> Embedder:
+    """``experience.embedder``: ``hashing`` (of ``embed_dim``), ``minilm`` (bundled) or a model path."""
+    name = cfg.experience.embedder
+    return load_embedder(f"hashing:{cfg.experience.embed_dim}" if name == "hashing" else None if name == "minilm" else name)
+
+
+def extractor_spec(cfg: TrainConfig, texts: list[str] | None, *, checkpoint: Path | None = None,
+                   cpus: tuple[int, ...] | None = None) -> ExtractorSpec:
+    """How to build π_φ from ``cfg`` (in this process or in its worker)."""
+    return ExtractorSpec(
+        cfg.extractor, tuple(texts) if texts is not None else None, seed=cfg.seed + 1,
+        checkpoint=str(checkpoint) if checkpoint is not None else None, num_threads=cfg.experience.extractor_threads,
+        cpus=cpus, nice=cfg.experience.extractor_nice,
+        options={"max_new_tokens": cfg.extractor.max_new_tokens, "max_context_tokens": cfg.extractor.max_context_tokens,
+                 "max_prompt_chars": cfg.experience.max_prompt_chars, "constrained": cfg.extractor.constrained,
+                 "think_tokens": cfg.extractor.think_tokens, "eps_low": cfg.algo.cispo_eps_low,
+                 "eps_high": cfg.algo.cispo_eps_high, "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha})
+
+
+def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
+    """The config's queue, buffer and merge settings, with a method's own choices (``method_side``)."""
+    base = {"buffer_size": cfg.algo.buffer_size, "merge_every": cfg.algo.merge_every,
+            "merge_token_budget": cfg.algo.merge_token_budget, "distill_batch": cfg.experience.distill_batch,
+            "distill_linger_s": cfg.experience.distill_linger_s, "asynchronous": cfg.experience.asynchronous}
+    return ServiceOptions(**{**base, **method_side})
+
+
+def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | None,
+                  extractor: Extractor | ExtractorWorker | None, *, fresh: bool = True,
+                  last_ended: int = -1) -> ExperienceService:
+    """The bank in ``bank_dir`` (None: in memory), its manager, and the service around ``extractor``.
+
+    ``fresh``: a new run; an empty bank gets ``experience.seed_entries`` and, for a frozen offline
+    bank, ``experience.offline_source``.
+    """
+    embedder = embedder_of(cfg)
+    bank = ExperienceBank(bank_dir, dim=int(embedder.dim))
+    try:
+        manager = ExperienceManager(bank, embedder, cfg.manager)
+    except BaseException:
+        bank.close()
+        raise
+    service = ExperienceService(manager, extractor, options, last_ended=last_ended)
+    try:
+        if fresh and len(bank) == 0:
+            for text in cfg.experience.seed_entries:
+                bank.add(text, embedder.encode([text])[0])
+            if options.offline_source is not None:
+                load_offline_bank(Path(options.offline_source), manager, extractor)
+    except BaseException:
+        service.close()
+        raise
+    return service
+
+
+def load_offline_bank(src: Path, manager: ExperienceManager, extractor: Extractor | ExtractorWorker | None) -> None:
+    """A frozen bank: a bank ``.jsonl`` export is imported; a ``trajectories.jsonl`` is distilled once."""
+    if not src.is_file():
+        raise FileNotFoundError(f"experience.offline_source {str(src)!r} does not exist")
+    lines = src.read_text(encoding="utf-8").splitlines()
+    if lines and "trajectory" not in json.loads(lines[0]):
+        n = manager.bank.import_jsonl(src)
+        log.info("offline bank: imported %d entries from %s", n, src)
+        return
+    if extractor is None:
+        raise ValueError(f"{src} holds trajectories: distilling them needs an extractor")
+    reqs = []
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                reqs.append(DistillationRequest.from_json(line))
+            except (ValueError, KeyError) as exc:
+                log.warning("%s:%d: unreadable request skipped (%s)", src, i, exc)
+    for s in range(0, len(reqs), 8):
+        chunk = reqs[s:s + 8]
+        for req, (sample, ops) in zip(chunk, extractor.distill(chunk), strict=True):
+            manager.apply_ops(ops, sample=sample, request=req)
+    log.info("offline bank: distilled %d trajectories into %d entries", len(reqs), len(manager.bank))
+
+
+__all__ = ["build_service", "embedder_of", "extractor_spec", "load_offline_bank",
+           "make_raw_env", "service_options", "tokenizer_texts"]

@@ -1,0 +1,100 @@
+"""What ending a rollout step credits: the entries that guided its episodes, and EDGE's utilities.
+
+Every input comes from the step's :class:`~crl_gym.protocol.DistillationRequest` s: the entry an
+episode used, its condition, its success, its env and seed (the rollout group), and the extractor
+samples of its ``search_and_ask`` refinements. Episodes that ended because the env raised send no
+request, so they never enter a reward, a mean or a gain.
+
+>>> from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory
+>>> from crl_gym.experience.service import ClosedStep
+>>> def req(entry, ok, cond="guided"):
+...     return DistillationRequest(task="t", trajectory=Trajectory(), outcome=float(ok), success=ok,
+...                                experience=ExperienceRef(entry, "x") if entry is not None else None,
+...                                condition=cond, env_id="e", seed=0)
+>>> step = ClosedStep(3, [req(7, True), req(7, False), req(9, True), req(None, False, "free")])
+>>> [(c.entry_id, c.reward) for c in step_credits(step)]
+[(7, 0.0), (9, 1.0)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from crl_gym.experience.service import ClosedStep
+from crl_gym.protocol import DistillationRequest, ExtractorSample
+from crl_train.algorithms import FREE, GUIDED, ema_utility, entry_rewards, marginal_gain
+from crl_train.service.track import Credit
+
+
+def step_credits(closed: ClosedStep) -> list[Credit]:
+    """r̄(m) of every entry that guided an episode of the step, plus one ±1 credit per refinement.
+
+    ``closed.bonus[request_id]`` (the actor-critic gate's score) is added to that episode's r(m).
+    """
+    guided = [r for r in closed.requests if r.experience is not None and r.condition == "guided"]
+    credits: list[Credit] = []
+    if guided:
+        bonus = None
+        if closed.bonus:
+            bonus = torch.tensor([float(closed.bonus.get(r.request_id, 0.0)) for r in guided])
+        ids, rbar = entry_rewards(torch.tensor([r.experience.id for r in guided if r.experience is not None]),
+                                  torch.tensor([bool(r.success) for r in guided]), gate_bonus=bonus)
+        credits += [Credit(closed.step, float(v), entry_id=int(i)) for i, v in zip(ids.tolist(), rbar.tolist(), strict=True)]
+    for r in closed.requests:
+        for call in r.trajectory.search_calls:
+            if call.refined and call.provenance:
+                sample = ExtractorSample.from_dict(call.provenance)
+                if sample is not None:
+                    credits.append(Credit(closed.step, 1.0 if r.success else -1.0, sample=sample))
+    return credits
+
+
+@dataclass(frozen=True)
+class UtilityUpdate:
+    """EDGE: the new EMA utility of one entry, and whether it fell below η."""
+
+    entry_id: int
+    utility: float
+    prune: bool
+
+
+def group_gains(requests: list[DistillationRequest]) -> dict[tuple[str, int | None], float]:
+    """Δe = mean r(guided) − mean r(free) per rollout group (env id, seed), r = 1 on success.
+
+    A group without episodes of both conditions (every guided or every free one ended by an env
+    error, which sends no request) has no gain and is left out.
+    """
+    conds: dict[tuple[str, int | None], set[str]] = {}
+    for q in requests:
+        conds.setdefault((q.env_id, q.seed), set()).add(q.condition)
+    keys = sorted((k for k, c in conds.items() if len(c) == 2), key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+    if not keys:
+        return {}
+    index = {k: i for i, k in enumerate(keys)}
+    requests = [q for q in requests if (q.env_id, q.seed) in index]
+    r = torch.tensor([1.0 if q.success else 0.0 for q in requests])
+    g = torch.tensor([index[(q.env_id, q.seed)] for q in requests])
+    cond = torch.tensor([GUIDED if q.condition == "guided" else FREE for q in requests])
+    gain = marginal_gain(r, g, cond)
+    return {k: float(v) for k, v in zip(keys, gain.tolist(), strict=True)}
+
+
+def utility_updates(closed: ClosedStep, utility_of: dict[int, float], *, momentum: float,
+                    prune_below: float) -> list[UtilityUpdate]:
+    """U ← β·U + (1 − β)·Δe for each entry that guided a group of the step, with that group's gain
+    (an entry that guided two groups gets both updates, in group order).
+
+    ``utility_of`` gives each entry's current utility; entries not in it (deleted meanwhile) are skipped.
+    """
+    current = dict(utility_of)
+    touched: list[int] = []
+    for key, gain in group_gains(closed.requests).items():
+        used = dict.fromkeys(r.experience.id for r in closed.requests
+                             if (r.env_id, r.seed) == key and r.condition == "guided" and r.experience is not None)
+        for entry_id in used:
+            if entry_id in current:
+                current[entry_id] = float(ema_utility(torch.tensor(current[entry_id]), torch.tensor(gain), momentum))
+                touched.append(entry_id)
+    return [UtilityUpdate(i, current[i], current[i] < prune_below) for i in dict.fromkeys(touched)]

@@ -1,0 +1,98 @@
+"""A plain Gymnasium loop that imports nothing from crl_train drives ``crl-experience serve --extractor``.
+
+The README's "Any RL library" section shows the same loop: wrapped MiniHack envs and a
+RemoteClient; the server runs the extractor's whole loop (distil → ops → bank → credit → CISPO),
+and each rollout step is closed with ``end_step``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import yaml
+
+import crl_gym  # noqa: F401  (registers the crl/ envs)
+from crl_gym.clients import RemoteClient
+from crl_gym.protocol import AddOp
+from crl_gym.wrappers.experience import ExperienceWrapper
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(client: RemoteClient, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"server exited early with {proc.returncode}"
+        try:
+            if client.health()["status"] == "ok":
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.5)
+    raise AssertionError("crl-experience serve did not answer /health in time")
+
+
+def test_plain_gym_loop_drives_the_served_extractor(tmp_path: Path) -> None:
+    # the tiny preset, with a small B_φ so that a few steps reach a CISPO update
+    preset = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny.yaml").read_text())
+    preset["algo"].update({"buffer_size": 2, "cooldown": 0, "merge_every": 0})
+    preset["experience"].update({"distill_linger_s": 0.1, "seed_entries": []})
+    config = tmp_path / "extractor.yaml"
+    config.write_text(yaml.safe_dump(preset))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "crl_gym.server", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
+           "--extractor", str(config)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    client = RemoteClient(url, timeout=60)
+    try:
+        _wait_healthy(client, proc)
+        client.apply_ops([AddOp("Find the staircase down (>) on the map and walk towards it.")])
+        size0 = client.stats()["bank_size"]
+        envs = [ExperienceWrapper(gym.make("crl/MiniHack-Room-5x5-v0", max_turns=8), client) for _ in range(4)]
+        rng = random.Random(0)
+        stats: dict[str, int] = {}
+        for step in range(12):
+            for i, env in enumerate(envs):
+                condition = "guided" if i < 2 else "free"
+                _, info = env.reset(seed=step, options={"experience": condition, "rollout_step": step})
+                done = False
+                while not done:
+                    _, _, terminated, truncated, info = env.step(rng.choice(info["admissible_actions"]))
+                    done = terminated or truncated
+            client.end_step(step)
+            stats = client.stats()
+            if stats["extractor_updates"] > 0:
+                break
+            time.sleep(1.0)  # the extractor distils in the background; give it time between steps
+        deadline = time.monotonic() + 120
+        while stats["extractor_updates"] == 0 and time.monotonic() < deadline:
+            time.sleep(1.0)
+            stats = client.stats()
+        assert stats["distilled"] > 0 and stats["credited"] > 0 and stats["extractor_updates"] > 0, stats
+        assert stats["bank_size"] != size0 or stats["updated"] > 0
+        for env in envs:
+            env.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        client.close()
+    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
