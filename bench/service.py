@@ -20,10 +20,17 @@ each making one call; its latency is timed from the release to the answer. Cases
 HTTP clients share one ``RemoteClient`` (its pool keeps a connection alive per concurrent
 caller, and it combines concurrent calls into one request, as a trainer's env threads would get);
 in-process clients share one ``LocalClient``. ``cpu_ms`` is the CPU time per round of the server
-process and of this process (the clients), from ``/proc``: the cost of a round, which other
-load on a shared machine changes far less than latencies. Each
-round runs both faces back to back (order alternating), after one untimed warm-up round per
-face (connections opened, caches and torch warmed). Between rounds the queue is drained and the
+process and of this process (the clients), from ``/proc``, from the release to the last answer:
+the cost of a round, which other load on a shared machine changes far less than latencies. Each round runs both faces back to
+back (order alternating), after ``--warmup`` untimed rounds per face (connections opened, caches
+and torch warmed; one for ``cold``, whose rounds are long). Both processes freeze their start-up
+heap (``gc.freeze``) so that a full collection of torch's objects (~250 ms) does not land in a
+round. This process runs with a 0.5 ms GIL switch interval (``--switch-interval``): with
+CPython's 5 ms, 1,024 threads woken at once convoy on the GIL, and the threads that answer
+them (the manager's batcher, the client's batch sender) wait behind the herd: the median warm
+round of *both* faces was ~52 / 56 ms mean with 5 ms and 1.3 / 7.6 ms with 0.5 ms (in process /
+HTTP, same run, interleaved).
+Between rounds the queue is drained and the
 step ended, untimed. ``mean_ms`` / ``p99_ms`` / ``qps`` are the HTTP face's over all rounds,
 ``local`` the in-process face's, ``http_over_local`` the ratio of the means; ``rounds`` lists each
 round's HTTP mean and p99 (and the in-process mean of the same round: a round where both are
@@ -125,11 +132,14 @@ def episode(j: int, tag: str) -> DistillationRequest:
                                experience=entry, condition="guided", env_id="crl/MiniHack-Room-5x5-v0", seed=j)
 
 
-def run_round(fn: Callable[[Any], Any], args: Sequence[Any], timeout_s: float) -> tuple[list[float], float, int]:
+def run_round(fn: Callable[[Any], Any], args: Sequence[Any], timeout_s: float,
+              probe: Callable[[], tuple[float, ...]] | None = None) -> tuple[list[float], float, int, tuple[float, ...]]:
     """Release one thread per item of ``args`` at once, each calling ``fn(arg)``.
 
     Returns the per-call latencies (s; failed calls excluded), the wall time from the release to
-    the last answer, and how many calls failed. Bounded: the barrier and every join time out.
+    the last answer, how many calls failed, and how much each counter of ``probe()`` (CPU
+    seconds) grew from the release to the last answer (thread start-up is not counted).
+    Bounded: the barrier and every join time out.
     """
     n = len(args)
     lat: list[float | None] = [None] * n
@@ -154,14 +164,16 @@ def run_round(fn: Callable[[Any], Any], args: Sequence[Any], timeout_s: float) -
         t.start()
     barrier.wait()
     t0 = time.perf_counter()
+    before = probe() if probe is not None else ()
     deadline = t0 + timeout_s
     for t in threads:
         t.join(max(0.0, deadline - time.perf_counter()))
     wall = time.perf_counter() - t0
+    grew = tuple(b - a for a, b in zip(before, probe(), strict=True)) if probe is not None else ()
     if errors:
         print(f"  {len(errors)} calls failed, e.g. {type(errors[0]).__name__}: {errors[0]}", file=sys.stderr)
     done = [x for x in lat if x is not None]
-    return done, wall, n - len(done)
+    return done, wall, n - len(done), grew
 
 
 def summary(lat: list[float], walls: list[float]) -> dict[str, float]:
@@ -250,16 +262,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--clients", type=int, default=1024, help="concurrent callers released at once")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per case and face")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds per face before them (cold: always 1)")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     ap.add_argument("--embedder", default=None, help="default: bundled all-MiniLM-L6-v2; 'hashing:64' for a smoke run")
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "complementary-rl" / "bench")
     ap.add_argument("--round-timeout", type=float, default=120.0, help="seconds one round may take")
     ap.add_argument("--max-seconds", type=float, default=1800.0, help="rounds stop starting after this budget")
+    ap.add_argument("--switch-interval", type=float, default=0.0005,
+                    help="GIL switch interval (s) of this, the clients' process, during the run (CPython: 0.005)")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.rounds < 1 or args.entries < 1:
         ap.error("--clients, --rounds and --entries must be >= 1")
     t_start = time.perf_counter()
     load_start = round(os.getloadavg()[0], 2)
+    switch_before = sys.getswitchinterval()
+    sys.setswitchinterval(args.switch_interval)
     emb = load_embedder(args.embedder)
     texts = RETRIEVAL.bank_texts(args.entries)
     vecs = bank_vectors(emb, texts, args.cache_dir)
@@ -267,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     token = secrets.token_urlsafe(24)
     result: dict[str, Any] = {"benchmark": "service", "entries": args.entries, "clients": args.clients,
                               "rounds": args.rounds, "embedder": repr(emb), "cpus": os.cpu_count(),
+                              "switch_interval_s": args.switch_interval,
                               "targets": TARGETS, "cases": {}}
     server: ServerProcess | None = None
     service: RetrievalService | None = None
@@ -283,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         gc.collect()
         gc.freeze()
         faces: dict[str, Any] = {"http": remote, "local": local}
+        pid = server.proc.pid
+
+        def probe() -> tuple[float, float]:
+            return process_cpu_s(pid), process_cpu_s()
+
         steps = dict.fromkeys(faces, 0)
 
         def settle(face: str) -> None:
@@ -315,10 +338,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 for f in faces}
             failed = dict.fromkeys(faces, 0)
             floors: list[float] = []
-            for face in faces:  # untimed warm-up round per face
-                fn, items = calls(case, face, "warmup")
-                run_round(fn, items, args.round_timeout)
-                settle(face)
+            for w in range(1 if case == "cold" else args.warmup):  # untimed warm-up rounds per face
+                for face in faces:
+                    fn, items = calls(case, face, f"warmup{w}")
+                    run_round(fn, items, args.round_timeout)
+                    settle(face)
             for r in range(args.rounds):
                 if time.perf_counter() - t_start > args.max_seconds:
                     result.setdefault("note", []).append(f"{case}: stopped after {r} rounds (--max-seconds)")
@@ -326,13 +350,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 order = list(faces) if r % 2 == 0 else list(faces)[::-1]
                 for face in order:
                     fn, items = calls(case, face, f"r{r}")
-                    cpu0 = (process_cpu_s(server.proc.pid), process_cpu_s())
-                    lat, wall, fails = run_round(fn, items, args.round_timeout)
-                    cpu1 = (process_cpu_s(server.proc.pid), process_cpu_s())
+                    lat, wall, fails, cpu = run_round(fn, items, args.round_timeout, probe)
                     settle(face)
                     row = rows[face]
-                    row["cpu_server"].append(cpu1[0] - cpu0[0])
-                    row["cpu_here"].append(cpu1[1] - cpu0[1])
+                    row["cpu_server"].append(cpu[0])
+                    row["cpu_here"].append(cpu[1])
                     row["lat"] += lat
                     row["walls"].append(wall)
                     s = summary(lat, [wall])
@@ -372,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["server_stats"] = {k: v for k, v in remote.stats().items() if k != "manager"}
         result["server_mean_batch"] = round(float(remote.stats()["manager"]["mean_batch"]), 1)
     finally:
+        sys.setswitchinterval(switch_before)
         for c in separate:
             c.close()
         if remote is not None:

@@ -34,6 +34,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from crl_gym.experience.service import (
+    ASK_FALLBACKS as ASK_FALLBACKS,  # re-exported: the wrappers' callers read it here
+)
+from crl_gym.experience.service import ask_manager as ask_manager
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, op_to_dict
 
 if TYPE_CHECKING:
@@ -108,40 +112,6 @@ class ExperienceClient(Protocol):
     def close(self) -> None:
         """Release what the client itself holds (never the service it was given)."""
         ...
-
-
-def ask_manager(manager: Any, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-    """Shared ``ask`` logic of every face (``RetrievalService.ask`` calls it).
-
-    The manager's ``refiner(query, entry, context) -> (text, ExtractorSample | None)`` rewrites
-    the entry; without one the raw entry text is the answer. A refiner that fails or returns an
-    empty text also falls back to the raw entry (counted in ``manager``-independent
-    :data:`ASK_FALLBACKS`), so a broken extractor never costs the agent its answer.
-    """
-    refiner = getattr(manager, "refiner", None)
-    if refiner is None:
-        return entry.text, None
-    try:
-        text, sample = refiner(query, entry, context)
-    except Exception as exc:  # noqa: BLE001 - a broken extractor must not break the episode
-        _count_fallback(f"refiner raised {type(exc).__name__}: {exc}")
-        return entry.text, None
-    if not isinstance(text, str) or not text.strip():
-        _count_fallback(f"refiner returned an empty answer ({text!r})")
-        return entry.text, None
-    return text, (sample.to_dict() if sample is not None else None)
-
-
-ASK_FALLBACKS: dict[str, Any] = {"count": 0, "last_reason": ""}
-"""How many ``ask`` calls fell back to the raw entry because the refiner failed (per process)."""
-_FALLBACK_LOCK = threading.Lock()
-
-
-def _count_fallback(reason: str) -> None:
-    with _FALLBACK_LOCK:
-        ASK_FALLBACKS["count"] += 1
-        ASK_FALLBACKS["last_reason"] = reason
-    logger.warning("search_and_ask: returning the raw entry: %s", reason)
 
 
 def as_service(target: Any) -> RetrievalService:

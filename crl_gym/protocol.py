@@ -13,12 +13,96 @@ True
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Condition = Literal["guided", "free"]
 CONDITIONS: tuple[str, ...] = ("guided", "free")
+STEP_KINDS: tuple[str, ...] = ("env", "search_and_ask")
+UINT64_MAX = 2**64 - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Field checks. Every message names the field, so a bad request from another process (HTTP, a
+# spill file) says what is wrong with it. They run at the boundaries only (``from_dict``, the
+# construction of a request, an entry reference or an extractor sample), never per env step.
+# ---------------------------------------------------------------------------------------------
+
+
+def finite_float(value: Any, what: str) -> float:
+    """``value`` as a finite ``float``; NaN, ±inf, text and ``None`` raise ``ValueError`` naming ``what``.
+
+    Text is refused although ``float("1.5")`` would read it: ``float("nan")`` reads too.
+
+    >>> finite_float(1, "outcome")
+    1.0
+    >>> finite_float(float("nan"), "outcome")
+    Traceback (most recent call last):
+    ...
+    ValueError: outcome must be a finite number, got nan
+    """
+    if isinstance(value, (str, bytes)) or value is None:
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a finite number, got {value!r}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{what} must be a finite number, got {x!r}")
+    return x
+
+
+def check_int(value: Any, what: str, *, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an ``int`` (numpy integers too; bools, floats and text refused), in ``[low, high]``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    i = int(value.__index__())
+    if (low is not None and i < low) or (high is not None and i > high):
+        bound = (f"in [{low}, {high}]" if low is not None and high is not None
+                 else f">= {low}" if low is not None else f"<= {high}")
+        raise ValueError(f"{what} must be {bound}, got {i}")
+    return i
+
+
+def check_flag(value: Any, what: str) -> bool:
+    """``value`` as a ``bool``: ``True``/``False``, 0/1 or a numpy bool; anything else is refused."""
+    if isinstance(value, bool):
+        return value
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b" or (
+            not isinstance(value, float) and hasattr(value, "__index__") and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{what} must be true or false, got {value!r}")
+
+
+def check_str(value: Any, what: str) -> str:
+    """``value`` if it is a ``str``; ``None``, numbers and other objects are refused."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _mapping(d: Any, what: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(d).__name__}")
+    return d
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a list, got {type(value).__name__}")
+    return list(value)
+
+
+def _required(d: dict[str, Any], key: str, what: str) -> Any:
+    if key not in d:
+        raise ValueError(f"{what}.{key} is missing" if what else f"{key} is missing")
+    return d[key]
+
+
+def _named(what: str, key: str) -> str:
+    return f"{what}.{key}" if what else key
 
 
 def _jsonable(value: Any) -> Any:
@@ -45,14 +129,27 @@ class ExperienceRef:
     version: int = 0
     """The entry's version counter when it was retrieved."""
 
+    def __post_init__(self) -> None:
+        # isinstance first: the common, valid reference costs three type checks
+        if not (type(self.id) is int and 0 <= self.id <= UINT64_MAX):
+            object.__setattr__(self, "id", check_int(self.id, "experience.id", low=0, high=UINT64_MAX))
+        if type(self.text) is not str:
+            check_str(self.text, "experience.text")
+        if not (type(self.version) is int and self.version >= 0):
+            object.__setattr__(self, "version", check_int(self.version, "experience.version", low=0))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> ExperienceRef | None:
+    def from_dict(cls, d: dict[str, Any] | None, what: str = "experience") -> ExperienceRef | None:
+        """Inverse of :meth:`to_dict` (``None`` stays ``None``); a bad field raises ``ValueError`` naming it."""
         if d is None:
             return None
-        return cls(id=int(d["id"]), text=str(d["text"]), version=int(d.get("version", 0)))
+        d = _mapping(d, what)
+        return cls(id=check_int(_required(d, "id", what), f"{what}.id", low=0, high=UINT64_MAX),
+                   text=check_str(_required(d, "text", what), f"{what}.text"),
+                   version=check_int(d.get("version", 0), f"{what}.version", low=0))
 
 
 @dataclass
@@ -80,13 +177,23 @@ class Step:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Step:
+    def from_dict(cls, d: dict[str, Any], what: str = "step") -> Step:
+        """Inverse of :meth:`to_dict`; a bad field raises ``ValueError`` naming it (``steps[3].reward``).
+
+        Construction is not checked (the rollout loop builds one per turn); the request's
+        ``outcome``, their sum, is, at the episode's end.
+        """
+        d = _mapping(d, what)
+        kind = d.get("kind", "env")
+        if kind not in STEP_KINDS:
+            raise ValueError(f"{what}.kind must be one of {STEP_KINDS}, got {kind!r}")
+        info = d.get("info") or {}
         return cls(
-            observation=str(d["observation"]),
-            action=str(d["action"]),
-            reward=float(d.get("reward", 0.0)),
-            info=dict(d.get("info") or {}),
-            kind=d.get("kind", "env"),
+            observation=check_str(_required(d, "observation", what), f"{what}.observation"),
+            action=check_str(_required(d, "action", what), f"{what}.action"),
+            reward=finite_float(d.get("reward", 0.0), f"{what}.reward"),
+            info=dict(_mapping(info, f"{what}.info")),
+            kind=kind,
         )
 
 
@@ -114,14 +221,20 @@ class SearchCall:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SearchCall:
+    def from_dict(cls, d: dict[str, Any], what: str = "search_call") -> SearchCall:
+        """Inverse of :meth:`to_dict`; a bad field (a NaN log-prob of the provenance too) names itself."""
+        d = _mapping(d, what)
+        provenance = d.get("provenance")
+        if provenance is not None:
+            # the refinement's sample is trained on (CISPO) when the call is credited: check it now
+            ExtractorSample.from_dict(_mapping(provenance, f"{what}.provenance"), f"{what}.provenance")
         return cls(
-            query=str(d["query"]),
-            answer=str(d["answer"]),
-            entry=ExperienceRef.from_dict(d.get("entry")),
-            turn=int(d.get("turn", 0)),
-            refined=bool(d.get("refined", False)),
-            provenance=d.get("provenance"),
+            query=check_str(_required(d, "query", what), f"{what}.query"),
+            answer=check_str(_required(d, "answer", what), f"{what}.answer"),
+            entry=ExperienceRef.from_dict(d.get("entry"), f"{what}.entry"),
+            turn=check_int(d.get("turn", 0), f"{what}.turn", low=0),
+            refined=check_flag(d.get("refined", False), f"{what}.refined"),
+            provenance=provenance,
         )
 
 
@@ -149,11 +262,15 @@ class Trajectory:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+    def from_dict(cls, d: dict[str, Any], what: str = "trajectory") -> Trajectory:
+        """Inverse of :meth:`to_dict`; a bad step or call names its index (``trajectory.steps[2].reward``)."""
+        d = _mapping(d, what)
+        steps = _list(d.get("steps", []), f"{what}.steps")
+        calls = _list(d.get("search_calls", []), f"{what}.search_calls")
         return cls(
-            steps=[Step.from_dict(s) for s in d.get("steps", [])],
-            initial_observation=str(d.get("initial_observation", "")),
-            search_calls=[SearchCall.from_dict(c) for c in d.get("search_calls", [])],
+            steps=[Step.from_dict(s, f"{what}.steps[{i}]") for i, s in enumerate(steps)],
+            initial_observation=check_str(d.get("initial_observation", ""), f"{what}.initial_observation"),
+            search_calls=[SearchCall.from_dict(c, f"{what}.search_calls[{i}]") for i, c in enumerate(calls)],
         )
 
 
@@ -181,8 +298,30 @@ class DistillationRequest:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse a request that must never reach the extractor: a non-finite ``outcome`` (a NaN
+        reward makes it NaN), a wrong type, an unknown condition. ``ValueError`` names the field.
+
+        Run at construction (and by ``from_record`` at each episode's end), not per step.
+        """
         if self.condition not in CONDITIONS:
             raise ValueError(f"condition must be one of {CONDITIONS}, got {self.condition!r}")
+        if not (type(self.outcome) is float and math.isfinite(self.outcome)):
+            self.outcome = finite_float(self.outcome, "outcome")
+        if type(self.success) is not bool:
+            self.success = check_flag(self.success, "success")
+        check_str(self.task, "task")
+        check_str(self.env_id, "env_id")
+        if self.experience is not None and not isinstance(self.experience, ExperienceRef):
+            raise ValueError(f"experience must be an ExperienceRef or None, got {type(self.experience).__name__}")
+        if self.seed is not None and type(self.seed) is not int:
+            self.seed = check_int(self.seed, "seed")
+        if self.rollout_step is not None and type(self.rollout_step) is not int:
+            self.rollout_step = check_int(self.rollout_step, "rollout_step")
+        if not isinstance(self.meta, dict):
+            raise ValueError(f"meta must be a mapping, got {type(self.meta).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         return self._to_dict_with(self.trajectory.to_dict())
@@ -205,18 +344,22 @@ class DistillationRequest:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistillationRequest:
+        """Inverse of :meth:`to_dict`. A missing, malformed or non-finite field raises
+        ``ValueError`` naming it (``outcome``, ``trajectory.steps[3].reward``, ``experience.id``)."""
+        d = _mapping(d, "request")
+        seed, step, rid = d.get("seed"), d.get("rollout_step"), d.get("request_id")
         return cls(
-            task=str(d["task"]),
-            trajectory=Trajectory.from_dict(d["trajectory"]),
-            outcome=float(d["outcome"]),
-            success=bool(d["success"]),
+            task=check_str(_required(d, "task", ""), "task"),
+            trajectory=Trajectory.from_dict(_required(d, "trajectory", "")),
+            outcome=finite_float(_required(d, "outcome", ""), "outcome"),
+            success=check_flag(_required(d, "success", ""), "success"),
             experience=ExperienceRef.from_dict(d.get("experience")),
             condition=d.get("condition", "free"),
-            env_id=str(d.get("env_id", "")),
-            seed=d.get("seed"),
-            rollout_step=d.get("rollout_step"),
-            request_id=str(d.get("request_id") or uuid.uuid4().hex),
-            meta=dict(d.get("meta") or {}),
+            env_id=check_str(d.get("env_id", ""), "env_id"),
+            seed=None if seed is None else check_int(seed, "seed"),
+            rollout_step=None if step is None else check_int(step, "rollout_step"),
+            request_id=check_str(rid, "request_id") if rid else uuid.uuid4().hex,
+            meta=dict(_mapping(d.get("meta") or {}, "meta")),
         )
 
     def to_json(self) -> str:
@@ -302,18 +445,32 @@ class ExtractorSample:
     prompt_token_ids: list[int] = field(default_factory=list)
     extractor_version: int = 0
 
+    def __post_init__(self) -> None:
+        # CISPO's ratio is exp(new - old): one NaN or inf log-prob would poison a whole update
+        if not all(map(math.isfinite, self.logprobs)):
+            bad = next(i for i, x in enumerate(self.logprobs) if not math.isfinite(x))
+            raise ValueError(f"logprobs[{bad}] must be a finite number, got {self.logprobs[bad]!r}")
+        if self.token_ids and self.logprobs and len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"logprobs has {len(self.logprobs)} values for {len(self.token_ids)} token_ids")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> ExtractorSample | None:
+    def from_dict(cls, d: dict[str, Any] | None, what: str = "provenance") -> ExtractorSample | None:
+        """Inverse of :meth:`to_dict` (empty or ``None`` → ``None``); a bad field raises ``ValueError``
+        naming it (``provenance.logprobs[4]``)."""
         if not d:
             return None
+        d = _mapping(d, what)
         return cls(
-            prompt=str(d.get("prompt", "")),
-            response=str(d.get("response", "")),
-            logprobs=[float(x) for x in d.get("logprobs", [])],
-            token_ids=[int(x) for x in d.get("token_ids", [])],
-            prompt_token_ids=[int(x) for x in d.get("prompt_token_ids", [])],
-            extractor_version=int(d.get("extractor_version", 0)),
+            prompt=check_str(d.get("prompt", ""), _named(what, "prompt")),
+            response=check_str(d.get("response", ""), _named(what, "response")),
+            logprobs=[finite_float(x, f"{_named(what, 'logprobs')}[{i}]")
+                      for i, x in enumerate(_list(d.get("logprobs", []), _named(what, "logprobs")))],
+            token_ids=[check_int(x, f"{_named(what, 'token_ids')}[{i}]", low=0)
+                       for i, x in enumerate(_list(d.get("token_ids", []), _named(what, "token_ids")))],
+            prompt_token_ids=[check_int(x, f"{_named(what, 'prompt_token_ids')}[{i}]", low=0)
+                              for i, x in enumerate(_list(d.get("prompt_token_ids", []), _named(what, "prompt_token_ids")))],
+            extractor_version=check_int(d.get("extractor_version", 0), _named(what, "extractor_version"), low=0),
         )

@@ -45,7 +45,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
 from crl_gym.clients import TOKEN_ENV, as_service
+from crl_gym.experience.bank import BankLockedError
 from crl_gym.experience.service import RetrievalService, StepOrderError
+from crl_gym.experience.store import BankCorruptError
 from crl_gym.protocol import DistillationRequest, ExperienceRef, _jsonable, op_from_dict
 
 logger = logging.getLogger(__name__)
@@ -356,12 +358,16 @@ BACKLOG = 4096
 def build_manager(bank_dir: str | Path, embedder: str | None) -> Any:
     """Open (or create) the bank in ``bank_dir`` and an ``ExperienceManager`` over it."""
     from crl_gym.experience.bank import ExperienceBank
-    from crl_gym.experience.embedders import load_embedder
+    from crl_gym.experience.embedders import embedder_name, load_embedder
     from crl_gym.experience.manager import ExperienceManager
 
     emb = load_embedder(embedder)
-    bank = ExperienceBank(Path(bank_dir), dim=emb.dim)
-    return ExperienceManager(bank, emb)
+    bank = ExperienceBank(Path(bank_dir), dim=emb.dim, embedder_name=embedder_name(emb))
+    try:
+        return ExperienceManager(bank, emb)
+    except BaseException:
+        bank.close()
+        raise
 
 
 def is_loopback(host: str) -> bool:
@@ -451,7 +457,8 @@ def _build_service(bank_dir: str, embedder: str | None, extractor: str | None) -
     if extractor is None:
         try:
             return RetrievalService(build_manager(bank_dir, embedder))
-        except ValueError as exc:  # e.g. the bank was made with another embedding dim
+        # another embedder or dim, a damaged or foreign database, a bank another process holds
+        except (ValueError, BankCorruptError, BankLockedError) as exc:
             raise click.ClickException(str(exc)) from exc
     try:  # crl_train is optional here (and imported by name so that crl_gym type-checks alone)
         build_served_service = importlib.import_module("crl_train.serve").build_served_service
@@ -461,7 +468,7 @@ def _build_service(bank_dir: str, embedder: str | None, extractor: str | None) -
     try:
         service: RetrievalService = build_served_service(Path(bank_dir), extractor, embedder)
         return service
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, BankCorruptError, BankLockedError) as exc:
         raise click.ClickException(f"--extractor {extractor}: {exc}") from exc
 
 

@@ -12,8 +12,8 @@ the extractor's prompts are filled with :func:`crl_gym.experience.prompts.fill`,
 braces in the template alone, so those may hold literal JSON. Neither re-reads the substituted
 values, so braces in a task, an observation or an entry are always safe.
 
->>> GATE_TEMPLATE.format(task="Open the door.", experience="Keys open doors.").splitlines()[-1]
-'Was this experience useful? Answer accept, refine or reject.'
+>>> GATE_TEMPLATE.format(task="Open the door.", success_rate="0.25", experience="Keys open doors.").splitlines()[-1]
+'Before you start: will this experience help you? Answer accept, refine or reject.'
 """
 
 from __future__ import annotations
@@ -66,8 +66,12 @@ SYSTEM_REACT = (
 SEARCH_ACTION = "search_and_ask[what should I do next?]"
 """The tool call offered to a constrained (tiny) actor when search_and_ask is on."""
 
-GATE_TEMPLATE = "Task: {task}\nExperience: {experience}\nWas this experience useful? Answer accept, refine or reject."
-"""Actor-critic gate question on a guided episode's entry (answered accept / refine / reject); ``{task}``, ``{experience}``."""
+GATE_TEMPLATE = ("Task: {task}\nYour success rate on this task so far: {success_rate}\nExperience: {experience}\n"
+                 "Before you start: will this experience help you? Answer accept, refine or reject.")
+"""Actor-critic gate: the actor judges an entry before its episode (``{task}``, ``{success_rate}``, ``{experience}``)."""
+GATE_REFINE_TEMPLATE = ("Task: {task}\nExperience: {experience}\n"
+                        "Rewrite this experience so that it fits the task better, in one or two sentences.")
+"""The actor's rewrite of an entry it chose to refine; the episode is guided by the rewrite."""
 
 # --------------------------------------------------------------------------------------------
 # Actor-facing texts of crl_gym.experience.prompts (filled with fill())
@@ -114,32 +118,34 @@ rewarded when the entries you write help the actor succeed.
 {trajectory}
 
 ## What to do
-First reason step by step inside <think>...</think>:
+Think it through first:
 - Why did the episode succeed or fail? Which decisions mattered, which were mistakes, where
   did the actor waste actions or get stuck?
 - {influence_question}
 - Is there a lesson here that would change what the actor does next time, on this task or on
   similar ones?
 
-Then answer with a JSON list of operations in a ```json block, and nothing after it:
-- {"op": "add", "text": "...", "tags": ["..."]} adds a new entry.
+Then answer with a JSON list of operations, and nothing after it:
+- {"op":"add","text":"..."} adds a new entry.
 {update_rule}
-- {"op": "return", "reason": "..."} changes nothing; use it when the episode teaches nothing
+- {"op":"return","reason":"..."} changes nothing; use it when the episode teaches nothing
   new or the lesson is already covered.
 
-Rules for entry text: one to three sentences, an instruction the actor can act on (when X, do
-Y because Z); general enough to transfer to other episodes of the task (no coordinates, seeds
-or one-off details); never copy the trajectory. Use at most {max_ops} operations.
+Rules for entry text: one to three plain sentences (no double quotes, no backslashes), an
+instruction the actor can act on (when X, do Y because Z); general enough to transfer to other
+episodes of the task (no coordinates, seeds or one-off details); never copy the trajectory. Use
+at most {max_ops} operations.
 
 Example answer:
 ```json
-[{"op": "add", "text": "When the key is visible, pick it up before heading to the door; the door cannot be opened without it.", "tags": ["keyroom"]}]
+[{"op":"add","text":"When the key is visible, pick it up before heading to the door; the door cannot be opened without it."}]
 ```"""
-"""The extractor's prompt for one finished episode R = (τ, g, o, m); its answer is read by ``parse_ops``."""
+"""The extractor's prompt for one finished episode R = (τ, g, o, m); answer: ``schemas.ops_schema``, read by ``parse_structured_ops`` / ``parse_ops``."""
 
 UPDATE_RULE_GUIDED = (
-    '- {"op": "update", "id": {id}, "text": "..."} rewrites the entry the actor was given '
-    "(id {id}) when it was wrong, misleading or incomplete; write the whole new text."
+    '- {"op":"update","id":{id},"text":"..."} rewrites the entry the actor was given '
+    "(id {id}) when it was wrong, misleading or incomplete; write the whole new text. It can only be "
+    "the first operation."
 )
 """``{update_rule}`` of a guided episode: the given entry ``{id}`` may be rewritten."""
 
@@ -194,10 +200,11 @@ answers the agent's question for its current situation.
 ## Recent turns of the episode
 {context}
 
-Reason briefly inside <think>...</think>, then give only the advice: one to four sentences,
-concrete for this situation (say what to do next and why). If the stored experience does not
-apply, say so and give the best general advice you can. No preamble, no JSON."""
-"""The extractor's prompt to rewrite entry m for the actor's own query q′; read by ``extract_refined_advice``."""
+Answer with one JSON object, {"advice":"..."}, and nothing after it. The advice is one to four
+plain sentences (no double quotes, no backslashes), concrete for this situation: say what to do
+next and why. If the stored experience does not apply, say so and give the best general advice
+you can."""
+"""The extractor's prompt to rewrite entry m for the actor's own query q′; answer: ``schemas.refinement_schema``, read by ``extract_refined_advice``."""
 
 # --------------------------------------------------------------------------------------------
 # The extractor: Merge (build_merge_prompt)
@@ -212,21 +219,21 @@ chunk of the bank. Each entry has a label in square brackets.
 {entries}
 
 ## What to do
-Reason inside <think>...</think> about which entries say the same thing, which contradict each
-other (keep the better-supported advice), and which are vague, wrong or useless. Then answer with
-one JSON object in a ```json block, and nothing after it:
+Decide which entries say the same thing, which contradict each other (keep the better-supported
+advice), and which are vague, wrong or useless. Then answer with one JSON object, and nothing
+after it, that gives every entry one decision, in the order the entries are listed above, and
+ends with the merged text:
 ```json
-{"keep": ["E1"],
- "merge": [{"from": ["E2", "E3"], "text": "one entry that says what both said, without losing any distinct advice"}],
- "discard": ["E4"]}
+{"E1":"keep","E2":"merge","E3":"merge","E4":"discard","merged":"one entry that says what E2 and E3 said, without losing any distinct advice"}
 ```
-- "keep": entries that stay unchanged.
-- "merge": groups of entries replaced by one new text; a group with a single label rewrites
-  that entry. Merged text follows the entry style: one to three actionable sentences.
-- "discard": entries that are wrong, useless, or fully covered by another entry.
-Use every label exactly once across the three lists; labels you leave out are kept unchanged.
-Use only the labels shown above."""
-"""The extractor's prompt for one Merge window of the bank; read by ``parse_merge_decision``."""
+- "keep": the entry stays unchanged.
+- "merge": the entry is replaced, together with every other entry marked merge, by the one text
+  under "merged" (a single entry marked merge is rewritten to it). Merged text follows the entry
+  style: one to three actionable plain sentences, no double quotes, no backslashes.
+- "discard": the entry is wrong, useless, or fully covered by another entry.
+Use every label shown above exactly once. Always write "merged" (it is ignored when no entry is
+marked merge)."""
+"""The extractor's prompt for one Merge window of the bank; answer: ``schemas.merge_schema``, read by ``parse_merge_decision``."""
 
 SWEBENCH_TASK_TEMPLATE = """You are working in a Linux sandbox on the repository at {workdir} (no network access).
 Resolve the following issue by editing the source code (not the tests) so that it is fixed.
@@ -241,10 +248,29 @@ When you are done, call submit."""
 WEBSHOP_SEARCH_ACTION = "search[<query>]"
 """How WebShop lists its free-text search action among the admissible ones."""
 
+REFLECTION_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
+The actor keeps failing one kind of task ({category}): it succeeded in {successes} of {episodes}
+episodes of it in the last training step. Compare what went wrong with what worked, and write up to
+{max_entries} new entries for the shared experience bank: short, actionable advice that would make
+the actor succeed on this kind of task.
+
+## Failed episodes
+{failures}
+
+## Successful episodes
+{successes_text}
+
+Answer with a JSON list of operations, and nothing after it:
+- {"op":"add","text":"..."} adds a new entry.
+- {"op":"return","reason":"..."} adds nothing; use it when the episodes teach nothing new."""
+"""EDGE's reflection on a task category with a low success rate (read by ``parse_ops``)."""
+NO_SUCCESSFUL_EPISODE = "(none in this step)"
+"""What the reflection prompt shows when no episode of the category succeeded."""
+
 __all__ = [
-    "DISTILLATION_TEMPLATE", "EMPTY_TRAJECTORY", "EXPERIENCE_TEMPLATE", "GATE_TEMPLATE", "GIVEN_ENTRY_TEMPLATE",
+    "DISTILLATION_TEMPLATE", "EMPTY_TRAJECTORY", "EXPERIENCE_TEMPLATE", "GATE_REFINE_TEMPLATE", "GATE_TEMPLATE", "GIVEN_ENTRY_TEMPLATE",
     "GUIDED_OBSERVATION_TEMPLATE", "INFLUENCE_QUESTION_FREE", "INFLUENCE_QUESTION_GUIDED", "MERGE_TEMPLATE",
-    "NO_EXPERIENCE", "OMITTED_TURNS_TEMPLATE", "OUTCOME_TEMPLATE", "REFINEMENT_TEMPLATE", "SEARCH_ACTION",
+    "NO_EXPERIENCE", "OMITTED_TURNS_TEMPLATE", "OUTCOME_TEMPLATE", "REFINEMENT_TEMPLATE", "REFLECTION_TEMPLATE", "NO_SUCCESSFUL_EPISODE", "SEARCH_ACTION",
     "SEARCH_AND_ASK_ANSWER_TEMPLATE", "SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE", "SEARCH_AND_ASK_ERROR_TEMPLATE",
     "SEARCH_AND_ASK_NO_ENTRY_TEMPLATE", "SEARCH_AND_ASK_OVER_CAP_TEMPLATE", "SEARCH_AND_ASK_TOOL",
     "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "SEARCH_STEP_TEMPLATE", "STEP_TEMPLATE", "SYSTEM_CONSTRAINED",

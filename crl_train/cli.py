@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from crl_train.config import ConfigError, TrainConfig, load_config
+from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
 
 log = logging.getLogger("crl_train")
 
@@ -31,6 +31,8 @@ def _setup_logging(run_dir: Path | None) -> None:
               help="YAML config file. Default: the packaged tiny preset (tiny random-init models on MiniHack Room, CPU).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one config value, e.g. --set train.steps=3 --set method=grpo (value parsed as YAML). Repeatable.")
+@click.option("--method", "method", type=click.Choice(list(METHOD_NAMES)), default=None,
+              help="The method (the same as --set method=NAME, applied before the other --set).")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory (config.yaml, metrics.jsonl, tb/, curves.png, checkpoint/, bank/). Default: runs/<method>.")
 @click.option("--resume", "resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
@@ -41,9 +43,21 @@ def _setup_logging(run_dir: Path | None) -> None:
               help="Print the resolved config (after --config / --resume / --set) as YAML, every key with its "
                    "documentation, type and default as comments, and exit without training. This is the full "
                    "key reference; the output can be saved and passed back with --config.")
-def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None, resume: Path | None, no_progress: bool,
-          show_config: bool) -> None:
+@click.option("--backend", type=click.Choice(["hf", "openrlhf"]), default="hf", show_default=True,
+              help="hf: this process trains both models (CPU or one GPU per model). openrlhf: a Ray cluster; "
+                   "OpenRLHF trains the actor, the experience service runs as a Ray actor (docs/cluster.md; "
+                   "the config's openrlhf: section sizes it).")
+@click.option("--dry-run", is_flag=True, default=False,
+              help="--backend openrlhf: print the OpenRLHF command line and the Ray resource plan, start nothing.")
+def train(config_path: Path | None, overrides: tuple[str, ...], method: str | None, out: Path | None,
+          resume: Path | None, no_progress: bool, show_config: bool, backend: str, dry_run: bool) -> None:
     """Train an actor (and an experience extractor) with Complementary RL or a baseline."""
+    if method is not None:
+        overrides = (f"method={method}", *overrides)
+    if backend == "openrlhf" or dry_run:
+        _train_openrlhf(config_path, overrides, out, dry_run=dry_run, backend=backend,
+                        unsupported={"--resume": resume is not None, "--show-config": show_config})
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         source = config_path or (resume / "config.yaml" if resume is not None else None)
@@ -67,6 +81,25 @@ def train(config_path: Path | None, overrides: tuple[str, ...], out: Path | None
     click.echo(json.dumps({"run_dir": str(run_dir), "final": row}))
 
 
+def _train_openrlhf(config_path: Path | None, overrides: tuple[str, ...], out: Path | None, *, dry_run: bool,
+                    backend: str, unsupported: dict[str, bool]) -> None:
+    """``--backend openrlhf``: :func:`crl_train.openrlhf.launcher.main` (its errors as usage errors)."""
+    if backend != "openrlhf":
+        raise click.UsageError("--dry-run goes with --backend openrlhf")
+    given = [flag for flag, on in unsupported.items() if on]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: not with --backend openrlhf (rerun the same command to resume)")
+    from crl_train.openrlhf.launcher import LaunchError
+    from crl_train.openrlhf.launcher import main as launch_openrlhf
+
+    try:
+        launch_openrlhf(config_path, overrides, out, dry_run=dry_run, echo=click.echo)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ...]) -> str:
     from crl_train.config.docs import render_config_yaml
 
@@ -87,8 +120,13 @@ def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ..
               help="Held-out episodes per mode (rounded up to whole groups of K).")
 @click.option("--with-exp/--without-exp", "with_exp", default=None,
               help="Evaluate only with retrieved experience, or only without. Default: both (when the method uses experience).")
-def evaluate(run_dir: Path, episodes: int, with_exp: bool | None) -> None:
-    """Evaluate a trained actor on held-out seeds; prints and writes eval.json."""
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print the result as one JSON object (for machines).")
+def evaluate(run_dir: Path, episodes: int, with_exp: bool | None, as_json: bool) -> None:
+    """Evaluate a trained actor on held-out seeds, with 95 % intervals; prints and writes eval.json.
+
+    Success rates get Wilson intervals, actions per episode a t interval, and the internalisation
+    ratio (success without / with experience) a bootstrap interval.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         cfg = load_config(run_dir / "config.yaml")
@@ -96,7 +134,29 @@ def evaluate(run_dir: Path, episodes: int, with_exp: bool | None) -> None:
         raise click.UsageError(str(exc)) from None
     _setup_logging(None)
     modes = (True, False) if with_exp is None else (with_exp,)
-    click.echo(json.dumps(evaluate_dir(cfg, run_dir, episodes, modes)))
+    result = evaluate_dir(cfg, run_dir, episodes, modes)
+    click.echo(json.dumps(result) if as_json else _eval_table(result))
+
+
+def _eval_table(result: dict[str, Any]) -> str:
+    """eval.json as a few readable lines."""
+
+    def iv(value: float | None, ci: list[float | None]) -> str:
+        if value is None:
+            return "n/a"
+        lo, hi = ci
+        return f"{value:.3f}" if lo is None or hi is None else f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    lines = [f"held-out episodes per mode: {result['episodes_per_mode']} (95 % intervals)"]
+    for key in ("with_experience", "without_experience"):
+        if key in result:
+            r = result[key]
+            lines.append(f"{key.replace('_', ' ')}: success {iv(r['success'], r['success_ci'])} (Wilson), "
+                         f"actions per episode {iv(r['actions_per_episode'], r['actions_per_episode_ci'])} (t)")
+    if "internalisation" in result:
+        r = result["internalisation"]
+        lines.append(f"internalisation (without / with): {iv(r['ratio'], r['ratio_ci'])} (bootstrap)")
+    return "\n".join(lines)
 
 
 def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Any:
@@ -119,3 +179,30 @@ def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bo
         return run_eval(cfg, run_dir, episodes, modes, env_factory=env_factory)
     except GeneratorUnavailable as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--suite", "suite_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Suite YAML: methods × seeds × env mixtures (see experiments/).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output folder: cells/<method>/<envs>/seed<N>/ run directories, report.md and its plots.")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Run each cell as a Ray task with the suite's resources: 'local' or a cluster address.")
+@click.option("--no-progress", is_flag=True, default=False, help="Hide the progress bar.")
+def experiment(suite_path: Path, out: Path, ray_address: str | None, no_progress: bool) -> None:
+    """Run a grid of crl-train runs and write report.md with 95 % intervals over seeds.
+
+    Safe to interrupt: run the same command again and finished cells are kept, a cell with a
+    checkpoint resumes from it.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from crl_train.experiment.report import write_report
+    from crl_train.experiment.suite import load_suite, run_suite
+
+    try:
+        suite = load_suite(suite_path)
+    except ConfigError as exc:
+        raise click.UsageError(f"{suite_path}: {exc}") from None
+    _setup_logging(out)
+    records = run_suite(suite, out, ray_address=ray_address, progress=not no_progress)
+    click.echo(json.dumps({"report": str(write_report(suite, out, records)), "cells": len(records)}))

@@ -1,6 +1,8 @@
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,6 +17,7 @@ from crl_gym.experience.bank import (
     INDEX_META_FILE,
     LOCK_FILE,
     BankCorruptError,
+    BankEmbedderError,
     BankLockedError,
     ExperienceBank,
     PendingAdd,
@@ -351,3 +354,154 @@ def test_another_process_holding_the_bank_is_named_until_it_exits(tmp_path: Path
         proc.wait()
     with ExperienceBank(d, DIM) as bank:
         assert len(bank) == 0
+
+
+# ------------------------------------------------------------------------ bank files
+def test_a_zero_length_database_is_an_error_never_a_new_empty_bank(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    with ExperienceBank(d, DIM) as bank:
+        fill(bank, 12)
+    (d / "bank.sqlite").write_bytes(b"")
+    with pytest.raises(BankCorruptError, match=r"bank.sqlite is empty \(0 bytes\).*Restore bank.sqlite"):
+        ExperienceBank(d, DIM)
+    assert (d / "bank.sqlite").stat().st_size == 0  # nothing was created over it
+    ExperienceBank(d / "fresh", DIM).close()  # a directory without a database still starts a bank
+
+
+def test_a_foreign_sqlite_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    d.mkdir()
+    with sqlite3.connect(d / "bank.sqlite") as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+        db.execute("INSERT INTO users VALUES ('ada')")
+    db.close()
+    before = (d / "bank.sqlite").read_bytes()
+    with pytest.raises(BankCorruptError, match=r"bank.sqlite: an SQLite database, but not an experience bank \(its tables: users\)"):
+        ExperienceBank(d, DIM)
+    assert (d / "bank.sqlite").read_bytes() == before
+
+
+def test_a_wal_without_its_database_is_refused(tmp_path: Path) -> None:
+    d, other = tmp_path / "bank", tmp_path / "other"
+    other.mkdir()
+    with ExperienceBank(d, DIM) as bank:
+        fill(bank, 3)  # committed to the WAL, not yet checkpointed into bank.sqlite
+        shutil.copy(d / "bank.sqlite-wal", other / "bank.sqlite-wal")
+    with pytest.raises(BankCorruptError, match=r"bank.sqlite is missing but bank.sqlite-wal is there"):
+        ExperienceBank(other, DIM)
+    assert not (other / "bank.sqlite").exists()
+
+
+def test_create_false_refuses_a_directory_without_a_bank(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no bank here"):
+        ExperienceBank(tmp_path / "gone", DIM, create=False)
+    with ExperienceBank(tmp_path / "here", DIM) as bank:
+        fill(bank, 1)
+    with ExperienceBank(tmp_path / "here", DIM, create=False) as bank:
+        assert len(bank) == 1
+
+
+def test_a_bank_written_before_the_format_mark_still_opens(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    with ExperienceBank(d, DIM) as bank:
+        ids = fill(bank, 4)
+    with sqlite3.connect(d / "bank.sqlite") as db:
+        db.execute("DELETE FROM meta WHERE key IN ('format', 'embedder')")
+    db.close()
+    with ExperienceBank(d, DIM, embedder_name="hashing:32") as bank:
+        assert bank.ids() == ids
+    with ExperienceBank(d, DIM) as bank:
+        assert bank.embedder_name == "hashing:32"  # recorded on that open
+
+
+def test_the_index_of_another_bank_is_never_used(tmp_path: Path) -> None:
+    # Two banks with the same generation, size and dim: the index files of one copied into the
+    # other (a restore that mixed two backups) must not answer for it.
+    a, b = tmp_path / "a", tmp_path / "b"
+    with ExperienceBank(a, DIM) as bank:
+        for i in range(20):
+            bank.add(f"alpha fact {i}", vec(f"alpha fact {i}"))
+    with ExperienceBank(b, DIM) as bank:
+        for i in range(20):
+            bank.add(f"beta rule {i * 7} of the zone", vec(f"beta rule {i * 7} of the zone"))
+        q = vec("beta rule 63 of the zone")[None]
+        expect = bank.search(q, 3)
+    for name in (INDEX_FILE, INDEX_META_FILE):
+        shutil.copy(a / name, b / name)
+    with ExperienceBank(b, DIM) as bank:
+        assert len(bank.index_recoveries) == 1
+        assert bank.search(q, 3) == expect
+        assert got(bank, expect[0][0][0]).text == "beta rule 63 of the zone"
+
+
+def test_damaged_index_bytes_are_detected_before_loading(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    with ExperienceBank(d, DIM) as bank:
+        fill(bank, 200)
+        q = np.stack([vec("tip 3"), vec("tip 150")])
+        expect = bank.search(q, 4)
+    raw = bytearray((d / INDEX_FILE).read_bytes())
+    raw[80:200] = bytes(range(120))  # usearch itself loads this file without complaint
+    (d / INDEX_FILE).write_bytes(bytes(raw))
+    with ExperienceBank(d, DIM) as bank:
+        assert len(bank.index_recoveries) == 1 and "checksum" in bank.index_recoveries[0]
+        assert bank.search(q, 4) == expect
+
+
+def test_another_embedder_of_the_same_dim_is_refused_naming_both(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    with ExperienceBank(d, DIM, embedder_name="hashing:32") as bank:
+        fill(bank, 2)
+    with pytest.raises(BankEmbedderError, match=r"created with embedding dim 32 \(embedder 'hashing:32'\), "
+                                                 r"but dim 32 \(embedder 'my-minilm-32'\) was requested"):
+        ExperienceBank(d, DIM, embedder_name="my-minilm-32")
+    with pytest.raises(BankEmbedderError, match=r"dim 32 \(embedder 'hashing:32'\).*dim 64 \(embedder 'hashing:64'\)"):
+        ExperienceBank(d, 64, embedder_name="hashing:64")
+    # the same model under its hub id and under a local directory of that name
+    with ExperienceBank(tmp_path / "st", DIM, embedder_name="sentence-transformers/all-MiniLM-L6-v2"):
+        pass
+    ExperienceBank(tmp_path / "st", DIM, embedder_name="all-MiniLM-L6-v2").close()
+    with ExperienceBank(d, DIM) as bank:  # no name given: no check, the recorded one is reported
+        assert bank.embedder_name == "hashing:32"
+
+
+def test_backup_of_an_open_bank_is_a_consistent_bank(tmp_path: Path) -> None:
+    d = tmp_path / "bank"
+    bank = ExperienceBank(d, DIM)
+    try:
+        ids = fill(bank, 30)
+        bank.record_retrieval(ids[:3], 5.0, persist=False)  # counters still only in memory
+        q = vec("tip 9")[None]
+        expect = bank.search(q, 3)
+        target = bank.backup(tmp_path / "backup")
+        assert not (target / "bank.sqlite-wal").exists() or (target / "bank.sqlite-wal").stat().st_size == 0
+        with pytest.raises(FileExistsError):
+            bank.backup(target)
+        bank.add("after the backup", vec("after"))
+    finally:
+        bank.close()
+    with ExperienceBank(target, DIM) as copy:
+        assert copy.ids() == ids and copy.index_recoveries == []
+        assert copy.search(q, 3) == expect
+        assert got(copy, ids[0]).retrieval_count == 1
+
+
+def test_non_finite_or_empty_entry_fields_are_refused(tmp_path: Path) -> None:
+    bank = ExperienceBank(None, DIM)
+    (eid,) = fill(bank, 1)
+    with pytest.raises(ValueError, match=r"utility must be a finite number, got nan"):
+        bank.set_utility(eid, float("nan"))
+    with pytest.raises(ValueError, match=r"adds\[0\]: text must be a non-empty string"):
+        bank.add("   ", vec("x"))
+    with pytest.raises(ValueError, match=r"updates\[0\]: text must be a non-empty string"):
+        bank.update(eid, "", vec("x"))
+    with pytest.raises(ValueError, match=r"now must be a finite number"):
+        bank.record_retrieval([eid], float("inf"))
+    assert got(bank, eid).utility == 0.0 and got(bank, eid).retrieval_count == 0
+    f = tmp_path / "b.jsonl"
+    bank.export_jsonl(f)
+    row = json.loads(f.read_text())
+    row["utility"] = float("nan")
+    (tmp_path / "nan.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"nan.jsonl:1: field 'utility' must be a finite number, got nan"):
+        ExperienceBank(None, DIM).import_jsonl(tmp_path / "nan.jsonl")

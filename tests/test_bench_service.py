@@ -16,7 +16,7 @@ def bench() -> Any:
 
 def test_tiny_run_prints_every_figure(bench: Any, capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     out = bench.main(["--entries", "200", "--clients", "32", "--rounds", "2", "--embedder", "hashing:64",
-                      "--cache-dir", str(tmp_path), "--round-timeout", "60", "--json"])
+                      "--cache-dir", str(tmp_path), "--round-timeout", "60", "--warmup", "1", "--json"])
     assert set(out["cases"]) == {"warm", "cold", "submit", "warm_uncombined"}
     for name, case in out["cases"].items():
         for key in ("mean_ms", "p99_ms", "qps", "http_over_local"):
@@ -36,7 +36,7 @@ def test_tiny_run_prints_every_figure(bench: Any, capsys: pytest.CaptureFixture[
     # every submit of every round reached the server, and every step was ended once
     stats = out["server_stats"]
     assert stats["submitted"] == 3 * 32 and stats["queue_depth"] == 0 and stats["late_requests"] == 0
-    assert stats["steps_ended"] == 4 * 3  # warm-up + 2 rounds, per case
+    assert stats["steps_ended"] == 3 * (1 + 2) + (1 + 2)  # warm-up + 2 rounds per case (cold: 1 warm-up)
     assert out["server_exit_status"] == 0  # SIGTERM: the server closed its service and exited cleanly
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last)["benchmark"] == "service"

@@ -14,11 +14,14 @@ import torch  # noqa: E402
 
 import crl_train.policy.checkpoint as checkpoint  # noqa: E402
 from crl_train.policy.checkpoint import (  # noqa: E402
+    MANIFEST_FILE,
     MODEL_DIR,
     STATE_FILE,
+    CheckpointError,
     load_weights,
     read_state,
     resolve_dtype,
+    verify_checkpoint,
     write_checkpoint,
 )
 
@@ -97,3 +100,56 @@ def test_resolve_dtype_rejects_unknown_names() -> None:
 def test_docstring_examples_run() -> None:
     result: Any = doctest.testmod(checkpoint)
     assert result.attempted > 0 and result.failed == 0
+
+
+_STATE = {"step": 3, "name": "tiny", "sampling": {}, "optim": {}, "chat_kwargs": {}, "optimizer": None}
+
+
+def _cut(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete"])
+def test_a_damaged_state_file_names_the_file(tmp_path: Path, damage: str) -> None:
+    d = tmp_path / "ckpt"
+    write_checkpoint(d, _Model(1.0), _Tokenizer(), dict(_STATE))
+    f = d / STATE_FILE
+    if damage == "truncate":
+        _cut(f)
+    elif damage == "garbage":
+        f.write_bytes(b"\x00 not a torch file " * 50)
+    else:
+        f.unlink()
+    with pytest.raises((ValueError, FileNotFoundError), match=rf"{STATE_FILE}"):
+        read_state(d)
+    with pytest.raises(CheckpointError, match=rf"ckpt/{STATE_FILE}"):
+        verify_checkpoint(d)
+
+
+def test_truncated_weights_name_the_file_before_anything_loads_them(tmp_path: Path) -> None:
+    d = tmp_path / "ckpt"
+    write_checkpoint(d, _Model(1.0), _Tokenizer(), dict(_STATE))
+    verify_checkpoint(d)  # a whole checkpoint passes
+    weights = d / MODEL_DIR / "model.safetensors"
+    _cut(weights, 0.9)
+    with pytest.raises(CheckpointError, match=r"model/model.safetensors: .* bytes, but .* were written"):
+        verify_checkpoint(d)
+    with pytest.raises(CheckpointError, match=r"model/model.safetensors: unreadable weights"):
+        load_weights(_Model(0.0), d, "cpu")
+    (d / MANIFEST_FILE).unlink()  # a checkpoint of an older version: the header still tells
+    with pytest.raises(CheckpointError, match=r"model/model.safetensors: truncated"):
+        verify_checkpoint(d)
+
+
+def test_verify_names_a_missing_file_and_missing_state_keys(tmp_path: Path) -> None:
+    d = tmp_path / "ckpt"
+    write_checkpoint(d, _Model(1.0), _Tokenizer(), {"step": 1})
+    with pytest.raises(CheckpointError, match=rf"{STATE_FILE}: lacks name, sampling, optim, chat_kwargs"):
+        verify_checkpoint(d)
+    write_checkpoint(d, _Model(1.0), _Tokenizer(), dict(_STATE))
+    (d / MODEL_DIR / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match=r"model/tokenizer.json is missing \(listed in files.json\)"):
+        verify_checkpoint(d)
+    with pytest.raises(CheckpointError, match="nowhere is missing"):
+        verify_checkpoint(tmp_path / "nowhere")

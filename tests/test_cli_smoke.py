@@ -59,7 +59,12 @@ def test_tiny_two_steps_then_resume_then_eval(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 2
 
-    proc = _run("crl-eval", "--run", str(run), "--episodes", "2", "--without-exp")
+    proc = _run("crl-eval", "--run", str(run), "--episodes", "2", "--without-exp", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["without_experience"]["episodes"] >= 2 and "with_experience" not in result
+    low, high = result["without_experience"]["success_ci"]
+    assert 0.0 <= low <= result["without_experience"]["success"] <= high <= 1.0  # Wilson: always inside [0, 1]
+    proc = _run("crl-eval", "--run", str(run), "--episodes", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "with experience: success" in proc.stdout and "internalisation (without / with)" in proc.stdout

@@ -129,3 +129,35 @@ def test_extractor_process_options() -> None:
         load_config(None, ["experience.extractor_start_method=fork"])
     with pytest.raises(ConfigError, match=r"experience.extractor_nice must be in \[0, 19\]"):
         load_config(None, ["experience.extractor_nice=20"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("actor.lr=.nan", "actor.lr"),
+        ("algo.clip_eps=.inf", "algo.clip_eps"),
+        ("algo.edge_prune=-.inf", "algo.edge_prune"),
+        ("experience.distill_linger_s=1e999", "experience.distill_linger_s"),  # a YAML 1.1 string that overflows
+        ("manager.max_wait_ms=.nan", "manager.max_wait_ms"),  # a crl_gym dataclass, checked the same way
+        ("env.kwargs={max_turns: .nan}", "env.kwargs.max_turns"),  # free-form mappings too
+    ],
+)
+def test_non_finite_floats_are_refused_naming_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{key}: expected a finite number, got"):
+        load_config(None, [override])
+
+
+def test_non_finite_floats_in_a_yaml_file_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("actor:\n  lr: .nan\n")
+    with pytest.raises(ConfigError, match=r"actor.lr: expected a finite number, got nan"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("train:\n  steps: 3\n# r\u00e9sum\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 21, line 3"):
+        load_config(bad)
+    (tmp_path / "utf16.yaml").write_text("train:\n  steps: 3\n", encoding="utf-16")
+    with pytest.raises(ConfigError, match=r"utf16.yaml: not UTF-8 text"):
+        load_config(tmp_path / "utf16.yaml")

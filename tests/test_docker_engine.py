@@ -35,11 +35,22 @@ class _Container:
     def __init__(self, name: str, owner: str, removed: list[str], fail: bool = False) -> None:
         self.name, self.labels, self._removed, self._fail = name, {LABEL: "1", OWNER_LABEL: owner}, removed, fail
 
-    def remove(self, force: bool) -> None:
-        assert force
+    def remove(self, force: bool, v: bool = False) -> None:
+        assert force and v  # v: the container's tmpfs volumes go with it
         if self._fail:
             raise RuntimeError("removal already in progress")
         self._removed.append(self.name)
+
+
+class _Volume(_Container):
+    """A labelled volume left without its container; the owner label sits in its attrs."""
+
+    def __init__(self, name: str, owner: str, removed: list[str]) -> None:
+        super().__init__(name, owner, removed)
+        self.attrs = {"Labels": self.labels}
+
+    def remove(self, force: bool, v: bool = True) -> None:
+        super().remove(force, v)
 
 
 def test_reap_removes_only_orphans() -> None:
@@ -52,11 +63,19 @@ def test_reap_removes_only_orphans() -> None:
     ]
     seen_filters: list[Any] = []
 
+    volumes = [_Volume("my-volume", owner_id(), removed), _Volume("orphan-volume", dead, removed)]
+
     def list_(all: bool, filters: dict[str, str]) -> list[_Container]:
         seen_filters.append(filters)
         return containers
 
-    client = SimpleNamespace(containers=SimpleNamespace(list=list_))
-    assert reap(client) == 1 and removed == ["orphan"]
-    assert seen_filters == [{"label": f"{LABEL}=1"}]  # only sandbox containers are listed
-    assert reap(client, everything=True) == 2 and removed == ["orphan", "mine", "orphan"]
+    def list_volumes(filters: dict[str, Any]) -> list[_Volume]:
+        seen_filters.append(filters)
+        return volumes
+
+    client = SimpleNamespace(containers=SimpleNamespace(list=list_), volumes=SimpleNamespace(list=list_volumes))
+    assert reap(client) == 1 and removed == ["orphan", "orphan-volume"]
+    # only sandbox containers and dangling sandbox volumes are listed
+    assert seen_filters == [{"label": f"{LABEL}=1"}, {"label": f"{LABEL}=1", "dangling": True}]
+    removed.clear()
+    assert reap(client, everything=True) == 2 and removed == ["mine", "orphan", "my-volume", "orphan-volume"]

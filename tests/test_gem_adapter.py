@@ -14,7 +14,7 @@ from gymnasium.utils.env_checker import check_env
 
 import crl_gym  # noqa: F401
 from crl_gym.envs.gem_adapter import GEMEnv, GEMMissingError
-from crl_gym.envs.registry import MissingExtraError
+from crl_gym.envs.registry import MissingEnvArgumentError, MissingExtraError, make
 
 
 class CountdownGEM:
@@ -96,9 +96,19 @@ def test_env_checker_on_interface_object() -> None:
 
 def test_constructor_errors() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        GEMEnv()
+        GEMEnv("game:GuessTheNumber-v0-easy", env=object())
     with pytest.raises(TypeError, match="callable reset"):
         GEMEnv(env=object())
+
+
+def test_made_without_an_env_id_says_what_to_pass() -> None:
+    usage = r"needs env_id: a gem-llm id, e.g. crl_gym.envs.make\('crl/GEM-v0', env_id='game:GuessTheNumber-v0-easy'\)"
+    with pytest.raises(MissingEnvArgumentError, match="GEMEnv " + usage):
+        GEMEnv()
+    with pytest.raises(MissingEnvArgumentError, match="crl/GEM-v0 " + usage):
+        make("crl/GEM-v0")
+    with pytest.raises(TypeError, match="crl/GEM-v0 " + usage):  # plain gymnasium.make too
+        gym.make("crl/GEM-v0", max_turns=5)
 
 
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -161,7 +161,6 @@ def test_op_inside_think_is_ignored() -> None:
         ("DELETE 5", {}, "delete_not_allowed"),
         ('{"op": "add", "text": "' + "x" * (DEFAULT_MAX_LEN + 1) + '"}', {}, "text_too_long"),
         ("ADD: " + "y" * 11, {"max_len": 10}, "text_too_long"),
-        (json.dumps([{"op": "add", "text": str(i)} for i in range(17)]), {}, "too_many_ops"),
     ],
 )
 def test_malformed_outputs(text: str, kw: dict, reason: str) -> None:
@@ -171,6 +170,12 @@ def test_malformed_outputs(text: str, kw: dict, reason: str) -> None:
 def test_non_string_input() -> None:
     for value in (None, 3, b"ADD: x", ["ADD: x"]):
         assert parse(value) == malformed("not_text")
+
+
+def test_ops_past_max_ops_are_one_counted_return_and_the_rest_are_kept() -> None:
+    # before: the 17th op made the whole answer one malformed Return (16 good ops lost)
+    text = json.dumps([{"op": "add", "text": str(i)} for i in range(17)])
+    assert parse(text) == [*(AddOp(str(i)) for i in range(16)), *malformed("too_many_ops")]
 
 
 def test_mixed_list_keeps_valid_ops() -> None:
@@ -387,3 +392,36 @@ def test_docstring_examples_run() -> None:
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ------------------------------------------------------------------ text the bank can store
+
+
+def test_unencodable_characters_are_cleaned_before_the_bank_and_the_batch_survives() -> None:
+    """A JSON escape of a lone surrogate used to reach the bank as is: UTF-8 cannot encode it, so the
+    bank's write raised and every op of the answer was lost with it."""
+    from _trainer_fixtures import manager
+
+    from crl_gym.experience.ops import clean_text
+
+    text = json.dumps([{"op": "add", "text": "Walk east."}, {"op": "add", "text": "Go \ud800north\u0000 now."},
+                       {"op": "add", "text": "\udfff\u0001"}])
+    ops = parse(text)
+    assert ops == [AddOp("Walk east."), AddOp("Go north now."), *malformed("empty_text")]
+    mgr = manager()
+    res = mgr.apply_ops(ops)
+    assert len(res.added) == 2 and sorted(e.text for e in mgr.bank) == ["Go north now.", "Walk east."]
+    mgr.close()
+    assert clean_text("a\tb\nc\rd\x7f\x85e") == "a\tb\ncde"
+    # reasons and tags are cleaned too
+    (op,) = parse(json.dumps({"op": "return", "reason": "dup\ud83d"}))
+    assert op == ReturnOp(reason="dup")
+    (add,) = parse(json.dumps({"op": "add", "text": "t", "tags": ["k\ud800ey", "\u0000"]}))
+    assert add == AddOp("t", ("key",))
+
+
+def test_a_merged_text_is_cleaned_too() -> None:
+    from crl_gym.experience.merge import parse_merge_decision
+
+    d = parse_merge_decision(json.dumps({"E1": "merge", "E2": "merge", "merged": "Go\ud800 east."}), ["E1", "E2"])
+    assert d.merge == [(["E1", "E2"], "Go east.")]

@@ -37,8 +37,8 @@ def test_docs_table_lists_exactly_the_declared_fields() -> None:
 def test_fields_are_unique_and_method_extras_are_appended() -> None:
     assert len(set(ALL_METRIC_FIELDS)) == len(ALL_METRIC_FIELDS)
     assert metric_fields() == METRIC_FIELDS
-    assert metric_fields(outputs.EDGE_FIELDS)[-4:] == outputs.EDGE_FIELDS
-    assert set(metric_fields(outputs.EDGE_FIELDS + outputs.SELF_DISTILL_FIELDS)) == set(ALL_METRIC_FIELDS)
+    assert metric_fields(outputs.EDGE_FIELDS)[-len(outputs.EDGE_FIELDS):] == outputs.EDGE_FIELDS
+    assert set(metric_fields(outputs.EDGE_FIELDS + outputs.SELF_DISTILL_FIELDS + outputs.GATE_FIELDS)) == set(ALL_METRIC_FIELDS)
     with pytest.raises(KeyError, match="not declared"):
         metric_fields(("nope",))
 
@@ -67,4 +67,64 @@ def test_commit_checkpoint_writes_state_last_and_swaps(tmp_path: Path) -> None:
     tmp.mkdir()
     commit_checkpoint(tmp_path, tmp, {"step": 1})
     assert json.loads((tmp_path / "checkpoint" / "state.json").read_text()) == {"step": 1}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    # the previous checkpoint is kept, to resume from if the new one turns out damaged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "checkpoint.old"]
+    assert json.loads((tmp_path / "checkpoint.old" / "state.json").read_text()) == {"step": 0}
+    # the next checkpoint drops the one before the current before it is written: two at most
+    nxt = outputs.begin_checkpoint(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "checkpoint.tmp"]
+    commit_checkpoint(tmp_path, nxt, {"step": 2})
+    assert json.loads((tmp_path / "checkpoint.old" / "state.json").read_text()) == {"step": 1}
+
+
+def _ckpt(run: Path, name: str, step: int | None) -> None:
+    """A checkpoint directory holding a weights stand-in and, when ``step`` is given, its state.json."""
+    d = run / name
+    d.mkdir()
+    (d / "weights").write_text(name)
+    if step is not None:
+        (d / "state.json").write_text(json.dumps({"step": step}))
+
+
+def _layout(run: Path) -> dict[str, int | None]:
+    return {p.name: outputs._ckpt_step(p) for p in sorted(run.iterdir())}
+
+
+@pytest.mark.parametrize(
+    ("before", "best", "after"),
+    [
+        # normal: checkpoint/ and its previous; an interrupted write in tmp is dropped
+        ({"checkpoint": 1, "checkpoint.old": 0, "checkpoint.tmp": None}, "checkpoint", {"checkpoint": 1, "checkpoint.old": 0}),
+        # a kill between the two renames of a swap
+        ({"checkpoint.old": 1, "checkpoint.tmp": 2}, "checkpoint.tmp", {"checkpoint": 2, "checkpoint.old": 1}),
+        # a kill after tmp was complete, before checkpoint/ moved to .old: checkpoint/ becomes the previous
+        ({"checkpoint": 1, "checkpoint.tmp": 2}, "checkpoint.tmp", {"checkpoint": 2, "checkpoint.old": 1}),
+        # only an older leftover
+        ({"checkpoint.old": 3, "checkpoint.tmp": None}, "checkpoint.old", {"checkpoint": 3}),
+    ],
+)
+def test_find_reads_only_and_settle_keeps_the_previous_checkpoint(
+        tmp_path: Path, before: dict[str, int | None], best: str, after: dict[str, int | None]) -> None:
+    for name, step in before.items():
+        _ckpt(tmp_path, name, step)
+    found = outputs.find_checkpoint(tmp_path)
+    assert found is not None and found.path == tmp_path / best
+    assert _layout(tmp_path) == dict(sorted(before.items()))  # finding changes nothing
+    outputs.settle_checkpoint(tmp_path, found)
+    assert _layout(tmp_path) == after
+    assert (tmp_path / "checkpoint" / "weights").read_text() == best  # the weights moved with their state
+
+
+def test_a_damaged_checkpoint_dir_is_an_error_naming_the_previous_one(tmp_path: Path) -> None:
+    _ckpt(tmp_path, "checkpoint", None)  # checkpoint/ is never written without state.json: damaged
+    _ckpt(tmp_path, "checkpoint.old", 4)
+    before = _layout(tmp_path)
+    with pytest.raises(outputs.ResumeError, match=r"checkpoint/state.json is missing.*Nothing in .* was changed\. "
+                                                  r"The previous checkpoint, .*checkpoint.old \(step 4\), is complete"):
+        outputs.find_checkpoint(tmp_path)
+    assert _layout(tmp_path) == before
+    (tmp_path / "checkpoint" / "state.json").write_text("[1, 2]")
+    with pytest.raises(outputs.ResumeError, match="holds a list, not a checkpoint state"):
+        outputs.find_checkpoint(tmp_path)
+    (tmp_path / "fresh").mkdir()
+    assert outputs.find_checkpoint(tmp_path / "fresh") is None

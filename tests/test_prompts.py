@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 
+import jsonschema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crl_gym.experience.merge import parse_merge_decision
-from crl_gym.experience.ops import ParseStats, find_json, parse_ops
+from crl_gym.experience.ops import ParseStats, find_json, parse_ops, parse_structured_ops
 from crl_gym.experience.prompts import (
     DISTILLATION_TEMPLATE,
     MERGE_TEMPLATE,
@@ -25,6 +27,7 @@ from crl_gym.experience.prompts import (
     render_trajectory,
     truncate_middle,
 )
+from crl_gym.experience.schemas import merge_schema, ops_schema
 from crl_gym.protocol import AddOp, DistillationRequest, ExperienceRef, Step, Trajectory, UpdateOp
 
 BRACES = "{task} {0} {} {{x}} } { {experience!r} %s $name"
@@ -98,7 +101,7 @@ def test_distillation_prompt_guided() -> None:
     assert "Reach the stairs x" in p
     assert "SUCCESS: episode return +1 after 3 actions." in p
     assert "Entry id 42 (version 3):\nHead for > x" in p
-    assert '{"op": "update", "id": 42, "text": "..."}' in p
+    assert '{"op":"update","id":42,"text":"..."}' in p and "only be the first operation" in p
     assert "[3] observation: obs 2 x\n    action: act 2 x (reward +1)" in p
     assert not re.search(r"\{[a-z_]+\}", p), "an unfilled placeholder is left"
     assert distillation_update_ids(request()) == {42}
@@ -129,10 +132,14 @@ def test_distillation_prompt_respects_max_chars() -> None:
 
 
 def test_distillation_example_answer_parses_to_an_add() -> None:
-    # The example in the prompt must be valid input of parse_ops (format and parser agree).
+    # The example in the prompt must be valid input of parse_ops and of the schema (format, grammar
+    # and parser agree).
     example = DISTILLATION_TEMPLATE[DISTILLATION_TEMPLATE.rindex("```json"):]
     ops = parse_ops("<think>ok</think>" + example, allowed_update_ids=set(), stats=ParseStats())
-    assert len(ops) == 1 and isinstance(ops[0], AddOp) and ops[0].tags == ("keyroom",)
+    assert len(ops) == 1 and isinstance(ops[0], AddOp)
+    body = example.removeprefix("```json\n").removesuffix("\n```")
+    jsonschema.validate(json.loads(body), ops_schema(set()))
+    assert parse_structured_ops(body, allowed_update_ids=set(), stats=ParseStats()) == ops
 
 
 def test_distillation_answer_in_documented_format_round_trips() -> None:
@@ -151,7 +158,7 @@ def test_refinement_prompt_contents_and_context_tail() -> None:
     p = build_refinement_prompt("how do I cross the river?", ExperienceRef(1, "Use a boat."),
                                 ctx, max_chars=3000)
     assert "how do I cross the river?" in p and "Use a boat." in p
-    assert p.rstrip().endswith("No preamble, no JSON.")
+    assert '{"advice":"..."}' in p and p.rstrip().endswith("give the best general advice\nyou can.")
     assert "turn 9: stuck at the river" in p and "turn 1 early" not in p
     assert len(p) <= 3000
 
@@ -198,10 +205,11 @@ def test_merge_prompt_lists_items_with_meta() -> None:
     assert render_merge_item(items[1]) == "[M2] Avoid lava."
 
 
-def test_merge_example_answer_matches_the_parser() -> None:
+def test_merge_example_answer_matches_the_parser_and_the_schema() -> None:
     block = MERGE_TEMPLATE[MERGE_TEMPLATE.index("```json"):]
     obj = find_json(block, lambda v: isinstance(v, dict))
-    assert obj is not None and set(obj) == {"keep", "merge", "discard"}
+    assert obj is not None and set(obj) == {"E1", "E2", "E3", "E4", "merged"}
+    jsonschema.validate(obj, merge_schema(["E1", "E2", "E3", "E4"]))
     d = parse_merge_decision(block, ["E1", "E2", "E3", "E4"])
     assert d.keep == ["E1"] and d.discard == ["E4"] and d.merge[0][0] == ["E2", "E3"]
 

@@ -9,7 +9,7 @@ import pytest
 
 import crl_gym  # noqa: F401  (registers crl/ ids)
 from crl_gym.envs import registry
-from crl_gym.envs.registry import ENVS, MissingExtraError, make
+from crl_gym.envs.registry import ENVS, MissingEnvArgumentError, MissingExtraError, make
 
 
 def test_every_id_is_registered_with_gymnasium() -> None:
@@ -52,3 +52,31 @@ def test_make_passes_kwargs_and_spec_defaults() -> None:
     assert env.unwrapped.task_name == "MazeWalk-9x9"  # type: ignore[attr-defined]
     assert env.render() == obs and info["task"]
     env.close()
+
+
+def test_an_adapter_made_without_its_argument_says_what_to_pass() -> None:
+    from crl_gym.envs.textworld_env import TextWorldEnv
+
+    usage = r"needs game_files: a TextWorld game file \(.z8, .ulx, .json, .tw-pddl\) or a directory of them, e.g. " \
+            r"crl_gym.envs.make\('crl/TextWorld-v0', game_files='games/'\)"
+    with pytest.raises(MissingEnvArgumentError, match="crl/TextWorld-v0 " + usage):
+        make("crl/TextWorld-v0")
+    with pytest.raises(TypeError, match="crl/TextWorld-v0 " + usage):  # a TypeError still, for callers that catch one
+        gym.make("crl/TextWorld-v0", max_turns=3)
+    with pytest.raises(MissingEnvArgumentError, match="TextWorldEnv " + usage):
+        TextWorldEnv()
+
+
+def test_a_required_parameter_of_any_adapter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import crl_gym.wrappers.examples as examples
+
+    class NeedyEnv(examples.CorridorEnv):
+        def __init__(self, layout: str, max_turns: int = 4) -> None:
+            super().__init__(max_turns=max_turns)
+            self.layout = layout
+
+    monkeypatch.setattr(examples, "NeedyEnv", NeedyEnv, raising=False)
+    spec = registry.EnvSpec("crl_gym.wrappers.examples:NeedyEnv")
+    with pytest.raises(MissingEnvArgumentError, match=r"crl/Needy-v0 needs layout: pass it to crl_gym.envs.make"):
+        registry.check_arguments("crl/Needy-v0", spec, {"max_turns": 3})
+    registry.check_arguments("crl/Needy-v0", spec, {"layout": "x"})

@@ -14,7 +14,7 @@ from crl_gym.experience.bank import ExperienceBank
 from crl_gym.experience.embedders import HashingEmbedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.protocol import DistillationRequest, ExperienceRef, ExtractorSample
-from crl_gym.wrappers import SearchAndAskWrapper, wrap
+from crl_gym.wrappers import ExperienceWrapper, SearchAndAskWrapper, wrap
 from crl_gym.wrappers.examples import CorridorEnv
 
 TIP = "When lost in a corridor, walk east: the exit is always east."
@@ -211,3 +211,71 @@ def test_docstring_examples_run() -> None:
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_two_calls_in_one_action_take_the_first(manager: Any) -> None:
+    env = SearchAndAskWrapper(CorridorEnv(length=3), LocalClient(manager))
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(f"search_and_ask[{QUERY}] and then search_and_ask[push boxes]")
+    sa = info["search_and_ask"]
+    assert sa["query"] == QUERY and sa["calls_left"] == 1  # one call, not a query spanning both
+    assert obs.startswith(f"Answer to search_and_ask[{QUERY}]:\n{TIP}")
+    info = env.step("search_and_ask[what does [x] mean?] search_and_ask[b]")[4]
+    assert info["search_and_ask"]["query"] == "what does [x] mean?"  # brackets inside a query nest
+    assert env.unwrapped.turn == 0
+
+
+def test_a_query_as_long_as_the_context_is_capped(manager: Any) -> None:
+    env = SearchAndAskWrapper(CorridorEnv(length=3), LocalClient(manager), max_query_chars=40)
+    obs0, _ = env.reset(seed=0)
+    runaway = "where is the exit " * 2000  # a generation that never closed its thought
+    obs, _, _, _, info = env.step(f"search_and_ask[{runaway}]")
+    query = info["search_and_ask"]["query"]
+    assert query == runaway[:40].rstrip() and info["search_and_ask"]["call"].query == query
+    assert obs == f"Answer to search_and_ask[{query}]:\n{TIP}\n\n{obs0}"
+    with pytest.raises(ValueError, match="max_query_chars"):
+        SearchAndAskWrapper(CorridorEnv(), None, max_query_chars=0)
+
+
+class _SmallSpaceCorridor(CorridorEnv):
+    """A corridor whose observations may hold at most 200 characters."""
+
+    def __init__(self) -> None:
+        super().__init__(length=3)
+        from gymnasium import spaces
+
+        from crl_gym.envs.base import TEXT_CHARSET
+
+        self.observation_space = spaces.Text(max_length=200, min_length=0, charset=TEXT_CHARSET)
+
+
+def test_the_current_observation_is_never_cut_off_by_the_echoed_query(manager: Any) -> None:
+    env = SearchAndAskWrapper(_SmallSpaceCorridor(), LocalClient(manager))
+    obs0, _ = env.reset(seed=0)
+    long_query = "I am lost and I have walked up and down this corridor many times " * 5  # ~330 characters
+    obs, _, _, _, info = env.step(f"search_and_ask[{long_query}]")
+    assert info["search_and_ask"]["status"] == "answered"
+    assert len(obs) <= 200 and env.observation_space.contains(obs)
+    assert obs.endswith(f"\n\n{obs0}")  # the observation is whole; the echoed query was shortened
+    assert obs.startswith("Answer to search_and_ask[I am lost")
+    # when not even the template's own words fit beside it, the observation alone is returned
+    tight = SearchAndAskWrapper(_SmallSpaceCorridor(), LocalClient(manager),
+                                answer_template="{answer} " * 3 + "x" * 150 + "{observation}")
+    tight.reset(seed=0)
+    assert tight.step("search_and_ask[stuck]")[0] == obs0
+
+
+def test_wrapping_an_object_that_is_not_a_gymnasium_env_names_the_adapter(manager: Any) -> None:
+    class GemLike:
+        def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+            return "start", {}
+
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+            return "end", 1.0, True, False, {}
+
+    for wrapper in (SearchAndAskWrapper, ExperienceWrapper, wrap):
+        with pytest.raises(TypeError, match=r"wraps a gymnasium.Env, got .*GemLike; .*"
+                                            r"crl_gym.envs.gem_adapter.GEMEnv\(env=obj\)"):
+            wrapper(GemLike(), LocalClient(manager))
+    with pytest.raises(TypeError, match=r"make the env first: SearchAndAskWrapper\(crl_gym.envs.make\('crl/Sokoban-6x6-v0'\)"):
+        SearchAndAskWrapper("crl/Sokoban-6x6-v0", LocalClient(manager))  # type: ignore[arg-type]

@@ -78,8 +78,9 @@ def test_the_trainer_texts_are_the_ones_crl_train_wrote_inline() -> None:
         "ask the experience bank for advice.")
     assert templates.SEARCH_ACTION == "search_and_ask[what should I do next?]"
     task, text = "Push the box {left}", "Boxes in corners are lost."
-    assert templates.GATE_TEMPLATE.format(task=task, experience=text) == (
-        f"Task: {task}\nExperience: {text}\nWas this experience useful? Answer accept, refine or reject.")
+    assert templates.GATE_TEMPLATE.format(task=task, success_rate="0.50", experience=text) == (
+        f"Task: {task}\nYour success rate on this task so far: 0.50\nExperience: {text}\n"
+        "Before you start: will this experience help you? Answer accept, refine or reject.")
 
 
 def test_wrapper_templates_are_valid_format_strings_with_their_fields() -> None:
@@ -89,6 +90,8 @@ def test_wrapper_templates_are_valid_format_strings_with_their_fields() -> None:
                  "SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE", "SEARCH_AND_ASK_ERROR_TEMPLATE"):
         check_template(getattr(templates, name), name, ("query", "answer", "observation", "max_calls"), ("observation",))
     fields = {f for _, f, _, _ in string.Formatter().parse(templates.GATE_TEMPLATE) if f}
+    assert fields == {"task", "success_rate", "experience"}
+    fields = {f for _, f, _, _ in string.Formatter().parse(templates.GATE_REFINE_TEMPLATE) if f}
     assert fields == {"task", "experience"}
 
 

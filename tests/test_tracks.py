@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 from _trainer_fixtures import LocalClient, corridor_factory, manager, tiny_policy
 
-from crl_gym.protocol import DistillationRequest, Step, Trajectory
-from crl_train.extractor.model import Extractor, candidate_ops, sample_key
+from crl_gym.experience.schemas import ops_schema
+from crl_gym.protocol import (
+    DistillationRequest,
+    ExperienceRef,
+    ReturnOp,
+    Step,
+    Trajectory,
+    UpdateOp,
+)
+from crl_train.extractor.model import Extractor, sample_key
 from crl_train.policy.base import TrainBatch
 from crl_train.rollout.runner import RolloutRunner
 from crl_train.service.track import BackgroundTrack, Credit
@@ -28,9 +38,16 @@ def _request(success: bool, exp: Any = None) -> DistillationRequest:
                                success=success, experience=exp, condition="guided" if exp else "free")
 
 
-def test_candidate_ops_are_parseable_lines() -> None:
-    c = candidate_ops(_request(True))
-    assert c[0].startswith("RETURN") and any(x.startswith("ADD: Moving 'east' helped") for x in c)
+def test_structured_distillation_answers_are_valid_ops_of_their_schema(policies: tuple[Any, Any]) -> None:
+    _, ext_policy = policies
+    extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600,
+                          constrained=True, max_entry_chars=48)
+    reqs = [_request(True), _request(False, ExperienceRef(5, "Walk east.", 0))] * 4
+    for r, (s, ops) in zip(reqs, extractor.distill(reqs), strict=True):
+        ids = {5} if r.experience else set()
+        jsonschema.validate(json.loads(s.response), ops_schema(ids, max_text=48))
+        assert ops and not any(isinstance(op, ReturnOp) and op.malformed for op in ops)
+        assert all(op.id == 5 for op in ops if isinstance(op, UpdateOp)) and s.token_ids[-1] == ext_policy.eos_token_ids[0]
 
 
 def test_sync_track_distils_credits_trains_and_records_counts(policies: tuple[Any, Any]) -> None:
@@ -67,8 +84,8 @@ def test_sync_track_distils_credits_trains_and_records_counts(policies: tuple[An
 def test_uncreditable_and_malformed_are_counted(policies: tuple[Any, Any]) -> None:
     _, ext_policy = policies
     mgr = manager(("seed entry without provenance",))
-    # unconstrained random model: its text is not an op → a counted malformed Return, bank unchanged
-    extractor = Extractor(ext_policy, max_new_tokens=8, max_context_tokens=1024, max_prompt_chars=600, constrained=False)
+    # unstructured random model: its text is not an op → a counted malformed Return, bank unchanged
+    extractor = Extractor(ext_policy, max_new_tokens=8, max_context_tokens=1024, max_prompt_chars=600, structured=False)
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False)
     mgr.submit(_request(False))
     track.run_until_idle()
@@ -104,55 +121,72 @@ def test_state_roundtrip(policies: tuple[Any, Any]) -> None:
     extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600, constrained=True)
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False)
     (sample,) = extractor.generate(["p"], [["RETURN: nothing new", "ADD: x"]])
-    track.credit([Credit(step=3, reward=-1.0, sample=sample)])
-    state = track.state()
+    (s2, _), = extractor.distill([_request(True)])
+    track.credit([Credit(step=3, reward=-1.0, sample=sample), Credit(step=3, reward=1.0, sample=s2)])
+    state = json.loads(json.dumps(track.state()))  # a checkpoint is JSON
     other = BackgroundTrack(mgr, Extractor(ext_policy, constrained=True), buffer_size=64, asynchronous=False)
     other.load_state(state)
     assert [b.to_dict() for b in other.buffer] == [b.to_dict() for b in track.buffer]
-    assert other.extractor.constraints == extractor.constraints and len(other.buffer) == 1
+    assert other.extractor.constraints == extractor.constraints and len(other.buffer) == 2
+    # the grammar sample's grammar survives (written once, under "constraints", which the track carries)
+    assert other.extractor.grammars == extractor.grammars and sample_key(s2) in other.extractor.grammars
+    assert other.extractor.allowed_of(s2) == extractor.allowed_of(s2) is not None
     mgr.close()
 
 
-def test_thinking_extractor_reasons_then_answers_one_op_and_recomputes_its_logprobs(policies: tuple[Any, Any]) -> None:
+def test_thinking_extractor_reasons_then_answers_under_the_schema_and_recomputes_its_logprobs(
+        policies: tuple[Any, Any]) -> None:
     _, ext_policy = policies
     extractor = Extractor(ext_policy, max_new_tokens=96, max_context_tokens=1024, max_prompt_chars=600,
-                          constrained=True, think_tokens=12)
+                          constrained=True, think_tokens=12, max_entry_chars=48)
     torch.manual_seed(0)
     reqs = [_request(True), _request(False)]
     out = extractor.distill(reqs)
     eos = ext_policy.eos_token_ids[0]
-    for r, (s, ops) in zip(reqs, out, strict=True):
-        assert s.response in candidate_ops(r)  # the reasoning never reaches the answer
-        assert len(ops) == 1 and s.token_ids[-1] == eos and len(s.token_ids) > 12
+    for s, ops in out:
+        jsonschema.validate(json.loads(s.response), ops_schema(set(), max_text=48))  # the reasoning never reaches the answer
+        assert ops and s.token_ids[-1] == eos and len(s.token_ids) > 12
         assert eos not in s.token_ids[:12]
-        cons = extractor.constraints[sample_key(s)]
+        cons = extractor.allowed_of(s)
+        assert cons is not None and len(cons) == len(s.token_ids)
         assert all(a is cons[0] for a in cons[:12]) and len(cons[0]) > 100  # reasoning: any non-special token
-    # the stored masks make the recomputed log-probs those sampled (CISPO's ratio starts at 1)
+        assert all(a is not None and len(a) < len(cons[0]) for a in cons[12:])  # the answer: the grammar's sets
+    # the replayed masks make the recomputed log-probs those sampled (CISPO's ratio starts at 1)
     seqs = [extractor._sequence(s) for s, _ in out]
     batch = TrainBatch.from_sequences(seqs, [0.0, 0.0], ext_policy.pad_token_id)
     new = ext_policy.logprobs(batch)
     for i, (s, _) in enumerate(out):
         start = len(s.prompt_token_ids)
         assert torch.allclose(new[i, start : start + len(s.token_ids)], torch.tensor(s.logprobs), atol=1e-4)
-    # a checkpoint writes the shared reasoning set once, and reads back to the same constraints
-    state = extractor.get_state()
-    assert sum(len(a) > 100 for a in state["allowed_sets"]) == 1
+    # without the masks they differ: the replay matters
+    bare = TrainBatch.from_sequences(seqs, [0.0, 0.0], ext_policy.pad_token_id)
+    bare.constraints = None
+    free = ext_policy.logprobs(bare)
+    assert not torch.allclose(free, new, atol=1e-3)
+    # a checkpoint writes the grammar once, and reads back to the same grammars and masks
+    state = json.loads(json.dumps(extractor.get_state()))
+    assert sum(k.startswith("grammar:") for k in state["constraints"]) == 1 and state["allowed_sets"] == []
     other = Extractor(ext_policy, constrained=True, think_tokens=12)
     other.set_state(state)
-    assert other.constraints == extractor.constraints
+    assert other.grammars == extractor.grammars and other.allowed_of(out[0][0]) == extractor.allowed_of(out[0][0])
     # the older checkpoint form (sets written inline) still loads
-    inline = {k: [list(a) if a is not None else None for a in v] for k, v in extractor.constraints.items()}
+    inline = {"k": [[1, 2], None]}
     other.set_state({"version": 3, "constraints": inline})
-    assert other.constraints == extractor.constraints and other.version == 3
-    # a state whose references point past its sets is refused, naming the problem
-    bad = {**state, "allowed_sets": state["allowed_sets"][:1]}
+    assert other.constraints == {"k": [(1, 2), None]} and other.version == 3 and other.grammars == {}
+    # a state whose references point past its sets, or to a grammar it lacks, is refused, naming the problem
     with pytest.raises(ValueError, match="refers to allowed set 1, but the state holds 1 sets"):
-        other.set_state(bad)
+        other.set_state({"allowed_sets": [[1]], "constraints": {"k": [0, 1]}})
+    key = next(k for k in state["constraints"] if not k.startswith("grammar:"))
+    with pytest.raises(ValueError, match="refers to grammar"):
+        other.set_state({"constraints": {key: state["constraints"][key]}})
+    assert other.version == 3  # nothing changed on a refused state
 
 
-def test_think_tokens_need_a_constrained_extractor(policies: tuple[Any, Any]) -> None:
-    with pytest.raises(ValueError, match="needs constrained=True"):
-        Extractor(policies[1], constrained=False, think_tokens=4)
+def test_think_tokens_need_a_structured_extractor(policies: tuple[Any, Any]) -> None:
+    with pytest.raises(ValueError, match="needs structured=True"):
+        Extractor(policies[1], structured=False, think_tokens=4)
+    with pytest.raises(ValueError, match="needs structured=True"):
+        Extractor(policies[1], structured=False, constrained=True)
 
 
 # --- through the trainer: sync waits, async uses the worker, a dead worker costs nothing but counts ------------

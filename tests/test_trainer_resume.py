@@ -14,11 +14,12 @@ import pytest
 import yaml
 
 from crl_gym.experience.distill_queue import DistillQueue
+from crl_gym.experience.store import BankCorruptError
 from crl_gym.protocol import DistillationRequest, Trajectory
 from crl_gym.wrappers.examples import CorridorEnv
 from crl_train.cli import evaluate_dir
 from crl_train.config import load_config
-from crl_train.run.outputs import resolve_checkpoint, truncate_jsonl
+from crl_train.run.outputs import ResumeError, resolve_checkpoint, truncate_jsonl
 from crl_train.run.trainer import Trainer
 
 SMALL = ["env.ids=[corridor]", "env.tasks_per_step=1", "env.group_size=4", "env.max_turns=3", "train.eval_episodes=0",
@@ -93,14 +94,20 @@ def test_resume_after_a_kill_between_the_checkpoint_renames(tmp_path: Path, tmp_
     shutil.copytree(run / "checkpoint", saved0)
     _train(run, 2, resume=True)
     assert _step(run / "checkpoint") == 1
+    assert _step(run / "checkpoint.old") == 0  # the previous checkpoint is kept
     # The crash state: checkpoint/ was renamed to .old, checkpoint.tmp/ not yet to checkpoint/.
+    shutil.rmtree(run / "checkpoint.old")
     (run / "checkpoint").rename(run / "checkpoint.tmp")
     saved0.rename(run / "checkpoint.old")
     if not tmp_complete:  # killed while writing tmp: no state.json, so not a checkpoint
         (run / "checkpoint.tmp" / "state.json").unlink()
     ckpt = resolve_checkpoint(run)
     assert ckpt == run / "checkpoint" and _step(ckpt) == (1 if tmp_complete else 0)
-    assert not (run / "checkpoint.tmp").exists() and not (run / "checkpoint.old").exists()
+    assert not (run / "checkpoint.tmp").exists()
+    if tmp_complete:  # the older complete one stays as the previous checkpoint
+        assert _step(run / "checkpoint.old") == 0
+    else:
+        assert not (run / "checkpoint.old").exists()
     cfg = load_config(run / "config.yaml", ["train.steps=3"])
     trainer = Trainer(cfg, run, resume=True, progress=False, env_factory=_corridor)
     try:
@@ -187,3 +194,106 @@ def test_grpo_builds_no_extractor_and_resumes(tmp_path: Path) -> None:
         assert trainer.start_step == 1 and trainer.c.service.extractor is None
     finally:
         trainer.close()
+
+
+# ------------------------------------------------------------------ a damaged checkpoint
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 2 steps: checkpoint/ holds step 1, checkpoint.old/ step 0 (made once, copied per test)."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    _train(run, 2)
+    return run
+
+
+def _tree(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _edit_state(run: Path, edit: Any) -> None:
+    path = run / "checkpoint" / "state.json"
+    state = json.loads(path.read_text())
+    edit(state)
+    path.write_text(json.dumps(state))
+
+
+def _nan_reward(state: dict[str, Any]) -> None:
+    sample = {"prompt": "p", "response": "ADD: x", "logprobs": [-0.5], "token_ids": [4]}
+    state["service"]["track"]["buffer"] = [{"sample": sample, "reward": float("nan"), "entry_id": 1, "step": 0}]
+
+
+def _bad_set(state: dict[str, Any]) -> None:
+    state["service"]["track"]["allowed_sets"] = []
+    state["service"]["track"]["constraints"] = {"k": [3]}
+
+
+DAMAGES: dict[str, tuple[Any, str]] = {
+    "state.json missing": (lambda run: (run / "checkpoint" / "state.json").unlink(), r"checkpoint/state.json is missing"),
+    "state.json garbage": (lambda run: (run / "checkpoint" / "state.json").write_bytes(b"\x00{garbage"),
+                           r"checkpoint/state.json is unreadable"),
+    "state.json step": (lambda run: _edit_state(run, lambda s: s.update(step="two")), r"'step' must be a non-negative integer"),
+    "actor weights cut": (lambda run: _cut(run / "checkpoint" / "actor" / "model" / "model.safetensors"),
+                          r"checkpoint/actor/model/model.safetensors: \d+ bytes, but \d+ were written"),
+    "actor optimizer cut": (lambda run: _cut(run / "checkpoint" / "actor" / "policy_state.pt"),
+                            r"checkpoint/actor/policy_state.pt: \d+ bytes, but \d+ were written"),
+    "extractor weights cut": (lambda run: _cut(run / "checkpoint" / "extractor" / "model" / "model.safetensors"),
+                              r"checkpoint/extractor/model/model.safetensors"),
+    "track reward nan": (lambda run: _edit_state(run, _nan_reward),
+                         r"checkpoint/state.json: service.track.buffer\[0\].reward must be a finite number, got nan"),
+    "track allowed set": (lambda run: _edit_state(run, _bad_set),
+                          r"service.track.constraints\['k'\]\[0\] refers to allowed set 3, but the state holds 0 sets"),
+    "runner counter": (lambda run: _edit_state(run, lambda s: s["runner"].update(errors=-1)),
+                       r"runner.errors must be a non-negative integer"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_checkpoint_is_one_clear_error_and_changes_nothing(trained_run: Path, tmp_path: Path, damage: str) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    with (run / "metrics.jsonl").open("a") as f:  # a later row a successful resume would trim
+        f.write(json.dumps({"step": 5, "killed_run": True}) + "\n")
+    apply, match = DAMAGES[damage]
+    apply(run)
+    before = _tree(run)
+    cfg = load_config(run / "config.yaml", ["train.steps=4"])
+    with pytest.raises(ResumeError, match=match) as err:
+        Trainer(cfg, run, resume=True, progress=False, env_factory=_corridor)
+    message = str(err.value)
+    assert f"Nothing in {run} was changed" in message
+    assert "previous checkpoint" in message and "checkpoint.old (step 0)" in message
+    assert _tree(run) == before  # not a byte of the run directory changed (config, metrics, bank, checkpoints)
+
+
+def test_following_the_advice_resumes_from_the_previous_checkpoint(trained_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    _cut(run / "checkpoint" / "actor" / "model" / "model.safetensors")
+    cfg = load_config(run / "config.yaml", ["train.steps=3"])
+    with pytest.raises(ResumeError):
+        Trainer(cfg, run, resume=True, progress=False, env_factory=_corridor)
+    (run / "checkpoint").rename(run / "checkpoint.broken")
+    (run / "checkpoint.old").rename(run / "checkpoint")
+    trainer = Trainer(cfg, run, resume=True, progress=False, env_factory=_corridor)
+    try:
+        assert trainer.start_step == 1
+    finally:
+        trainer.close()
+
+
+def test_resume_over_an_emptied_bank_is_an_error_not_a_new_bank(trained_run: Path, tmp_path: Path) -> None:
+    # A 0-byte bank.sqlite once resumed as a new, empty bank (122 entries became 2) with a warning.
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    (run / "bank" / "bank.sqlite").write_bytes(b"")
+    before = _tree(run)
+    cfg = load_config(run / "config.yaml", ["train.steps=3"])
+    with pytest.raises(BankCorruptError, match=r"bank/bank.sqlite is empty \(0 bytes\)"):
+        Trainer(cfg, run, resume=True, progress=False, env_factory=_corridor)
+    assert _tree(run) == before
+    shutil.rmtree(run / "bank")
+    with pytest.raises(FileNotFoundError, match=r"bank/bank.sqlite does not exist"):
+        Trainer(cfg, run, resume=True, progress=False, env_factory=_corridor)

@@ -103,3 +103,21 @@ def test_constraint_mask_converts_a_shared_allowed_set_once_per_call() -> None:
     out = constraint_mask(torch.zeros(3, 4), [shared, shared, (3,)])
     assert torch.isinf(out[:, 0]).all() and torch.isfinite(out[:2, 1:3]).all() and torch.isinf(out[:2, 3]).all()
     assert torch.isfinite(out[2, 3]) and torch.isinf(out[2, :3]).all()
+
+
+def test_constraint_mask_takes_a_grammars_boolean_mask_as_a_row() -> None:
+    logits = torch.zeros(3, 4)
+    mask = torch.tensor([False, True, True, False])
+    out = constraint_mask(logits, [mask, (0,), None])
+    assert out[0].tolist() == [float("-inf"), 0.0, 0.0, float("-inf")]
+    assert out[1].tolist() == [0.0, float("-inf"), float("-inf"), float("-inf")] and out[2].tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="expected bool"):
+        constraint_mask(logits, [torch.ones(4), None, None])
+    with pytest.raises(ValueError, match="expected bool"):
+        constraint_mask(logits, [torch.ones(3, dtype=torch.bool), None, None])
+    with pytest.raises(ValueError, match="allows no token"):  # a tuple row is checked (a grammar's mask when made)
+        constraint_mask(logits, [torch.zeros(4, dtype=torch.bool), (), None])
+    # masks only: one masked_fill, rows without a mask kept
+    both = constraint_mask(logits, [mask, None, mask])
+    assert both[0].tolist() == both[2].tolist() == out[0].tolist() and both[1].tolist() == [0.0] * 4
+    assert constraint_mask(logits[:1], [mask]).tolist() == [out[0].tolist()]

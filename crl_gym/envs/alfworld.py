@@ -70,6 +70,16 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
     return path
 
 
+def task_category_of(game_file: Path) -> str:
+    """The ALFWorld task type of a game, from its folder's name
+    (``<task type>-<object>-<...>-<scene>/<trial>/game.tw-pddl``).
+
+    >>> task_category_of(Path("valid_seen/pick_and_place_simple-Book-None-Desk-301/trial_T1/game.tw-pddl"))
+    'pick_and_place_simple'
+    """
+    return game_file.parent.parent.name.split("-", 1)[0]
+
+
 def collect_games(root: Path, task_types: tuple[int, ...] = tuple(TASK_TYPES)) -> list[Path]:
     """Solvable ``game.tw-pddl`` files under ``root``, with AlfredTWEnv's filters.
 
@@ -167,6 +177,11 @@ class ALFWorldEnv(TextWorldEnv):
         if marker in first_obs:
             return first_obs.split(marker, 1)[1].strip()
         return first_obs
+
+    def _info(self) -> dict[str, Any]:
+        info = super()._info()
+        info["task_category"] = task_category_of(Path(self.game_file))
+        return info
 
     def _terminal_reward(self, won: bool, ended: bool) -> float:
         # the +1 of a win is already given by the base class; a failure costs -1 (paper)

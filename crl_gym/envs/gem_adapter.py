@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
+from crl_gym.envs.registry import GEM_USAGE, MissingEnvArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,11 @@ class GEMEnv(TextEnv):
         success_reward: float = 1.0,
         **env_kwargs: Any,
     ) -> None:
+        if env_id is None and env is None:
+            raise MissingEnvArgumentError(f"GEMEnv needs {GEM_USAGE}")
+        if env_id is not None and env is not None:
+            raise ValueError("give exactly one of env_id (a gem-llm id) or env (a GEM-style object), not both")
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if (env_id is None) == (env is None):
-            raise ValueError("give exactly one of env_id (a gem-llm id) or env (a GEM-style object)")
         self.env_id = env_id or type(env).__name__
         self.gem_env = env if env is not None else _gem_make(env_id, **env_kwargs)  # type: ignore[arg-type]
         for method in ("reset", "step"):

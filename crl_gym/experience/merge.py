@@ -2,7 +2,10 @@
 
 The bank is walked in chunks that fit ``token_budget``. Each window shows the items carried over
 from the previous window (the merged output, paper §3.2.1) followed by the next bank entries; the
-generator answers keep / merge / discard as JSON (format in :data:`prompts.MERGE_TEMPLATE`). Its
+generator answers which entries to merge or discard as JSON (format in :data:`prompts.MERGE_TEMPLATE`,
+schema :func:`crl_gym.experience.schemas.merge_schema`: each prompt is a :class:`MergePrompt`, a
+``str`` that also carries its window's labels, so a structured generator can restrict the answer to
+them). Its
 results are carried into the next window as far as ``carry_fraction`` of the budget allows; the
 rest is final. Only at the end is the result swapped into the bank, in one ``apply_batch`` under
 the writer lock. If the generator raises or answers garbage for any window, nothing is applied
@@ -21,7 +24,7 @@ Sources changed by a concurrent write since the walk started are left alone (cou
 >>> from crl_gym.experience.embedders import HashingEmbedder
 >>> emb = HashingEmbedder(32); bank = ExperienceBank(None, dim=32)
 >>> ids = [bank.add(t, emb.encode([t])[0]) for t in ("go east", "walk east", "eat")]
->>> gen = lambda ps: ['{"merge": [{"from": ["E1", "E2"], "text": "Head east."}]}' for _ in ps]
+>>> gen = lambda ps: ['{"E1": "merge", "E2": "merge", "E3": "keep", "merged": "Head east."}' for _ in ps]
 >>> report = merge_bank(bank, emb, gen, order="id")
 >>> report.ok, sorted(e.text for e in bank)
 (True, ['Head east.', 'eat'])
@@ -29,6 +32,7 @@ Sources changed by a concurrent write since the walk started are left alone (cou
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,8 +44,15 @@ import numpy as np
 from crl_gym.experience.bank import ExperienceBank, PendingUpdate
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
-from crl_gym.experience.ops import DEFAULT_MAX_LEN, find_json, strip_think
+from crl_gym.experience.ops import (
+    DEFAULT_MAX_LEN,
+    MAX_INPUT_CHARS,
+    clean_text,
+    find_json,
+    strip_think,
+)
 from crl_gym.experience.prompts import MergeItem, build_merge_prompt, render_merge_item
+from crl_gym.experience.schemas import MERGE_ACTIONS
 from crl_gym.protocol import ExtractorSample
 
 logger = logging.getLogger(__name__)
@@ -59,6 +70,26 @@ def approx_tokens(text: str) -> int:
 
 class MergeOutputError(ValueError):
     """A merge answer that cannot be applied; the message says what is wrong."""
+
+
+class MergePrompt(str):
+    """A merge window's prompt that also carries the window's labels, in window order (what the
+    answer's schema allows). It is a ``str``: a generator that only reads text takes it as one.
+
+    >>> p = MergePrompt("[E1] a [E2] b", ("E1", "E2"))
+    >>> p.labels, p.startswith("[E1]")
+    (('E1', 'E2'), True)
+    """
+
+    labels: tuple[str, ...]
+
+    def __new__(cls, text: str, labels: Sequence[str]) -> MergePrompt:
+        obj = super().__new__(cls, text)
+        obj.labels = tuple(labels)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MergePrompt, (str(self), self.labels))
 
 
 @dataclass
@@ -81,29 +112,73 @@ def _labels(value: Any, where: str) -> list[str]:
     return out
 
 
+def _is_label_form(v: Any, known: set[str]) -> bool:
+    """The schema's form: ``{"E1": "keep", "E2": "merge", …, "merged": "text"}``."""
+    return isinstance(v, dict) and "merged" in v and all(k == "merged" or k.upper() in known for k in v)
+
+
+def _label_form(obj: dict[str, Any], labels: Sequence[str], max_len: int) -> MergeDecision:
+    """The schema's form as a decision (``_is_label_form`` checked that every key is a known label)."""
+    decision = MergeDecision()
+    marked: list[str] = []
+    for key, action in obj.items():
+        if key == "merged":
+            continue
+        label = key.upper()
+        if not isinstance(action, str) or action.strip().lower() not in MERGE_ACTIONS:
+            raise MergeOutputError(f"{key}: {action!r} is not one of {', '.join(MERGE_ACTIONS)}")
+        if label in marked or label in decision.discard or label in decision.keep:
+            raise MergeOutputError(f"label {label!r} used more than once")
+        verdict = action.strip().lower()
+        (decision.keep if verdict == "keep" else marked if verdict == "merge" else decision.discard).append(label)
+    if marked:
+        body = obj.get("merged")
+        text = clean_text(body).strip() if isinstance(body, str) else ""
+        if not text:
+            raise MergeOutputError("entries are marked merge but the merged text is empty")
+        if len(text) > max_len:
+            raise MergeOutputError(f"merged text has {len(text)} chars > {max_len}")
+        decision.merge.append((marked, text))
+    return decision
+
+
 def parse_merge_decision(
     text: Any, labels: Sequence[str], *, max_len: int = DEFAULT_MAX_LEN
 ) -> MergeDecision:
     """Read a merge answer; raise :class:`MergeOutputError` for anything not applicable.
 
-    Every label must be known and used at most once; labels not mentioned are kept.
+    Two forms: the schema's (:func:`~crl_gym.experience.schemas.merge_schema`: each label ``keep``,
+    ``merge`` or ``discard``, and the ``merged`` text that replaces every ``merge`` one), and the
+    lists form of unconstrained models (``{"keep": [...], "merge": [{"from": [...], "text"}],
+    "discard": [...]}``). Every label must be known and used at most once; labels not mentioned
+    are kept.
 
-    >>> parse_merge_decision('</think>{"keep": ["E1"], "discard": ["e2"]}', ["E1", "E2"]).discard
+    >>> parse_merge_decision('</think>{"E1": "keep", "E2": "discard", "merged": "x"}', ["E1", "E2"]).discard
+    ['E2']
+    >>> parse_merge_decision('{"keep": ["E1"], "discard": ["e2"]}', ["E1", "E2"]).discard
     ['E2']
     """
     if not isinstance(text, str):
         raise MergeOutputError(f"the answer is a {type(text).__name__}, not text")
-    answer, ok = strip_think(text)
+    answer, ok = strip_think(text[-MAX_INPUT_CHARS:])
     if not ok:
         raise MergeOutputError("the answer stopped inside <think> (no decision)")
+    known = set(labels)
+    try:
+        whole = json.loads(answer)
+    except (ValueError, RecursionError):
+        whole = None
+    if _is_label_form(whole, known):
+        return _label_form(whole, labels, max_len)
 
     def accept(v: Any) -> bool:
-        return isinstance(v, dict) and any(k in v for k in ("keep", "merge", "discard"))
+        return _is_label_form(v, known) or (isinstance(v, dict) and any(k in v for k in ("keep", "merge", "discard")))
 
     obj = find_json(answer, accept)
     if obj is None:
         raise MergeOutputError("no JSON object with keep / merge / discard found")
-    known = set(labels)
+    if _is_label_form(obj, known):
+        return _label_form(obj, labels, max_len)
     seen: set[str] = set()
 
     def claim(label: str, where: str) -> str:
@@ -128,11 +203,12 @@ def parse_merge_decision(
         body = g.get("text", g.get("content"))
         if not members:
             raise MergeOutputError(f"merge[{n}].from is empty")
-        if not isinstance(body, str) or not body.strip():
+        body = clean_text(body).strip() if isinstance(body, str) else ""
+        if not body:
             raise MergeOutputError(f"merge[{n}].text is empty")
-        if len(body.strip()) > max_len:
-            raise MergeOutputError(f"merge[{n}].text has {len(body.strip())} chars > {max_len}")
-        decision.merge.append((members, body.strip()))
+        if len(body) > max_len:
+            raise MergeOutputError(f"merge[{n}].text has {len(body)} chars > {max_len}")
+        decision.merge.append((members, body))
     return decision
 
 
@@ -296,7 +372,7 @@ def _run_window(
     label: Callable[[str], str], max_len: int,
 ) -> list[_Item]:
     """One generator call; returns the window's surviving items (merged first)."""
-    prompt = build_merge_prompt([w.view for w in window])
+    prompt = MergePrompt(build_merge_prompt([w.view for w in window]), [w.view.label for w in window])
     report.prompts.append(prompt)
     report.windows += 1
     try:

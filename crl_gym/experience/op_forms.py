@@ -67,8 +67,10 @@ def strip_think(text: str) -> tuple[str, bool]:
 # JSON form
 # --------------------------------------------------------------------------------------------
 
-# Info string limited to one word: a greedy "[^\n]*" here made runs of backticks quadratic.
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n(.*?)```", re.DOTALL)
+# Linear time: the info string is one optional word, and the blanks after it are only tried after
+# a word, so no two blank runs compete for the same characters (``[ \t]*(word)*[ \t]*`` made a
+# run of blanks quadratic, a greedy ``[^\n]*`` made runs of backticks quadratic).
+_FENCE = re.compile(r"```[ \t]*(?:([A-Za-z0-9_+-]+)[ \t]*)?\r?\n(.*?)```", re.DOTALL)
 
 
 def looks_like_op(value: Any) -> bool:

@@ -20,6 +20,17 @@ Anything malformed becomes ``ReturnOp(reason=..., malformed=True)``: the reason 
 :class:`ParseStats` and logged. ``parse_ops`` never raises. Finding the answer and reading its two
 forms is :mod:`crl_gym.experience.op_forms`; this module validates the ops and counts failures.
 
+Those forms are for unconstrained text (an API model, a user's own extractor). An answer written
+under the grammar of :func:`crl_gym.experience.schemas.ops_schema` is read by
+:func:`parse_structured_ops`: the JSON list and nothing else, no fallback form, the same
+validation and the same counters (a malformed one — cut by the token budget, say — still counts).
+
+Hardening, for any text: each op is validated on its own (a bad op becomes one counted Return and
+never drops the other ops of its answer; ops past ``max_ops`` are dropped as one counted Return);
+texts are cleaned of what the bank cannot store (:func:`clean_text`: lone surrogates from JSON
+escapes, control characters); every regular expression applied to the output runs in linear time
+and only the last :data:`MAX_INPUT_CHARS` characters are read.
+
 >>> parse_ops('<think>the key was the trick</think>ADD: Grab the key first.')
 [AddOp(text='Grab the key first.', tags=(), kind='add')]
 >>> parse_ops('UPDATE: Go round the lava.', allowed_update_ids={7})
@@ -30,6 +41,7 @@ forms is :mod:`crl_gym.experience.op_forms`; this module validates the ops and c
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -57,9 +69,23 @@ MAX_INPUT_CHARS = 200_000
 """Only the last this-many characters of an output are parsed (the answer comes last)."""
 
 __all__ = [
-    "DEFAULT_MAX_LEN", "MAX_INPUT_CHARS", "PARSE_STATS", "ParseStats", "find_json", "parse_ops",
-    "strip_think",
+    "DEFAULT_MAX_LEN", "MAX_INPUT_CHARS", "PARSE_STATS", "ParseStats", "clean_text", "find_json", "parse_ops",
+    "parse_structured_ops", "strip_think",
 ]
+
+_UNSTORABLE = re.compile("[\\ud800-\\udfff\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f]")
+_ID = re.compile(r"#?\d{1,20}")
+
+
+def clean_text(text: str) -> str:
+    """``text`` without what cannot be stored or shown: lone surrogates (a JSON ``\\ud800`` escape
+    decodes to one, and UTF-8 cannot encode it, so the bank's write would fail with the whole
+    batch), NUL and the other control characters but newline and tab. Linear time.
+
+    >>> clean_text("go\\ud800 east\\x00\\n")
+    'go east\\n'
+    """
+    return _UNSTORABLE.sub("", text)
 
 
 class ParseStats:
@@ -123,7 +149,7 @@ PARSE_STATS = ParseStats()
 def _parse_id(value: Any) -> int:
     if isinstance(value, bool):
         raise Malformed("bad_id")
-    if isinstance(value, str) and re.fullmatch(r"\s*#?\d{1,20}\s*", value):
+    if isinstance(value, str) and _ID.fullmatch(value.strip()):
         value = int(value.strip().lstrip("#"))
     if not isinstance(value, int) or not 0 <= value <= UINT64_MAX:
         raise Malformed("bad_id")
@@ -141,7 +167,7 @@ def _finish(
     kind = raw["kind"]
     if kind == "return":
         reason = raw.get("reason")
-        return ReturnOp(reason=reason.strip()[:200] if isinstance(reason, str) else "")
+        return ReturnOp(reason=clean_text(reason).strip()[:200] if isinstance(reason, str) else "")
     if kind == "delete":
         if not allow_delete:
             raise Malformed("delete_not_allowed")
@@ -150,13 +176,14 @@ def _finish(
             raise Malformed("delete_id_not_allowed")
         return DeleteOp(id=entry_id)
     text = raw.get("text")
-    if not isinstance(text, str) or not text.strip():
+    text = clean_text(text).strip() if isinstance(text, str) else ""
+    if not text:
         raise Malformed("empty_text")
-    text = text.strip()
     if len(text) > max_len:
         raise Malformed("text_too_long")
     if kind == "add":
-        tags = tuple(str(t).strip()[:64] for t in raw.get("tags", ()) if str(t).strip())
+        raw_tags = raw.get("tags", ())
+        tags = tuple(t for t in (clean_text(str(x)).strip()[:64] for x in (raw_tags if isinstance(raw_tags, list | tuple) else ())) if t)
         return AddOp(text=text, tags=tags[:16])
     raw_id = raw.get("id")
     if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
@@ -195,11 +222,23 @@ def _parse(
         raws = list(ops_from_lines(answer)) or raws
     if not raws:
         raise Malformed("no_op_found")
-    if len(raws) > max_ops:
-        raise Malformed("too_many_ops")
+    return _validate(raws, allowed=allowed, retrieved_id=retrieved_id, allow_delete=allow_delete,
+                     max_len=max_len, max_ops=max_ops)
+
+
+def _validate(
+    raws: list[dict[str, Any] | Malformed],
+    *,
+    allowed: Collection[int] | None,
+    retrieved_id: int | None,
+    allow_delete: bool,
+    max_len: int,
+    max_ops: int,
+) -> list[ExperienceOp]:
+    """Each raw op on its own: a bad one is one counted Return, never the loss of the others."""
     ops: list[ExperienceOp] = []
     updated: set[int] = set()
-    for raw in raws:
+    for raw in raws[:max_ops]:
         try:
             if isinstance(raw, Malformed):
                 raise raw
@@ -212,7 +251,37 @@ def _parse(
             ops.append(op)
         except Malformed as err:
             ops.append(ReturnOp(reason=err.reason, malformed=True))
+        except Exception as err:  # noqa: BLE001 - a validator bug costs this op only
+            logger.exception("parse_ops: internal error on one op")
+            ops.append(ReturnOp(reason=f"parser_error:{type(err).__name__}", malformed=True))
+    if len(raws) > max_ops:  # the ops past the limit, as one counted Return
+        ops.append(ReturnOp(reason="too_many_ops", malformed=True))
     return ops
+
+
+def _structured(text: Any, *, allowed: Collection[int] | None, max_len: int, max_ops: int) -> list[ExperienceOp]:
+    if not isinstance(text, str):
+        raise Malformed("not_text")
+    if not text.strip():
+        raise Malformed("empty_output")  # e.g. cut by the token budget (the generator blanks it)
+    answer, ok = strip_think(text[-MAX_INPUT_CHARS:])
+    if not ok:
+        raise Malformed("unclosed_think")
+    try:
+        value = json.loads(answer)
+    except (ValueError, RecursionError) as err:
+        raise Malformed("not_the_schema") from err
+    if not isinstance(value, list) or not value:
+        raise Malformed("not_the_schema")
+    raws: list[dict[str, Any] | Malformed] = []
+    for item in value:
+        kind = item.get("op") if isinstance(item, dict) else None
+        if kind not in ("add", "update", "return"):
+            raws.append(Malformed("not_the_schema"))
+            continue
+        raws.append({"kind": kind, "text": item.get("text"), "id": item.get("id"), "tags": [],
+                     "reason": item.get("reason", "")})
+    return _validate(raws, allowed=allowed, retrieved_id=None, allow_delete=False, max_len=max_len, max_ops=max_ops)
 
 
 def parse_ops(
@@ -253,6 +322,42 @@ def parse_ops(
     except Exception as err:  # a parser bug must not take the trainer down: count it instead
         logger.exception("parse_ops: internal error")
         ops = [ReturnOp(reason=f"parser_error:{type(err).__name__}", malformed=True)]
+    return _count(ops, text, stats)
+
+
+def parse_structured_ops(
+    text: str,
+    *,
+    allowed_update_ids: Collection[int] | None = None,
+    max_len: int = DEFAULT_MAX_LEN,
+    max_ops: int = 16,
+    stats: ParseStats | None = None,
+) -> list[ExperienceOp]:
+    """Read an answer generated under :func:`~crl_gym.experience.schemas.ops_schema`; never raises.
+
+    Only the schema's form is read (after a thinking model's reasoning): a compact JSON list of
+    ``{"op": "add", "text"}`` / ``{"op": "update", "id", "text"}`` / ``{"op": "return",
+    "reason"}``. The grammar makes every such answer valid; the validation is still the one of
+    :func:`parse_ops`, so an answer that is not (cut short, or from a model run without the
+    grammar) is a counted malformed Return.
+
+    >>> parse_structured_ops('[{"op":"update","id":7,"text":"Go round."}]', allowed_update_ids={7})
+    [UpdateOp(id=7, text='Go round.', kind='update')]
+    >>> parse_structured_ops('ADD: Go round.', stats=ParseStats())
+    [ReturnOp(reason='not_the_schema', malformed=True, kind='return')]
+    """
+    allowed = None if allowed_update_ids is None else frozenset(allowed_update_ids)
+    try:
+        ops = _structured(text, allowed=allowed, max_len=max_len, max_ops=max_ops)
+    except Malformed as err:
+        ops = [ReturnOp(reason=err.reason, malformed=True)]
+    except Exception as err:  # noqa: BLE001 - a parser bug must not take the trainer down
+        logger.exception("parse_structured_ops: internal error")
+        ops = [ReturnOp(reason=f"parser_error:{type(err).__name__}", malformed=True)]
+    return _count(ops, text, stats)
+
+
+def _count(ops: list[ExperienceOp], text: Any, stats: ParseStats | None) -> list[ExperienceOp]:
     counters = stats if stats is not None else PARSE_STATS
     first_seen = counters.record(ops)
     for op in ops:

@@ -20,11 +20,12 @@ text with literal braces and raised ``KeyError``). Literal JSON in a template is
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crl_gym.experience.ops import strip_think
+from crl_gym.experience.ops import MAX_INPUT_CHARS, clean_text, strip_think
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
 from crl_gym.templates import (
     DISTILLATION_TEMPLATE,
@@ -35,9 +36,11 @@ from crl_gym.templates import (
     INFLUENCE_QUESTION_GUIDED,
     MERGE_TEMPLATE,
     NO_EXPERIENCE,
+    NO_SUCCESSFUL_EPISODE,
     OMITTED_TURNS_TEMPLATE,
     OUTCOME_TEMPLATE,
     REFINEMENT_TEMPLATE,
+    REFLECTION_TEMPLATE,
     SEARCH_AND_ASK_TOOL,
     SEARCH_ANSWER_TEMPLATE,
     SEARCH_NO_RESULT,
@@ -52,6 +55,9 @@ _UPDATE_RULE_GUIDED = UPDATE_RULE_GUIDED
 _UPDATE_RULE_FREE = UPDATE_RULE_FREE
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+_FENCE_EDGE = re.compile(r"^```[^\n]*\n|```\s*$")
+"""A code fence's opening line or closing marks (linear: each ``` starts one bounded scan)."""
+_ADVICE_PREFIX = re.compile(r"^(?:refined\s+)?advice\s*:\s*", re.IGNORECASE)
 
 
 def fill(template: str, **values: object) -> str:
@@ -199,6 +205,32 @@ def build_distillation_prompt(
                   update_rule=update_rule, max_ops=max_ops, trajectory=traj)
 
 
+def build_reflection_prompt(category: str, failures: Sequence[DistillationRequest],
+                            successes: Sequence[DistillationRequest], *, max_entries: int = 3,
+                            max_chars: int = 12000, max_episodes: int = 3) -> str:
+    """EDGE's reflection: contrast a low-success category's failed and successful episodes of one
+    step (at most ``max_episodes`` of each, their trajectories shrunk to keep the prompt near
+    ``max_chars``) and ask for up to ``max_entries`` new entries.
+
+    >>> from crl_gym.protocol import Trajectory, Step
+    >>> bad = DistillationRequest(task="pick up the key", trajectory=Trajectory(steps=[Step("a key", "north", 0.0)]),
+    ...                           outcome=0.0, success=False, experience=None)
+    >>> p = build_reflection_prompt("alfworld/pick", [bad], [])
+    >>> "succeeded in 0 of 1" in p and "(none in this step)" in p
+    True
+    """
+    fail, win = list(failures)[:max_episodes], list(successes)[:max_episodes]
+    per = max(300, max_chars // max(1, 2 * max(len(fail), len(win), 1)))
+
+    def episodes(reqs: Sequence[DistillationRequest]) -> str:
+        return "\n\n".join(f"Task: {truncate_middle(r.task.strip(), 500)}\n{_render_outcome(r)}\n"
+                           f"{render_trajectory(r.trajectory, per)}" for r in reqs)
+
+    return fill(REFLECTION_TEMPLATE, category=category, successes=len(successes),
+                episodes=len(failures) + len(successes), max_entries=max_entries,
+                failures=episodes(fail), successes_text=episodes(win) if win else NO_SUCCESSFUL_EPISODE)
+
+
 def distillation_update_ids(request: DistillationRequest) -> frozenset[int]:
     """Ids the extractor may update for ``request``: only the retrieved entry m, if any."""
     return frozenset() if request.experience is None else frozenset({request.experience.id})
@@ -233,6 +265,11 @@ def build_refinement_prompt(
 def extract_refined_advice(response: str, fallback: str, max_chars: int = 1500) -> str:
     """The advice in a refinement response; ``fallback`` (entry m) when there is none.
 
+    The schema's form (``{"advice": "..."}``, :func:`~crl_gym.experience.schemas.refinement_schema`)
+    or, from an unconstrained model, plain text. Cleaned like an entry (``clean_text``).
+
+    >>> extract_refined_advice('{"advice":"Go east."}', "m")
+    'Go east.'
     >>> extract_refined_advice("<think>..</think>\\nAdvice: go east.", "m")
     'go east.'
     >>> extract_refined_advice("<think>cut off", "Keys open doors.")
@@ -240,11 +277,19 @@ def extract_refined_advice(response: str, fallback: str, max_chars: int = 1500) 
     """
     if not isinstance(response, str):
         return fallback
-    answer, ok = strip_think(response)
+    answer, ok = strip_think(response[-MAX_INPUT_CHARS:])
     if not ok:
         return fallback
-    answer = re.sub(r"^```[^\n]*\n|```\s*$", "", answer.strip()).strip()
-    answer = re.sub(r"^(?:refined\s+)?advice\s*:\s*", "", answer, flags=re.IGNORECASE).strip()
+    try:
+        obj = json.loads(answer)
+    except (ValueError, RecursionError):
+        obj = None
+    if isinstance(obj, dict) and set(obj) == {"advice"}:
+        advice = obj["advice"]
+        advice = clean_text(advice).strip() if isinstance(advice, str) else ""
+        return truncate_middle(advice, max_chars) if advice else fallback
+    answer = clean_text(_FENCE_EDGE.sub("", answer.strip())).strip()
+    answer = _ADVICE_PREFIX.sub("", answer).strip()
     if not answer:
         return fallback
     return truncate_middle(answer, max_chars)
@@ -282,7 +327,7 @@ def build_merge_prompt(items: Sequence[MergeItem]) -> str:
     """The prompt for one merge window (carried results first, then the new chunk).
 
     >>> p = build_merge_prompt([MergeItem("E1", "a {b}"), MergeItem("E2", "c")])
-    >>> "[E1] a {b}" in p and '"keep"' in p
+    >>> "[E1] a {b}" in p and '"merged"' in p
     True
     """
     body = "\n".join(render_merge_item(i) for i in items) or "(none)"

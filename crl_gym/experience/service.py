@@ -43,6 +43,40 @@ from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 log = logging.getLogger(__name__)
 
 
+def ask_manager(manager: Any, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+    """Shared ``ask`` logic of every face (``RetrievalService.ask`` calls it).
+
+    The manager's ``refiner(query, entry, context) -> (text, ExtractorSample | None)`` rewrites
+    the entry; without one the raw entry text is the answer. A refiner that fails or returns an
+    empty text also falls back to the raw entry (counted in ``manager``-independent
+    :data:`ASK_FALLBACKS`), so a broken extractor never costs the agent its answer.
+    """
+    refiner = getattr(manager, "refiner", None)
+    if refiner is None:
+        return entry.text, None
+    try:
+        text, sample = refiner(query, entry, context)
+    except Exception as exc:  # noqa: BLE001 - a broken extractor must not break the episode
+        _count_fallback(f"refiner raised {type(exc).__name__}: {exc}")
+        return entry.text, None
+    if not isinstance(text, str) or not text.strip():
+        _count_fallback(f"refiner returned an empty answer ({text!r})")
+        return entry.text, None
+    return text, (sample.to_dict() if sample is not None else None)
+
+
+ASK_FALLBACKS: dict[str, Any] = {"count": 0, "last_reason": ""}
+"""How many ``ask`` calls fell back to the raw entry because the refiner failed (per process)."""
+_FALLBACK_LOCK = threading.Lock()
+
+
+def _count_fallback(reason: str) -> None:
+    with _FALLBACK_LOCK:
+        ASK_FALLBACKS["count"] += 1
+        ASK_FALLBACKS["last_reason"] = reason
+    log.warning("search_and_ask: returning the raw entry: %s", reason)
+
+
 class StepOrderError(ValueError):
     """``end_step`` for a step that is already ended (twice, or out of order)."""
 
@@ -53,8 +87,15 @@ class ClosedStep:
 
     step: int
     requests: list[DistillationRequest] = field(default_factory=list)
+    """The step's requests (empty when the ledger only counts them)."""
     bonus: dict[str, float] = field(default_factory=dict)
-    """Extra reward per ``request_id`` added to r(m) (the actor-critic gate's score)."""
+    """Extra reward per ``request_id`` added to r(m) (e.g. the perplexity bonus)."""
+    count: int = -1
+    """How many requests the step received (−1: ``len(requests)``)."""
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            self.count = len(self.requests)
 
 
 class StepLedger:
@@ -66,11 +107,14 @@ class StepLedger:
     step marks an episode of no training step (held-out evaluation): counted, never credited.
     """
 
-    def __init__(self, last_ended: int = -1) -> None:
+    def __init__(self, last_ended: int = -1, *, keep: bool = True) -> None:
         self.last_ended = last_ended
+        self.keep = keep
+        """Hold each open step's requests until it ends (what credit needs); False only counts them."""
         self.late = 0
         self.held_out = 0
         self._open: dict[int, list[DistillationRequest]] = {}
+        self._counts: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def record(self, request: DistillationRequest) -> bool:
@@ -85,7 +129,9 @@ class StepLedger:
             if step <= self.last_ended:
                 self.late += 1
                 return False
-            self._open.setdefault(step, []).append(request)
+            self._counts[step] = self._counts.get(step, 0) + 1
+            if self.keep:
+                self._open.setdefault(step, []).append(request)
             return True
 
     def close(self, step: int) -> list[ClosedStep]:
@@ -97,8 +143,8 @@ class StepLedger:
             if step <= self.last_ended:
                 where = "is already ended" if step == self.last_ended else f"is out of order: step {self.last_ended} already ended"
                 raise StepOrderError(f"end_step({step}): step {step} {where} (steps end once, in increasing order)")
-            steps = sorted(s for s in self._open if s <= step)
-            closed = [ClosedStep(s, self._open.pop(s)) for s in steps]
+            steps = sorted(s for s in self._counts if s <= step)
+            closed = [ClosedStep(s, self._open.pop(s, []), count=self._counts.pop(s)) for s in steps]
             if not closed or closed[-1].step != step:
                 closed.append(ClosedStep(step))
             self.last_ended = step
@@ -106,7 +152,7 @@ class StepLedger:
 
     def open_requests(self) -> int:
         with self._lock:
-            return sum(len(v) for v in self._open.values())
+            return sum(self._counts.values())
 
 
 class RetrievalService:
@@ -117,9 +163,12 @@ class RetrievalService:
         last_ended: the last rollout step already ended (a resumed run passes its own).
     """
 
+    keeps_requests = False
+    """Whether ending a step needs its requests (a subclass that credits them sets it)."""
+
     def __init__(self, manager: ExperienceManager, *, last_ended: int = -1) -> None:
         self.manager = manager
-        self.ledger = StepLedger(last_ended)
+        self.ledger = StepLedger(last_ended, keep=self.keeps_requests)
         self.counters: dict[str, int] = dict.fromkeys(("submitted", "steps_ended", "ops_applied"), 0)
         self._closed_service = False
 
@@ -139,8 +188,6 @@ class RetrievalService:
         return [hits[0].ref() if hits else None for hits in self.manager.search_many(list(queries), k=1)]
 
     def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        from crl_gym.clients import ask_manager
-
         return ask_manager(self.manager, query, entry, context)
 
     # ---------------------------------------------------------------- requests and steps
@@ -169,7 +216,7 @@ class RetrievalService:
             closed[-1].bonus = dict(bonus)
         self.counters["steps_ended"] += len(closed)
         credited = self._closed(closed)
-        return {"step": step, "ended": [c.step for c in closed], "requests": sum(len(c.requests) for c in closed),
+        return {"step": step, "ended": [c.step for c in closed], "requests": sum(c.count for c in closed),
                 "credited": credited}
 
     def _closed(self, closed: list[ClosedStep]) -> int:

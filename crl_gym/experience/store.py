@@ -1,11 +1,17 @@
 """SQLite (WAL) persistence of bank entries: the durable source of truth of the bank.
 
 The vector index is derived data; it can always be rebuilt from the ``embedding`` column here.
+
+A database file is a bank only if it says so: it is created whole (schema and a ``format`` mark,
+built beside it and renamed in), so a zero-length file, an SQLite file of something else, or a
+``-wal`` left without its database is refused with :class:`BankCorruptError`, never opened as a
+new, empty bank over the entries it should hold.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,10 +45,83 @@ _COLUMNS = (
     "id, text, embedding, version, created_step, retrieval_count, last_retrieved, "
     "train_count, last_trained_step, utility, tags, provenance, history"
 )
+FORMAT = "crl-experience-bank"
+"""``meta.format`` of every bank database (banks written before the mark existed get it on open)."""
+WAL_SUFFIXES = ("-wal", "-shm")
 
 
 class BankCorruptError(RuntimeError):
-    """A bank file cannot be read; the message names the file."""
+    """A bank file cannot be read, or is not a bank; the message names the file."""
+
+
+def _sidecar(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _check_file(path: Path, create: bool) -> None:
+    """Refuse what SQLite would silently open as a new, empty database."""
+    wal = _sidecar(path, "-wal")
+    if path.exists():
+        if path.stat().st_size == 0:
+            raise BankCorruptError(
+                f"{path} is empty (0 bytes): it is not a bank, and opening it would start a new, empty one. "
+                f"Restore bank.sqlite (with its -wal, if the backup has one) from a backup; to start an empty "
+                f"bank on purpose, delete {path.name}{' and ' + wal.name if wal.exists() else ''}"
+            )
+        return
+    if wal.exists() and wal.stat().st_size > 0:
+        raise BankCorruptError(
+            f"{path} is missing but {wal.name} is there: the database was removed without its write-ahead log. "
+            f"Restore {path.name} from a backup, or delete {wal.name} and {_sidecar(path, '-shm').name} "
+            f"to start an empty bank"
+        )
+    if not create:
+        raise FileNotFoundError(f"{path} does not exist: there is no bank here to open")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _create(path: Path) -> None:
+    """A new, empty bank database at ``path``, atomically: built as ``NAME.new``, then renamed."""
+    tmp = _sidecar(path, ".new")
+    for leftover in (tmp, *(_sidecar(tmp, s) for s in WAL_SUFFIXES)):
+        leftover.unlink(missing_ok=True)  # from a crash during an earlier creation
+    conn = sqlite3.connect(str(tmp), isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the file's header
+        conn.executescript(
+            f"BEGIN; {_SCHEMA} INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'); COMMIT;"
+        )
+    finally:
+        conn.close()  # the last connection checkpoints the WAL into the file and removes it
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _check_schema(conn: sqlite3.Connection, file: Path | str) -> None:
+    """Refuse an SQLite database that is not a bank; mark a bank written before ``meta.format``."""
+    tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+    if not {"entries", "meta"} <= set(tables):
+        raise BankCorruptError(
+            f"{file}: an SQLite database, but not an experience bank (its tables: {', '.join(tables) or 'none'}); "
+            f"point the bank at its own directory"
+        )
+    columns = ", ".join(r[1] for r in conn.execute("PRAGMA table_info(entries)"))
+    if columns != _COLUMNS:
+        raise BankCorruptError(f"{file}: table 'entries' has the columns ({columns}), not a bank's ({_COLUMNS})")
+    row = conn.execute("SELECT value FROM meta WHERE key='format'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO meta(key, value) VALUES ('format', ?)", (FORMAT,))
+    elif row[0] != FORMAT:
+        raise BankCorruptError(f"{file}: meta.format is {row[0]!r}, not {FORMAT!r}")
 
 
 def _row(e: ExperienceEntry) -> tuple[Any, ...]:
@@ -76,22 +155,37 @@ def _entry(row: Sequence[Any], dim: int, file: Path | str) -> ExperienceEntry:
 class SQLiteStore:
     """Thin wrapper over one SQLite connection; callers serialise access (the bank's locks)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, *, create: bool = True) -> None:
+        """Open the bank database at ``path`` (``None``: in memory), creating it when absent unless
+        ``create`` is False (then ``FileNotFoundError``). A file that is not a bank raises
+        :class:`BankCorruptError` naming it."""
         self.file: Path | str = path if path is not None else ":memory:"
+        if path is not None:
+            _check_file(path, create)
+            if not path.exists():
+                _create(path)
         try:
             self.conn = sqlite3.connect(
                 str(self.file), check_same_thread=False, isolation_level=None
             )
+        except sqlite3.Error as exc:
+            raise BankCorruptError(f"{self.file}: cannot open the bank database ({exc})") from exc
+        try:
+            if path is None:
+                self.conn.executescript(_SCHEMA)
+            _check_schema(self.conn, self.file)  # before any write: a foreign file is left as it was
             if path is not None:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 # NORMAL in WAL mode: a committed transaction survives a process kill.
                 self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.executescript(_SCHEMA)
             check = self.conn.execute("PRAGMA quick_check").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise BankCorruptError(f"{self.file}: not a readable bank database ({exc})") from exc
-        if check is None or check[0] != "ok":
-            raise BankCorruptError(f"{self.file}: database failed its integrity check ({check})")
+            if check is None or check[0] != "ok":
+                raise BankCorruptError(f"{self.file}: database failed its integrity check ({check})")
+        except BaseException as exc:
+            self.conn.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise BankCorruptError(f"{self.file}: not a readable bank database ({exc})") from exc
+            raise
 
     # -- meta --------------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -145,6 +239,22 @@ class SQLiteStore:
         except BaseException:
             c.execute("ROLLBACK")
             raise
+
+    def backup(self, target: Path) -> None:
+        """A consistent copy of the database in ``target`` (one file, the WAL folded in), taken
+        with SQLite's online backup while the bank stays open; callers hold the bank's locks."""
+        tmp = _sidecar(target, ".new")
+        tmp.unlink(missing_ok=True)
+        dest = sqlite3.connect(str(tmp))
+        try:
+            self.conn.backup(dest)
+            dest.execute("PRAGMA journal_mode=WAL")
+        finally:
+            dest.close()
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
 
     def close(self) -> None:
         self.conn.close()

@@ -1,8 +1,12 @@
 """The bank's vector index: a usearch cosine index (f32) keyed by entry id, and its files.
 
 SQLite holds the truth (:mod:`crl_gym.experience.store`); this index is a cache of the entries'
-embeddings that can always be rebuilt from it. :meth:`VectorIndex.open` says *why* it had to
-rebuild (missing, stale or unreadable files) so the bank can log and count it.
+embeddings that can always be rebuilt from it. The saved index is trusted only when it is, byte
+for byte, the file that was saved for exactly these rows: ``index.json`` records the file's
+checksum and a digest of the ids and vectors it was built from, both checked before usearch
+reads a byte (a damaged file can crash usearch's loader or answer with the wrong neighbours),
+and a sample of keys and vectors is compared after loading. Any mismatch rebuilds the index
+from SQLite; :meth:`VectorIndex.open` says *why* so the bank can log and count it.
 
 >>> import numpy as np
 >>> index = VectorIndex.build(2, {1: np.array([1.0, 0.0], np.float32), 2: np.array([0.0, 1.0], np.float32)})
@@ -12,15 +16,54 @@ rebuild (missing, stale or unreadable files) so the bank can log and count it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from usearch.index import Index
 
 INDEX_FILE, INDEX_META_FILE = "index.usearch", "index.json"
+SAMPLE_SIZE = 16
+"""Keys whose vectors are read back from a loaded index and compared with SQLite's."""
+
+
+def file_digest(path: Path) -> str:
+    """BLAKE2b of a file's bytes (hex), read in 1 MiB blocks."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rows_digest(vectors: Mapping[int, np.ndarray]) -> str:
+    """BLAKE2b of the ids (sorted) and their f32 vectors: what an index of ``vectors`` mirrors."""
+    h = hashlib.blake2b(digest_size=16)
+    ids = np.array(sorted(vectors), dtype="<u8")
+    h.update(ids.tobytes())
+    for i in ids.tolist():
+        h.update(np.ascontiguousarray(vectors[i], dtype="<f4").tobytes())
+    return h.hexdigest()
+
+
+def _sample(ids: Sequence[int], n: int = SAMPLE_SIZE) -> list[int]:
+    """Up to ``n`` ids spread evenly over ``ids`` (sorted): first, last and between."""
+    if len(ids) <= n:
+        return list(ids)
+    picks = np.linspace(0, len(ids) - 1, n).round().astype(int)
+    return [ids[int(p)] for p in picks]
+
+
+def _usearch() -> Any:
+    """usearch's ``Index``, imported on first use: a process that loads usearch's extension before
+    Ray's cannot start Ray any more (``ray.init`` aborts with ``std::regex_error``), and importing
+    ``crl_gym.experience`` (configs, clients) must not decide that order for the caller."""
+    from usearch.index import Index
+
+    return Index
 
 
 class VectorIndex:
@@ -28,7 +71,7 @@ class VectorIndex:
 
     def __init__(self, dim: int) -> None:
         self.dim = int(dim)
-        self._index = Index(ndim=self.dim, metric="cos", dtype="f32")
+        self._index = _usearch()(ndim=self.dim, metric="cos", dtype="f32")
 
     @classmethod
     def build(cls, dim: int, vectors: Mapping[int, np.ndarray]) -> VectorIndex:
@@ -43,36 +86,77 @@ class VectorIndex:
     def open(
         cls, directory: Path, dim: int, vectors: Mapping[int, np.ndarray], generation: int
     ) -> tuple[VectorIndex, str | None]:
-        """The index saved in ``directory`` if it matches ``vectors``/``generation``, else a
-        rebuilt one; returns ``(index, why it was rebuilt or None)``.
+        """The index saved in ``directory`` if it is the one saved for ``vectors``/``generation``,
+        else a rebuilt one; returns ``(index, why it was rebuilt or None)``. Never raises for a
+        damaged file.
 
         A missing file with no vectors is not a recovery (a new bank), so the reason is None.
         """
         ipath, mpath = directory / INDEX_FILE, directory / INDEX_META_FILE
         if not ipath.exists():
             return cls.build(dim, vectors), (f"{ipath} is missing" if vectors else None)
+        restored: Any = None
         try:
-            meta = json.loads(mpath.read_text())
-            if meta != {"generation": generation, "count": len(vectors), "dim": dim}:
-                return cls.build(dim, vectors), f"{ipath} is out of date ({meta})"
-            restored = Index.restore(str(ipath))
-            if restored is None or restored.ndim != dim or len(restored) != len(vectors):
-                return cls.build(dim, vectors), f"{ipath} does not match the database"
-        except (OSError, ValueError, RuntimeError) as exc:
-            return cls.build(dim, vectors), f"{ipath} or {mpath.name} unreadable ({exc})"
+            reason = cls._mismatch(ipath, mpath, dim, vectors, generation)
+            if reason is None:
+                restored = _usearch().restore(str(ipath))
+                reason = cls._content_mismatch(restored, ipath, dim, vectors)
+        except (OSError, ValueError, TypeError, RuntimeError, MemoryError) as exc:
+            reason = f"{ipath} or {mpath.name} unreadable ({type(exc).__name__}: {exc})"
+        if reason is not None or restored is None:
+            return cls.build(dim, vectors), reason
         index = cls(dim)
         index._index = restored
         return index, None
 
-    def save(self, directory: Path, generation: int) -> None:
-        """Write the index and its metadata next to the database (each an atomic replace)."""
+    @staticmethod
+    def _mismatch(ipath: Path, mpath: Path, dim: int, vectors: Mapping[int, np.ndarray], generation: int) -> str | None:
+        """Why the saved files cannot be this index, checked before usearch reads them; None if they can."""
+        meta = json.loads(mpath.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            return f"{mpath} is not a JSON object"
+        expected = {"generation": generation, "count": len(vectors), "dim": dim}
+        if {k: meta.get(k) for k in expected} != expected:
+            return f"{ipath} is out of date ({ {k: meta.get(k) for k in expected} }, the database has {expected})"
+        if "checksum" not in meta or "rows" not in meta:
+            return f"{ipath} has no checksum (written by an older version)"
+        if meta["rows"] != rows_digest(vectors):
+            return f"{ipath} was saved for other rows than the database holds (rows digest differs)"
+        if meta["checksum"] != file_digest(ipath):
+            return f"{ipath} is damaged (its checksum does not match {mpath.name})"
+        return None
+
+    @staticmethod
+    def _content_mismatch(restored: Any, ipath: Path, dim: int, vectors: Mapping[int, np.ndarray]) -> str | None:
+        """Why a loaded index does not mirror ``vectors`` (size, dim, a sample of keys and vectors)."""
+        if restored is None or restored.ndim != dim or len(restored) != len(vectors):
+            return f"{ipath} does not match the database"
+        sample = _sample(sorted(vectors))
+        if sample:
+            keys = np.asarray(sample, dtype=np.uint64)
+            got = restored.get(keys)
+            if got is None or any(v is None for v in got):
+                return f"{ipath} lacks entries the database has"
+            want = np.stack([vectors[i] for i in sample])
+            if not np.allclose(np.asarray(got, dtype=np.float32).reshape(want.shape), want, atol=1e-6):
+                return f"{ipath} holds other vectors than the database"
+        return None
+
+    def save(self, directory: Path, generation: int, vectors: Mapping[int, np.ndarray]) -> None:
+        """Write the index and its metadata next to the database (each an atomic replace).
+
+        ``vectors`` are the rows the index mirrors (the bank's, at ``generation``): their digest
+        and the file's checksum go into ``index.json`` for :meth:`open` to verify.
+        """
         ipath, mpath = directory / INDEX_FILE, directory / INDEX_META_FILE
         tmp = ipath.with_suffix(".tmp")
         self._index.save(str(tmp))
+        meta = {"generation": generation, "count": len(self._index), "dim": self.dim,
+                "checksum": file_digest(tmp), "rows": rows_digest(vectors)}
         os.replace(tmp, ipath)
-        meta = {"generation": generation, "count": len(self._index), "dim": self.dim}
+        # a kill between the two replaces leaves a new index with the old checksum: rebuilt on open
         mtmp = mpath.with_suffix(".tmp")
-        mtmp.write_text(json.dumps(meta))
+        mtmp.write_text(json.dumps(meta), encoding="utf-8")
         os.replace(mtmp, mpath)
 
     def replace(self, remove: Sequence[int], add: Mapping[int, np.ndarray]) -> None:

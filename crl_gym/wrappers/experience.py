@@ -16,7 +16,8 @@ Reset options of the wrapper's own (the others reach the env): ``"experience"`` 
 ``"rollout_step"``: the actor step ``t`` the episode belongs to, copied into the request's
 ``rollout_step`` (``None`` when not given). The experience service groups requests by it to
 credit the entries used in step ``t`` once that step has ended; a negative step marks an episode
-of no training step (held-out evaluation), which the service never credits.
+of no training step (held-out evaluation), which the service never credits. ``"meta"``: a dict
+copied into the request's ``meta`` (the actor-critic gate's verdict travels there).
 
 Actions and observations are recorded as text. At episode end (not per step) a value that is
 not ``str`` is converted — a numpy scalar or 0-d array to its Python value's ``str``, bytes
@@ -72,7 +73,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
 """How a guided episode's first observation shows the entry (text in :mod:`crl_gym.templates`)."""
 
-_OWN_OPTIONS = ("experience", "prefetched", "rollout_step")
+_OWN_OPTIONS = ("experience", "prefetched", "rollout_step", "meta")
 
 MALFORMED_ERRORS: tuple[type[BaseException], ...] = (TypeError, ValueError, RecursionError)
 """What a client raises for a request it cannot take as it is (it fails to serialise, the server
@@ -88,7 +89,36 @@ def _malformed(exc: BaseException) -> bool:
     return isinstance(exc, MALFORMED_ERRORS) and not isinstance(exc, PermissionError)
 
 
-__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper"]
+def require_gym_env(env: Any, wrapper: str) -> None:
+    """Refuse anything but a ``gymnasium.Env`` with a ``TypeError`` that names the adapter to use
+    (gymnasium's own check is an ``assert`` that names none, and vanishes under ``python -O``)."""
+    if isinstance(env, gym.Env):
+        return
+    kind = type(env)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    root = (kind.__module__ or "").split(".")[0]
+    gem = "crl_gym.envs.gem_adapter.GEMEnv(env=obj)"
+    if isinstance(env, str):
+        hint = f"make the env first: {wrapper}(crl_gym.envs.make({env!r}), client)"
+    elif isinstance(env, gym.vector.VectorEnv):
+        hint = "wrap each copy inside the vector env (in its env_fns), not the vector env itself"
+    elif root == "textworld":
+        hint = ("build it from its game files instead: crl_gym.envs.textworld_env.TextWorldEnv(game_files) "
+                "or crl_gym.envs.make('crl/TextWorld-v0', game_files=...)")
+    elif root == "gem":
+        hint = f"adapt it with {gem}, or make it by id: crl_gym.envs.make('crl/GEM-v0', env_id=...)"
+    elif root == "gym":
+        hint = (f"it is an env of the old 'gym' package: convert it with shimmy "
+                f"(gymnasium.make('GymV26Environment-v0', env=obj)), or adapt it with {gem}")
+    elif callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        hint = (f"an object with reset(seed) -> (obs, info) and step(action) -> (obs, reward, terminated, "
+                f"truncated, info) can be adapted with {gem}")
+    else:
+        hint = "wrap a Gymnasium env with text observations and actions (see crl_gym.envs for adapters)"
+    raise TypeError(f"{wrapper} wraps a gymnasium.Env, got {name}; {hint}")
+
+
+__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper", "require_gym_env"]
 
 
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -128,6 +158,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
             env_id=env_id, spill_path=spill_path, max_unsent=max_unsent,
         )
+        require_gym_env(env, "ExperienceWrapper")
         gym.Wrapper.__init__(self, env)
         if default_condition not in CONDITIONS:
             raise ValueError(f"default_condition must be one of {CONDITIONS}, got {default_condition!r}")
@@ -158,6 +189,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._condition = "free"
         self._seed: int | None = None
         self._rollout_step: int | None = None
+        self._meta: dict[str, Any] | None = None
         self._errors: list[str] = []
 
     # ------------------------------------------------------------------ reset
@@ -171,6 +203,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # a numpy seed would not survive JSON
         self._seed = seed if seed is None or type(seed) is int else int(seed)
         self._rollout_step = rollout_step
+        self._meta = _request_meta(options)
+        category = info.get("task_category")
+        if category is not None:  # EDGE reflects per category (the env id when the env has none)
+            self._meta = {**(self._meta or {}), "task_category": str(category)}
         if self._errors:
             self._errors = []
         experience: ExperienceRef | None = None
@@ -250,7 +286,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     seed=self._seed,
                     success=bool(success) if success is not None else None,
                     # the search failed: the extractor should know the episode ran free
-                    meta={"experience_error": list(self._errors)} if self._errors else None,
+                    meta={**(self._meta or {}), "experience_error": list(self._errors)} if self._errors else self._meta,
                     rollout_step=self._rollout_step,
                 )
             except (TypeError, ValueError) as exc:  # e.g. a reward float() cannot read
@@ -350,6 +386,14 @@ def _task_text(value: Any) -> str:
         return to_text(value)
     except NotTextError:
         return str(value)
+
+
+def _request_meta(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``options["meta"]``: what the caller wants the episode's request to carry (e.g. the gate's verdict)."""
+    meta = options.get("meta") if options else None
+    if meta is not None and not isinstance(meta, dict):
+        raise TypeError(f'options["meta"] must be a dict or None, got {type(meta).__name__}')
+    return dict(meta) if meta else None
 
 
 def _rollout_step(value: Any) -> int:

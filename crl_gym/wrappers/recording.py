@@ -19,6 +19,7 @@ True
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from dataclasses import fields
@@ -143,6 +144,10 @@ class RecordedRequest(DistillationRequest):
         self = cls.__new__(cls)
         # sum of float()s in turn order: bit-identical to adding Step.reward one by one
         outcome = sum(map(float, record[2::4]), 0.0)
+        if not math.isfinite(outcome):  # one check per episode: the sum is finite iff every reward is
+            bad = next((f"the reward of turn {t} is {r!r}" for t, r in enumerate(map(float, record[2::4]), 1)
+                        if not math.isfinite(r)), f"the rewards sum to {outcome!r}")
+            raise ValueError(f"{bad}: a request's outcome must be a finite number")
         self.task = task
         self.outcome = outcome
         self.success = bool(success) if success is not None else outcome > 0

@@ -7,6 +7,13 @@ attached) and returns the answer, followed by the unchanged current observation,
 observation, with reward 0. Calls per episode are capped (``max_calls``, default 2); a call
 over the cap gets an observation saying so and still does not step the env.
 
+One call per action: when an action holds several ``search_and_ask[...]``, the first is taken
+and the rest of the action is ignored. With the default pattern brackets inside a query nest
+(``search_and_ask[what does [x] mean?]`` asks ``what does [x] mean?``). A query longer than
+``max_query_chars`` (default 500) is cut to that length before it is searched and echoed. When
+the observation space is a ``Text`` space, the answer observation fits it by shortening the
+echoed query first and then the answer: the current observation is never cut off.
+
 Every intercepted turn carries ``info["search_and_ask"] = {"status", "query", "call",
 "calls_left"}`` where ``call`` is a :class:`~crl_gym.protocol.SearchCall` (``None`` when
 nothing was retrieved). An outer :class:`~crl_gym.wrappers.ExperienceWrapper` records such
@@ -42,6 +49,7 @@ import re
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
+from gymnasium import spaces
 
 from crl_gym.protocol import SearchCall
 from crl_gym.templates import (
@@ -51,12 +59,46 @@ from crl_gym.templates import (
     SEARCH_AND_ASK_NO_ENTRY_TEMPLATE,
     SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
 )
-from crl_gym.wrappers.text_actions import Shared, check_template, fit_to_space, unshare
+from crl_gym.wrappers.experience import require_gym_env
+from crl_gym.wrappers.text_actions import Shared, TextFitter, check_template, unshare
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PATTERN = r"search_and_ask\[(?P<query>.*)\]"
-"""Regex with a ``query`` group (or one group) that finds a call anywhere in the action text."""
+DEFAULT_PATTERN = r"search_and_ask\[(?P<query>.*?)\]"
+"""Regex with a ``query`` group (or one group) that finds the first call anywhere in the action
+text. Given as this string (the default), brackets inside the query nest (:func:`first_query`)."""
+_GREEDY_PATTERN = r"search_and_ask\[(?P<query>.*)\]"
+"""The default of earlier versions (documented, so copied into callers' code): read as the default."""
+MARKER = "search_and_ask["
+MAX_QUERY_CHARS = 500
+"""Longest query searched and echoed; a longer one is cut (a runaway generation must not fill the context)."""
+
+
+def first_query(action: str) -> str | None:
+    """The query of the first ``search_and_ask[...]`` call in ``action``; None when there is none.
+
+    Brackets inside the query nest; an unbalanced query ends at its first ``]``.
+
+    >>> first_query("search_and_ask[where is [the] key?] then search_and_ask[again]")
+    'where is [the] key?'
+    >>> first_query("search_and_ask[a [b] search_and_ask[c]"), first_query("search_and_ask[open")
+    ('a [b', None)
+    """
+    start = action.find(MARKER)
+    if start < 0:
+        return None
+    begin = start + len(MARKER)
+    depth = 1
+    for i in range(begin, len(action)):
+        c = action[i]
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth == 0:
+                return action[begin:i]
+    close = action.find("]", begin)
+    return None if close < 0 else action[begin:close]
 
 # The observation texts live in crl_gym.templates; these names are this module's public API.
 ANSWER_TEMPLATE = SEARCH_AND_ASK_ANSWER_TEMPLATE
@@ -92,15 +134,20 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         over_cap_template: str = OVER_CAP_TEMPLATE,
         empty_query_template: str = EMPTY_QUERY_TEMPLATE,
         error_template: str = ERROR_TEMPLATE,
+        max_query_chars: int = MAX_QUERY_CHARS,
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
             self, client=Shared(unshare(client)), max_calls=max_calls, pattern=pattern, answer_template=answer_template,
             no_entry_template=no_entry_template, over_cap_template=over_cap_template,
-            empty_query_template=empty_query_template, error_template=error_template,
+            empty_query_template=empty_query_template, error_template=error_template, max_query_chars=max_query_chars,
         )
+        require_gym_env(env, "SearchAndAskWrapper")
         gym.Wrapper.__init__(self, env)
         if max_calls < 0:
             raise ValueError(f"max_calls must be >= 0, got {max_calls}")
+        if max_query_chars < 1:
+            raise ValueError(f"max_query_chars must be >= 1, got {max_query_chars}")
+        self.max_query_chars = int(max_query_chars)
         self.client = unshare(client)
         self.max_calls = max_calls
         regex = re.compile(pattern, re.DOTALL) if isinstance(pattern, str) else pattern
@@ -109,8 +156,12 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.pattern = regex
         self._group: int | str = "query" if "query" in regex.groupindex else 1
         # The default pattern cannot match without this text: a substring test (C speed) skips
-        # the regex on ordinary actions, which are nearly all of them.
-        self._marker = "search_and_ask[" if regex.pattern == DEFAULT_PATTERN and not regex.flags & re.IGNORECASE else ""
+        # the parse on ordinary actions, which are nearly all of them.
+        default = regex.pattern in (DEFAULT_PATTERN, _GREEDY_PATTERN) and not regex.flags & re.IGNORECASE
+        self._marker = MARKER if default else ""
+        self._fit = TextFitter(self.observation_space)
+        space = self.observation_space
+        self._max_length = int(space.max_length) if isinstance(space, spaces.Text) else None
         self.templates = {
             name: check_template(t, name, _FIELDS)
             for name, t in (
@@ -152,9 +203,14 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        match = self.pattern.search(action) if isinstance(action, str) and self._marker in action else None
-        if match is not None:
-            return self._search_and_ask(str(match.group(self._group)).strip())
+        if isinstance(action, str) and self._marker in action:
+            if self._marker:
+                query = first_query(action)
+            else:
+                match = self.pattern.search(action)
+                query = None if match is None else str(match.group(self._group))
+            if query is not None:
+                return self._search_and_ask(query.strip()[: self.max_query_chars].rstrip())
         # The env's own tuple goes back untouched: the common turn costs one lookup and two stores.
         out = self._last = self.env.step(action)
         self._turn += 1
@@ -187,8 +243,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 "error": "error_template",
             }[status]
         ]
-        text = template.format(query=query, answer=answer, observation=self._last_obs, max_calls=self.max_calls)
-        obs = fit_to_space(text, self.observation_space)
+        obs = self._render(template, query, answer)
         # The env was not stepped: its state, and so its info keys, are those of the last turn.
         info = {
             **self._last[4],
@@ -202,6 +257,24 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._call_error is not None:
             info["experience_error"] = self._call_error
         return obs, 0.0, False, False, info
+
+    def _render(self, template: str, query: str, answer: str) -> str:
+        """The observation of a call, fitted to a ``Text`` space by shortening the echoed query,
+        then the answer; the current observation is kept whole."""
+        obs, calls = self._last_obs, self.max_calls
+        text = template.format(query=query, answer=answer, observation=obs, max_calls=calls)
+        limit = self._max_length
+        if limit is None or len(text) <= limit:
+            return self._fit(text)
+        room = limit - len(template.format(query="", answer="", observation=obs, max_calls=calls))
+        if room < 0:  # not even the template's own words fit beside the observation
+            return self._fit(str(obs))
+        n_query, n_answer = template.count("{query}"), template.count("{answer}")
+        if n_query:
+            query = query[: max(0, room - n_answer * len(answer)) // n_query]
+        if n_answer:
+            answer = answer[: max(0, room - n_query * len(query)) // n_answer]
+        return self._fit(template.format(query=query, answer=answer, observation=obs, max_calls=calls))
 
     def _retrieve_and_ask(self, query: str, turn: int) -> tuple[str, SearchCall | None]:
         try:

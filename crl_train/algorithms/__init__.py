@@ -22,9 +22,13 @@ from crl_train.algorithms.edge import (
 )
 from crl_train.algorithms.extractor_rewards import (
     GATE_SCORES,
+    PERPLEXITY_TRANSFORMS,
     batch_advantages,
+    entry_mean_rewards,
     entry_rewards,
     outcome_rewards,
+    perplexity_bonus,
+    relative_outcomes,
 )
 from crl_train.algorithms.losses import (
     cispo_loss,
@@ -41,7 +45,8 @@ __all__ = [
     "ADVANTAGES", "LOSSES", "AdvantageEstimator", "PolicyLoss", "FREE", "GUIDED", "GATE_SCORES",
     "grpo_advantages", "split_subgroup_advantages", "sequence_weights", "edge_pooled_advantages",
     "edge_train_mask", "ema_utility", "gain_gate", "marginal_gain", "prune_mask", "batch_advantages",
-    "entry_rewards", "outcome_rewards", "cispo_loss", "clip_surrogate_loss", "loss_scale_for", "reverse_kl_topk_loss", "reverse_kl_sampled_loss",
+    "entry_rewards", "entry_mean_rewards", "relative_outcomes", "perplexity_bonus", "PERPLEXITY_TRANSFORMS",
+    "outcome_rewards", "cispo_loss", "clip_surrogate_loss", "loss_scale_for", "reverse_kl_topk_loss", "reverse_kl_sampled_loss",
     "self_distill_nll_loss",
     "training_count_weights", "edge", "extractor_rewards", "losses", "reweighting",
 ]

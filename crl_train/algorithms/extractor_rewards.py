@@ -43,10 +43,47 @@ def entry_rewards(
         if gate_bonus.shape != r.shape:
             raise ValueError(f"gate_bonus must be [N]={r.shape[0]}, got {tuple(gate_bonus.shape)}")
         r = r + gate_bonus.to(r.dtype)
+    return entry_mean_rewards(entry_ids, r)
+
+
+def entry_mean_rewards(entry_ids: torch.Tensor, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of ``rewards[N]`` per entry of ``entry_ids[N]``: (``[M]`` sorted unique ids, ``[M]`` means).
+
+    >>> ids, mean = entry_mean_rewards(torch.tensor([4, 2, 4]), torch.tensor([1.0, -1.0, 0.0]))
+    >>> ids.tolist(), mean.tolist()
+    ([2, 4], [-1.0, 0.5])
+    """
+    if entry_ids.shape != rewards.shape or entry_ids.dim() != 1:
+        raise ValueError(f"entry_ids and rewards must both be [N], got {tuple(entry_ids.shape)} and {tuple(rewards.shape)}")
     ids, inv = torch.unique(entry_ids, return_inverse=True)
-    total = torch.zeros(ids.numel(), dtype=r.dtype).scatter_add_(0, inv, r)
-    count = torch.zeros(ids.numel(), dtype=r.dtype).scatter_add_(0, inv, torch.ones_like(r))
+    total = torch.zeros(ids.numel(), dtype=rewards.dtype).scatter_add_(0, inv, rewards)
+    count = torch.zeros(ids.numel(), dtype=rewards.dtype).scatter_add_(0, inv, torch.ones_like(rewards))
     return ids, total / count
+
+
+def relative_outcomes(success: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor,
+                      guided: int = 0) -> torch.Tensor:
+    """The relative reward the paper compared against direct reward (appendix B.2): each guided
+    episode's ±1 outcome minus the mean ±1 outcome of its group's free subgroup (0 baseline when
+    the group has no free episode). Free episodes get 0.
+
+    Shapes: ``[N]`` each; ``condition`` holds ``guided`` (GUIDED = 0) or anything else for free.
+
+    >>> relative_outcomes(torch.tensor([True, False, True, False]), torch.tensor([0, 0, 0, 0]),
+    ...                   torch.tensor([0, 0, 1, 1])).tolist()
+    [1.0, -1.0, 0.0, 0.0]
+    >>> relative_outcomes(torch.tensor([True, False, False]), torch.tensor([0, 0, 0]), torch.tensor([0, 1, 1])).tolist()
+    [2.0, 0.0, 0.0]
+    """
+    if not (success.shape == group_index.shape == condition.shape) or success.dim() != 1:
+        raise ValueError("success, group_index and condition must all be [N]")
+    r = outcome_rewards(success)
+    is_free = condition != guided
+    groups, inv = torch.unique(group_index, return_inverse=True)
+    free_sum = torch.zeros(groups.numel()).scatter_add_(0, inv, torch.where(is_free, r, torch.zeros_like(r)))
+    free_n = torch.zeros(groups.numel()).scatter_add_(0, inv, is_free.to(r.dtype))
+    baseline = torch.where(free_n > 0, free_sum / free_n.clamp(min=1.0), torch.zeros_like(free_sum))
+    return torch.where(is_free, torch.zeros_like(r), r - baseline[inv])
 
 
 def batch_advantages(rbar: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,3 +100,44 @@ def batch_advantages(rbar: torch.Tensor, weights: torch.Tensor | None = None) ->
             raise ValueError(f"weights must be [M]={rbar.shape[0]}, got {tuple(weights.shape)}")
         adv = adv * weights.to(adv.dtype)
     return adv
+
+
+PERPLEXITY_TRANSFORMS: tuple[str, ...] = ("relative", "tanh", "sigmoid", "asymmetric", "log")
+"""The five normalisations of the perplexity-reduction bonus the paper explored (appendix B.2)."""
+
+
+def perplexity_bonus(delta_h: torch.Tensor, h_without: torch.Tensor, *, transform: str, weight: float = 1.0,
+                     temperature: float = 1.0, clip: float = 1.0, clip_negative: float = 0.1) -> torch.Tensor:
+    """b = w · f(ΔH(m)), ΔH(m) = H(π_θ | q) − H(π_θ | q, m): how much the entry lowered the actor's entropy.
+
+    Shapes: ``[M]`` each (``h_without`` is H(π_θ | q), read only by ``relative``).
+
+    * ``relative``: f = clip(ΔH / H(π_θ | q), −clip, clip) (scale-free share of the entropy removed);
+    * ``tanh``: f = tanh(ΔH);
+    * ``sigmoid``: f = 2σ(ΔH / τ) − 1 (τ = ``temperature``);
+    * ``asymmetric``: f = clip(ΔH, −clip_negative, clip) (a small penalty, a larger reward);
+    * ``log``: f = sgn(ΔH) · log(1 + |ΔH|).
+
+    >>> d = torch.tensor([0.5, -2.0]); h = torch.tensor([2.0, 1.0])
+    >>> [round(x, 4) for x in perplexity_bonus(d, h, transform="relative").tolist()]
+    [0.25, -1.0]
+    >>> [round(x, 4) for x in perplexity_bonus(d, h, transform="asymmetric", weight=2.0).tolist()]
+    [1.0, -0.2]
+    """
+    if delta_h.shape != h_without.shape or delta_h.dim() != 1:
+        raise ValueError(f"delta_h and h_without must both be [M], got {tuple(delta_h.shape)} and {tuple(h_without.shape)}")
+    if transform == "relative":
+        f = (delta_h / h_without.clamp(min=1e-8)).clamp(-clip, clip)
+    elif transform == "tanh":
+        f = torch.tanh(delta_h)
+    elif transform == "sigmoid":
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        f = 2.0 * torch.sigmoid(delta_h / temperature) - 1.0
+    elif transform == "asymmetric":
+        f = delta_h.clamp(-clip_negative, clip)
+    elif transform == "log":
+        f = torch.sign(delta_h) * torch.log1p(delta_h.abs())
+    else:
+        raise ValueError(f"unknown perplexity transform {transform!r}; accepted: {', '.join(PERPLEXITY_TRANSFORMS)}")
+    return weight * f

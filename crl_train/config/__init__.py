@@ -90,22 +90,27 @@ class ModelConfig:
     max_context_tokens: int = 4096
     """Longest token sequence; see ``crl_train.rollout.runner`` for what happens beyond it."""
     constrained: bool = False
-    """Constrained decoding through a token trie: the actor restricts each action to
-    ``info['admissible_actions']``; the extractor answers by choosing one candidate op line
-    (``crl_train.extractor.model``), as the tiny preset does for both."""
+    """The model cannot write a valid answer on its own (the tiny preset): the actor restricts each
+    action to ``info['admissible_actions']`` through a token trie; the extractor needs ``structured``."""
+    structured: bool = True
+    """Extractor only: generate its answers (distillation ops, search_and_ask advice, Merge
+    decisions) under their JSON schemas (``crl_gym.experience.schemas``), through llguidance on the
+    ``hf`` backend and vLLM's structured outputs on ``generator: vllm``, so every answer is
+    well-formed at any model size. False: free text, read by the tolerant parser."""
     prefix_cache: bool = False
     """``hf`` generation: keep each episode's keys/values between its turns, so a turn encodes only
     its new tokens instead of the whole conversation (attention over it grows as T²). Costs one KV
     cache per live episode in memory (small for the tiny preset; large for a 7B model on GPU,
     where ``generator: vllm`` caches prefixes itself)."""
     think_tokens: int = 0
-    """Constrained extractor only: free reasoning tokens it samples before choosing its op line
-    (stands in for a thinking model's reasoning, trained on but never stored in the bank; on top
-    of ``max_new_tokens``). 0 = choose at once. A free-text model reasons on its own."""
+    """Constrained, structured extractor only: free reasoning tokens it samples before its
+    structured distillation answer (stands in for a thinking model's reasoning, trained on but
+    never stored in the bank; on top of the answer's budget). 0 = answer at once. A real thinking
+    model reasons on its own (its answer is constrained after ``</think>``)."""
     generator: Literal["hf", "vllm"] = "hf"
     """Who samples: ``hf`` (the trained model itself) or ``vllm`` (a vLLM engine on a CUDA GPU,
-    weights synced after every update; needs ``complementary-rl[vllm]``). Constrained requests
-    always use ``hf``."""
+    weights synced after every update; needs ``complementary-rl[vllm]``). Action-trie requests
+    always use ``hf``; structured (JSON-schema) answers use vLLM's structured outputs."""
     gpu_memory_utilization: float = 0.4
     """``generator: vllm``: share of the GPU's memory the engine may take."""
     enable_thinking: bool | None = None
@@ -140,6 +145,9 @@ class ModelConfig:
             raise ConfigError(f"think_tokens must be >= 0, got {self.think_tokens}")
         if self.think_tokens and not self.constrained:
             raise ConfigError(f"think_tokens ({self.think_tokens}) needs constrained=true: a free-text model reasons on its own")
+        if self.think_tokens and not self.structured:
+            raise ConfigError(f"think_tokens ({self.think_tokens}) needs structured=true: the reasoning precedes a "
+                              "structured answer")
         if self.max_new_tokens + self.think_tokens >= self.max_context_tokens:
             raise ConfigError(f"max_new_tokens + think_tokens ({self.max_new_tokens} + {self.think_tokens}) must be "
                               f"< max_context_tokens ({self.max_context_tokens})")
@@ -173,7 +181,28 @@ class AlgoConfig:
     merge_token_budget: int = 6000
     """Tokens per Merge window prompt."""
     gate: bool = False
-    """Actor-critic gate (appendix): the actor rates the entry accept/refine/reject; score added to r(m)."""
+    """Actor-critic gate (appendix B.1): before each guided episode the actor judges its entry, knowing
+    the task and its own success rate: accept (used as is, s_c = 1), refine (the actor rewrites it,
+    0.5) or reject (the episode runs without it, 0); r̃(m) = s_c + r(m)."""
+    gate_warmup_steps: int = 2
+    """T_warm: rollout steps that establish the actor's success rate per task before the gate judges."""
+    gate_rewrite_tokens: int = 48
+    """Tokens of the actor's rewrite of an entry it refines."""
+    entry_reward: Literal["direct", "relative"] = "direct"
+    """r(m): ``direct`` ±1 by success (the paper's choice) or ``relative`` (minus the free subgroup's
+    mean ±1; the variant the paper found worse, appendix B.2)."""
+    perplexity_bonus: Literal["off", "relative", "tanh", "sigmoid", "asymmetric", "log"] = "off"
+    """Auxiliary reward of the extractor (appendix B.2): b = w·f(ΔH(m)), ΔH(m) = the actor's entropy on
+    the task without the entry minus with it (sampled-token estimate from the rollout), f one of the
+    paper's five transforms; ``off`` (the paper: no consistent gain)."""
+    perplexity_weight: float = 0.1
+    """w of the perplexity bonus."""
+    perplexity_temperature: float = 1.0
+    """τ of the ``sigmoid`` transform."""
+    perplexity_clip: float = 1.0
+    """Upper clip of ``relative`` / ``asymmetric`` (and lower clip of ``relative``)."""
+    perplexity_clip_negative: float = 0.1
+    """Lower clip (magnitude) of ``asymmetric``: a small penalty for entries that raise the entropy."""
     self_distill: bool = False
     """Self-distillation of winning guided trajectories with the experience stripped (appendix)."""
     self_distill_coef: float = 0.1
@@ -184,6 +213,14 @@ class AlgoConfig:
     """EDGE: EMA momentum of entry utility."""
     edge_prune: float = -0.2
     """EDGE: η, entries whose EMA utility falls below it are pruned."""
+    edge_reflect_below: float = 0.5
+    """EDGE: ξ, a task category (``info["task_category"]``, else the env id) whose success rate in a
+    step is below it makes the extractor reflect on its failed and successful episodes."""
+    edge_reflection_entries: int = 3
+    """EDGE: most new entries the reflections of one step add (the EDGE summary: up to three)."""
+    edge_dedup_similarity: float | None = 0.95
+    """EDGE: a new entry whose embedding has cosine similarity ≥ this to one in the bank is refused
+    (counted in ``refused``); null switches the refusal off. Other methods: ``manager.dedup_similarity``."""
     edge_lambda: float = 0.1
     """EDGE: λ, weight of the reverse-KL distillation term (the EDGE summary reports that λ = 1
     lets distillation dominate the RL signal)."""
@@ -192,13 +229,20 @@ class AlgoConfig:
         if self.ratio_level not in ("token", "sequence"):
             raise ConfigError(f"algo.ratio_level must be 'token' or 'sequence', got {self.ratio_level!r}")
         for name in ("clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps", "self_distill_coef",
-                     "edge_lambda"):
+                     "edge_lambda", "perplexity_weight", "perplexity_clip", "perplexity_clip_negative"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("buffer_size",):
             if getattr(self, name) < 1:
                 raise ConfigError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("cooldown", "merge_every", "merge_token_budget"):
+        if self.edge_dedup_similarity is not None and not -1.0 <= self.edge_dedup_similarity <= 1.0:
+            raise ConfigError(f"algo.edge_dedup_similarity must be in [-1, 1] or null, got {self.edge_dedup_similarity}")
+        if not self.perplexity_temperature > 0:
+            raise ConfigError(f"algo.perplexity_temperature must be > 0, got {self.perplexity_temperature}")
+        if not 0.0 <= self.edge_reflect_below <= 1.0:
+            raise ConfigError(f"algo.edge_reflect_below must be in [0, 1], got {self.edge_reflect_below}")
+        for name in ("cooldown", "merge_every", "merge_token_budget", "gate_warmup_steps", "gate_rewrite_tokens",
+                     "edge_reflection_entries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.edge_ema <= 1:
@@ -323,6 +367,9 @@ class TrainConfig:
         if self.actor.think_tokens:
             raise ConfigError(f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
                               "constrained answers take reasoning tokens")
+        if self.extractor.constrained and not self.extractor.structured:
+            raise ConfigError("extractor.constrained=true (a model that cannot write an answer on its own) needs "
+                              "extractor.structured=true: its answers are generated under their schemas")
         if self.method == "offline_exp" and not self.experience.offline_source:
             raise ConfigError("experience.offline_source must name a trajectories.jsonl or bank .jsonl for method offline_exp")
 

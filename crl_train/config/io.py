@@ -13,6 +13,7 @@ type checking of values against dataclass annotations, and the way back to plain
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -27,6 +28,10 @@ _EXPONENT_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 class ConfigError(ValueError):
     """A config key or value is not accepted; the message names the key."""
+
+
+class _NotFinite(ConfigError):
+    """A float value that is NaN or infinite (kept through a union: ``float | None`` names it)."""
 
 
 def _type_name(tp: Any) -> str:
@@ -49,14 +54,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
     if tp is Any:
-        return value
+        return _finite_inside(value, key)
     if origin in (Union, types.UnionType):
+        not_finite: _NotFinite | None = None
         for arg in typing.get_args(tp):
             try:
                 return _coerce(value, arg, key)
+            except _NotFinite as exc:
+                not_finite = exc
             except ConfigError:
                 continue
-        raise bad
+        raise not_finite or bad
     if tp is type(None):
         if value is None:
             return None
@@ -73,7 +81,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise bad
-        return dict(value)
+        return _finite_inside(dict(value), key)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad
@@ -88,10 +96,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise bad
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
-            return float(value)  # YAML 1.1 reads ``1e-6`` (no dot) as a string
-        raise bad
+            number = float(value)
+        elif isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+            number = float(value)  # YAML 1.1 reads ``1e-6`` (no dot) as a string
+        else:
+            raise bad
+        return _finite(number, value, key)
     if tp is str:
         if isinstance(value, str):
             return value
@@ -99,7 +109,30 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
+def _finite(number: float, value: Any, key: str) -> float:
+    """A float field's value, refused when NaN or ±inf (YAML's ``.nan``/``.inf``, or ``1e999``): a
+    NaN learning rate or clip range trains nothing and says nothing, so it never enters a config."""
+    if not math.isfinite(number):
+        raise _NotFinite(f"{key}: expected a finite number, got {value!r}")
+    return number
+
+
+def _finite_inside(value: Any, key: str) -> Any:
+    """``value`` (a free-form mapping such as ``env.kwargs``) with every float inside it finite."""
+    if isinstance(value, float):
+        return _finite(value, value, key)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite_inside(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _finite_inside(v, f"{key}[{i}]")
+    return value
+
+
 def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """``cls(**data)`` with every value checked against its field's annotation (floats finite);
+    an unknown key, a wrong type or a failing ``__post_init__`` raises :class:`ConfigError` naming the key."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -145,11 +178,23 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML file; a missing, unreadable, non-UTF-8 or non-mapping file raises
+    :class:`ConfigError` naming it (never a bare ``UnicodeDecodeError`` traceback)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{p}: not UTF-8 text (byte {exc.start}, line {line}: {exc.object[exc.start:exc.start + 1]!r}); "
+            f"save the file as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: invalid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -4,9 +4,9 @@ child process (``worker``). Only :class:`~crl_train.service.ExperienceService` d
 from crl_train.extractor.model import (
     BufferItem,
     Extractor,
-    candidate_ops,
     cispo_update,
-    example_op_lines,
+    grammar_key,
+    reasoning_end_token,
     sample_key,
 )
 from crl_train.extractor.worker import (
@@ -18,4 +18,4 @@ from crl_train.extractor.worker import (
 )
 
 __all__ = ["BufferItem", "Extractor", "ExtractorError", "ExtractorSpec", "ExtractorUnavailable", "ExtractorWorker",
-           "build_extractor", "candidate_ops", "cispo_update", "example_op_lines", "sample_key"]
+           "build_extractor", "cispo_update", "grammar_key", "reasoning_end_token", "sample_key"]

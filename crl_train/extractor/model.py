@@ -5,18 +5,29 @@ generation becomes an :class:`~crl_gym.protocol.ExtractorSample` (prompt, respon
 per-token log-probs, extractor version), stored with the entry it created so CISPO can train on it
 when the entry is later credited.
 
-**Constrained answers (tiny preset).** A random-initialised model cannot write JSON, so with
-``constrained=True`` the extractor answers by choosing, through the same token-trie decoding the
-actor uses, one line among candidate ops built from the episode: ``RETURN``, ``ADD: …`` /
-``UPDATE: …`` advice about the actions the episode took. CISPO then learns *which* advice to
-write. Real extractors (``constrained=False``) write free text parsed by ``parse_ops``.
+**Structured answers (``structured=True``, the default).** Each task's answer is generated under
+its JSON Schema (:mod:`crl_gym.experience.schemas`): distillation ops, the ``search_and_ask``
+refinement, and each Merge window's decision (its labels only). The ``hf`` backend applies the
+grammar token by token with llguidance (``crl_train.policy.grammar``); a ``vllm`` generator gets the
+same schema as a structured-output request. Strings are bounded, so a valid answer has a known
+longest length; a structured call's token budget is at least that long, so no answer is cut, and
+every answer at any model size — a random-initialised tiny one included — is valid JSON of its
+schema. What CISPO learns is then the text itself, not a choice among canned sentences. A
+thinking model reasons freely first (``</think>`` detected from its tokenizer and chat template);
+only the answer after its reasoning is constrained. ``structured=False`` leaves the answers free
+(an API model's way), read by the tolerant ``parse_ops``.
+
+**Exact CISPO ratios.** A grammar sample keeps its grammar (``JsonGrammar``, a schema and its
+reasoning rule), not its masks: when it is trained on, the masks are recomputed by replaying the
+grammar over its tokens (llguidance is deterministic), so the recomputed log-probs are those it
+was sampled with. A checkpoint writes each distinct grammar once.
 
 **Thinking (``think_tokens``).** The paper's extractor is a *thinking* model: most of its tokens
-are reasoning, and only the short ops after it reach the bank. With ``think_tokens=N`` the
-constrained extractor samples N free tokens (any token but EOS) before it chooses its op line
-(:class:`~crl_train.policy.trie.ThinkThenChoose`): the reasoning costs what a thinking model's
-would and is trained on by CISPO, while entries keep their realistic length. Distillation only:
-refinement answers while the actor waits for it, and merges are free text.
+are reasoning, and only the short ops after it reach the bank. With ``think_tokens=N`` the tiny
+extractor samples N free tokens (any token but EOS) before its structured answer: the reasoning
+costs what a thinking model's would and is trained on by CISPO, while entries keep their
+realistic length. Distillation only: refinement answers while the actor waits for it, and a merge
+is one long answer already.
 """
 
 from __future__ import annotations
@@ -31,27 +42,40 @@ from typing import Any
 
 import torch
 
-from crl_gym.experience.ops import parse_ops
+from crl_gym.experience.ops import DEFAULT_MAX_LEN, parse_ops, parse_structured_ops
 from crl_gym.experience.prompts import (
     build_distillation_prompt,
     build_refinement_prompt,
+    build_reflection_prompt,
     distillation_update_ids,
     extract_refined_advice,
 )
+from crl_gym.experience.schemas import (
+    MAX_OPS,
+    max_answer_chars,
+    merge_schema,
+    ops_schema,
+    refinement_schema,
+)
 from crl_gym.protocol import (
+    AddOp,
     DistillationRequest,
     ExperienceOp,
     ExperienceRef,
     ExtractorSample,
-    Step,
-    Trajectory,
+    ReturnOp,
 )
 from crl_train.algorithms import batch_advantages, cispo_loss, training_count_weights
 from crl_train.config import AlgoConfig
 from crl_train.policy.base import Generation, TokenSequence, TrainBatch
-from crl_train.policy.trie import ActionTrie, ThinkThenChoose
+from crl_train.policy.grammar import JsonGrammar
 
 log = logging.getLogger(__name__)
+
+GRAMMAR_KEY = "grammar:"
+"""Prefix of a grammar's entry in a checkpoint's ``constraints`` (sample keys are bare sha1 hex)."""
+MIN_PROMPT_TOKENS = 64
+"""A structured call never leaves its prompt fewer tokens than this (a huge schema is capped instead)."""
 
 
 def sample_key(sample: ExtractorSample) -> str:
@@ -62,37 +86,37 @@ def sample_key(sample: ExtractorSample) -> str:
     return h.hexdigest()
 
 
-def candidate_ops(request: DistillationRequest, max_candidates: int = 6) -> list[str]:
-    """Well-formed op lines for a constrained extractor (see the module docstring)."""
-    actions: list[str] = []
-    for step in request.trajectory.steps:
-        a = str(step.action).strip()
-        if step.kind == "env" and a and a not in actions and len(a) <= 60:
-            actions.append(a)
-    verb = "UPDATE" if request.experience is not None else "ADD"
-    out = ["RETURN: nothing new"]
-    first = actions[0] if actions else None
-    if first:
-        out.append(f"{verb}: Start with '{first}'.")
-    for a in actions[: max_candidates]:
-        if request.success:
-            out.append(f"{verb}: Moving '{a}' helped reach the goal.")
-        else:
-            out.append(f"{verb}: Avoid repeating '{a}'; explore other directions.")
-    out.append(f"{verb}: Look for the goal on the map and walk straight to it.")
-    return list(dict.fromkeys(out))[: max_candidates + 2]
+def grammar_key(grammar: JsonGrammar) -> str:
+    """A grammar's name in a checkpoint (the hash of its schema and reasoning rule)."""
+    h = hashlib.sha1(grammar.schema.encode())
+    h.update(f"|{grammar.think_tokens}|{grammar.reasoning_end}".encode())
+    return GRAMMAR_KEY + h.hexdigest()
 
 
-def example_op_lines(actions: Sequence[str] = ("north", "east")) -> list[str]:
-    """Every phrasing :func:`candidate_ops` writes, for ``actions`` (tokenizer training texts)."""
-    steps = [Step("", a, 0.0) for a in actions]
-    lines: list[str] = []
-    for success in (True, False):
-        for exp in (None, ExperienceRef(id=0, text="")):
-            req = DistillationRequest(task="", trajectory=Trajectory(steps=steps), outcome=float(success),
-                                      success=success, experience=exp, condition="free")
-            lines += candidate_ops(req)
-    return list(dict.fromkeys(lines))
+def reasoning_end_token(policy: Any) -> int | None:
+    """The ``</think>`` token id when ``policy`` is a thinking model, else None.
+
+    A thinking model has ``</think>`` as one token and a chat template that thinks: it opens
+    ``<think>`` in the generation prompt (Qwen3-*-Thinking-2507), or it reads ``enable_thinking``
+    and the policy does not turn it off (Qwen3 hybrids think by default).
+    """
+    tok = getattr(policy, "tokenizer", None)
+    if tok is None:
+        return None
+    vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else {}
+    tid = vocab.get("</think>")
+    if tid is None:
+        return None
+    kwargs = dict(getattr(getattr(policy, "chat", None), "chat_kwargs", None) or {})
+    if kwargs.get("enable_thinking") is False:
+        return None
+    try:
+        prompt = tok.decode(policy.apply_chat([{"role": "user", "content": "?"}]))
+    except Exception:  # noqa: BLE001 - a template that cannot render is no thinking template
+        return None
+    template = str(getattr(tok, "chat_template", "") or "")
+    thinks = prompt.rstrip().endswith("<think>") or kwargs.get("enable_thinking") is True or "enable_thinking" in template
+    return int(tid) if thinks else None
 
 
 @dataclass
@@ -115,7 +139,21 @@ class BufferItem:
 
 
 class Extractor:
-    """π_φ: a Policy plus the prompts, the op parser and the CISPO update."""
+    """π_φ: a Policy plus the prompts, the answer schemas, the op parser and the CISPO update.
+
+    Args:
+        policy: the extractor's model (``HFPolicy``; its ``generate`` takes ``JsonGrammar`` rows).
+        max_new_tokens: token budget of an answer (a structured one gets at least its schema's
+            longest answer; ``think_tokens`` come on top).
+        max_context_tokens: prompt + answer; a prompt keeps its end.
+        max_prompt_chars: characters of the distillation / refinement prompt.
+        structured: generate every answer under its task's schema (see the module docstring).
+        constrained: the model cannot write an answer on its own (the tiny preset); it needs
+            ``structured`` (kept so configs that say ``extractor.constrained`` keep their meaning).
+        think_tokens: free reasoning tokens before a structured distillation answer (tiny preset).
+        max_entry_chars: longest entry text (and refined advice) a schema allows.
+        thinking: whether the model reasons before answering (``</think>``); None = detect it.
+    """
 
     def __init__(
         self,
@@ -124,8 +162,11 @@ class Extractor:
         max_new_tokens: int = 96,
         max_context_tokens: int = 4096,
         max_prompt_chars: int = 6000,
+        structured: bool = True,
         constrained: bool = False,
         think_tokens: int = 0,
+        max_entry_chars: int = DEFAULT_MAX_LEN,
+        thinking: bool | None = None,
         eps_low: float = AlgoConfig.cispo_eps_low,
         eps_high: float = AlgoConfig.cispo_eps_high,
         cooldown: int = AlgoConfig.cooldown,
@@ -135,84 +176,158 @@ class Extractor:
         self.max_new_tokens = max_new_tokens
         self.max_context_tokens = max_context_tokens
         self.max_prompt_chars = max_prompt_chars
+        if constrained and not structured:
+            raise ValueError("Extractor: constrained=True (a model that cannot write an answer on its own) needs "
+                             "structured=True: its answers are generated under their schemas")
+        if think_tokens < 0 or (think_tokens and not structured):
+            raise ValueError(f"Extractor: think_tokens={think_tokens} needs structured=True and must be >= 0 "
+                             "(the free tokens precede a structured answer; a free-text model reasons on its own)")
+        if max_entry_chars < 1:
+            raise ValueError(f"Extractor: max_entry_chars must be >= 1, got {max_entry_chars}")
+        self.structured = structured
         self.constrained = constrained
-        if think_tokens < 0 or (think_tokens and not constrained):
-            raise ValueError(f"Extractor: think_tokens={think_tokens} needs constrained=True and must be >= 0 "
-                             "(a free-text model reasons on its own)")
         self.think_tokens = think_tokens
-        self._free_ids: tuple[int, ...] | None = None
+        self.max_entry_chars = max_entry_chars
+        self.reasoning_end: int | None = None
+        """``</think>`` of a thinking model: its reasoning is free, the answer after it is constrained."""
+        if structured and thinking is not False and not think_tokens:
+            self.reasoning_end = reasoning_end_token(policy)
+            if thinking and self.reasoning_end is None:
+                raise ValueError("Extractor: thinking=True but the tokenizer has no </think> token")
         self.eps_low, self.eps_high = eps_low, eps_high
         self.cooldown, self.alpha = cooldown, alpha
         self.version = 0
         self.lock = threading.RLock()
         """Held while generating or training: π_φ is shared by the background track and refinement."""
         self.constraints: dict[str, list[tuple[int, ...] | None]] = {}
-        """Per-token allowed ids of constrained samples (the ExtractorSample has no field for them)."""
+        """Per-token allowed ids of samples constrained by action lists (the ExtractorSample has no field for them)."""
+        self.grammars: dict[str, JsonGrammar] = {}
+        """The grammar each structured sample was drawn under (its masks are replayed for training)."""
+        self._grammar_pool: dict[JsonGrammar, JsonGrammar] = {}
+        self._warned_budget = False
 
     # ------------------------------------------------------------------ generation
     def _prompt_ids(self, prompt: str, new_tokens: int) -> list[int]:
         ids = list(self.policy.apply_chat([{"role": "user", "content": prompt}]))
-        budget = self.max_context_tokens - new_tokens
+        budget = max(1, self.max_context_tokens - new_tokens)
         return ids[-budget:] if len(ids) > budget else ids  # keep the end: the question is last
 
+    def _grammar(self, schema: dict[str, Any], think_tokens: int = 0) -> JsonGrammar:
+        """The grammar of ``schema`` for this model (its reasoning rule included), one object per distinct one."""
+        g = JsonGrammar.from_schema(schema, think_tokens=think_tokens,
+                                    reasoning_end=None if think_tokens else self.reasoning_end)
+        return self._grammar_pool.setdefault(g, g)
+
+    def _budget(self, grammar: JsonGrammar) -> int:
+        """Tokens for an answer under ``grammar``: at least its longest valid answer and EOS (a token is
+        at least one character, so no answer is cut), plus its ``think_tokens``."""
+        need = max(self.max_new_tokens, max_answer_chars(grammar.schema_dict()) + 1)
+        cap = self.max_context_tokens - MIN_PROMPT_TOKENS - grammar.think_tokens
+        if need > cap:
+            if not self._warned_budget:
+                self._warned_budget = True
+                log.warning("a structured answer may need %d tokens but the context leaves %d: a long one may be "
+                            "cut (raise extractor.max_context_tokens, or shrink the merge windows)", need, cap)
+            need = max(1, cap)
+        return need + grammar.think_tokens
+
     def generate(self, prompts: Sequence[str], allowed: Sequence[Any | None] | None = None,
-                 think_tokens: int = 0) -> list[ExtractorSample]:
-        """One sample per prompt; ``allowed`` as in ``Policy.generate``; ``think_tokens`` extend the budget."""
-        new_tokens = self.max_new_tokens + think_tokens
-        ids = [self._prompt_ids(p, new_tokens) for p in prompts]
+                 think_tokens: int = 0, new_tokens: int | None = None) -> list[ExtractorSample]:
+        """One sample per prompt; ``allowed`` as in ``Policy.generate`` (action lists or ``JsonGrammar``);
+        ``think_tokens`` extend the budget ``new_tokens`` (default ``max_new_tokens``)."""
+        new = (self.max_new_tokens if new_tokens is None else new_tokens) + think_tokens
+        ids = [self._prompt_ids(p, new) for p in prompts]
         with self.lock, torch.no_grad():
-            gens: list[Generation] = self.policy.generate(ids, new_tokens, allowed=allowed)
+            gens: list[Generation] = self.policy.generate(ids, new, allowed=allowed)
         out = []
-        for p, pid, g in zip(prompts, ids, gens, strict=True):
-            # a constrained answer cut by max_new_tokens is an incomplete op line: make it unparsable
-            text = "" if allowed is not None and g.finish_reason == "length" else g.text
+        rows = list(allowed) if allowed is not None else [None] * len(prompts)
+        for p, pid, g, a in zip(prompts, ids, gens, rows, strict=True):
+            # a constrained answer cut by the budget is incomplete: make it unparsable (it is counted)
+            text = "" if a is not None and g.finish_reason == "length" else g.text
             s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
                                 prompt_token_ids=pid, extractor_version=self.version)
-            if g.allowed is not None and any(a is not None for a in g.allowed):
+            if isinstance(a, JsonGrammar):
+                self.grammars[sample_key(s)] = self._grammar_pool.setdefault(a, a)
+            elif g.allowed is not None and any(x is not None for x in g.allowed):
                 self.constraints[sample_key(s)] = list(g.allowed)
             out.append(s)
         return out
 
+    def _structured(self, prompts: Sequence[str], grammars: Sequence[JsonGrammar]) -> list[ExtractorSample]:
+        """One batched generation under per-prompt grammars, with the largest budget any of them needs."""
+        budget = max(self._budget(g) for g in grammars)
+        return self.generate(prompts, list(grammars), new_tokens=budget)
+
     def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One batched generation over ``requests``; each answer parsed into ops (never raises)."""
-        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars) for r in requests]
-        allowed = [self._choices(candidate_ops(r)) for r in requests] if self.constrained else None
-        samples = self.generate(prompts, allowed, self.think_tokens)
-        out = []
-        for r, s in zip(requests, samples, strict=True):
-            ops = parse_ops(s.response, allowed_update_ids=distillation_update_ids(r))
-            out.append((s, ops))
-        return out
-
-    def _choices(self, lines: list[str]) -> list[str] | ThinkThenChoose:
-        """The candidate lines, behind ``think_tokens`` free tokens when the extractor thinks."""
-        if not self.think_tokens:
-            return lines
-        tok = self.policy.tokenizer
-        eos = int(self.policy.eos_token_ids[0])
-        if self._free_ids is None:
-            special = set(tok.all_special_ids) | {int(e) for e in self.policy.eos_token_ids}
-            self._free_ids = tuple(i for i in range(len(tok)) if i not in special)
-        return ThinkThenChoose(ActionTrie.from_actions(lines, tok, eos), self.think_tokens, self._free_ids)
+        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars, max_ops=MAX_OPS) for r in requests]
+        targets = [distillation_update_ids(r) for r in requests]
+        if not self.structured:
+            samples = self.generate(prompts, None)
+            return [(s, parse_ops(s.response, allowed_update_ids=t)) for s, t in zip(samples, targets, strict=True)]
+        grammars = [self._grammar(ops_schema(t, max_ops=MAX_OPS, max_text=self.max_entry_chars), self.think_tokens)
+                    for t in targets]
+        samples = self._structured(prompts, grammars)
+        return [(s, parse_structured_ops(s.response, allowed_update_ids=t, max_len=self.max_entry_chars, max_ops=MAX_OPS))
+                for s, t in zip(samples, targets, strict=True)]
 
     def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
-        """The manager's ``refiner``: rewrite ``entry`` for the actor's query."""
+        """The manager's ``refiner``: rewrite ``entry`` for the actor's query (entry m itself when
+        the answer holds no advice)."""
         prompt = build_refinement_prompt(query, entry, context, max_chars=self.max_prompt_chars)
-        allowed = [[entry.text, f"{entry.text} Then try a direction you have not tried yet."]] if self.constrained else None
-        (s,) = self.generate([prompt], allowed)
-        text = s.response.strip() if self.constrained else extract_refined_advice(s.response, entry.text)
-        return text or entry.text, s
+        if self.structured:
+            (s,) = self._structured([prompt], [self._grammar(refinement_schema(self.max_entry_chars))])
+        else:
+            (s,) = self.generate([prompt], None)
+        return extract_refined_advice(s.response, entry.text, max_chars=self.max_entry_chars), s
+
+    def reflect(self, category: str, failures: Sequence[DistillationRequest], successes: Sequence[DistillationRequest],
+                max_entries: int = 3) -> tuple[ExtractorSample, list[ExperienceOp]]:
+        """EDGE's reflection on a low-success category: up to ``max_entries`` new entries (Adds only;
+        a Return when the episodes teach nothing), from its failed and successful episodes."""
+        prompt = build_reflection_prompt(category, failures, successes, max_entries=max_entries,
+                                         max_chars=self.max_prompt_chars)
+        if self.structured:
+            grammar = self._grammar(ops_schema((), max_ops=max_entries, max_text=self.max_entry_chars), self.think_tokens)
+            (s,) = self._structured([prompt], [grammar])
+            ops = parse_structured_ops(s.response, allowed_update_ids=frozenset(), max_len=self.max_entry_chars,
+                                       max_ops=max_entries)
+        else:
+            (s,) = self.generate([prompt], None)
+            ops = parse_ops(s.response, allowed_update_ids=frozenset())
+        adds: list[ExperienceOp] = []
+        returns: list[ExperienceOp] = []
+        for op in ops:
+            (adds if isinstance(op, AddOp) else returns if isinstance(op, ReturnOp) else []).append(op)
+        return s, adds[:max_entries] or returns[:1]
 
     def merge_generate(self, prompts: list[str]) -> list[ExtractorSample]:
-        """``generate`` callback of ``merge_bank`` (free text; the tiny model usually fails it, which is counted)."""
-        return self.generate(prompts, None)
+        """``generate`` callback of ``merge_bank``: a window's prompt (a ``MergePrompt``) carries its
+        labels, and its answer is generated under that window's schema; a bare prompt is free text."""
+        labels = [getattr(p, "labels", None) for p in prompts]
+        if not self.structured or any(not x for x in labels):
+            return self.generate(prompts, None)
+        grammars = [self._grammar(merge_schema(x, self.max_entry_chars)) for x in labels if x]
+        return self._structured(prompts, grammars)
 
     # ------------------------------------------------------------------ CISPO
+    def allowed_of(self, s: ExtractorSample) -> list[tuple[int, ...] | None] | None:
+        """The per-token allowed sets ``s`` was sampled under: stored ones, or its grammar replayed."""
+        key = sample_key(s)
+        stored = self.constraints.get(key)
+        if stored is not None:
+            return stored
+        grammar = self.grammars.get(key)
+        if grammar is None or not s.token_ids:
+            return None
+        replayed: list[tuple[int, ...] | None] = self.policy.replay_allowed(grammar, s.token_ids)
+        return replayed
+
     def _sequence(self, s: ExtractorSample) -> TokenSequence:
         seq = TokenSequence()
         seq.append_context(s.prompt_token_ids)
         seq.append_generation(Generation(prompt_ids=s.prompt_token_ids, token_ids=s.token_ids, logprobs=s.logprobs,
-                                         text=s.response, allowed=self.constraints.get(sample_key(s))))
+                                         text=s.response, allowed=self.allowed_of(s)))
         return seq
 
     def train(self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
@@ -227,7 +342,8 @@ class Extractor:
         w = training_count_weights(torch.tensor(list(counts)), torch.tensor(list(lasts)), step,
                                    cooldown=self.cooldown, alpha=self.alpha)
         adv = batch_advantages(rbar, w)
-        seqs = [self._sequence(it.sample) for it in items]
+        with self.lock:  # replaying grammars reads the policy's engine, shared with generation
+            seqs = [self._sequence(it.sample) for it in items]
         batch = TrainBatch.from_sequences(seqs, adv, self.policy.pad_token_id)
         with self.lock:
             metrics = self.policy.train_step(batch, cispo_loss, eps_low=self.eps_low, eps_high=self.eps_high)
@@ -260,12 +376,17 @@ class Extractor:
         """Version and per-sample constraints (JSON-ready) for a checkpoint.
 
         Each distinct allowed set is written once in ``allowed_sets`` and the samples refer to it by
-        index: a thinking sample's reasoning positions all allow the same few hundred ids.
+        index: a thinking sample's reasoning positions all allow the same few hundred ids. A grammar
+        sample refers to its grammar, written once under ``constraints["grammar:<hash>"]``.
         """
         with self.lock:
             index: dict[tuple[int, ...], int] = {}
-            refs = {k: [None if a is None else index.setdefault(tuple(a), len(index)) for a in v]
-                    for k, v in self.constraints.items()}
+            refs: dict[str, Any] = {k: [None if a is None else index.setdefault(tuple(a), len(index)) for a in v]
+                                    for k, v in self.constraints.items()}
+            for k, g in self.grammars.items():
+                gk = grammar_key(g)
+                refs.setdefault(gk, {"schema": g.schema, "think_tokens": g.think_tokens, "reasoning_end": g.reasoning_end})
+                refs[k] = gk
             return {"version": self.version, "allowed_sets": [list(a) for a in index], "constraints": refs}
 
     def set_state(self, d: dict[str, Any]) -> None:
@@ -283,8 +404,24 @@ class Extractor:
                                      f"but the state holds {len(sets)} sets (corrupt checkpoint?)")
                 return sets[a]
 
-            constraints = {k: [one(a) for a in v] for k, v in d.get("constraints", {}).items()}
-            self.version, self.constraints = int(d.get("version", 0)), constraints  # nothing changes on a bad state
+            raw = d.get("constraints", {})
+            specs = {k: JsonGrammar(str(v["schema"]), int(v.get("think_tokens", 0)), v.get("reasoning_end"))
+                     for k, v in raw.items() if k.startswith(GRAMMAR_KEY)}
+            grammars: dict[str, JsonGrammar] = {}
+            constraints: dict[str, list[tuple[int, ...] | None]] = {}
+            for k, v in raw.items():
+                if k.startswith(GRAMMAR_KEY):
+                    continue
+                if isinstance(v, str):
+                    if v not in specs:
+                        raise ValueError(f"extractor state: a sample refers to grammar {v!r}, which the state "
+                                         "does not hold (corrupt checkpoint?)")
+                    grammars[k] = specs[v]
+                else:
+                    constraints[k] = [one(a) for a in v]
+            # nothing changes on a bad state
+            self.version, self.constraints, self.grammars = int(d.get("version", 0)), constraints, grammars
+            self._grammar_pool = {g: g for g in grammars.values()}
 
     def close(self) -> None:
         """Nothing to release in process (the worker's ``close`` stops its child)."""

@@ -82,7 +82,9 @@ class ExtractorSpec:
     checkpoint: str | None = None
     """A ``Policy.save`` directory to rebuild π_φ from (resume)."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of :class:`~crl_train.extractor.Extractor` (max_new_tokens, constrained, …)."""
+    """Keyword arguments of :class:`~crl_train.extractor.Extractor` (max_new_tokens, think_tokens, …);
+    ``structured`` defaults to ``model.structured``, ``max_entry_chars`` to :data:`TINY_ENTRY_CHARS`
+    for the tiny preset."""
     num_threads: int = 1
     """torch intra-op threads of the child (its share of the cores)."""
     cpus: tuple[int, ...] | None = None
@@ -93,13 +95,26 @@ class ExtractorSpec:
     runs first (the extractor is off the critical path; on free cores it changes nothing)."""
 
 
+TINY_ENTRY_CHARS = 64
+"""Longest entry the tiny preset's extractor writes: its text is random, and short entries keep the
+actor's guided prompts (and the merge windows) small."""
+
+
+def extractor_options(spec: ExtractorSpec) -> dict[str, Any]:
+    """The Extractor's keyword arguments: ``spec.options`` over the model config's defaults."""
+    defaults: dict[str, Any] = {"structured": spec.model.structured}
+    if spec.model.model == "tiny":
+        defaults["max_entry_chars"] = TINY_ENTRY_CHARS
+    return {**defaults, **spec.options}
+
+
 def build_extractor(spec: ExtractorSpec) -> Extractor:
     """π_φ as the spec says (used in the child, and in process for ``experience.extractor_process=false``)."""
     from crl_train.policy.factory import build_policy
 
     policy = build_policy(spec.model, list(spec.texts) if spec.texts is not None else None, loss_scale="tokens",
                           seed=spec.seed, checkpoint=Path(spec.checkpoint) if spec.checkpoint else None)
-    return Extractor(policy, **spec.options)
+    return Extractor(policy, **extractor_options(spec))
 
 
 # ------------------------------------------------------------------------------------ the child
@@ -112,7 +127,9 @@ def _train(ext: Extractor, items: list[BufferItem], counts: list[int], lasts: li
 _HANDLERS: dict[str, Any] = {
     "distill": lambda ext, reqs: ext.distill(reqs),
     "refine": lambda ext, q, entry, ctx: ext.refine(q, entry, ctx),
+    "reflect": lambda ext, category, failures, successes, n: ext.reflect(category, failures, successes, n),
     "generate": lambda ext, prompts, allowed: ext.generate(prompts, allowed),
+    "merge_generate": lambda ext, prompts: ext.merge_generate(prompts),
     "train": _train,
     "save": lambda ext, d: ext.save(d),
     "load": lambda ext, d: ext.load(d),
@@ -304,7 +321,7 @@ class ExtractorWorker:
         return pid
 
     # ---------------------------------------------------------------- extractor interface
-    def generate(self, prompts: Sequence[str], allowed: Sequence[list[str] | None] | None = None) -> list[ExtractorSample]:
+    def generate(self, prompts: Sequence[str], allowed: Sequence[Any | None] | None = None) -> list[ExtractorSample]:
         out: list[ExtractorSample] = self._call("generate", list(prompts), None if allowed is None else list(allowed))
         return out
 
@@ -316,8 +333,16 @@ class ExtractorWorker:
         out: tuple[str, ExtractorSample | None] = self._call("refine", query, entry, context)
         return out
 
+    def reflect(self, category: str, failures: Sequence[DistillationRequest], successes: Sequence[DistillationRequest],
+                max_entries: int = 3) -> tuple[ExtractorSample, list[ExperienceOp]]:
+        out: tuple[ExtractorSample, list[ExperienceOp]] = self._call("reflect", category, list(failures),
+                                                                     list(successes), max_entries)
+        return out
+
     def merge_generate(self, prompts: list[str]) -> list[ExtractorSample]:
-        return self.generate(prompts, None)
+        """``merge_bank``'s callback; each ``MergePrompt`` keeps its labels through the pipe (its schema's)."""
+        out: list[ExtractorSample] = self._call("merge_generate", list(prompts))
+        return out
 
     def train(self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
         metrics, self.version = self._call("train", list(items), list(counts), list(lasts), step)

@@ -15,23 +15,26 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from crl_gym.templates import GATE_TEMPLATE
 from crl_train.algorithms import (
     ADVANTAGES,
     FREE,
-    GATE_SCORES,
     GUIDED,
     AdvantageEstimator,
     PolicyLoss,
+    perplexity_bonus,
 )
 from crl_train.config import TrainConfig
 from crl_train.config.names import MethodName
+from crl_train.methods.gate import VERDICTS, ActorCriticGate
 from crl_train.policy.base import Policy, TrainBatch
-from crl_train.rollout.runner import Episode, swap_prompt
+from crl_train.rollout.runner import EntryGate, Episode, swap_prompt
 from crl_train.service import ServiceOptions, service_options
 
 SELF_DISTILL_FIELDS: tuple[str, ...] = ("self_distill_samples", "self_distill_nll")
 """Metrics-row keys of ``algo.self_distill`` (guided methods that train the actor)."""
+GATE_FIELDS: tuple[str, ...] = ("gate_judged", "gate_accept", "gate_refine", "gate_reject", "gate_warmup",
+                                "gate_latency_s")
+"""Metrics-row keys of ``algo.gate``: episodes judged, share of each verdict, seconds of the gate per episode."""
 
 
 @dataclass
@@ -110,6 +113,10 @@ class Method(Protocol):
         """Extra reward per ``request_id`` for the entry that episode used (added to r(m))."""
         ...
 
+    def entry_gate(self, actor: Policy) -> EntryGate | None:
+        """What judges each guided episode's entry before it starts (the actor-critic gate), or None."""
+        ...
+
     def metric_fields(self) -> tuple[str, ...]:
         """The metrics-row keys this method adds (declared in ``crl_train.run.outputs``)."""
         ...
@@ -123,7 +130,8 @@ class Method(Protocol):
 class MethodBase:
     """Defaults shared by the methods: the registered advantage estimator, every valid episode
     trains, and the paper's optional components for guided methods — self-distillation
-    (``algo.self_distill``) and the actor-critic gate (``algo.gate``)."""
+    (``algo.self_distill``), the actor-critic gate (``algo.gate``) and the perplexity bonus
+    (``algo.perplexity_bonus``)."""
 
     name: ClassVar[MethodName]
     guided: ClassVar[bool] = True
@@ -154,17 +162,30 @@ class MethodBase:
         return rollout.valid.clone()
 
     def extra_updates(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorUpdate], dict[str, Any]]:
+        metrics = gate_metrics(rollout) if self._gate_on() else {}
         if not self._self_distill_on():
-            return [], {}
-        return self_distillation(rollout, actor, self.algo.self_distill_coef)
+            return [], metrics
+        updates, sd = self_distillation(rollout, actor, self.algo.self_distill_coef)
+        return updates, {**metrics, **sd}
 
     def entry_bonus(self, rollout: Rollout, actor: Policy) -> dict[str, float]:
-        if not (self.guided and self.algo.gate):
+        a = self.algo
+        if not self.guided or a.perplexity_bonus == "off":
             return {}
-        return gate_scores(rollout, actor)
+        return perplexity_bonuses(rollout, transform=a.perplexity_bonus, weight=a.perplexity_weight,
+                                  temperature=a.perplexity_temperature, clip=a.perplexity_clip,
+                                  clip_negative=a.perplexity_clip_negative)
+
+    def entry_gate(self, actor: Policy) -> EntryGate | None:
+        if not self._gate_on():
+            return None
+        return ActorCriticGate(actor, warmup_steps=self.algo.gate_warmup_steps, rewrite_tokens=self.algo.gate_rewrite_tokens)
 
     def metric_fields(self) -> tuple[str, ...]:
-        return SELF_DISTILL_FIELDS if self._self_distill_on() else ()
+        return (GATE_FIELDS if self._gate_on() else ()) + (SELF_DISTILL_FIELDS if self._self_distill_on() else ())
+
+    def _gate_on(self) -> bool:
+        return bool(self.algo.gate and self.guided)
 
     def _self_distill_on(self) -> bool:
         return bool(self.algo.self_distill and self.guided and self.trains_actor)
@@ -190,20 +211,44 @@ def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[lis
     return [update], {"self_distill_samples": len(seqs)}
 
 
-def gate_scores(rollout: Rollout, actor: Policy) -> dict[str, float]:
-    """Actor-critic gate: the actor rates each guided episode's entry accept / refine / reject."""
-    guided = [e for e, ok in zip(rollout.episodes, rollout.valid.tolist(), strict=True)
-              if ok and e.experience is not None and e.request is not None]
-    if not guided:
+def gate_metrics(rollout: Rollout) -> dict[str, Any]:
+    """Share of each verdict among the judged guided episodes, and the gate's seconds per episode."""
+    judged = [e for e in rollout.episodes if "gate" in e.info]
+    if not judged:
+        return {"gate_judged": 0}
+    out: dict[str, Any] = {f"gate_{v}": sum(e.info["gate"] == v for e in judged) / len(judged) for v in VERDICTS}
+    out["gate_judged"] = len(judged)
+    out["gate_latency_s"] = sum(float(e.info.get("gate_s", 0.0)) for e in judged) / len(judged)
+    return out
+
+
+def perplexity_bonuses(rollout: Rollout, *, transform: str, weight: float, temperature: float, clip: float,
+                       clip_negative: float) -> dict[str, float]:
+    """b = w·f(ΔH(m)) per guided request. The actor's entropy is estimated from its own sampled tokens
+    (mean per-token −log π of what it generated): H(π_θ | q) over the group's free episodes,
+    H(π_θ | q, m) over the guided episode, so ΔH(m) = H_free − H_guided needs no extra forward pass."""
+
+    def nll(e: Episode) -> float | None:
+        seq = e.sequence
+        lps = [lp for lp, m in zip(seq.old_logprobs, seq.loss_mask, strict=True) if m]
+        return -sum(lps) / len(lps) if lps else None
+
+    valid = rollout.valid.tolist()
+    free_h: dict[int, list[float]] = {}
+    for e, ok in zip(rollout.episodes, valid, strict=True):
+        if ok and e.condition == "free" and (h := nll(e)) is not None:
+            free_h.setdefault(e.group, []).append(h)
+    ids, delta, h_without = [], [], []
+    for e, ok in zip(rollout.episodes, valid, strict=True):
+        h = nll(e) if ok and e.condition == "guided" and e.experience is not None and e.request is not None else None
+        if h is None or e.group not in free_h or e.request is None:
+            continue
+        base = sum(free_h[e.group]) / len(free_h[e.group])
+        ids.append(e.request.request_id)
+        delta.append(base - h)
+        h_without.append(base)
+    if not ids:
         return {}
-    prompts = [actor.apply_chat([{"role": "user", "content": GATE_TEMPLATE.format(
-        task=e.task, experience=e.experience.text if e.experience is not None else "")}]) for e in guided]
-    with torch.no_grad():
-        gens = actor.generate(prompts, 8, allowed=[list(GATE_SCORES)] * len(guided))
-    scores: dict[str, float] = {}
-    for e, gen in zip(guided, gens, strict=True):
-        verdict = gen.text.strip()
-        e.info["gate"] = verdict
-        assert e.request is not None
-        scores[e.request.request_id] = GATE_SCORES.get(verdict, 0.0)
-    return scores
+    b = perplexity_bonus(torch.tensor(delta), torch.tensor(h_without), transform=transform, weight=weight,
+                         temperature=temperature, clip=clip, clip_negative=clip_negative)
+    return dict(zip(ids, b.tolist(), strict=True))

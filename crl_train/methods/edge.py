@@ -1,10 +1,13 @@
 """EDGE: experience admitted only where it helps, distilled into the actor, pruned where it does not.
 
-Actor side: the marginal gain Δe = mean r(guided) − mean r(free) of each group gates its guided
+The bank starts empty; new entries within ``algo.edge_dedup_similarity`` of one in the bank are
+refused. Actor side: the marginal gain Δe = mean r(guided) − mean r(free) of each group gates its guided
 ("teacher") episodes: with Δe > threshold they join a pooled advantage and the RL update, and
 the group's free ("student") episodes are distilled towards the same policy with the experience
 in context (reverse KL on the student's own tokens, weight λ = ``algo.edge_lambda``). Service
-side: each entry's EMA utility follows its groups' Δe, and entries below η are pruned.
+side: each entry's EMA utility follows its groups' Δe, entries below η are pruned, and task
+categories whose success rate in a step is below ξ make the extractor reflect on their failed and
+successful episodes (up to ``algo.edge_reflection_entries`` new entries per step).
 """
 
 from __future__ import annotations
@@ -18,20 +21,26 @@ from crl_train.config.names import MethodName
 from crl_train.methods.base import ActorUpdate, MethodBase, Rollout
 from crl_train.policy.base import Policy, TrainBatch
 from crl_train.rollout.runner import Episode, swap_prompt
-from crl_train.service import EdgeUtility, ServiceOptions, service_options
+from crl_train.service import EdgeReflection, EdgeUtility, ServiceOptions, service_options
 
-EDGE_FIELDS: tuple[str, ...] = ("edge_gain_mean", "edge_gate_open", "edge_pruned", "edge_kl")
-"""Metrics-row keys of ``edge`` (``edge_pruned``: entries pruned so far, by the service)."""
+EDGE_FIELDS: tuple[str, ...] = ("edge_gain_mean", "edge_gate_open", "edge_pruned", "edge_reflections",
+                                "edge_reflected", "edge_refused", "edge_kl")
+"""Metrics-row keys of ``edge`` (the service's, so far: entries pruned, reflections run and the entries they
+added, new entries refused as near-duplicates)."""
 
 
 class Edge(MethodBase):
     name = MethodName.EDGE
     advantage = AdvantageEstimator.EDGE_POOLED
-    service_metrics = {"edge_pruned": "pruned"}
+    service_metrics = {"edge_pruned": "pruned", "edge_reflections": "reflections", "edge_reflected": "reflected",
+                       "edge_refused": "refused"}
 
     def service_options(self) -> ServiceOptions:
-        return service_options(self.cfg, train=False,
-                               edge=EdgeUtility(momentum=self.algo.edge_ema, prune_below=self.algo.edge_prune))
+        # EDGE's bank starts empty (every entry with utility 0) and grows from the actor's episodes
+        a = self.algo
+        return service_options(self.cfg, train=False, seed_bank=False, dedup_similarity=a.edge_dedup_similarity,
+                               edge=EdgeUtility(momentum=a.edge_ema, prune_below=a.edge_prune),
+                               reflection=EdgeReflection(below=a.edge_reflect_below, max_entries=a.edge_reflection_entries))
 
     def advantage_kwargs(self) -> dict[str, Any]:
         return {**super().advantage_kwargs(), "threshold": self.algo.edge_threshold}

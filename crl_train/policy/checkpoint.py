@@ -1,9 +1,12 @@
 """Checkpoint files of :class:`~crl_train.policy.hf.HFPolicy` and dtype resolution.
 
-A checkpoint directory holds ``model/`` (HF weights + tokenizer, ``save_pretrained`` layout) and
-``policy_state.pt`` (step, skipped steps, configs, chat kwargs, optimizer state). It is written
-into a temporary sibling directory and swapped in, so a crash mid-save leaves the previous
-checkpoint whole.
+A checkpoint directory holds ``model/`` (HF weights + tokenizer, ``save_pretrained`` layout),
+``policy_state.pt`` (step, skipped steps, configs, chat kwargs, optimizer state) and
+``files.json`` (every file's size, written last). It is written into a temporary sibling
+directory and swapped in, so a crash mid-save leaves the previous checkpoint whole.
+:func:`verify_checkpoint` finds a missing, truncated or unreadable file without loading the
+weights (sizes, safetensors headers, the state's zip directory), so a resume can refuse a bad
+checkpoint, naming the file, before it changes anything.
 
 >>> resolve_dtype("auto", "cuda:0"), resolve_dtype("auto", "cpu"), resolve_dtype("float16", "cpu")
 (torch.bfloat16, torch.float32, torch.float16)
@@ -11,8 +14,11 @@ checkpoint whole.
 
 from __future__ import annotations
 
+import json
 import shutil
+import struct
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,13 @@ import torch
 
 STATE_FILE = "policy_state.pt"
 MODEL_DIR = "model"
+MANIFEST_FILE = "files.json"
+STATE_KEYS = ("step", "name", "sampling", "optim", "chat_kwargs")
+"""Keys :meth:`HFPolicy.from_checkpoint` reads from ``policy_state.pt``."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated or unreadable; the message names the file."""
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
@@ -43,6 +56,7 @@ def write_checkpoint(directory: str | Path, model: Any, tokenizer: Any, state: d
         model.save_pretrained(tmp / MODEL_DIR)
         tokenizer.save_pretrained(tmp / MODEL_DIR)
         torch.save(state, tmp / STATE_FILE)
+        _write_manifest(tmp)
         old = directory.with_name(directory.name + ".old")
         if directory.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -54,12 +68,86 @@ def write_checkpoint(directory: str | Path, model: Any, tokenizer: Any, state: d
         raise
 
 
-def read_state(directory: str | Path) -> dict[str, Any]:
-    """The ``policy_state.pt`` of a checkpoint (``FileNotFoundError`` naming it if absent)."""
+def _write_manifest(directory: Path) -> None:
+    """``files.json``: the size of every file of the checkpoint (a truncated copy is found by size)."""
+    sizes = {str(p.relative_to(directory)): p.stat().st_size
+             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE}
+    (directory / MANIFEST_FILE).write_text(json.dumps(sizes, indent=0), encoding="utf-8")
+
+
+def _check_safetensors(path: Path) -> None:
+    """The header parses and the tensors it lists end exactly at the end of the file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path}: truncated ({size} bytes, no safetensors header)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise CheckpointError(f"{path}: truncated or not a safetensors file (header of {n} bytes in a {size}-byte file)")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: unreadable safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: unreadable safetensors header")
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)
+            and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2]
+    expected = 8 + n + max(ends, default=0)
+    if expected != size:
+        raise CheckpointError(f"{path}: truncated ({size} bytes, its header describes {expected})")
+
+
+def verify_checkpoint(directory: str | Path) -> None:
+    """Raise :class:`CheckpointError` naming the first missing, truncated or unreadable file of a
+    policy checkpoint; reads headers and sizes, not the weights (cheap on a multi-GB checkpoint).
+
+    Checks: ``files.json`` sizes (checkpoints written before it existed skip this), every
+    ``model/*.safetensors`` header against its size, ``policy_state.pt``'s zip directory and the
+    keys a policy needs (loaded memory-mapped: the optimizer's tensors are not read).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} is missing: not a policy checkpoint")
+    manifest = directory / MANIFEST_FILE
+    if manifest.exists():
+        try:
+            sizes = json.loads(manifest.read_text(encoding="utf-8"))
+            if not isinstance(sizes, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise CheckpointError(f"{manifest}: unreadable ({exc})") from None
+        for rel, size in sizes.items():
+            f = directory / rel
+            if not f.is_file():
+                raise CheckpointError(f"{f} is missing (listed in {MANIFEST_FILE})")
+            if f.stat().st_size != size:
+                raise CheckpointError(f"{f}: {f.stat().st_size} bytes, but {size} were written (truncated?)")
+    weights = sorted((directory / MODEL_DIR).glob("*.safetensors"))
+    if not weights:
+        raise CheckpointError(f"{directory / MODEL_DIR} holds no *.safetensors weights: not a policy checkpoint")
+    for f in weights:
+        _check_safetensors(f)
+    state = read_state(directory, mmap=True)
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"{directory / STATE_FILE}: lacks {', '.join(missing)}")
+
+
+def read_state(directory: str | Path, *, mmap: bool = False) -> dict[str, Any]:
+    """The ``policy_state.pt`` of a checkpoint (``FileNotFoundError`` naming it if absent,
+    :class:`CheckpointError` naming it if it does not load)."""
     path = Path(directory) / STATE_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: not a policy checkpoint")
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    if not zipfile.is_zipfile(path):  # torch.save's format; a cut file has lost its zip directory
+        raise CheckpointError(f"{path}: truncated or not a torch checkpoint ({path.stat().st_size} bytes)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, …
+        raise CheckpointError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a policy state")
     return state
 
 
@@ -79,7 +167,10 @@ def load_weights(model: Any, directory: str | Path, device: str | torch.device) 
         )
     missing = {k for k, _ in model.named_parameters()}
     for f in files:
-        sd = load_file(str(f), device=str(device))
+        try:
+            sd = load_file(str(f), device=str(device))
+        except Exception as exc:  # noqa: BLE001 - safetensors' own error type names no file
+            raise CheckpointError(f"{f}: unreadable weights ({type(exc).__name__}: {exc})") from exc
         result = model.load_state_dict(sd, strict=False)
         if result.unexpected_keys:
             raise ValueError(f"{f}: keys not in the model: {result.unexpected_keys[:5]}")

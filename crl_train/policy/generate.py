@@ -2,7 +2,8 @@
 
 Written out instead of ``model.generate`` so that each sampled token's log-prob is taken from
 exactly the distribution the training recomputation uses (``sampling.tempered_logprobs``), with
-the per-sequence trie constraints, and so the allowed sets can be stored with the tokens.
+the per-sequence constraints (an action trie, or a JSON grammar's state: ``grammar.py``), and so
+the allowed sets can be stored with the tokens.
 
 **Prefix reuse across turns.** A multi-turn prompt is the previous turn's prompt + response + the
 new observation. Re-encoding it every turn costs O(T²) attention over the whole conversation (most
@@ -22,8 +23,13 @@ from typing import Any
 import torch
 
 from .base import FinishReason, Generation, SamplingConfig
+from .grammar import GrammarState
 from .sampling import sample_tokens, tempered_logprobs
 from .trie import Constraint
+
+RowConstraint = Constraint | GrammarState
+"""What constrains one row: a trie over actions (stateless, asked with the tokens so far) or a
+grammar's state (advanced token by token)."""
 
 
 def _cache_arg(model: Any) -> str:
@@ -96,7 +102,7 @@ def generate_batch(
     model: Any,
     tokenizer: Any,
     prompts: list[list[int]],
-    tries: Sequence[Constraint | None],
+    tries: Sequence[RowConstraint | None],
     *,
     max_new_tokens: int,
     sampling: SamplingConfig,
@@ -107,7 +113,7 @@ def generate_batch(
     past: Sequence[RowKV | None] | None = None,
     keep_kv: bool = False,
 ) -> tuple[list[Generation], list[RowKV] | None]:
-    """Sample one response per prompt. Constrained rows follow their trie and end with its EOS.
+    """Sample one response per prompt. Constrained rows follow their trie (or grammar) and end with its EOS.
 
     ``past[i]``: cached keys/values of a prefix of ``prompts[i]`` (see the module docstring; a row
     whose cache is not a prefix of its prompt is encoded in full). ``keep_kv``: also return each
@@ -144,13 +150,20 @@ def generate_batch(
     for _ in range(max_new_tokens):
         logits = out.logits[:, -1, :]
         allowed: list[tuple[int, ...] | None] = []
+        masks: list[tuple[int, ...] | torch.Tensor | None] = []
         for i in range(n):
             trie = tries[i]
             if trie is None or finish[i] is not None:
                 allowed.append(None)
+                masks.append(None)
+            elif isinstance(trie, GrammarState):
+                got = trie.allowed()  # None while a thinking model reasons freely
+                allowed.append(None if got is None else got[0])
+                masks.append(None if got is None else got[1])
             else:
                 allowed.append(trie.allowed(tokens[i]))
-        lp = tempered_logprobs(logits, sampling.temperature, allowed)
+                masks.append(allowed[-1])
+        lp = tempered_logprobs(logits, sampling.temperature, masks)
         nxt = sample_tokens(lp, top_p=sampling.top_p, greedy=sampling.greedy, generator=generator)
         chosen = lp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
         nxt_list = nxt.tolist()
@@ -165,6 +178,8 @@ def generate_batch(
             trie = tries[i]
             if tok in eos or (trie is not None and tok == trie.eos_token_id):
                 finish[i] = "stop"
+            elif isinstance(trie, GrammarState):
+                trie.advance(tok)
             elif sampling.stop and trie is None:
                 cut = _stop_cut(tokenizer.decode(tokens[i], skip_special_tokens=True), sampling.stop)
                 if cut is not None:

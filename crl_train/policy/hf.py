@@ -37,9 +37,10 @@ from .base import (
 )
 from .chat import ChatFormatter
 from .checkpoint import MODEL_DIR, load_weights, read_state, resolve_dtype, write_checkpoint
-from .generate import RowKV, generate_batch
+from .generate import RowConstraint, RowKV, generate_batch
+from .grammar import GrammarEngine, JsonGrammar
 from .sampling import selective_logprobs
-from .trie import ActionTrie, Constraint, ThinkThenChoose
+from .trie import ActionTrie, ThinkThenChoose
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,13 @@ class HFPolicy:
         """Keep each ``cache_key``'s keys/values between ``generate`` calls (see ``generate``)."""
         self._kv: dict[Hashable, RowKV] = {}
         self.generator: Any | None = None
-        """Optional fast generator (``VLLMGenerator``) for unconstrained requests; see attach_generator."""
+        """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar requests; see attach_generator."""
+        self._grammar_engine: GrammarEngine | None = None
 
     def attach_generator(self, generator: Any) -> None:
-        """Serve unconstrained ``generate`` calls from ``generator`` (e.g. ``VLLMGenerator``) and
-        push this model's weights into it now and after every optimizer step."""
+        """Serve unconstrained and JSON-grammar ``generate`` calls from ``generator`` (e.g.
+        ``VLLMGenerator``; a grammar request only when the generator has ``structured_outputs``)
+        and push this model's weights into it now and after every optimizer step."""
         self.generator = generator
         generator.sync_weights(self.model.state_dict().items())
 
@@ -138,14 +141,28 @@ class HFPolicy:
     def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         return self.chat.prompt_ids(messages, add_generation_prompt=add_generation_prompt)
 
-    def _tries(self, allowed: Sequence[Any | None] | None, n: int) -> list[Constraint | None]:
+    @property
+    def grammar_engine(self) -> GrammarEngine:
+        """llguidance's view of this policy's tokenizer (built on first use, kept: it takes a moment)."""
+        if self._grammar_engine is None:
+            vocab = int(self.model.get_output_embeddings().weight.shape[0])
+            self._grammar_engine = GrammarEngine(self.tokenizer, vocab_size=vocab, eos_token_id=self.eos_token_ids[0])
+        return self._grammar_engine
+
+    def replay_allowed(self, grammar: JsonGrammar, token_ids: Sequence[int]) -> list[tuple[int, ...] | None]:
+        """Per-token allowed sets of ``token_ids`` sampled under ``grammar`` (``GrammarEngine.replay``)."""
+        return self.grammar_engine.replay(grammar, token_ids)
+
+    def _tries(self, allowed: Sequence[Any | None] | None, n: int) -> list[RowConstraint | None]:
         if allowed is None:
             return [None] * n
         if len(allowed) != n:
             raise ValueError(f"generate: allowed has {len(allowed)} entries for {n} prompts")
-        out: list[Constraint | None] = []
+        out: list[RowConstraint | None] = []
         for i, a in enumerate(allowed):
-            if a is None or isinstance(a, (ActionTrie, ThinkThenChoose)):
+            if isinstance(a, JsonGrammar):
+                out.append(self.grammar_engine.start(a))
+            elif a is None or isinstance(a, (ActionTrie, ThinkThenChoose)):
                 out.append(a)
             elif isinstance(a, str):
                 raise TypeError(f"generate: allowed[{i}] is a str; pass a list of action strings")
@@ -178,9 +195,9 @@ class HFPolicy:
                 "generate: temperature %s differs from the policy's %s; recomputed log-probs will not match",
                 cfg.temperature, self.sampling.temperature,
             )
+        if self.generator is not None and self._generator_serves(allowed):
+            return self._generate_on_generator(prompts, max_new_tokens, allowed, cfg)
         tries = self._tries(allowed, len(prompts))
-        if self.generator is not None and all(t is None for t in tries):
-            return list(self.generator.generate(prompts, max_new_tokens, sampling=cfg))
         generator = None
         if cfg.seed is not None:
             generator = self._generators.get(cfg.seed)
@@ -206,6 +223,32 @@ class HFPolicy:
             if chunk is not None and kept is not None:
                 self._kv.update(zip(chunk, kept, strict=True))
         return out
+
+    def _generator_serves(self, allowed: Sequence[Any | None] | None) -> bool:
+        """Whether the attached generator can take this request: unconstrained rows, and JSON
+        grammars when it has structured outputs (a thinking grammar only with its reasoning parser;
+        ``think_tokens`` reasoning is an hf-only stand-in)."""
+        if allowed is None or all(a is None for a in allowed):
+            return True
+        gen = self.generator
+        if not getattr(gen, "structured_outputs", False):
+            return False
+        return all(a is None or (isinstance(a, JsonGrammar) and not a.think_tokens
+                                 and (a.reasoning_end is None or bool(getattr(gen, "reasoning_parser", None))))
+                   for a in allowed)
+
+    def _generate_on_generator(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                               allowed: Sequence[Any | None] | None, cfg: SamplingConfig) -> list[Generation]:
+        """The generator's answers; a grammar row gets its allowed sets by replay (the engine
+        applied the same llguidance masks), so training recomputes its log-probs exactly."""
+        assert self.generator is not None
+        if allowed is None or all(a is None for a in allowed):
+            return list(self.generator.generate(prompts, max_new_tokens, sampling=cfg))
+        gens = list(self.generator.generate(prompts, max_new_tokens, allowed=allowed, sampling=cfg))
+        for g, a in zip(gens, allowed, strict=True):
+            if isinstance(a, JsonGrammar):
+                g.allowed = self.replay_allowed(a, g.token_ids)
+        return gens
 
     def release_cache(self, keys: Iterable[Hashable] | None = None) -> None:
         """Drop the kept keys/values of ``keys`` (all when None)."""

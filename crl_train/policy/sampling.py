@@ -20,7 +20,7 @@ from .trie import constraint_mask
 
 
 def tempered_logprobs(
-    logits: torch.Tensor, temperature: float, allowed: Sequence[Sequence[int] | None] | None = None
+    logits: torch.Tensor, temperature: float, allowed: Sequence[Sequence[int] | torch.Tensor | None] | None = None
 ) -> torch.Tensor:
     """[N, V] logits -> [N, V] float32 log-probs of the masked, tempered distribution."""
     x = logits.float()

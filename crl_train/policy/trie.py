@@ -178,31 +178,60 @@ Constraint = ActionTrie | ThinkThenChoose
 """What ``generate_batch`` accepts per row to constrain it."""
 
 
-def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | None]) -> torch.Tensor:
+def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | torch.Tensor | None]) -> torch.Tensor:
     """``logits`` [N, V] with every token outside ``allowed[n]`` set to ``-inf`` (None: row kept).
+
+    ``allowed[n]`` is a sequence of token ids, or a boolean mask [V] (a grammar's, already built).
 
     >>> constraint_mask(torch.zeros(2, 3), [(1,), None]).tolist()
     [[-inf, 0.0, -inf], [0.0, 0.0, 0.0]]
+    >>> constraint_mask(torch.zeros(1, 3), [torch.tensor([True, False, True])]).tolist()
+    [[0.0, -inf, 0.0]]
     """
     if logits.dim() != 2 or logits.shape[0] != len(allowed):
         raise ValueError(f"constraint_mask: logits {tuple(logits.shape)} do not match {len(allowed)} allowed sets")
-    rows = [i for i, a in enumerate(allowed) if a is not None]
-    if not rows:
+    if all(a is None for a in allowed):
         return logits
     vocab = logits.shape[1]
-    keep = torch.zeros((len(rows), vocab), dtype=torch.bool, device=logits.device)
+    if all(a is None or isinstance(a, torch.Tensor) for a in allowed):  # grammar rows: masks already built
+        return _mask_rows(logits, allowed)  # type: ignore[arg-type]
+    keep = torch.ones((len(allowed), vocab), dtype=torch.bool, device=logits.device)
     seen: dict[int, torch.Tensor] = {}  # rows sharing one allowed object (ThinkThenChoose) convert it once
-    for j, i in enumerate(rows):
-        ids = seen.get(id(allowed[i]))
+    for i, row in enumerate(allowed):
+        if row is None:
+            continue
+        if isinstance(row, torch.Tensor):
+            _check_mask(row, i, vocab)
+            keep[i] = row
+            continue
+        ids = seen.get(id(row))
         if ids is None:
-            ids = torch.as_tensor(list(allowed[i]), dtype=torch.long, device=logits.device)  # type: ignore[arg-type]
+            ids = torch.as_tensor(list(row), dtype=torch.long, device=logits.device)
             if ids.numel() == 0:
                 raise ValueError(f"constraint_mask: row {i} allows no token")
             if int(ids.max()) >= vocab or int(ids.min()) < 0:
                 raise ValueError(f"constraint_mask: row {i} allows token ids outside the vocabulary of {vocab}")
-            seen[id(allowed[i])] = ids
-        keep[j, ids] = True
-    out = logits.clone()
-    row_idx = torch.as_tensor(rows, dtype=torch.long, device=logits.device)
-    out[row_idx] = out[row_idx].masked_fill(~keep, float("-inf"))
-    return out
+            seen[id(row)] = ids
+        keep[i] = False
+        keep[i, ids] = True
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def _check_mask(row: torch.Tensor, i: int, vocab: int) -> None:
+    if row.dtype != torch.bool or row.shape != (vocab,):
+        raise ValueError(f"constraint_mask: row {i}'s mask is {row.dtype} {tuple(row.shape)}, expected bool ({vocab},)")
+
+
+def _mask_rows(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """Boolean-mask rows (None: kept) in one ``masked_fill``: a grammar step costs a few µs here.
+    A mask row must allow a token; a grammar's are checked once, when made (``GrammarEngine``)."""
+    vocab = logits.shape[1]
+    for i, m in enumerate(masks):
+        if m is not None:
+            _check_mask(m, i, vocab)
+    if len(masks) == 1:
+        assert masks[0] is not None
+        return logits.masked_fill(~masks[0].to(logits.device), float("-inf"))
+    every = torch.ones(vocab, dtype=torch.bool)
+    keep = torch.stack([every if m is None else m for m in masks]).to(logits.device)
+    return logits.masked_fill(~keep, float("-inf"))

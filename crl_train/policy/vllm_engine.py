@@ -8,8 +8,18 @@ Log-probs. The engine is created with ``logprobs_mode="processed_logprobs"`` whe
 vLLM supports it (>= 0.10.2), so returned log-probs are of the temperature-scaled distribution,
 matching :mod:`crl_train.policy.base` when ``top_p == 1``. With top-p < 1, greedy decoding or an
 older vLLM, :attr:`VLLMGenerator.logprobs_exact` is False and the trainer must recompute the old
-log-probs with ``HFPolicy.logprobs`` before the update. Constrained decoding is an ``hf``-backend
-feature (its masks must be replayed in training); a constrained request here is an error.
+log-probs with ``HFPolicy.logprobs`` before the update. The actor's action tries are an
+``hf``-backend feature; a trie-constrained request here is an error.
+
+Structured outputs. A :class:`~crl_train.policy.grammar.JsonGrammar` row (the extractor's
+answers) becomes ``SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))``
+(:func:`structured_outputs_kwargs`), on an engine started with
+``structured_outputs_config={"backend": "guidance", ...}``: llguidance, the engine the ``hf``
+backend uses, so the schema's ``x-guidance`` options apply and the masks are the ones
+``GrammarEngine.replay`` recomputes for training. vLLM applies the mask to the logits before its
+sampler, so ``processed_logprobs`` are of the masked distribution, as the project's convention
+says. A thinking extractor needs the engine's ``reasoning_parser`` (e.g. ``qwen3``): the grammar
+then starts after ``</think>``.
 
 Weight sync. With one GPU the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 and ``sync_weights`` calls the model's ``load_weights`` directly; otherwise it goes through
@@ -57,6 +67,27 @@ def sampling_params_kwargs(
     if cfg.seed is not None:
         kw["seed"] = cfg.seed
     return kw
+
+
+STRUCTURED_BACKEND = "guidance"
+"""vLLM's structured-output backend: llguidance, the same engine as the ``hf`` backend's grammars."""
+
+
+def structured_outputs_kwargs(grammar: Any) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.sampling_params.StructuredOutputsParams`` of a ``JsonGrammar``
+    row (its ``json`` field takes the schema; ``x-guidance`` inside it carries the options)."""
+    if getattr(grammar, "think_tokens", 0):
+        raise ValueError("think_tokens reasoning is an hf-backend stand-in; a vLLM grammar request has none")
+    return {"json": grammar.schema_dict()}
+
+
+def engine_structured_config(reasoning_parser: str | None) -> dict[str, Any]:
+    """``LLM(structured_outputs_config=...)``: the guidance backend, and the reasoning parser of a
+    thinking model (so the grammar applies only after its reasoning)."""
+    cfg: dict[str, Any] = {"backend": STRUCTURED_BACKEND}
+    if reasoning_parser:
+        cfg["reasoning_parser"] = reasoning_parser
+    return cfg
 
 
 def token_prompts(prompts: Sequence[Sequence[int]]) -> list[dict[str, list[int]]]:
@@ -178,6 +209,7 @@ class VLLMGenerator:
         seed: int = 0,
         enforce_eager: bool = False,
         sync_chunk_bytes: int = 1 << 30,
+        reasoning_parser: str | None = None,
     ) -> None:
         try:
             import vllm
@@ -197,17 +229,25 @@ class VLLMGenerator:
             "enforce_eager": enforce_eager,
             "worker_extension_cls": f"{__name__}.WorkerExtension",
             "logprobs_mode": "processed_logprobs",
+            "structured_outputs_config": engine_structured_config(reasoning_parser),
         }
+        self.reasoning_parser = reasoning_parser
+        """vLLM reasoning parser of a thinking model (``qwen3``, ``deepseek_r1``), or None."""
+        self.structured_outputs = True
+        """JSON-grammar requests are served (see the module docstring)."""
         if max_model_len is not None:
             kw["max_model_len"] = max_model_len
         try:
             self.llm = vllm.LLM(**kw)
             self.processed_logprobs = True
-        except TypeError:  # older vLLM without logprobs_mode: raw log-probs only
+        except TypeError:  # older vLLM without logprobs_mode (nor structured_outputs_config): raw log-probs only
             kw.pop("logprobs_mode")
+            kw.pop("structured_outputs_config")
             self.llm = vllm.LLM(**kw)
             self.processed_logprobs = False
-            log.warning("this vLLM has no logprobs_mode; log-probs are raw and must be recomputed")
+            self.structured_outputs = False
+            log.warning("this vLLM has no logprobs_mode; log-probs are raw and must be recomputed, and JSON-grammar "
+                        "requests run on the hf backend")
         eos = tokenizer.eos_token_id
         self.eos_token_ids = [int(eos)] if eos is not None else []
         self.syncs = 0
@@ -226,12 +266,26 @@ class VLLMGenerator:
         *,
         sampling: SamplingConfig | None = None,
     ) -> list[Generation]:
-        if allowed is not None and any(a is not None for a in allowed):
-            raise ValueError("constrained decoding (allowed=...) is supported by the hf backend only")
+        """``allowed[i]``: None (free text) or a ``JsonGrammar`` (structured output); action tries
+        are the hf backend's."""
+        rows = list(allowed) if allowed is not None else [None] * len(prompts)
+        if len(rows) != len(prompts):
+            raise ValueError(f"generate: allowed has {len(rows)} entries for {len(prompts)} prompts")
+        if any(a is not None and not hasattr(a, "schema_dict") for a in rows):
+            raise ValueError("constrained decoding with action lists or tries (allowed=...) is supported by the hf "
+                             "backend only; vLLM takes JSON grammars")
         import vllm
+        from vllm.sampling_params import StructuredOutputsParams
 
         cfg = sampling or self.sampling
-        params = vllm.SamplingParams(**sampling_params_kwargs(cfg, max_new_tokens, self.eos_token_ids))
+        kw = sampling_params_kwargs(cfg, max_new_tokens, self.eos_token_ids)
+        params: Any
+        if all(a is None for a in rows):
+            params = vllm.SamplingParams(**kw)
+        else:  # one SamplingParams per prompt: each grammar row carries its own schema
+            params = [vllm.SamplingParams(**kw) if a is None else
+                      vllm.SamplingParams(**kw, structured_outputs=StructuredOutputsParams(**structured_outputs_kwargs(a)))
+                      for a in rows]
         outputs = self.llm.generate(token_prompts(prompts), sampling_params=params, use_tqdm=False)
         return [to_generation(o, p) for o, p in zip(outputs, prompts, strict=True)]
 

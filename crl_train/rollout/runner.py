@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from crl_gym.experience.prompts import truncate_middle
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
@@ -37,6 +37,18 @@ from crl_train.policy.base import Generation, TokenSequence
 from crl_train.policy.chat import parse_action
 
 log = logging.getLogger(__name__)
+
+class EntryGate(Protocol):
+    """What the runner asks of an entry gate (``crl_train.methods.gate.ActorCriticGate``)."""
+
+    def judge(self, tasks: Sequence[str], entries: Sequence[ExperienceRef]) -> tuple[list[Any], float]:
+        """A verdict per (task, entry) — with ``shown``, ``verdict`` and ``meta()`` — and the seconds taken."""
+        ...
+
+    def observe(self, tasks: Sequence[str], successes: Sequence[bool]) -> None:
+        """A finished rollout step's outcomes."""
+        ...
+
 
 @dataclass
 class Turn:
@@ -70,6 +82,8 @@ class Episode:
     steps: list[Step] = field(default_factory=list)
     admissible: list[str] = field(default_factory=list)
     search_calls: int = 0
+    request_meta: dict[str, Any] = field(default_factory=dict)
+    """What the episode's request carries in ``meta`` besides the env's own (the gate's verdict)."""
 
     @property
     def failed_by_error(self) -> bool:
@@ -121,6 +135,8 @@ class RolloutRunner:
         self.context_truncations = 0
         self.search_failures = 0
         self.submit_failures = 0
+        self.gate: EntryGate | None = None
+        """Judges each guided episode's entry before it starts (the actor-critic gate), or None."""
         self.last_search_s = 0.0
         """Wall time of the last rollout step's batched search (s)."""
         self.eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
@@ -208,9 +224,14 @@ class RolloutRunner:
                 refs = [None] * len(queries)
             self.last_search_s = time.perf_counter() - t0
             prefetched = dict(zip(guided_groups, refs, strict=True))
+        judged = self._judge([ep for ep in episodes if ep.condition == "guided"], prefetched, task_text)
         for ep, env in zip(episodes, envs, strict=True):
             if ep.condition == "guided":
-                self._reset(ep, env, {"experience": "guided", "prefetched": prefetched.get(ep.group), "rollout_step": step})
+                options: dict[str, Any] = {"experience": "guided", "prefetched": prefetched.get(ep.group), "rollout_step": step}
+                if id(ep) in judged:
+                    ep.request_meta["gate"] = judged[id(ep)].meta()
+                    options.update(prefetched=judged[id(ep)].shown, meta=ep.request_meta)
+                self._reset(ep, env, options)
         # 3. advance all together
         for ep in episodes:
             ep.info["rollout_step"] = step
@@ -227,7 +248,24 @@ class RolloutRunner:
             if release is not None:
                 release([id(ep) for ep in episodes])
         self._submit_unfinished(episodes, step)
+        if self.gate is not None and step >= 0:  # held-out episodes do not move the actor's success rates
+            done = [ep for ep in episodes if not ep.failed_by_error]
+            self.gate.observe([ep.task for ep in done], [ep.success for ep in done])
         return episodes
+
+    def _judge(self, guided: list[Episode], prefetched: dict[int, ExperienceRef | None],
+               task_text: dict[int, str]) -> dict[int, Any]:
+        """The gate's verdict for each guided episode that has an entry (by ``id(episode)``)."""
+        pairs = [(ep, e) for ep in guided if (e := prefetched.get(ep.group)) is not None]
+        if self.gate is None or not pairs:
+            return {}
+        verdicts, seconds = self.gate.judge([task_text.get(ep.group, "") for ep, _ in pairs], [e for _, e in pairs])
+        out = {}
+        for (ep, _), v in zip(pairs, verdicts, strict=True):
+            ep.info["gate"] = v.verdict
+            ep.info["gate_s"] = seconds / len(pairs)
+            out[id(ep)] = v
+        return out
 
     def _submit_unfinished(self, episodes: list[Episode], step: int) -> None:
         """Episodes the trainer cut (turn cap, context limit) got no request from their env: the
@@ -314,7 +352,7 @@ class RolloutRunner:
             condition="guided" if ep.condition == "guided" else "free",
             env_id=ep.env_id,
             seed=ep.seed,
-            meta={k: v for k, v in ep.info.items() if k in ("turn_cap", "context_truncated")},
+            meta={**ep.request_meta, **{k: v for k, v in ep.info.items() if k in ("turn_cap", "context_truncated")}},
         )
 
 

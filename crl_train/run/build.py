@@ -122,6 +122,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
                            max_turns=cfg.env.max_turns, max_new_tokens=cfg.actor.max_new_tokens,
                            max_context_tokens=cfg.actor.max_context_tokens, constrained=cfg.actor.constrained,
                            search_and_ask=cfg.experience.search_and_ask)
+    runner.gate = method.entry_gate(actor)
     return Run(actor, service, client, runner, split, before)
 
 

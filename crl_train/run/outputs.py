@@ -8,6 +8,7 @@ Layout of a run directory::
     tb/                  TensorBoard events
     curves.png           main curves
     checkpoint/          actor/, extractor/, state.json (state.json written last: it marks a complete checkpoint)
+    checkpoint.old/      the previous checkpoint, kept until the next one is being written
     bank/                the experience bank (SQLite + index) and bank.jsonl export
     trajectories.jsonl   every finished episode's distillation request (offline_exp source)
     eval.json            held-out evaluation (crl-eval / end of training)
@@ -26,12 +27,13 @@ import math
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from crl_train.methods.base import SELF_DISTILL_FIELDS
+from crl_train.methods.base import GATE_FIELDS, SELF_DISTILL_FIELDS
 from crl_train.methods.edge import EDGE_FIELDS
 
 if TYPE_CHECKING:
@@ -45,16 +47,16 @@ log = logging.getLogger(__name__)
 ACTOR_FIELDS: tuple[str, ...] = ("actor_loss", "actor_clip_frac", "actor_approx_kl", "actor_grad_norm")
 """Actor update; null when the actor did not train this step."""
 STEP_FIELDS: tuple[str, ...] = (
-    "success", "success_guided", "success_free", "actions_per_episode", "turns_per_episode",
+    "success", "success_guided", "success_free", "success_by_env", "actions_per_episode", "turns_per_episode",
     "adv_mean", "adv_std", "adv_abs_mean", "bank_size", "search_latency_s", "queue_depth", "extractor_reward",
-    "extractor_updates", "extractor_loss", "buffer_size", "distilled", "distill_batches", "malformed", "added",
+    "extractor_updates", "extractor_loss", "buffer_size", "distilled", "distill_batches", "malformed", "stale", "refused", "added",
     "updated", "credited", "uncreditable", "merges", "merge_failures", "track_errors", "extractor_alive", "skipped_distill",
     "skipped_updates", "env_errors", "context_truncations", "step_time_s", "rollout_time_s", "update_time_s",
 )
 """Every step's rollout, bank and background-track columns."""
 METRIC_FIELDS: tuple[str, ...] = ("step", *ACTOR_FIELDS, *STEP_FIELDS)
 """Columns every metrics row has (``metric_fields`` adds the method's own)."""
-ALL_METRIC_FIELDS: tuple[str, ...] = (*METRIC_FIELDS, *EDGE_FIELDS, *SELF_DISTILL_FIELDS)
+ALL_METRIC_FIELDS: tuple[str, ...] = (*METRIC_FIELDS, *EDGE_FIELDS, *SELF_DISTILL_FIELDS, *GATE_FIELDS)
 """Every key a row may have: :data:`METRIC_FIELDS` and each method's own."""
 
 
@@ -128,54 +130,160 @@ def trim_run_outputs(run_dir: Path, step: int) -> dict[str, int]:
 # ---------------------------------------------------------------------------- checkpoints
 CKPT = "checkpoint"
 STATE = "state.json"
+TMP, OLD = CKPT + ".tmp", CKPT + ".old"
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint cannot be resumed from; the message names the file and what to do instead."""
+
+
+def read_checkpoint_state(d: Path) -> dict[str, Any]:
+    """``d/state.json`` as a dict with a non-negative int ``step``; :class:`ResumeError` naming it otherwise."""
+    path = d / STATE
+    try:
+        state = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise ResumeError(f"{path} is missing: {d.name}/ is not a complete checkpoint") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ResumeError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict):
+        raise ResumeError(f"{path} holds a {type(state).__name__}, not a checkpoint state")
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ResumeError(f"{path}: 'step' must be a non-negative integer, got {step!r}")
+    return state
 
 
 def _ckpt_step(d: Path) -> int | None:
     try:
-        return int(json.loads((d / STATE).read_text(encoding="utf-8"))["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(read_checkpoint_state(d)["step"])
+    except ResumeError:
         return None
 
 
+def begin_checkpoint(run_dir: Path) -> Path:
+    """An empty ``checkpoint.tmp/`` to write the next checkpoint into. The checkpoint before the
+    current one (``checkpoint.old/``) is deleted first, so at most two are on disk at any time."""
+    tmp = run_dir / TMP
+    _discard(tmp)
+    if (run_dir / CKPT).exists():
+        _discard(run_dir / OLD)
+    tmp.mkdir()
+    return tmp
+
+
 def commit_checkpoint(run_dir: Path, tmp: Path, state: dict[str, Any]) -> Path:
-    """Make ``tmp`` (weights already in it) the run's checkpoint.
+    """Make ``tmp`` (weights already in it) the run's checkpoint; the current one becomes ``checkpoint.old/``.
 
     ``state.json`` is written last and atomically, so a directory with one is complete. The swap
     is ``checkpoint → checkpoint.old``, ``tmp → checkpoint``; a kill between the two renames
-    leaves two complete directories and no ``checkpoint/``, which ``resolve_checkpoint`` repairs.
+    leaves two complete directories and no ``checkpoint/``, which a resume repairs. The previous
+    checkpoint stays as ``checkpoint.old/``: the one to resume from if ``checkpoint/`` is damaged.
     """
     atomic_write_text(tmp / STATE, json.dumps(state))
-    final, old = run_dir / CKPT, run_dir / (CKPT + ".old")
-    shutil.rmtree(old, ignore_errors=True)
+    final, old = run_dir / CKPT, run_dir / OLD
     if final.exists():
+        _discard(old)
         final.rename(old)
     tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint a resume loads from, found without changing the run directory."""
+
+    path: Path
+    """Its directory: ``checkpoint/``, or ``checkpoint.tmp/`` / ``checkpoint.old/`` after a kill mid-swap."""
+    step: int
+    state: dict[str, Any]
+    """Its ``state.json``."""
+    previous: tuple[tuple[Path, int], ...] = ()
+    """Other complete checkpoints of the run (directory, step), newest first: what to try instead."""
+
+    def alternatives(self) -> str:
+        """The advice a failed resume gives: the previous checkpoint, and how to use it."""
+        run_dir = self.path.parent
+        if not self.previous:
+            return (f"No earlier checkpoint is kept in {run_dir}: restore a copy of an earlier checkpoint/ "
+                    f"into it, or start the run afresh in a new directory")
+        path, step = self.previous[0]
+        return (f"The previous checkpoint, {path} (step {step}), is complete: resume from it by moving "
+                f"{self.path.name}/ aside and {path.name}/ to {CKPT}/ (e.g. mv {self.path} {run_dir / (CKPT + '.broken')}"
+                f" && mv {path} {run_dir / CKPT}), then run --resume again")
+
+
+def find_checkpoint(run_dir: Path) -> Checkpoint | None:
+    """The newest complete checkpoint of ``run_dir``, read but not moved (None: there is none).
+
+    Candidates: ``checkpoint/``, ``checkpoint.tmp/`` and ``checkpoint.old/``, complete when their
+    ``state.json`` reads; the highest step wins (``checkpoint/`` on a tie). ``checkpoint/`` is
+    never written without its ``state.json``, so one that does not read is damaged: a
+    :class:`ResumeError` names its file and the previous checkpoint, rather than silently
+    resuming from an older one.
+    """
+    names = (CKPT, TMP, OLD)
+    found: list[tuple[int, int, Path, dict[str, Any]]] = []
+    final = run_dir / CKPT
+    for i, n in enumerate(names):
+        d = run_dir / n
+        if not d.is_dir():
+            continue
+        try:
+            state = read_checkpoint_state(d)
+        except ResumeError as exc:
+            if n != CKPT:
+                continue  # an interrupted write (tmp) or a leftover: not a checkpoint
+            others = [(run_dir / m, s) for m in names[1:] if (s := _ckpt_step(run_dir / m)) is not None]
+            hint = Checkpoint(final, -1, {}, tuple(sorted(others, key=lambda x: -x[1]))).alternatives()
+            raise ResumeError(f"cannot resume {run_dir}: {exc}. Nothing in {run_dir} was changed. {hint}") from None
+        found.append((int(state["step"]), -i, d, state))
+    if not found:
+        return None
+    found.sort(key=lambda x: (x[0], x[1]), reverse=True)
+    step, _, best, state = found[0]
+    return Checkpoint(best, step, state, tuple((d, s) for s, _, d, _ in found[1:] if s < step))
+
+
+def _discard(d: Path) -> None:
+    """Delete a checkpoint directory, its ``state.json`` first: a kill midway leaves no directory
+    that looks complete but has lost its weights."""
+    if d.exists():
+        (d / STATE).unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def settle_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
+    """After a successful resume from ``ckpt``: move it to ``checkpoint/`` if a kill left it
+    elsewhere, keep the newest older complete one as ``checkpoint.old/``, drop the rest."""
+    final, tmp, old = run_dir / CKPT, run_dir / TMP, run_dir / OLD
+    prev = next((d for d, _ in ckpt.previous if (d / STATE).exists()), None)
+    if ckpt.path != final:
+        log.warning("resume: %s (step %d) is the newest complete checkpoint (a kill interrupted the swap); "
+                    "moving it to %s", ckpt.path.name, ckpt.step, final.name)
+        if final.exists():
+            if prev == final:
+                parked = run_dir / (CKPT + ".prev")
+                _discard(parked)
+                final.rename(parked)
+                prev = parked
+            else:
+                _discard(final)
+        ckpt.path.rename(final)
+    if prev is None:
+        _discard(old)
+    elif prev != old:
+        _discard(old)
+        prev.rename(old)
+    _discard(tmp)  # never kept: it was renamed above if it was the newest or the previous
     return final
 
 
 def resolve_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of ``run_dir``, moved to ``checkpoint/`` if a kill left it elsewhere.
-
-    Candidates: ``checkpoint/``, ``checkpoint.tmp/`` and ``checkpoint.old/``, complete when their
-    ``state.json`` reads; the highest step wins (``checkpoint/`` on a tie). None: no checkpoint.
-    """
-    names = (CKPT, CKPT + ".tmp", CKPT + ".old")
-    found = [(s, -i, run_dir / n) for i, n in enumerate(names) if (s := _ckpt_step(run_dir / n)) is not None]
-    if not found:
-        return None
-    step, _, best = max(found)
-    final = run_dir / CKPT
-    if best != final:
-        log.warning("resume: %s (step %d) is the newest complete checkpoint (a kill interrupted the swap); "
-                    "moving it to %s", best.name, step, final.name)
-        if final.exists():
-            final.rename(run_dir / (CKPT + ".stale"))
-            shutil.rmtree(run_dir / (CKPT + ".stale"), ignore_errors=True)
-        best.rename(final)
-    for n in names[1:]:
-        shutil.rmtree(run_dir / n, ignore_errors=True)
-    return final
+    """:func:`find_checkpoint`, then :func:`settle_checkpoint`: the checkpoint's directory, now
+    ``checkpoint/`` (None: no checkpoint). A damaged ``checkpoint/`` raises :class:`ResumeError`."""
+    ckpt = find_checkpoint(run_dir)
+    return None if ckpt is None else settle_checkpoint(run_dir, ckpt)
 
 
 class MetricsWriter:

@@ -13,9 +13,7 @@ that ended because the env raised are failures for the success rate but are neve
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -26,27 +24,36 @@ from crl_train.algorithms import LOSSES, PolicyLoss, loss_scale_for, sequence_we
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
 from crl_train.policy.base import TrainBatch
+from crl_train.policy.checkpoint import CheckpointError, verify_checkpoint
 from crl_train.rollout.runner import Episode
 from crl_train.rollout.tasks import task_seeds
 from crl_train.run.build import Run, build_run
 from crl_train.run.outputs import (
     CKPT,
+    STATE,
+    Checkpoint,
     MetricsWriter,
+    ResumeError,
+    begin_checkpoint,
     commit_checkpoint,
+    find_checkpoint,
     make_row,
     metric_fields,
     plot_curves,
-    resolve_checkpoint,
+    read_checkpoint_state,
     save_run_config,
+    settle_checkpoint,
     trim_run_outputs,
 )
+from crl_train.service.service import check_service_state
 
 log = logging.getLogger(__name__)
 
 SERVICE_FIELDS: dict[str, str] = {
     "bank_size": "bank_size", "queue_depth": "queue_depth", "extractor_reward": "extractor_reward",
     "extractor_updates": "extractor_updates", "extractor_loss": "extractor_loss", "buffer_size": "buffer_size",
-    "distilled": "distilled", "distill_batches": "distill_batches", "malformed": "malformed", "added": "added",
+    "distilled": "distilled", "distill_batches": "distill_batches", "malformed": "malformed", "stale": "stale", "refused": "refused",
+    "added": "added",
     "updated": "updated", "credited": "credited", "uncreditable": "uncreditable", "merges": "merges",
     "merge_failures": "merge_failures", "track_errors": "errors", "skipped_distill": "skipped_distill",
     "skipped_updates": "skipped_updates",
@@ -71,25 +78,74 @@ class Trainer:
         self.progress = progress
         self.read_only = read_only
         self.start_step = 0
-        state: dict[str, Any] = {}
-        ckpt: Path | None = None
-        if resume or read_only:
-            ckpt = resolve_checkpoint(self.run_dir) if not read_only else self.run_dir / CKPT
-            if ckpt is None or not (ckpt / "state.json").exists():
-                raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint/state.json to resume from")
-            state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
-            self.start_step = int(state["step"]) + 1
-        if not read_only:
-            if resume:
-                trim_run_outputs(self.run_dir, int(state["step"]))
-            save_run_config(cfg, self.run_dir, self.start_step if resume else None)
-        self.c: Run = build_run(cfg, self.method, self.run_dir, checkpoint=ckpt, env_factory=env_factory,
-                                generator_factory=generator_factory, bank_dir=eval_bank_dir)
+        # A resume checks and loads everything that can fail before it changes the run directory:
+        # the checkpoint's state and files, then the models and the bank, then the state applied to
+        # them. Only then are later rows trimmed, the config saved and the checkpoint moved into place.
+        ckpt = self._checkpoint_to_load(resume or read_only)
         if ckpt is not None:
-            self.c.load_state(state, step=int(state["step"]))
-        self.metrics = None if read_only else MetricsWriter(self.run_dir, purge_step=self.start_step if resume else None)
+            self.start_step = ckpt.step + 1
+        try:
+            self.c: Run = build_run(cfg, self.method, self.run_dir, checkpoint=None if ckpt is None else ckpt.path,
+                                    env_factory=env_factory, generator_factory=generator_factory, bank_dir=eval_bank_dir)
+        except CheckpointError as exc:  # found by the loader although the files passed verification
+            if ckpt is None:
+                raise
+            raise self._resume_error(ckpt, str(exc)) from exc
+        try:
+            if ckpt is not None:
+                try:
+                    self.c.load_state(ckpt.state, step=ckpt.step)
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise self._resume_error(ckpt, f"{ckpt.path / STATE}: {exc}") from exc
+            if not read_only:
+                if resume and ckpt is not None:
+                    settle_checkpoint(self.run_dir, ckpt)
+                    trim_run_outputs(self.run_dir, ckpt.step)
+                save_run_config(cfg, self.run_dir, self.start_step if resume else None)
+            self.metrics = None if read_only else MetricsWriter(self.run_dir, purge_step=self.start_step if resume else None)
+        except BaseException:
+            self.c.close()  # the extractor's process, the bank's lock
+            raise
         self.fields = metric_fields(self.method.metric_fields())
         self.last_row: dict[str, Any] = {}
+
+    def _checkpoint_to_load(self, wanted: bool) -> Checkpoint | None:
+        """The checkpoint to resume (or evaluate) from, its state and files checked; None for a fresh run.
+
+        Reads only: a damaged checkpoint raises :class:`ResumeError` naming the file and the previous
+        checkpoint, with the run directory as it was.
+        """
+        if not wanted:
+            return None
+        if self.read_only:
+            d = self.run_dir / CKPT
+            if not d.is_dir():
+                raise FileNotFoundError(f"{self.run_dir}: no checkpoint/state.json to evaluate")
+            state = read_checkpoint_state(d)
+            ckpt: Checkpoint | None = Checkpoint(d, int(state["step"]), state)
+        else:
+            ckpt = find_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume {self.run_dir}: no checkpoint/state.json to resume from")
+        try:
+            check_service_state({"last_ended": ckpt.step, **_section(ckpt.state, "service")})
+            for k, v in _section(ckpt.state, "runner").items():
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"runner.{k} must be a non-negative integer, got {v!r}")
+        except ValueError as exc:
+            raise self._resume_error(ckpt, f"{ckpt.path / STATE}: {exc}") from None
+        try:
+            verify_checkpoint(ckpt.path / "actor")
+            if self.method.service_options().extractor and (ckpt.path / "extractor").is_dir():
+                verify_checkpoint(ckpt.path / "extractor")
+        except CheckpointError as exc:
+            raise self._resume_error(ckpt, str(exc)) from None
+        return ckpt
+
+    def _resume_error(self, ckpt: Checkpoint, problem: str) -> ResumeError:
+        what = "evaluate" if self.read_only else "resume"
+        return ResumeError(f"cannot {what} {self.run_dir} from {ckpt.path.name}/ (step {ckpt.step}): {problem}. "
+                           f"Nothing in {self.run_dir} was changed. {ckpt.alternatives()}")
 
     # ------------------------------------------------------------------ one step
     def step(self, t: int) -> dict[str, Any]:
@@ -158,6 +214,8 @@ class Trainer:
         row: dict[str, Any] = {k: stats.get(src) for k, src in {**SERVICE_FIELDS, **self.method.service_metrics}.items()}
         row.update({
             "success": float(rollout.reward.mean()), "success_guided": rate("guided"), "success_free": rate("free"),
+            "success_by_env": {env: sum(e.success for e in eps if e.env_id == env) / sum(e.env_id == env for e in eps)
+                               for env in dict.fromkeys(e.env_id for e in eps)},
             "actions_per_episode": sum(e.num_actions for e in eps) / len(eps),
             "turns_per_episode": sum(e.turns for e in eps) / len(eps),
             "adv_mean": float(adv.mean()), "adv_std": float(adv.std(unbiased=False)), "adv_abs_mean": float(adv.abs().mean()),
@@ -170,9 +228,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def checkpoint(self, step: int) -> None:
-        tmp = self.run_dir / (CKPT + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp = begin_checkpoint(self.run_dir)  # drops the checkpoint before the current one: two on disk at most
         self.c.actor.save(tmp / "actor")
         # the service's state waits for its extractor's current pass: buffer, counters and weights agree
         state = {"step": step, "method": self.cfg.method, **self.c.state()}
@@ -214,3 +270,11 @@ class Trainer:
 
     def close(self) -> None:
         self.c.close()
+
+
+def _section(state: dict[str, Any], key: str) -> dict[str, Any]:
+    """``state[key]`` (a JSON object, empty when absent) of a checkpoint's state.json."""
+    value = state.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a JSON object, got {type(value).__name__}")
+    return value

@@ -5,7 +5,7 @@ Faces: in process through ``crl_gym.clients.LocalClient``, over HTTP through ``c
 """
 
 from crl_train.service.build import build_service, service_options
-from crl_train.service.service import EdgeUtility, ExperienceService, ServiceOptions
+from crl_train.service.service import EdgeReflection, EdgeUtility, ExperienceService, ServiceOptions
 
-__all__ = ["EdgeUtility", "ExperienceService", "ServiceOptions", "build_service",
+__all__ = ["EdgeReflection", "EdgeUtility", "ExperienceService", "ServiceOptions", "build_service",
            "service_options"]

@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from crl_gym.experience.bank import ExperienceBank
-from crl_gym.experience.embedders import Embedder, load_embedder
+from crl_gym.experience.embedders import Embedder, embedder_name, load_embedder
 from crl_gym.experience.manager import ExperienceManager
+from crl_gym.experience.schemas import example_answers
 from crl_gym.protocol import DistillationRequest
 from crl_gym.templates import (
     DISTILLATION_TEMPLATE,
     GUIDED_OBSERVATION_TEMPLATE,
+    MERGE_TEMPLATE,
     REFINEMENT_TEMPLATE,
 )
 from crl_train.config import TrainConfig
-from crl_train.extractor import Extractor, ExtractorSpec, ExtractorWorker, example_op_lines
+from crl_train.extractor import Extractor, ExtractorSpec, ExtractorWorker
 from crl_train.service.service import ExperienceService, ServiceOptions
 
 log = logging.getLogger(__name__)
@@ -48,13 +50,14 @@ def tokenizer_texts(cfg: TrainConfig, raw_env: Callable[[str], Any], actor_texts
     finally:
         for e in envs:
             e.close()
-    # What every guided prompt carries (the wrapper's header, entries phrased as the tiny extractor
-    # writes them): BPE merges the most frequent pairs, so these are weighed like the observations
-    # they ride with. Seen once, they would stay near one token per character and a guided prompt
-    # would carry far more tokens than a real tokenizer gives the same words.
-    carried = [GUIDED_OBSERVATION_TEMPLATE.format(experience="", observation=""), *example_op_lines(),
+    # What every guided prompt carries (the wrapper's header, the seed entries) and the JSON the
+    # extractor's schemas force (op, advice and Merge skeletons): BPE merges the most frequent pairs,
+    # so these are weighed like the observations they ride with. Seen once, they would stay near
+    # one token per character, and a prompt or a structured answer would take far more tokens than
+    # a real tokenizer gives the same text.
+    carried = [GUIDED_OBSERVATION_TEMPLATE.format(experience="", observation=""), *example_answers(),
                *cfg.experience.seed_entries]
-    return texts + [*actor_texts, DISTILLATION_TEMPLATE, REFINEMENT_TEMPLATE,
+    return texts + [*actor_texts, DISTILLATION_TEMPLATE, REFINEMENT_TEMPLATE, MERGE_TEMPLATE,
                     "accept refine reject"] + carried * CARRIED_TEXT_WEIGHT
 
 
@@ -81,20 +84,24 @@ def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
     """The config's queue, buffer and merge settings, with a method's own choices (``method_side``)."""
     base = {"buffer_size": cfg.algo.buffer_size, "merge_every": cfg.algo.merge_every,
             "merge_token_budget": cfg.algo.merge_token_budget, "distill_batch": cfg.experience.distill_batch,
-            "distill_linger_s": cfg.experience.distill_linger_s, "asynchronous": cfg.experience.asynchronous}
+            "distill_linger_s": cfg.experience.distill_linger_s, "asynchronous": cfg.experience.asynchronous,
+            "entry_reward": cfg.algo.entry_reward}
     return ServiceOptions(**{**base, **method_side})
 
 
 def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | None,
                   extractor: Extractor | ExtractorWorker | None, *, fresh: bool = True,
-                  last_ended: int = -1) -> ExperienceService:
+                  last_ended: int = -1, embedder: Embedder | None = None) -> ExperienceService:
     """The bank in ``bank_dir`` (None: in memory), its manager, and the service around ``extractor``.
 
-    ``fresh``: a new run; an empty bank gets ``experience.seed_entries`` and, for a frozen offline
-    bank, ``experience.offline_source``.
+    ``embedder`` replaces the config's (e.g. a pool of them on GPUs). ``fresh``: a new run; an
+    empty bank gets ``experience.seed_entries`` and, for a frozen offline
+    bank, ``experience.offline_source``. Not fresh (a resume), ``bank_dir`` must hold a bank. The
+    bank records the embedder it is built with and refuses another one (``BankEmbedderError``).
     """
-    embedder = embedder_of(cfg)
-    bank = ExperienceBank(bank_dir, dim=int(embedder.dim))
+    embedder = embedder if embedder is not None else embedder_of(cfg)
+    # a resumed run's bank must be there (create=False): an empty one in its place would lose it
+    bank = ExperienceBank(bank_dir, dim=int(embedder.dim), embedder_name=embedder_name(embedder), create=fresh)
     try:
         manager = ExperienceManager(bank, embedder, cfg.manager)
     except BaseException:
@@ -102,11 +109,11 @@ def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
         raise
     service = ExperienceService(manager, extractor, options, last_ended=last_ended)
     try:
-        if fresh and len(bank) == 0:
+        if fresh and len(bank) == 0 and options.seed_bank:
             for text in cfg.experience.seed_entries:
                 bank.add(text, embedder.encode([text])[0])
-            if options.offline_source is not None:
-                load_offline_bank(Path(options.offline_source), manager, extractor)
+        if fresh and len(bank) == 0 and options.offline_source is not None:
+            load_offline_bank(Path(options.offline_source), manager, extractor)
     except BaseException:
         service.close()
         raise

@@ -24,23 +24,58 @@ import torch
 
 from crl_gym.experience.service import ClosedStep
 from crl_gym.protocol import DistillationRequest, ExtractorSample
-from crl_train.algorithms import FREE, GUIDED, ema_utility, entry_rewards, marginal_gain
-from crl_train.service.track import Credit
+from crl_train.algorithms import (
+    FREE,
+    GUIDED,
+    ema_utility,
+    entry_mean_rewards,
+    marginal_gain,
+    outcome_rewards,
+    relative_outcomes,
+)
+from crl_train.service.track import Credit, Reflection
 
 
-def step_credits(closed: ClosedStep) -> list[Credit]:
+def judged_entry(request: DistillationRequest) -> int | None:
+    """The entry a guided episode is credited to: the one it saw, or the one the actor-critic gate
+    judged (a rejected entry guided nothing, yet its r̃(m) = s_c + r(m) still counts)."""
+    if request.condition != "guided":
+        return None
+    if request.experience is not None:
+        return request.experience.id
+    gate = request.meta.get("gate") if request.meta else None
+    return int(gate["entry"]) if isinstance(gate, dict) and gate.get("entry") is not None else None
+
+
+def gate_score(request: DistillationRequest) -> float:
+    """s_c of the gate's verdict on the episode's entry (0 without a verdict)."""
+    gate = request.meta.get("gate") if request.meta else None
+    score = gate.get("score") if isinstance(gate, dict) else None
+    return float(score) if score is not None else 0.0
+
+
+def step_credits(closed: ClosedStep, *, relative: bool = False) -> list[Credit]:
     """r̄(m) of every entry that guided an episode of the step, plus one ±1 credit per refinement.
 
-    ``closed.bonus[request_id]`` (the actor-critic gate's score) is added to that episode's r(m).
+    r(m, τ) = ±1 by the episode's success (``relative``: minus the mean ±1 of its group's free
+    subgroup, the variant the paper found worse), plus the gate's s_c and ``closed.bonus[request_id]``.
     """
-    guided = [r for r in closed.requests if r.experience is not None and r.condition == "guided"]
     credits: list[Credit] = []
+    guided = [r for r in closed.requests if judged_entry(r) is not None]
     if guided:
-        bonus = None
-        if closed.bonus:
-            bonus = torch.tensor([float(closed.bonus.get(r.request_id, 0.0)) for r in guided])
-        ids, rbar = entry_rewards(torch.tensor([r.experience.id for r in guided if r.experience is not None]),
-                                  torch.tensor([bool(r.success) for r in guided]), gate_bonus=bonus)
+        success = torch.tensor([bool(r.success) for r in guided])
+        if relative:
+            keys = {k: i for i, k in enumerate(dict.fromkeys((r.env_id, r.seed) for r in closed.requests))}
+            everyone = closed.requests
+            rel = relative_outcomes(torch.tensor([bool(r.success) for r in everyone]),
+                                    torch.tensor([keys[(r.env_id, r.seed)] for r in everyone]),
+                                    torch.tensor([GUIDED if r.condition == "guided" else FREE for r in everyone]))
+            by_id = {id(r): float(v) for r, v in zip(everyone, rel.tolist(), strict=True)}
+            rewards = torch.tensor([by_id[id(r)] for r in guided])
+        else:
+            rewards = outcome_rewards(success)
+        extra = torch.tensor([gate_score(r) + float(closed.bonus.get(r.request_id, 0.0)) for r in guided])
+        ids, rbar = entry_mean_rewards(torch.tensor([judged_entry(r) for r in guided]), rewards + extra)
         credits += [Credit(closed.step, float(v), entry_id=int(i)) for i, v in zip(ids.tolist(), rbar.tolist(), strict=True)]
     for r in closed.requests:
         for call in r.trajectory.search_calls:
@@ -98,3 +133,24 @@ def utility_updates(closed: ClosedStep, utility_of: dict[int, float], *, momentu
                 current[entry_id] = float(ema_utility(torch.tensor(current[entry_id]), torch.tensor(gain), momentum))
                 touched.append(entry_id)
     return [UtilityUpdate(i, current[i], current[i] < prune_below) for i in dict.fromkeys(touched)]
+
+
+def task_category(request: DistillationRequest) -> str:
+    """The request's task category: the env's ``info["task_category"]`` (e.g. ALFWorld's task type),
+    recorded by the wrapper, else its env id."""
+    category = request.meta.get("task_category") if request.meta else None
+    return str(category) if category else request.env_id
+
+
+def reflections(closed: ClosedStep, below: float) -> list[Reflection]:
+    """EDGE: one reflection per task category of the step whose success rate is below ξ = ``below``
+    (and that failed at least once), worst first."""
+    by_category: dict[str, list[DistillationRequest]] = {}
+    for r in closed.requests:
+        by_category.setdefault(task_category(r), []).append(r)
+    jobs = []
+    for category, reqs in by_category.items():
+        wins = [r for r in reqs if r.success]
+        if len(wins) / len(reqs) < below and len(wins) < len(reqs):
+            jobs.append((len(wins) / len(reqs), Reflection(closed.step, category, [r for r in reqs if not r.success], wins)))
+    return [job for _, job in sorted(jobs, key=lambda x: (x[0], x[1].category))]

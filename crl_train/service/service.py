@@ -30,10 +30,10 @@ from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import ClosedStep, RetrievalService
-from crl_gym.protocol import DeleteOp
+from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float
 from crl_train.extractor import Extractor, ExtractorUnavailable, ExtractorWorker
-from crl_train.service.credit import step_credits, utility_updates
-from crl_train.service.track import BackgroundTrack
+from crl_train.service.credit import reflections, step_credits, utility_updates
+from crl_train.service.track import BackgroundTrack, TrackStats
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,17 @@ class EdgeUtility:
     """β in U ← β·U + (1 − β)·Δe."""
     prune_below: float = -0.2
     """η."""
+
+
+@dataclass(frozen=True)
+class EdgeReflection:
+    """EDGE: task categories whose success rate in a step is below ξ make the extractor contrast their
+    failed and successful episodes and write new entries (at most ``max_entries`` per step)."""
+
+    below: float = 0.5
+    """ξ."""
+    max_entries: int = 3
+    """New entries per step, over every reflecting category."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,16 @@ class ServiceOptions:
     """``ask`` (the actor's search_and_ask) lets the extractor rewrite the entry."""
     edge: EdgeUtility | None = None
     """EDGE's utility and pruning at each ``end_step``."""
+    reflection: EdgeReflection | None = None
+    """EDGE's reflection on low-success task categories at each ``end_step``."""
+    dedup_similarity: float | None = None
+    """Refuse new entries this close (cosine) to one in the bank (EDGE's near-duplicate refusal);
+    None keeps the manager's own ``manager.dedup_similarity``."""
+    seed_bank: bool = True
+    """An empty bank starts with ``experience.seed_entries`` (EDGE: False, its bank starts empty)."""
+    entry_reward: str = "direct"
+    """r(m) of a guided episode: ``direct`` (±1 by its success, the paper's choice) or ``relative``
+    (minus the mean ±1 of its group's free subgroup, the variant the paper found worse)."""
     offline_source: str | None = None
     """A frozen bank is built from this file before the first step (a bank ``.jsonl`` export, or a
     ``trajectories.jsonl`` distilled once)."""
@@ -80,8 +101,90 @@ class ServiceOptions:
     """The extractor's loop runs in its own thread; False runs it to idle inside each ``end_step``."""
 
 
+    def __post_init__(self) -> None:
+        if self.entry_reward not in ("direct", "relative"):
+            raise ValueError(f"ServiceOptions.entry_reward must be 'direct' or 'relative', got {self.entry_reward!r}")
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _items(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _check_track_state(d: dict[str, Any], what: str) -> None:
+    """The track's part (B_φ, the extractor's step, version and constraints), as ``BackgroundTrack.state`` writes it."""
+    for i, item in enumerate(_items(d.get("buffer", []), f"{what}.buffer")):
+        at = f"{what}.buffer[{i}]"
+        item = _object(item, at)
+        if not item.get("sample"):
+            raise ValueError(f"{at}.sample is missing")
+        ExtractorSample.from_dict(_object(item["sample"], f"{at}.sample"), f"{at}.sample")
+        finite_float(item.get("reward"), f"{at}.reward")
+        if item.get("entry_id") is not None:
+            check_int(item["entry_id"], f"{at}.entry_id", low=0)
+        check_int(item.get("step", 0), f"{at}.step")
+    check_int(d.get("ext_step", 0), f"{what}.ext_step", low=0)
+    check_int(d.get("version", 0), f"{what}.version", low=0)
+    sets = _items(d.get("allowed_sets", []), f"{what}.allowed_sets")
+    for i, a in enumerate(sets):
+        for j, tok in enumerate(_items(a, f"{what}.allowed_sets[{i}]")):
+            check_int(tok, f"{what}.allowed_sets[{i}][{j}]", low=0)
+    constraints = _object(d.get("constraints", {}), f"{what}.constraints")
+    for key, refs in constraints.items():
+        at = f"{what}.constraints[{key!r}]"
+        if isinstance(refs, dict):
+            continue  # a grammar, written once; the extractor reads its fields
+        if isinstance(refs, str):
+            if refs not in constraints:
+                raise ValueError(f"{at} refers to {refs!r}, which the state does not hold")
+            continue
+        for j, ref in enumerate(_items(refs, at)):
+            if ref is None or isinstance(ref, list):
+                continue  # no constraint, or a set written inline (the older form)
+            if check_int(ref, f"{at}[{j}]", low=0) >= len(sets):
+                raise ValueError(f"{at}[{j}] refers to allowed set {ref}, but the state holds {len(sets)} sets")
+
+
+def check_service_state(d: Any, what: str = "service") -> None:
+    """Refuse a malformed :meth:`ExperienceService.state` before any of it is applied: ``ValueError``
+    naming the key (``service.track.buffer[3].reward must be a finite number, got nan``).
+
+    Pure: it needs no service, so a resume checks the checkpoint before it builds (and changes) anything.
+    """
+    d = _object(d, what)
+    if "last_ended" in d:
+        check_int(d["last_ended"], f"{what}.last_ended", low=-1)
+    for k, v in _object(d.get("counters", {}), f"{what}.counters").items():
+        check_int(v, f"{what}.counters.{k}", low=0)
+    if "track" in d:
+        _check_track_state(_object(d["track"], f"{what}.track"), f"{what}.track")
+    kinds = {f.name: f.type for f in dataclasses.fields(TrackStats)}
+    for k, v in _object(d.get("track_stats", {}), f"{what}.track_stats").items():
+        at = f"{what}.track_stats.{k}"
+        kind = str(kinds.get(k, ""))
+        if kind == "int":
+            check_int(v, at, low=0)
+        elif kind == "float":
+            finite_float(v, at)
+        elif kind.startswith("list"):
+            for i, x in enumerate(_items(v, at)):
+                finite_float(x, f"{at}[{i}]")
+        elif kind.startswith("dict"):
+            for name, x in _object(v, at).items():  # display only (the last update's metrics): NaN may be true
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    raise ValueError(f"{at}.{name} must be a number, got {x!r}")
+
+
 class ExperienceService(RetrievalService):
-    """See the module docstring.
+    """See the module docstring. A caller that submits must end its steps: each open step's requests
+    are held until then (that is what its credit is computed from).
 
     Args:
         manager: the bank's manager (closed with the service).
@@ -89,6 +192,8 @@ class ExperienceService(RetrievalService):
         options: the method's extractor side.
         last_ended: the last rollout step already ended (resume).
     """
+
+    keeps_requests = True
 
     def __init__(self, manager: ExperienceManager, extractor: Extractor | ExtractorWorker | None,
                  options: ServiceOptions = ServiceOptions(), *, last_ended: int = -1) -> None:
@@ -109,6 +214,8 @@ class ExperienceService(RetrievalService):
             self.track.actor_step = last_ended + 1
             if options.refine:
                 manager.refiner = extractor.refine
+        if options.dedup_similarity is not None:
+            manager.dedup_similarity = options.dedup_similarity
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> ExperienceService:
@@ -143,7 +250,10 @@ class ExperienceService(RetrievalService):
                 self._edge_utility(step, self.options.edge)
             if self.track is None:
                 continue
-            credits = step_credits(step)
+            if self.options.reflection is not None and self.options.distill:
+                r = self.options.reflection
+                self.track.request_reflections(reflections(step, r.below), r.max_entries)
+            credits = step_credits(step, relative=self.options.entry_reward == "relative")
             self.track.credit(credits)
             credited += len(credits)
             if self.options.distill and self.options.merge_every and (step.step + 1) % self.options.merge_every == 0:
@@ -205,7 +315,9 @@ class ExperienceService(RetrievalService):
         return out
 
     def load_state(self, d: dict[str, Any]) -> None:
-        """Inverse of :meth:`state`; an unknown counter is logged and ignored."""
+        """Inverse of :meth:`state`; an unknown counter is logged and ignored. A malformed state
+        raises ``ValueError`` naming the key (:func:`check_service_state`) and changes nothing."""
+        check_service_state(d)
         self.ledger.last_ended = int(d.get("last_ended", self.ledger.last_ended))
         for k, v in d.get("counters", {}).items():
             if k in self.counters:

@@ -46,6 +46,16 @@ class Credit:
 
 
 @dataclass
+class Reflection:
+    """EDGE: reflect on a low-success category of step ``step``, within the step's entry budget."""
+
+    step: int
+    category: str
+    failures: list[Any]
+    successes: list[Any]
+
+
+@dataclass
 class TrackStats:
     distilled: int = 0
     distill_batches: int = 0
@@ -54,11 +64,19 @@ class TrackStats:
     updated: int = 0
     returned: int = 0
     malformed: int = 0
+    refused: int = 0
+    """New entries refused as near-duplicates of the bank's (``dedup_similarity``)."""
+    stale: int = 0
+    """Ops on entries that changed after the episode saw them (merged away, pruned): redirected or kept as Adds."""
     credited: int = 0
     uncreditable: int = 0
     updates: int = 0
     merges: int = 0
     merge_failures: int = 0
+    reflections: int = 0
+    """EDGE reflections run (low-success categories contrasted)."""
+    reflected: int = 0
+    """Entries the reflections added."""
     errors: int = 0
     skipped_distill: int = 0
     """Requests not distilled because the extractor worker is gone."""
@@ -103,6 +121,9 @@ class BackgroundTrack:
         self.buffer: list[BufferItem] = []
         self.credits: queue.SimpleQueue[Credit] = queue.SimpleQueue()
         self.merge_requests: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.reflections: queue.SimpleQueue[Reflection] = queue.SimpleQueue()
+        self.reflection_budget: dict[int, int] = {}
+        """New entries reflections may still add, per step (EDGE: up to 3 per step)."""
         self.stats = TrackStats()
         self.actor_step = 0
         """The open rollout step (set by the service): the step of entries from requests without one."""
@@ -148,6 +169,13 @@ class BackgroundTrack:
     def request_merge(self, step: int) -> None:
         self.merge_requests.put(step)
 
+    def request_reflections(self, jobs: list[Reflection], budget: int) -> None:
+        """Reflections of one step, worst category first; together they add at most ``budget`` entries."""
+        if jobs:
+            self.reflection_budget[jobs[0].step] = budget
+            for job in jobs:
+                self.reflections.put(job)
+
     def run_once(self, wait: float = 0.0) -> bool:
         """One pass: distil a batch, turn credits into samples, maybe train, maybe merge."""
         with self._busy:
@@ -179,6 +207,13 @@ class BackgroundTrack:
                     self.ext_step += 1
                     self.stats.updates += 1
                     self.stats.last_update = m
+                worked = True
+            while True:
+                try:
+                    job = self.reflections.get_nowait()
+                except queue.Empty:
+                    break
+                self._reflect(job)
                 worked = True
             try:
                 step = self.merge_requests.get_nowait()
@@ -224,6 +259,8 @@ class BackgroundTrack:
             self.stats.updated += len(res.updated)
             self.stats.returned += res.returned
             self.stats.malformed += res.malformed
+            self.stats.refused += res.refused
+            self.stats.stale += res.stale
 
     def _take_credit(self, c: Credit) -> None:
         self.stats.rewards.append(c.reward)
@@ -237,6 +274,25 @@ class BackgroundTrack:
             return
         self.buffer.append(BufferItem(entry.provenance, c.reward, entry.id, c.step))
         self.stats.credited += 1
+
+    def _reflect(self, job: Reflection) -> None:
+        left = self.reflection_budget.get(job.step, 0)
+        if left <= 0:
+            return
+        if not self.extractor.alive:
+            return
+        try:
+            sample, ops = self.extractor.reflect(job.category, job.failures, job.successes, left)
+        except ExtractorUnavailable:
+            return
+        res = self.manager.apply_ops(ops[:left], sample=sample, step=job.step)
+        self.stats.reflections += 1
+        self.stats.reflected += len(res.added)
+        self.stats.refused += res.refused
+        self.reflection_budget[job.step] = left - len(res.added)
+        if len(self.reflection_budget) > 8:  # only the last few steps can still have jobs queued
+            for old in sorted(self.reflection_budget)[:-8]:
+                del self.reflection_budget[old]
 
     def _merge(self, step: int) -> None:
         if len(self.manager.bank) < 2:
@@ -255,6 +311,7 @@ class BackgroundTrack:
             log.warning("merge at step %d failed: %s", step, exc)
         if report is not None and report.ok:
             self.stats.merges += 1
+            self.manager.note_merge(report.updated)
         else:
             self.stats.merge_failures += 1
             if report is not None:

@@ -1,8 +1,8 @@
 """The Docker engine side of the sandbox: a checked client and the reaping of stale containers.
 
-Every sandbox container carries the label ``crl.sandbox=1`` and its owner (``host:pid``);
-:func:`reap` removes those whose owner process is gone (a crashed trainer leaves no container
-running for long: the next process reaps it at its first start).
+Every sandbox container (and each of its tmpfs volumes) carries the label ``crl.sandbox=1`` and
+its owner (``host:pid``); :func:`reap` removes those whose owner process is gone (a crashed
+trainer leaves no container running for long: the next process reaps it at its first start).
 """
 
 from __future__ import annotations
@@ -61,16 +61,26 @@ def _owner_alive(owner: str) -> bool:
 
 
 def reap(client: Any, *, everything: bool = False) -> int:
-    """Remove sandbox containers whose owner process is gone (all of them with ``everything``)."""
+    """Remove sandbox containers whose owner process is gone (all of them with ``everything``).
+
+    Their tmpfs volumes go with them; a labelled volume left without a container (its owner died
+    between the two removals) is removed as well. Returns the number of containers removed.
+    """
     removed = 0
     for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
         owner = c.labels.get(OWNER_LABEL, "")
         if everything or not _owner_alive(owner):
             try:
-                c.remove(force=True)
+                c.remove(force=True, v=True)
                 removed += 1
             except Exception as exc:  # already gone, or being removed by someone else
                 log.debug("reap: could not remove %s: %s", c.name, exc)
+    for v in client.volumes.list(filters={"label": f"{LABEL}=1", "dangling": True}):
+        if everything or not _owner_alive((v.attrs.get("Labels") or {}).get(OWNER_LABEL, "")):
+            try:
+                v.remove(force=True)
+            except Exception as exc:  # in use again, or already gone
+                log.debug("reap: could not remove volume %s: %s", v.name, exc)
     if removed:
         log.info("reaped %d stale sandbox container(s)", removed)
     return removed

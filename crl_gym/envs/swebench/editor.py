@@ -3,6 +3,8 @@
 The same :class:`Editor` works on a local directory (:class:`LocalFS`, used by the pure tests)
 and inside a container (:class:`crl_gym.envs.swebench.sandbox.ContainerFS`). Every path is
 resolved (symlinks included) and must stay inside the work tree; anything else is refused.
+In a container that check is made again where the file is opened, as the agent's uid and
+without following symlinks, so a path swapped after this check cannot lead a write out.
 
 >>> import tempfile
 >>> root = tempfile.mkdtemp()

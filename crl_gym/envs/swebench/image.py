@@ -143,7 +143,8 @@ def build_instance_image(client: Any, instance: dict[str, Any], source: str | Pa
         if image_exists(client, tag):
             return tag
         archive = repo_archive(src, str(instance["base_commit"]))
-        sandbox = DockerSandbox(base, SandboxConfig(), client).start()
+        # disk_quota off: the repository goes into the writable layer that `commit` keeps (no agent runs here)
+        sandbox = DockerSandbox(base, SandboxConfig(disk_quota=False), client).start()
         try:
             sandbox.put_tree("/", archive)
             sandbox.container.commit(

@@ -8,10 +8,17 @@ container carries the label ``crl.sandbox=1`` plus its owner (``host:pid``) and 
 :meth:`close`, when :meth:`start` fails, and by :func:`reap` (run once per process at the first
 start) when its owner process is gone.
 
+Disk: the root file system is read-only; the work tree, ``/tmp``, the editor's staging directory
+and the directory of the commands' output files are size-capped tmpfs volumes (the work tree is
+copied in from the image at start), so nothing a command writes reaches the host's disk.
+Container logs are off and core dumps are 0.
+
 A command runs as ``timeout -k 2 T bash -c CMD`` inside the container with its output sent to
-a size-capped file, so a hang, a flood of output or a fork bomb ends at its limit; if even that
+a size-capped file, so a hang, a flood of output or a fork bomb ends at its limit. When it
+returns, every process of the agent's uid is killed (``kill -KILL -1``), so nothing it started
+outlives it, whether it left the process group (``setsid``, a double fork) or not. If even that
 fails, the host-side deadline kills the agent's processes and, as the last resort, restarts the
-container (its files survive, so the episode can go on).
+container (its work tree is copied in again from the image).
 
 The engine client and reaping live in :mod:`~crl_gym.envs.swebench.docker_engine`, the editor's
 file system in :mod:`~crl_gym.envs.swebench.container_fs`; both are re-exported here.
@@ -20,18 +27,20 @@ file system in :mod:`~crl_gym.envs.swebench.container_fs`; both are re-exported 
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
+import re
 import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # The engine helpers and ContainerFS are re-exported: callers import them from here.
-from crl_gym.envs.swebench.container_fs import ContainerFS
+from crl_gym.envs.swebench.container_fs import STAGE_DIR, ContainerFS
 from crl_gym.envs.swebench.docker_engine import (
     HOW_TO_START,
     LABEL,
@@ -47,6 +56,11 @@ from crl_gym.envs.swebench.tools import truncate_output
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_SIZE_RE = re.compile(r"^[1-9][0-9]*[kmgKMG]?$")
+STAGE_FILE = f"{STAGE_DIR}/edit"
+"""Where :meth:`DockerSandbox.stage` puts the editor's next write (a root-only tmpfs)."""
+OUT_DIR = "/run/crl-out"
+"""Where a command's output file goes: a tmpfs of its own, so a full ``/tmp`` hides no output."""
 
 
 class EpisodeTimeoutError(RuntimeError):
@@ -84,6 +98,14 @@ class SandboxConfig:
     """Size cap of the file a command's output goes to (``ulimit -f``): a flood ends there."""
     env_setup: str = ""
     """Shell prefix run before each command (e.g. activating a conda env of a sweb.eval image)."""
+    disk_quota: bool = True
+    """Read-only root file system, with the work tree and ``/tmp`` on size-capped tmpfs volumes:
+    what the agent writes never reaches the host's disk. ``False`` keeps the image's writable
+    layer (only for root-side image builds that ``commit`` it; never for an agent)."""
+    workdir_size: str = "4g"
+    """Cap of the work tree's tmpfs (the repository copied in from the image included)."""
+    tmp_size: str = "512m"
+    """Cap of ``/tmp``'s tmpfs. Both count against ``mem_limit`` as they fill."""
     extra_labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +121,11 @@ class SandboxConfig:
             raise ValueError(f"SandboxConfig.pids_limit must be >= 16, got {self.pids_limit}")
         if self.max_output_chars < 100:
             raise ValueError(f"SandboxConfig.max_output_chars must be >= 100, got {self.max_output_chars}")
+        for name in ("workdir_size", "tmp_size"):
+            if not _SIZE_RE.match(getattr(self, name)):
+                raise ValueError(f"SandboxConfig.{name} must look like 512m or 4g, got {getattr(self, name)!r}")
+        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", STAGE_DIR):
+            raise ValueError(f"SandboxConfig.workdir must be an absolute directory other than / and {STAGE_DIR}")
 
 
 @dataclass
@@ -139,20 +166,59 @@ def _call_with_deadline(fn: Callable[[], _T], seconds: float) -> tuple[bool, _T 
 _WRAPPER = r"""
 exec 2>/dev/null  # the wrapper's own job reports ("File size limit exceeded") stay out of the output
 ulimit -f "$CRL_FSIZE_KB" 2>/dev/null
-out=/tmp/.crl_out_$CRL_ID
+out=$CRL_OUTDIR/.crl_out_$CRL_ID
 cd "$CRL_WORKDIR" 2>/dev/null
 timeout -k 2 "$CRL_TIMEOUT" bash -c "$CRL_SETUP$CRL_CMD" >"$out" 2>&1 </dev/null &
 tpid=$!
 wait "$tpid"
 rc=$?
-# `timeout` leads its own process group: whatever the command left behind (background jobs,
-# a fork bomb whose first shell already returned) dies with it. `kill` is a builtin: no fork.
-kill -KILL -- "-$tpid" 2>/dev/null; kill -KILL -- "-$tpid" 2>/dev/null
+# Whatever the command left behind dies now: kill(-1) as the agent's uid reaches every process of
+# that uid in the container (background jobs, setsid'd or double-forked daemons, a fork bomb)
+# except this shell; the keeper and init belong to other uids. A process that has a SIGKILL
+# pending cannot fork, so one pass leaves none; `kill` is a builtin, so no process slot is needed.
+kill -KILL -1 2>/dev/null; kill -KILL -1 2>/dev/null
 n=$(stat -c %s "$out" 2>/dev/null || echo 0)
 printf '%s %s\n' "$rc" "$n"
 if [ "$n" -le "$CRL_LIMIT" ]; then cat "$out"; else head -c "$CRL_HEAD" "$out"; printf '\n\x01CRL_CUT\x01\n'; tail -c "$CRL_TAIL" "$out"; fi
 rm -f "$out"
 """
+
+# The same clean-up after an internal command run as the agent (grading runs the agent's code).
+_AGENT_RUN = '"$@"; rc=$?; kill -KILL -1 2>/dev/null; exit "$rc"'
+
+
+def _tmpfs_volume(target: str, size: str, labels: dict[str, str], owner: tuple[int, int, int] = (0, 0, 0o1777),
+                  noexec: bool = False) -> Any:
+    """An anonymous local volume on a size-capped tmpfs: it lives in memory, never on the host's disk."""
+    from docker.types import DriverConfig, Mount
+
+    uid, gid, mode = owner
+    opts = f"size={size},uid={uid},gid={gid},mode={mode:o},nosuid,nodev" + (",noexec" if noexec else "")
+    # no_copy: the engine's own copy of the image's files would land in a tmpfs it unmounts again
+    return Mount(target, None, type="volume", no_copy=True, labels=labels,
+                 driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": opts}))
+
+
+def _remove_quietly(container: Any) -> None:
+    """Remove a container; one already gone (or left to the reaper) is no error."""
+    try:
+        container.remove(force=True)
+    except Exception as exc:
+        log.debug("could not remove %s: %s", getattr(container, "name", container), exc)
+
+
+def _first_member(chunks: Iterator[bytes]) -> tuple[tarfile.TarInfo | None, Iterator[bytes]]:
+    """The first entry of a tar stream and the whole stream again (nothing is consumed)."""
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= 64 * 1024:
+            break
+    try:
+        info = tarfile.open(fileobj=io.BytesIO(head), mode="r:").next()
+    except tarfile.TarError:
+        info = None
+    return info, itertools.chain([head], chunks)
 
 
 class DockerSandbox:
@@ -165,16 +231,30 @@ class DockerSandbox:
         self.container: Any = None
         self.started_at = 0.0
         self.start_latency = 0.0
+        # One command at a time: the clean-up after each kills every process of the agent's uid.
+        self._lock = threading.RLock()
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> DockerSandbox:
-        from docker.types import Ulimit
+        from docker.types import LogConfig, Ulimit
 
         reap_once(self.client)
         cfg = self.config
         t0 = time.monotonic()
         labels = {LABEL: "1", OWNER_LABEL: owner_id(), **cfg.extra_labels}
+        source: Any = None
         try:
+            tree: Iterator[bytes] | None = None
+            uid, _, gid = cfg.user.partition(":")
+            agent = (int(uid), int(gid or uid), 0o700) if f"{uid}{gid}".isdigit() else (0, 0, 0o1777)
+            mounts = [_tmpfs_volume(STAGE_DIR, cfg.workdir_size, labels, (0, 0, 0o755), noexec=True),
+                      _tmpfs_volume(OUT_DIR, f"{cfg.output_file_cap_kb + 1024}k", labels, agent, noexec=True)]
+            if cfg.disk_quota:
+                source, info, tree = self._image_tree(labels)
+                owner = (info.uid, info.gid, info.mode & 0o7777) if info is not None and info.isdir() else (0, 0, 0o1777)
+                mounts.append(_tmpfs_volume(cfg.workdir, cfg.workdir_size, labels, owner))
+                if cfg.workdir.rstrip("/") != "/tmp":
+                    mounts.append(_tmpfs_volume("/tmp", cfg.tmp_size, labels))
             self.container = self.client.containers.create(
                 self.image,
                 command=["sleep", "infinity"],
@@ -194,10 +274,16 @@ class DockerSandbox:
                 # the agent's non-root uid gets no capabilities at all.
                 cap_add=["CHOWN", "DAC_READ_SEARCH", "FOWNER"],
                 security_opt=["no-new-privileges"],
-                ulimits=[Ulimit(name="nofile", soft=4096, hard=4096)],
+                # no core files (a crash could hand one to the host's core handler) and no logs on the host
+                ulimits=[Ulimit(name="nofile", soft=4096, hard=4096), Ulimit(name="core", soft=0, hard=0)],
+                log_config=LogConfig(type=LogConfig.types.NONE),
+                read_only=cfg.disk_quota,
+                mounts=mounts,
                 init=True,
             )
             self.container.start()
+            if tree is not None:
+                self._fill_workdir(tree)
             if cfg.chown_workdir:
                 code, out = self.run(["chown", "-R", cfg.user, cfg.workdir], user="root", timeout=300.0)
                 if code != 0:
@@ -205,9 +291,35 @@ class DockerSandbox:
         except Exception:
             self.close()
             raise
+        finally:
+            if source is not None:  # off the start's critical path; a non-daemon thread, so exit waits for it
+                threading.Thread(target=_remove_quietly, args=(source,), name="crl-sandbox-src-rm").start()
         self.started_at = time.monotonic()
         self.start_latency = self.started_at - t0
         return self
+
+    def _image_tree(self, labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
+        """The image's work tree as a tar stream, read through a created (never started) container.
+
+        The work tree's tmpfs hides the image's own copy, so it is taken from a second container
+        without that mount. Returns that container (the caller removes it), the tree's own entry
+        (its owner and mode) and the stream; no stream when the image has no such directory.
+        """
+        import docker
+
+        source = self.client.containers.create(self.image, command=["true"], labels=labels, network_mode="none",
+                                               name=f"crl-sandbox-src-{uuid.uuid4().hex[:12]}")
+        try:
+            chunks, _ = source.get_archive(self.config.workdir.rstrip("/") + "/.")
+        except docker.errors.NotFound:
+            return source, None, None
+        info, tree = _first_member(iter(chunks))
+        return source, info, tree
+
+    def _fill_workdir(self, tree: Iterator[bytes]) -> None:
+        """Copy the image's work tree into its tmpfs (root-side, before any agent process runs)."""
+        if not self.container.put_archive(self.config.workdir, tree):
+            raise OSError(f"could not copy the image's {self.config.workdir} into the sandbox")
 
     def __enter__(self) -> DockerSandbox:
         return self.start() if self.container is None else self
@@ -219,7 +331,7 @@ class DockerSandbox:
         """Remove the container (idempotent)."""
         if self.container is not None:
             try:
-                self.container.remove(force=True)
+                self.container.remove(force=True, v=True)  # v: its tmpfs volumes too
             except Exception as exc:  # already gone
                 log.debug("close: %s", exc)
             self.container = None
@@ -231,7 +343,17 @@ class DockerSandbox:
     # -- running commands ----------------------------------------------------------------
     def run(self, argv: list[str], *, user: str | None = None, timeout: float = 60.0,
             environment: dict[str, str] | None = None, workdir: str | None = None) -> tuple[int | None, bytes]:
-        """Run a short internal command; ``(exit_code, output)``, exit code None on timeout."""
+        """Run a short internal command; ``(exit_code, output)``, exit code None on timeout.
+
+        Run as the agent's uid (the default), every process of that uid is killed when it returns.
+        """
+        if (user or self.config.user).split(":")[0] == self.config.user.split(":")[0]:
+            argv = ["bash", "-c", _AGENT_RUN, "crl-run", *argv]
+        return self._run(argv, user=user, timeout=timeout, environment=environment, workdir=workdir)[:2]
+
+    def _run(self, argv: list[str], *, user: str | None = None, timeout: float = 60.0,
+             environment: dict[str, str] | None = None, workdir: str | None = None) -> tuple[int | None, bytes, str]:
+        """``exec_run`` under a host-side deadline: ``(exit_code, output, note)``."""
         if self.container is None:
             raise RuntimeError("sandbox is not started")
         container = self.container
@@ -240,11 +362,11 @@ class DockerSandbox:
             return container.exec_run(argv, user=user or self.config.user, environment=environment,
                                       workdir=workdir or self.config.workdir)
 
-        finished, res = _call_with_deadline(call, timeout)
-        if not finished or res is None:
-            self._kill_agent_processes()
-            return None, b""
-        return res.exit_code, res.output or b""
+        with self._lock:
+            finished, res = _call_with_deadline(call, timeout)
+            if not finished or res is None:
+                return None, b"", self._kill_agent_processes()
+        return res.exit_code, res.output or b"", ""
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run an agent's bash command within its limits; the output is truncated for display."""
@@ -257,15 +379,16 @@ class DockerSandbox:
         env = {
             "CRL_CMD": command, "CRL_TIMEOUT": f"{limit:.1f}", "CRL_ID": uuid.uuid4().hex[:8],
             "CRL_WORKDIR": cfg.workdir, "CRL_SETUP": cfg.env_setup, "CRL_FSIZE_KB": str(cfg.output_file_cap_kb),
+            "CRL_OUTDIR": OUT_DIR,
             "CRL_LIMIT": str(cfg.max_output_chars), "CRL_HEAD": str(head), "CRL_TAIL": str(cfg.max_output_chars - head),
         }
         t0 = time.monotonic()
         # Host-side deadline: the in-container `timeout` should fire first; this is the backstop.
-        code, raw = self.run(["bash", "-c", _WRAPPER], timeout=limit + 15.0, environment=env)
+        code, raw, killed = self._run(["bash", "-c", _WRAPPER], timeout=limit + 15.0, environment=env)
         duration = time.monotonic() - t0
         if code is None:
             return ExecResult(None, f"The command was stopped after {limit:.0f} s (killed by the sandbox).",
-                              timed_out=True, duration=duration, note="host deadline: processes killed")
+                              timed_out=True, duration=duration, note=killed)
         first, _, body = raw.partition(b"\n")
         try:
             rc_s, n_s = first.decode().split()
@@ -286,24 +409,46 @@ class DockerSandbox:
             notes.append(f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was stopped there.")
         return ExecResult(rc, text, timed_out=timed_out, output_bytes=total, duration=duration, note=" ".join(notes))
 
-    def _kill_agent_processes(self) -> None:
-        """Last-resort kill of everything the agent's uid runs; restart the container if that fails."""
+    def _kill_agent_processes(self) -> str:
+        """Last-resort kill of everything the agent's uid runs; restart the container if that fails.
+
+        Returns what was done, for the agent's note. A restart empties the tmpfs volumes, so the
+        work tree is copied in from the image again: the agent's edits are lost, the episode goes on.
+        """
         container = self.container
         if container is None:
-            return
+            return ""
+
         def kill_all() -> Any:
             # kill(-1) as the agent's uid reaches every process of that uid and nothing else
             # (the keeper process belongs to another uid).
             return container.exec_run(["bash", "-c", "kill -KILL -1"], user=self.config.user)
 
         finished, res = _call_with_deadline(kill_all, 10.0)
-        if not finished or res is None or res.exit_code not in (0, 1, 137):
-            log.warning("sandbox %s: could not kill the agent's processes; restarting the container", container.name)
-            container.restart(timeout=0)
+        if finished and res is not None and res.exit_code in (0, 1, 137):
+            return "host deadline: processes killed"
+        log.warning("sandbox %s: could not kill the agent's processes; restarting the container", container.name)
+        container.restart(timeout=0)
+        if not self.config.disk_quota:
+            return "host deadline: the container was restarted"
+        source, _, tree = self._image_tree(dict(container.labels))
+        try:
+            if tree is not None:
+                self._fill_workdir(tree)
+        finally:
+            source.remove(force=True)
+        if self.config.chown_workdir:
+            container.exec_run(["chown", "-R", self.config.user, self.config.workdir], user="root")
+        return "host deadline: the container was restarted and its work tree reset to the image's"
 
     # -- files ---------------------------------------------------------------------------
     def put_file(self, path: str, data: bytes, mode: int = 0o644, *, as_root: bool = False) -> None:
-        """Write a file into the container (parent directory must exist); owned by the agent."""
+        """Write a file into the container (parent directory must exist); owned by the agent.
+
+        The engine writes as root and follows symlinks in ``path``: only for paths no agent process
+        can have touched (a fresh container, e.g. grading's). The editor writes through
+        :meth:`stage` and :class:`ContainerFS`, as the agent.
+        """
         if self.container is None:
             raise RuntimeError("sandbox is not started")
         uid, _, gid = self.config.user.partition(":")
@@ -315,6 +460,15 @@ class DockerSandbox:
             tar.addfile(info, io.BytesIO(data))
         if not self.container.put_archive(os.path.dirname(path) or "/", buf.getvalue()):
             raise OSError(f"could not write {path} into the sandbox")
+
+    def stage(self, data: bytes) -> str:
+        """Put the editor's next write where only root can write (a tmpfs of its own); its path.
+
+        :class:`ContainerFS` then copies it to its target as the agent's uid, so the engine's
+        root-side ``put_archive`` never meets a path the agent controls.
+        """
+        self.put_file(STAGE_FILE, data, 0o644, as_root=True)
+        return STAGE_FILE
 
     def put_tree(self, dest: str, tar_bytes: bytes) -> None:
         """Extract a tar archive (already owned by the agent's uid) under ``dest``."""

@@ -1,0 +1,164 @@
+"""The extractor's answer formats, one JSON Schema per task, defined once beside the prompts.
+
+Both generation backends constrain the extractor with these schemas (``hf``: llguidance on the
+sampling loop, ``crl_train.policy.grammar``; ``vllm``: the engine's structured outputs), and the
+readers of :mod:`crl_gym.experience.ops` and :mod:`crl_gym.experience.merge` check the same
+rules when the text comes from an unconstrained model. Each schema is *always applicable*: what
+the grammar lets a model write, the reader turns into ops or a merge decision without a failure.
+
+* :func:`ops_schema` — distillation: a JSON list of 1 … ``max_ops`` ops, ``add`` / ``update`` /
+  ``return``. An update may only be the first op and only target the ids given (the retrieved
+  entry), so one answer never edits an entry twice.
+* :func:`refinement_schema` — ``search_and_ask``: ``{"advice": "..."}``.
+* :func:`merge_schema` — one Merge window: an object with one key per window label, in window
+  order (so every label is decided exactly once, by construction), valued ``keep``, ``merge`` or
+  ``discard``, and the ``merged`` text last: every entry marked ``merge`` is replaced by that one
+  text (a single ``merge`` rewrites that entry; with none, the text is ignored).
+
+**Bounded, plain text.** Free-text fields are printable ASCII without ``"`` or ``\\`` (so no JSON
+escapes), start with a visible character and have a maximum length. Every valid answer is then at
+most :func:`max_answer_chars` characters long, and since a token spells at least one character, a
+token budget of that size can never cut an answer: a grammar-constrained answer is never
+malformed. The ``x-guidance`` block (compact JSON, no escapes) is read by llguidance, the engine
+of both backends (vLLM runs with its ``guidance`` backend).
+
+>>> import json
+>>> s = ops_schema({7}, max_ops=2, max_text=40)
+>>> json.dumps(s["prefixItems"][0]["anyOf"][1]["properties"]["id"])
+'{"const": 7}'
+>>> max_answer_chars(refinement_schema(10))
+23
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Sequence
+from typing import Any
+
+TEXT_CHARS = r"[ !#-\[\]-~]"
+"""One character of a free-text field: printable ASCII except ``"`` and ``\\`` (no escapes)."""
+FIRST_CHAR = r"[!#-\[\]-~]"
+"""The first character: visible (a text is never empty or blank)."""
+GUIDANCE_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "json_allowed_escapes": ""}
+"""llguidance's JSON options, carried inside each schema so both backends compile the same grammar."""
+MERGE_ACTIONS = ("keep", "merge", "discard")
+"""What a Merge answer says of each entry of its window."""
+LABEL = re.compile(r"[EM][0-9]{1,6}")
+"""A window label as the merge prompt writes it (``E3`` a bank entry, ``M2`` an earlier merge result)."""
+MAX_OPS = 3
+"""Ops in one distillation answer (the prompt's ``{max_ops}``)."""
+MAX_REASON_CHARS = 60
+"""Longest ``return`` reason."""
+
+
+def text_schema(max_chars: int) -> dict[str, Any]:
+    """A bounded plain-text string (see the module docstring)."""
+    if max_chars < 1:
+        raise ValueError(f"text_schema: max_chars must be >= 1, got {max_chars}")
+    return {"type": "string", "pattern": f"^{FIRST_CHAR}{TEXT_CHARS}{{0,{max_chars - 1}}}$", "maxLength": max_chars}
+
+
+def _op(kind: str, **fields: dict[str, Any]) -> dict[str, Any]:
+    props = {"op": {"const": kind}, **fields}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text: int = 2000,
+               max_reason: int = MAX_REASON_CHARS) -> dict[str, Any]:
+    """The distillation answer: 1 … ``max_ops`` ops; an update (of one of ``update_ids``) only first."""
+    if max_ops < 1:
+        raise ValueError(f"ops_schema: max_ops must be >= 1, got {max_ops}")
+    add = _op("add", text=text_schema(max_text))
+    ret = _op("return", reason=text_schema(max_reason))
+    ids = sorted({int(i) for i in update_ids})
+    first: list[dict[str, Any]] = [add, ret]
+    if ids:
+        target = {"const": ids[0]} if len(ids) == 1 else {"enum": ids}
+        first.insert(1, _op("update", id=target, text=text_schema(max_text)))
+    schema: dict[str, Any] = {"type": "array", "prefixItems": [{"anyOf": first}], "minItems": 1, "maxItems": max_ops}
+    schema["items"] = {"anyOf": [add, ret]} if max_ops > 1 else False
+    return {**schema, "x-guidance": dict(GUIDANCE_OPTIONS)}
+
+
+def refinement_schema(max_text: int = 1500) -> dict[str, Any]:
+    """The ``search_and_ask`` answer: ``{"advice": "..."}``."""
+    return {"type": "object", "properties": {"advice": text_schema(max_text)}, "required": ["advice"],
+            "additionalProperties": False, "x-guidance": dict(GUIDANCE_OPTIONS)}
+
+
+def merge_schema(labels: Sequence[str], max_text: int = 2000) -> dict[str, Any]:
+    """One Merge window's answer over ``labels``: each decided once, in window order, then ``merged``."""
+    labels = list(labels)
+    if len(set(labels)) != len(labels) or not all(isinstance(x, str) and LABEL.fullmatch(x) for x in labels):
+        raise ValueError(f"merge_schema: labels must be distinct window labels like 'E3', got {labels!r}")
+    props: dict[str, Any] = {x: {"enum": list(MERGE_ACTIONS)} for x in labels}
+    props["merged"] = text_schema(max_text)
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False,
+            "x-guidance": dict(GUIDANCE_OPTIONS)}
+
+
+# ------------------------------------------------------------------------------------ bounds
+
+
+def _max_len(s: Any) -> int:
+    """Longest compact JSON text valid under ``s`` (the subset of JSON Schema this module writes)."""
+    if s is False:
+        return 0
+    if "const" in s:
+        return len(json.dumps(s["const"]))
+    if "enum" in s:
+        return max(len(json.dumps(v)) for v in s["enum"])
+    if "anyOf" in s:
+        return max(_max_len(x) for x in s["anyOf"])
+    kind = s.get("type")
+    if kind == "string":
+        return int(s["maxLength"]) + 2  # no escapes: one character each, plus the quotes
+    if kind == "object":
+        props = s["properties"]
+        body = sum(len(json.dumps(k)) + 1 + _max_len(v) for k, v in props.items())
+        return 2 + body + max(0, len(props) - 1)  # braces, "key":value pairs, commas
+    if kind == "array":
+        prefix = [_max_len(x) for x in s.get("prefixItems", [])]
+        rest = _max_len(s.get("items", False))
+        n = int(s["maxItems"])
+        items = prefix[:n] + [rest] * max(0, n - len(prefix))
+        return 2 + sum(items) + max(0, n - 1)
+    raise ValueError(f"max_answer_chars: unsupported schema part {s!r}")
+
+
+def max_answer_chars(schema: dict[str, Any]) -> int:
+    """Length bound of any answer valid under ``schema``; it is also a token bound (a token is at
+    least one character), so a budget this large never cuts a constrained answer.
+
+    >>> max_answer_chars(merge_schema(["E1", "E2"], max_text=5))
+    48
+    >>> len('{"E1":"discard","E2":"discard","merged":"abcde"}')
+    48
+    """
+    return _max_len(schema)
+
+
+# ------------------------------------------------------------------------------------ examples
+
+
+def example_answers(n_labels: int = 40, max_ids: int = 32) -> list[str]:
+    """One answer of each shape, for the tiny preset's tokenizer corpus: BPE then gives the JSON
+    skeletons the schemas force few tokens, as a real tokenizer does."""
+    texts = ["When the goal is visible, walk straight to it.", "Nothing new here."]
+    out = [json.dumps([{"op": "add", "text": texts[0]}], separators=(",", ":")),
+           json.dumps([{"op": "return", "reason": texts[1]}], separators=(",", ":")),
+           json.dumps({"advice": texts[0]}, separators=(",", ":"))]
+    out += [json.dumps([{"op": "update", "id": i, "text": texts[0]}, {"op": "add", "text": texts[1]}],
+                       separators=(",", ":")) for i in range(1, max_ids + 1)]
+    labels = [f"{p}{i}" for i in range(1, n_labels + 1) for p in ("E", "M")]
+    for s in range(0, len(labels), 4):
+        chunk = labels[s:s + 4]
+        obj: dict[str, str] = {x: MERGE_ACTIONS[i % 3] for i, x in enumerate(chunk)}
+        out.append(json.dumps({**obj, "merged": texts[0]}, separators=(",", ":")))
+    return out
+
+
+__all__ = ["FIRST_CHAR", "GUIDANCE_OPTIONS", "LABEL", "MAX_OPS", "MAX_REASON_CHARS", "MERGE_ACTIONS", "TEXT_CHARS",
+           "example_answers", "max_answer_chars", "merge_schema", "ops_schema", "refinement_schema", "text_schema"]

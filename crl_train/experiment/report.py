@@ -1,0 +1,242 @@
+"""``report.md`` of a suite: tables with 95 % intervals over seeds, learning curves, the final bank, provenance.
+
+Final success (with and without experience) is the mean over seeds of each cell's held-out
+evaluation, with a t interval; each method's paired difference to ``grpo`` is over the same seeds
+(the free, experience-less success: the only one grpo has); the internalisation ratio is
+success without / with experience, bootstrapped over seeds. Curves are the mean over seeds of each
+step's metrics row with a shaded t interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from crl_train.experiment.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
+from crl_train.experiment.suite import Suite, record_dir
+
+CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("success", ("success",), "success rate (all episodes)"),
+    ("success_guided_free", ("success_guided", "success_free"), "success rate: guided (solid) vs free (dashed)"),
+    ("actions", ("actions_per_episode",), "actions per episode"),
+    ("bank_size", ("bank_size",), "bank size"),
+)
+"""Learning-curve plots: file stem, metrics keys, title."""
+
+
+def _final(records: Sequence[dict[str, Any]], mode: str, key: str = "success") -> list[float]:
+    return [float(r["eval"][mode][key]) for r in records if mode in r["eval"] and r["eval"][mode][key] is not None]
+
+
+def _by(records: Sequence[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        out[tuple("+".join(r[k]) if isinstance(r[k], list) else r[k] for k in keys)].append(r)
+    return out
+
+
+def results_table(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[str]:
+    """Markdown rows: per env mixture and method, and averaged over mixtures."""
+    head = ["| env | method | seeds | success with exp | success without exp | Δ without vs grpo (paired) | "
+            "internalisation (without / with) | actions / episode (without) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = []
+    by_env = _by(records, "envs")
+    envs = sorted(by_env)
+    for (env,) in envs:
+        per_method = _by(by_env[(env,)], "method")
+        grpo = {r["seed"]: r for r in per_method.get(("grpo",), [])}
+        for m in methods:
+            recs = sorted(per_method.get((m,), []), key=lambda r: r["seed"])
+            rows.append(_row(env, m, recs, grpo))
+    if len(envs) > 1:
+        for m in methods:
+            recs = [r for r in records if r["method"] == m]
+            per_seed = _by(recs, "seed")
+            avg = [{"seed": s, "eval": _mean_eval(rs)} for (s,), rs in sorted(per_seed.items())]
+            grpo_seed = _by([r for r in records if r["method"] == "grpo"], "seed")
+            grpo_avg = {s: {"seed": s, "eval": _mean_eval(rs)} for (s,), rs in grpo_seed.items()}
+            rows.append(_row("**mean over envs**", m, avg, grpo_avg))
+    return head + rows
+
+
+def _mean_eval(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode in ("with_experience", "without_experience"):
+        vals = _final(recs, mode)
+        acts = _final(recs, mode, "actions_per_episode")
+        if vals:
+            out[mode] = {"success": sum(vals) / len(vals), "actions_per_episode": sum(acts) / len(acts) if acts else None}
+    return out
+
+
+def _row(env: str, method: str, recs: Sequence[dict[str, Any]], grpo: dict[int, dict[str, Any]]) -> str:
+    with_exp = mean_t(_final(recs, "with_experience"))
+    without = mean_t(_final(recs, "without_experience"))
+    paired = [(r, grpo[r["seed"]]) for r in recs if r["seed"] in grpo and "without_experience" in r["eval"]]
+    if method == "grpo" or not paired:
+        delta = "—" if method == "grpo" else "n/a"
+    else:
+        delta = paired_difference([a["eval"]["without_experience"]["success"] for a, _ in paired],
+                                  [b["eval"]["without_experience"]["success"] for _, b in paired]).text()
+    inter = ratio_of_means(_final(recs, "without_experience"), _final(recs, "with_experience"))
+    acts = mean_t(_final(recs, "without_experience", "actions_per_episode"))
+    return (f"| {env} | {method} | {len(recs)} | {with_exp.text()} | {without.text()} | {delta} | "
+            f"{inter.text() if with_exp.value is not None else 'n/a'} | {acts.text(2)} |")
+
+
+def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
+    """One PNG per curve: mean over seeds per step, shaded t interval, one line per method (per mixture)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from crl_train.run.outputs import read_metrics
+
+    series: dict[tuple[str, str], list[list[dict[str, Any]]]] = defaultdict(list)
+    for r in records:
+        path = record_dir(out, r) / "metrics.jsonl"
+        if path.exists():
+            series[("+".join(e.split("/")[-1] for e in r["envs"]), r["method"])].append(read_metrics(path))
+    names = []
+    for stem, keys, title in CURVES:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for i, ((env, method), runs) in enumerate(sorted(series.items())):
+            colour = f"C{i % 10}"
+            for key, style in zip(keys, ("-", "--"), strict=False):
+                steps, mean, low, high = _band(runs, key)
+                if not steps:
+                    continue
+                label = f"{method} ({env})" + (f" {key}" if len(keys) > 1 else "")
+                ax.plot(steps, mean, style, color=colour, label=label)
+                ax.fill_between(steps, low, high, color=colour, alpha=0.15)
+        ax.set_title(f"{title}\nmean over seeds, shaded: {int(LEVEL * 100)} % t interval", fontsize=10)
+        ax.set_xlabel("actor step")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        name = f"{stem}.png"
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def _band(runs: Sequence[list[dict[str, Any]]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for rows in runs:
+        for row in rows:
+            if row.get(key) is not None:
+                by_step[int(row["step"])].append(float(row[key]))
+    steps, mean, low, high = [], [], [], []
+    for s in sorted(by_step):
+        iv: Interval = mean_t(by_step[s])
+        assert iv.value is not None
+        steps.append(s)
+        mean.append(iv.value)
+        low.append(iv.low if iv.low is not None else iv.value)
+        high.append(iv.high if iv.high is not None else iv.value)
+    return steps, mean, low, high
+
+
+def bank_snapshot(cell_dir: Path, top: int = 10) -> list[str]:
+    """The final bank's most retrieved entries with r̄(m) over every guided episode they guided."""
+    export = cell_dir / "bank" / "bank.jsonl"
+    if not export.exists():
+        return ["(no bank export)"]
+    entries = [json.loads(x) for x in export.read_text(encoding="utf-8").splitlines() if x.strip()]
+    outcomes: dict[int, list[float]] = defaultdict(list)
+    traj = cell_dir / "trajectories.jsonl"
+    if traj.exists():
+        for line in traj.read_text(encoding="utf-8").splitlines():
+            req = json.loads(line)
+            if req.get("condition") == "guided" and req.get("experience"):
+                outcomes[int(req["experience"]["id"])].append(1.0 if req.get("success") else -1.0)
+    entries.sort(key=lambda e: (-int(e.get("retrieval_count", 0)), int(e.get("id", 0))))
+    rows = [f"Final bank: {len(entries)} entries. Most retrieved:", "",
+            "| entry | r̄(m) (episodes) | retrieved | trained | text |", "| --- | --- | --- | --- | --- |"]
+    for e in entries[:top]:
+        rs = outcomes.get(int(e["id"]), [])
+        rbar = f"{sum(rs) / len(rs):+.2f} ({len(rs)})" if rs else "n/a (0)"
+        text = str(e.get("text", "")).replace("|", "\\|").replace("\n", " ")[:160]
+        rows.append(f"| {e['id']} | {rbar} | {e.get('retrieval_count', 0)} | {e.get('train_count', 0)} | {text} |")
+    return rows
+
+
+def _bank_sizes(cell_dir: Path) -> str:
+    from crl_train.run.outputs import read_metrics
+
+    path = cell_dir / "metrics.jsonl"
+    if not path.exists():
+        return "n/a"
+    rows = read_metrics(path)
+    every = max(1, len(rows) // 8)
+    shown = rows[::every] if rows[::every][-1] is rows[-1] else rows[::every] + rows[-1:]
+    return ", ".join(f"step {r['step']}: {r.get('bank_size')}" for r in shown) if rows else "n/a"
+
+
+def provenance() -> list[str]:
+    """The exact commit and the machine."""
+    import torch
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  cwd=Path(__file__).resolve().parent).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD") or "unknown (not a git checkout)"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return [f"* commit: `{commit}`{' (with uncommitted changes)' if dirty else ''}",
+            f"* machine: {platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
+            f"torch {torch.__version__}, GPU: {gpu}"]
+
+
+def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """``OUT/report.md`` and its PNGs from the cells' records."""
+    plots = _curves(records, out)
+    lines = [f"# {suite.name}", "", *([suite.description, ""] if suite.description else []),
+             f"{len(records)} cells: methods {', '.join(suite.methods)} × seeds {', '.join(map(str, suite.seeds))} × "
+             f"{len(suite.envs)} env mixture(s); {suite.eval_episodes} held-out episodes per mode and cell.", "",
+             "## Final success", "",
+             f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without experience "
+             "minus grpo's on the same seeds (paired t); internalisation = success without / with experience "
+             "(bootstrap over seeds; 1 means the actor keeps all its gain without the bank).", "",
+             *results_table(records, suite.methods), "", "## Learning curves", ""]
+    lines += [f"![{p}]({p})" for p in plots]
+    lines += ["", "## The final bank (seed of the first cell of each experience method)", ""]
+    for m in suite.methods:
+        first = next((r for r in records if r["method"] == m), None)
+        if first is None or "with_experience" not in first["eval"]:
+            continue
+        cell = record_dir(out, first)
+        lines += [f"### {m} (seed {first['seed']})", "", f"Bank size: {_bank_sizes(cell)}.", "", *bank_snapshot(cell), ""]
+    lines += ["## Provenance", "", *provenance(), "", "The suite:", "", "```yaml",
+              yaml.safe_dump(_plain(suite), sort_keys=False).strip(), "```", ""]
+    for m in suite.methods:
+        first = next((r for r in records if r["method"] == m), None)
+        if first is not None:
+            cfg = record_dir(out, first) / "config.yaml"
+            if cfg.exists():
+                lines += [f"<details><summary>config of {m} (seed {first['seed']})</summary>", "", "```yaml",
+                          cfg.read_text(encoding="utf-8").strip(), "```", "", "</details>", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _plain(suite: Suite) -> dict[str, Any]:
+    from crl_train.config.io import config_to_dict
+
+    data: dict[str, Any] = config_to_dict(suite)
+    return data

@@ -1,0 +1,203 @@
+"""``crl-experiment``: a grid of methods × seeds × env mixtures, each cell a normal crl-train run.
+
+A suite file (YAML) names the grid; every cell is a run directory under ``OUT/cells/`` written by
+the same :class:`~crl_train.run.trainer.Trainer` as ``crl-train``, then evaluated on held-out seeds
+as ``crl-eval`` does. Interrupting is safe: a finished cell (``cell.json`` written after its
+evaluation) is kept, a cell with a checkpoint resumes from it, a cell without one starts over.
+Cells run one after another, or each as a Ray task with the resources the suite asks for
+(``--ray local`` or ``--ray ADDRESS``): Ray schedules them across a cluster.
+
+>>> s = suite_from_dict({"name": "demo", "methods": ["grpo", "complementary"], "seeds": [0, 1]})
+>>> [c.name for c in cells(s)]
+['grpo/MiniHack-Room-5x5-v0/seed0', 'grpo/MiniHack-Room-5x5-v0/seed1', 'complementary/MiniHack-Room-5x5-v0/seed0', 'complementary/MiniHack-Room-5x5-v0/seed1']
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
+from crl_train.config.io import build_dataclass, read_yaml
+
+log = logging.getLogger(__name__)
+
+CELL_FILE = "cell.json"
+"""Written last in a cell's directory: the cell is finished (trained and evaluated)."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One experiment grid (see the module docstring)."""
+
+    name: str
+    """Shown in the report."""
+    methods: tuple[str, ...]
+    """Methods to compare (``crl_train.methods``); ``grpo`` is the reference of the paired differences."""
+    seeds: tuple[int, ...]
+    """Seeds of every (method, env mixture): the run's ``seed`` and ``env.seed``."""
+    envs: tuple[tuple[str, ...], ...] = (("crl/MiniHack-Room-5x5-v0",),)
+    """Env mixtures: each is one run's ``env.ids`` (several ids = multi-task)."""
+    config: str | None = None
+    """Base crl-train YAML config of every cell (relative to the suite file); None = the tiny preset."""
+    set: tuple[str, ...] = ()
+    """``--set`` overrides of every cell, e.g. ``train.steps=40``."""
+    method_set: dict[str, Any] = field(default_factory=dict)
+    """Extra overrides per method: ``{offline_exp: [experience.offline_source=...]}``."""
+    eval_episodes: int = 32
+    """Held-out episodes per mode evaluated after training."""
+    resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1, "num_gpus": 0})
+    """Ray resources of one cell (``--ray``): ``num_cpus``, ``num_gpus``."""
+    description: str = ""
+    """What the suite reproduces (a figure or table of the papers)."""
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHOD_NAMES]
+        if unknown or not self.methods:
+            raise ConfigError(f"methods: unknown or empty {unknown or list(self.methods)}; accepted: {', '.join(METHOD_NAMES)}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
+        if not self.envs or any(not e for e in self.envs):
+            raise ConfigError("envs must list at least one env mixture, each with at least one env id")
+        if self.eval_episodes < 1:
+            raise ConfigError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
+        for m, extra in self.method_set.items():
+            if m not in self.methods or not isinstance(extra, list | tuple) or not all(isinstance(x, str) for x in extra):
+                raise ConfigError(f"method_set.{m}: a method of the suite mapped to a list of KEY=VALUE strings")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    method: str
+    seed: int
+    envs: tuple[str, ...]
+
+    @property
+    def env_tag(self) -> str:
+        return "+".join(e.split("/")[-1] for e in self.envs)
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}/{self.env_tag}/seed{self.seed}"
+
+
+def record_dir(out: Path, record: dict[str, Any]) -> Path:
+    """The run directory of the cell a ``cell.json`` record describes."""
+    return out / "cells" / Cell(record["method"], int(record["seed"]), tuple(record["envs"])).name
+
+
+def suite_from_dict(data: dict[str, Any]) -> Suite:
+    if not isinstance(data, dict):
+        raise ConfigError(f"a suite must be a mapping at the top level, got {type(data).__name__}")
+    data = dict(data)
+    if "envs" in data:  # a bare env id is a mixture of one
+        data["envs"] = [[e] if isinstance(e, str) else e for e in data["envs"]]
+    suite: Suite = build_dataclass(Suite, data)
+    return suite
+
+
+def load_suite(path: Path) -> Suite:
+    """A suite file; its ``config`` path is resolved against the file's folder."""
+    suite = suite_from_dict(read_yaml(path))
+    if suite.config is not None and not Path(suite.config).is_absolute():
+        suite = Suite(**{**suite.__dict__, "config": str((path.parent / suite.config).resolve())})
+    return suite
+
+
+def cells(suite: Suite) -> list[Cell]:
+    return [Cell(m, s, e) for e in suite.envs for m in suite.methods for s in suite.seeds]
+
+
+def cell_config(suite: Suite, cell: Cell) -> TrainConfig:
+    """The cell's config: the suite's base config, its overrides, the method's, then the cell's own."""
+    ids = "[" + ", ".join(f'"{e}"' for e in cell.envs) + "]"
+    overrides = [*suite.set, *suite.method_set.get(cell.method, ()), f"method={cell.method}", f"seed={cell.seed}",
+                 f"env.seed={cell.seed}", f"env.ids={ids}", "train.eval_episodes=0"]
+    return load_config(Path(suite.config) if suite.config else None, overrides)
+
+
+def is_finished(cell_dir: Path) -> bool:
+    return (cell_dir / CELL_FILE).is_file()
+
+
+def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Train and evaluate one cell (or resume it); returns what ``cell.json`` holds."""
+    from crl_train.run.evaluate import evaluate_run
+    from crl_train.run.outputs import resolve_checkpoint
+    from crl_train.run.trainer import Trainer
+
+    cell_dir = out / "cells" / cell.name
+    if is_finished(cell_dir):
+        return dict(json.loads((cell_dir / CELL_FILE).read_text(encoding="utf-8")))
+    cfg = cell_config(suite, cell)
+    resume = cell_dir.is_dir() and resolve_checkpoint(cell_dir) is not None
+    if cell_dir.exists() and not resume:
+        shutil.rmtree(cell_dir)  # a start without any checkpoint: nothing to keep
+    trainer = Trainer(cfg, cell_dir, resume=resume, progress=False, env_factory=env_factory)
+    try:
+        trainer.run()
+        result = evaluate_run(trainer, suite.eval_episodes)
+    finally:
+        trainer.close()
+    record = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs), "steps": cfg.train.steps,
+              "eval": result}
+    tmp = cell_dir / (CELL_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
+    tmp.replace(cell_dir / CELL_FILE)
+    return record
+
+
+def _ray_cell(suite: Suite, cell: Cell, out: str) -> dict[str, Any]:
+    return run_cell(suite, cell, Path(out))
+
+
+def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progress: bool = True,
+              env_factory: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
+    """Every cell (finished ones are read back); returns the cells' records in grid order."""
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    grid = cells(suite)
+    done = sum(is_finished(out / "cells" / c.name) for c in grid)
+    bar = tqdm(total=len(grid), initial=done, desc=f"{suite.name} cells", unit="cell", disable=not progress)
+    records: dict[str, dict[str, Any]] = {}
+    try:
+        if ray_address is None:
+            for c in grid:
+                was_done = is_finished(out / "cells" / c.name)
+                records[c.name] = run_cell(suite, c, out, env_factory=env_factory)
+                if not was_done:
+                    bar.update(1)
+        else:
+            records = _run_on_ray(suite, grid, out, ray_address, bar)
+    finally:
+        bar.close()
+    return [records[c.name] for c in grid]
+
+
+def _run_on_ray(suite: Suite, grid: list[Cell], out: Path, address: str, bar: Any) -> dict[str, dict[str, Any]]:
+    """Each unfinished cell as one Ray task with ``suite.resources`` (Ray is the scheduler)."""
+    import ray
+
+    ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
+    task = ray.remote(**{k: v for k, v in suite.resources.items() if v is not None})(_ray_cell)
+    records: dict[str, dict[str, Any]] = {}
+    pending: dict[Any, str] = {}
+    for c in grid:
+        if is_finished(out / "cells" / c.name):
+            records[c.name] = run_cell(suite, c, out)
+        else:
+            pending[task.remote(suite, c, str(out))] = c.name
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            records[pending.pop(ref)] = ray.get(ref)
+            bar.update(1)
+    return records

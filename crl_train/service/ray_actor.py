@@ -1,0 +1,470 @@
+"""The experience service as a Ray actor, and a client with the same interface as the other faces.
+
+On a cluster the service is one **detached, named** actor **pinned to the head node**
+(``NodeAffinitySchedulingStrategy``): its bank is a directory on the head node's disk, so losing
+a worker node (an actor GPU, a vLLM engine) loses no entry, no queued request and no B_φ, and a
+rerun of the launcher finds the same actor by name. It is a *threaded* actor with
+``max_concurrency > 1``: searches from many episodes run in as many threads and meet in the
+manager's batcher (B = ``manager.batch_size``, t_max = ``manager.max_wait_ms``), which embeds
+them in one pass. π_φ runs in the service's :class:`~crl_train.extractor.ExtractorWorker`
+process on the actor's GPUs (``extractor.device`` for the HF training, ``extractor.generator:
+vllm`` for generation, weights pushed into the engine after every CISPO update).
+
+:class:`ServiceActor` is a plain class (``ray.remote`` is applied by :func:`deploy_service`), so
+this module imports without Ray. Everything crosses the actor boundary as plain dicts (requests,
+entries, ops: their ``to_dict`` forms), as over HTTP.
+
+:class:`RayServiceClient` implements :class:`~crl_gym.clients.ExperienceClient` (``ray.get``
+under the hood) and adds awaitable twins (``asearch``, ``aask``, ``asubmit``, ``aend_step``, …)
+for async code such as OpenRLHF's agent executor, which must never block vLLM's event loop. A dead
+or unreachable actor raises :class:`~crl_gym.clients.ExperienceUnavailable` (the wrappers run the
+episode free and keep its request); errors of the service itself (``StepOrderError``, a malformed
+request's ``ValueError``) are raised as themselves, as on the other faces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crl_gym.clients import ExperienceUnavailable, check_step
+from crl_gym.experience.embedders import Embedder, HashingEmbedder, load_embedder
+from crl_gym.protocol import (
+    DistillationRequest,
+    ExperienceOp,
+    ExperienceRef,
+    op_from_dict,
+    op_to_dict,
+)
+
+log = logging.getLogger(__name__)
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""Ray's resource that only the head node has."""
+
+STATE_FILE = "state.json"
+CHECKPOINT_DIR = "checkpoint"
+
+
+class EmbedderPool:
+    """Several copies of one embedder behind the :class:`~crl_gym.experience.embedders.Embedder`
+    interface: each ``encode`` takes a free copy, so the manager's W search workers embed on
+    ``len(copies)`` models at once instead of queueing on one (the authors run 2 embedding workers).
+
+    >>> pool = EmbedderPool([HashingEmbedder(16), HashingEmbedder(16)])
+    >>> pool.encode(["walk east"]).shape, pool.calls
+    ((1, 16), [1, 0])
+    """
+
+    def __init__(self, copies: Sequence[Embedder]) -> None:
+        if not copies:
+            raise ValueError("EmbedderPool needs at least one embedder")
+        dims = {int(e.dim) for e in copies}
+        if len(dims) != 1:
+            raise ValueError(f"EmbedderPool: the copies disagree on the dimension ({sorted(dims)})")
+        self.dim = dims.pop()
+        self.copies = list(copies)
+        self.calls = [0] * len(self.copies)
+        """Encode calls served by each copy."""
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(self.copies)):
+            self._free.put(i)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        i = self._free.get()
+        try:
+            self.calls[i] += 1
+            return self.copies[i].encode(texts)
+        finally:
+            self._free.put(i)
+
+
+def make_embedder(name: str, embed_dim: int, device: str) -> Embedder:
+    """``experience.embedder`` on ``device``: ``hashing`` (of ``embed_dim``), ``minilm`` (bundled) or a model."""
+    if name == "hashing":
+        return HashingEmbedder(embed_dim)
+    return load_embedder(None if name == "minilm" else name, device=device)
+
+
+class ServiceActor:
+    """The body of the Ray actor: one :class:`~crl_train.service.ExperienceService`, started.
+
+    Args:
+        config: the crl-train config (``config_to_dict``): its method's extractor side, the
+            extractor, manager, experience and algo sections are used.
+        service_dir: the service's directory on this node: ``bank/`` and ``checkpoint/``. A
+            directory with a checkpoint is resumed (B_φ, π_φ, counters, the last ended step).
+        embedding_workers: copies of the embedder (:class:`EmbedderPool`).
+        embedder_device: where they run.
+    """
+
+    def __init__(self, config: dict[str, Any], service_dir: str, *, embedding_workers: int = 1,
+                 embedder_device: str = "cpu") -> None:
+        from crl_train.config import config_from_dict
+        from crl_train.extractor import ExtractorWorker
+        from crl_train.methods import make_method
+        from crl_train.service.build import extractor_spec, make_raw_env, tokenizer_texts
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        cfg = config_from_dict(dict(config))
+        self.cfg = cfg
+        options = dataclasses.replace(make_method(cfg).service_options(), asynchronous=True)
+        self.dir = Path(service_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ckpt = self.dir / CHECKPOINT_DIR
+        state: dict[str, Any] | None = None
+        if (ckpt / STATE_FILE).is_file():
+            state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
+        ext_ckpt = ckpt / "extractor" if state is not None and (ckpt / "extractor").is_dir() else None
+        worker = None
+        if options.extractor:
+            texts = None
+            if cfg.extractor.model == "tiny" and ext_ckpt is None:
+                texts = tokenizer_texts(cfg, lambda env_id: make_raw_env(cfg, env_id))
+            worker = ExtractorWorker(extractor_spec(cfg, texts, checkpoint=ext_ckpt))
+        self._ckpt_lock = threading.Lock()
+        try:
+            if worker is not None:
+                log.info("extractor worker ready (pid %d)", worker.wait_ready())
+            self.service = self._build(cfg, options, worker, state, embedding_workers, embedder_device)
+        except BaseException:
+            if worker is not None:
+                worker.close()
+            raise
+        log.info("experience service ready in %s (bank %d entries, last ended step %d)", self.dir,
+                 len(self.service.manager.bank), self.service.ledger.last_ended)
+
+    def _build(self, cfg: Any, options: Any, worker: Any, state: dict[str, Any] | None, embedding_workers: int,
+               embedder_device: str) -> Any:
+        from crl_train.service.build import build_service
+
+        ex = cfg.experience
+        embedder = EmbedderPool([make_embedder(ex.embedder, ex.embed_dim, embedder_device)
+                                 for _ in range(max(1, embedding_workers))])
+        last_ended = int(state["service"].get("last_ended", -1)) if state is not None else -1
+        service = build_service(cfg, options, self.dir / "bank", worker, fresh=state is None, last_ended=last_ended,
+                                embedder=embedder)
+        try:
+            if state is not None:
+                service.load_state(state["service"])
+            service.start()
+        except BaseException:
+            service.close()
+            raise
+        return service
+
+    # ------------------------------------------------------------------ the client interface
+    def search(self, query: str) -> dict[str, Any] | None:
+        ref = self.service.search(query)
+        return ref.to_dict() if ref is not None else None
+
+    def search_many(self, queries: list[str]) -> list[dict[str, Any] | None]:
+        return [r.to_dict() if r is not None else None for r in self.service.search_many(list(queries))]
+
+    def ask(self, query: str, entry: dict[str, Any], context: str) -> tuple[str, dict[str, Any] | None]:
+        return self.service.ask(query, ExperienceRef.from_dict(entry), context)
+
+    def submit(self, request: dict[str, Any]) -> None:
+        self.service.submit(DistillationRequest.from_dict(request))
+
+    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.service.get_requests(max_n, timeout)]
+
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+        return self.service.end_step(check_step(step), bonus)
+
+    def apply_ops(self, ops: list[dict[str, Any]], step: int | None = None) -> dict[str, Any]:
+        return self.service.apply_ops([op_from_dict(d) for d in ops], step=step)
+
+    def stats(self) -> dict[str, Any]:
+        return _plain(self.service.stats())
+
+    def health(self) -> dict[str, Any]:
+        return dict(self.service.health())
+
+    # ------------------------------------------------------------------ the actor's own
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (the head node when deployed by :func:`deploy_service`)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Counters, B_φ and π_φ into ``service_dir/checkpoint`` (replaced whole; the bank itself is
+        SQLite on this disk and is flushed first). A new actor on this directory resumes from it."""
+        with self._ckpt_lock:
+            final, tmp = self.dir / CHECKPOINT_DIR, self.dir / f"{CHECKPOINT_DIR}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self.service.flush()
+            state = self.service.state()
+            previous = final / "extractor"
+            self.service.save_extractor(tmp / "extractor", previous if previous.is_dir() else None)
+            (tmp / STATE_FILE).write_text(json.dumps({"service": state}), encoding="utf-8")
+            old = self.dir / f"{CHECKPOINT_DIR}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+            return {"path": str(final), "last_ended": int(state["last_ended"])}
+
+    def close(self) -> None:
+        """Stop the extractor's loop and process, persist the queue, close the bank."""
+        self.service.close()
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """``stats()`` with every value JSON-ready (what every face returns)."""
+    return dict(json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o))))
+
+
+# ---------------------------------------------------------------------------------------- deploy
+
+
+def head_node_id() -> str:
+    """The id of the cluster's head node (the driver's node when the head cannot be told apart)."""
+    import ray
+
+    for node in ray.nodes():
+        if node.get("Alive") and HEAD_NODE_RESOURCE in node.get("Resources", {}):
+            return str(node["NodeID"])
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def deploy_service(config: dict[str, Any], service_dir: str | Path, *, name: str, namespace: str = "crl",
+                   num_gpus: float = 0, num_cpus: float = 1, max_concurrency: int = 64, embedding_workers: int = 1,
+                   embedder_device: str = "cpu", node_id: str | None = None, reuse: bool = True,
+                   max_restarts: int = 3, ready_timeout_s: float = 1800.0, timeout: float = 120.0) -> RayServiceClient:
+    """Start (or, with ``reuse``, find) the named service actor and wait until it answers.
+
+    The actor is detached (it outlives the driver that made it), pinned to ``node_id`` (default:
+    the head node, where ``service_dir`` is), and restarted up to ``max_restarts`` times by Ray
+    after a crash: a restarted actor reopens the same bank and resumes from its last checkpoint.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if max_concurrency < 2:
+        raise ValueError(f"max_concurrency must be >= 2 so that concurrent searches batch, got {max_concurrency}")
+    node = node_id or head_node_id()
+    actor_cls = ray.remote(ServiceActor)
+    try:
+        handle = actor_cls.options(
+            name=name, namespace=namespace, lifetime="detached", get_if_exists=reuse,
+            max_concurrency=max_concurrency, num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+        ).remote(dict(config), str(service_dir), embedding_workers=embedding_workers, embedder_device=embedder_device)
+    except ValueError as exc:  # the name is taken and reuse is off
+        raise RuntimeError(f"an experience service named {name!r} already exists in namespace {namespace!r}: "
+                           f"reuse it (reuse=True) or remove it with ray.kill(ray.get_actor({name!r}, "
+                           f"namespace={namespace!r}))") from exc
+    client = RayServiceClient(name, namespace, timeout=timeout, handle=handle)
+    try:
+        client.health(timeout=ready_timeout_s)
+    except ExperienceUnavailable as exc:
+        raise RuntimeError(f"the experience service {name!r} did not start: {exc}") from exc
+    return client
+
+
+# ---------------------------------------------------------------------------------------- client
+
+
+class RayServiceClient:
+    """An :class:`~crl_gym.clients.ExperienceClient` over the named service actor (see the module docstring).
+
+    Args:
+        name / namespace: the actor's Ray name.
+        timeout: seconds per call (``get_requests`` adds its own wait).
+        handle: an actor handle already at hand (else looked up by name, once per process).
+
+    Picklable (name, namespace and timeout only): an env factory that captures it can travel to
+    another Ray process, which looks the actor up by name itself.
+    """
+
+    def __init__(self, name: str, namespace: str = "crl", *, timeout: float = 120.0, handle: Any = None) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.name, self.namespace, self.timeout = name, namespace, float(timeout)
+        self._handle = handle
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "namespace": self.namespace, "timeout": self.timeout}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__init__(d["name"], d["namespace"], timeout=d["timeout"])  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ plumbing
+    def _actor(self) -> Any:
+        if self._handle is not None and self._pid == os.getpid():
+            return self._handle
+        import ray
+
+        with self._lock:
+            try:
+                self._handle = ray.get_actor(self.name, namespace=self.namespace)
+            except ValueError as exc:
+                raise ExperienceUnavailable(f"no experience service {self.name!r} in Ray namespace "
+                                            f"{self.namespace!r}: {exc}") from exc
+            self._pid = os.getpid()
+            return self._handle
+
+    def _ref(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._actor(), method).remote(*args, **kwargs)
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """What the caller sees for ``exc`` raised by ``ray.get`` (see the module docstring)."""
+        from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+        if isinstance(exc, RayTaskError):
+            cause = getattr(exc, "cause", None)
+            return cause if isinstance(cause, Exception) and not isinstance(cause, RayError) else exc
+        if isinstance(exc, RayActorError):
+            self._handle = None  # a restarted actor is looked up again
+        if isinstance(exc, (GetTimeoutError, RayError)):
+            return ExperienceUnavailable(f"experience service {self.name!r}: {type(exc).__name__}: {exc}")
+        return exc
+
+    def _call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(self._ref(method, *args, **kwargs), timeout=timeout or self.timeout)
+        except Exception as exc:  # noqa: BLE001 - translated, see _failed
+            raise self._failed(exc) from exc
+
+    async def _acall(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        ref = self._ref(method, *args, **kwargs)
+        try:
+            return await asyncio.wait_for(ref, timeout or self.timeout)
+        except TimeoutError as exc:
+            raise ExperienceUnavailable(f"experience service {self.name!r}: {method} got no answer within "
+                                        f"{timeout or self.timeout} s") from exc
+        except Exception as exc:  # noqa: BLE001 - translated, see _failed
+            raise self._failed(exc) from exc
+
+    # ------------------------------------------------------------------ ExperienceClient
+    def search(self, query: str) -> ExperienceRef | None:
+        return _ref_of(self._call("search", str(query)))
+
+    def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
+        if not queries:
+            return []
+        return [_ref_of(d) for d in self._call("search_many", [str(q) for q in queries])]
+
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+        answer, provenance = self._call("ask", query, entry.to_dict(), context)
+        return str(answer), provenance
+
+    def submit(self, request: DistillationRequest) -> None:
+        self._call("submit", _request_dict(request))
+
+    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
+        out = self._call("get_requests", max_n, timeout, timeout=self.timeout + timeout)
+        return [DistillationRequest.from_dict(d) for d in out]
+
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+        return dict(self._call("end_step", check_step(step), _bonus(bonus)))
+
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+        return dict(self._call("apply_ops", [op_to_dict(op) for op in ops], step))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._call("stats"))
+
+    def health(self, timeout: float | None = None) -> dict[str, Any]:
+        return dict(self._call("health", timeout=timeout))
+
+    def close(self) -> None:
+        """Nothing to release: the actor belongs to whoever deployed it (see :meth:`shutdown`)."""
+
+    # ------------------------------------------------------------------ awaitable twins
+    async def asearch(self, query: str) -> ExperienceRef | None:
+        return _ref_of(await self._acall("search", str(query)))
+
+    async def asearch_many(self, queries: list[str]) -> list[ExperienceRef | None]:
+        if not queries:
+            return []
+        return [_ref_of(d) for d in await self._acall("search_many", [str(q) for q in queries])]
+
+    async def aask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+        answer, provenance = await self._acall("ask", query, entry.to_dict(), context)
+        return str(answer), provenance
+
+    async def asubmit(self, request: DistillationRequest) -> None:
+        await self._acall("submit", _request_dict(request))
+
+    async def aend_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+        return dict(await self._acall("end_step", check_step(step), _bonus(bonus)))
+
+    async def aapply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+        return dict(await self._acall("apply_ops", [op_to_dict(op) for op in ops], step))
+
+    async def astats(self) -> dict[str, Any]:
+        return dict(await self._acall("stats"))
+
+    async def ahealth(self) -> dict[str, Any]:
+        return dict(await self._acall("health"))
+
+    # ------------------------------------------------------------------ the actor's own
+    def checkpoint(self, timeout: float = 3600.0) -> dict[str, Any]:
+        """The service's checkpoint (``ServiceActor.checkpoint``): may take minutes with a real π_φ."""
+        return dict(self._call("checkpoint", timeout=timeout))
+
+    def node_id(self) -> str:
+        return str(self._call("node_id"))
+
+    def shutdown(self, timeout: float = 600.0) -> None:
+        """Close the service (queue persisted, bank closed) and end the actor; returns once it is
+        gone (its name is free again: a new service of that name is a new actor)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            self._call("close", timeout=timeout)
+        finally:
+            try:
+                handle = self._actor()
+            except ExperienceUnavailable:
+                return
+            ray.kill(handle, no_restart=True)
+            self._handle = None
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:  # ray.kill returns before the actor is dead
+                try:
+                    ray.get(handle.__ray_ready__.remote(), timeout=5.0)
+                except (RayActorError, GetTimeoutError):
+                    break
+                time.sleep(0.1)
+
+
+def _ref_of(d: dict[str, Any] | None) -> ExperienceRef | None:
+    return ExperienceRef.from_dict(d) if d is not None else None
+
+
+def _bonus(bonus: dict[str, float] | None) -> dict[str, float] | None:
+    return None if bonus is None else {str(k): float(v) for k, v in bonus.items()}
+
+
+def _request_dict(request: DistillationRequest) -> dict[str, Any]:
+    if not isinstance(request, DistillationRequest):
+        raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
+    return request.to_dict()
+
+
+__all__ = ["HEAD_NODE_RESOURCE", "EmbedderPool", "RayServiceClient", "ServiceActor", "deploy_service",
+           "head_node_id", "make_embedder"]

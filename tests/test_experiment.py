@@ -1,0 +1,124 @@
+"""crl-experiment: a grid of runs that survives an interruption, and its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from crl_gym.wrappers.examples import CorridorEnv
+from crl_train.config import ConfigError
+from crl_train.experiment.suite import CELL_FILE, Cell, cells, load_suite, run_cell, suite_from_dict
+
+SMALL = ["train.steps=2", "env.tasks_per_step=1", "env.group_size=4", "env.max_turns=4", "env.kwargs={max_turns: 4}",
+         "experience.asynchronous=false", "train.checkpoint_every=1"]
+
+
+def test_suite_validation_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="methods"):
+        suite_from_dict({"name": "x", "methods": ["ppo"], "seeds": [0]})
+    with pytest.raises(ConfigError, match="seeds"):
+        suite_from_dict({"name": "x", "methods": ["grpo"], "seeds": [1, 1]})
+    with pytest.raises(ConfigError, match="unknown key"):
+        suite_from_dict({"name": "x", "methods": ["grpo"], "seeds": [0], "sedes": [1]})
+
+
+@pytest.mark.parametrize("name", ["tiny", "pilot", "main", "scaling"])
+def test_shipped_suites_load(name: str) -> None:
+    suite = load_suite(Path(__file__).resolve().parents[1] / "experiments" / f"{name}.yaml")
+    assert cells(suite) and "grpo" in suite.methods
+
+
+def test_a_half_finished_cell_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    from crl_train.run.trainer import Trainer
+
+    suite = suite_from_dict({"name": "t", "methods": ["complementary"], "seeds": [0], "eval_episodes": 4,
+                             "set": [*SMALL, "env.ids=[corridor]", "actor.tiny_vocab_size=300",
+                                     "extractor.tiny_vocab_size=300", "actor.tiny_hidden=32", "extractor.tiny_hidden=32",
+                                     "actor.tiny_layers=1", "extractor.tiny_layers=1"]})
+    cell = Cell("complementary", 0, ("corridor",))
+
+    def corridor(env_id: str) -> Any:
+        return CorridorEnv(length=1, max_turns=3)
+
+    # what a kill after the first step's checkpoint leaves: a run directory at step 0 of 2
+    from crl_train.experiment.suite import cell_config
+
+    cell_dir = tmp_path / "cells" / cell.name
+    first = Trainer(cell_config(suite, cell), cell_dir, progress=False, env_factory=corridor)
+    try:
+        first.metrics.write(first.step(0))  # type: ignore[union-attr]
+        first.checkpoint(0)
+    finally:
+        first.close()
+    record = run_cell(suite, cell, tmp_path, env_factory=corridor)
+    steps = [json.loads(x)["step"] for x in (cell_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]  # step 0 kept, step 1 trained once
+    assert record["eval"]["without_experience"]["episodes"] >= 4 and (cell_dir / CELL_FILE).is_file()
+    mtime = (cell_dir / CELL_FILE).stat().st_mtime_ns
+    assert run_cell(suite, cell, tmp_path, env_factory=corridor) == record  # finished: read back, not rerun
+    assert (cell_dir / CELL_FILE).stat().st_mtime_ns == mtime
+
+
+@pytest.mark.slow
+def test_crl_experiment_is_interrupted_resumed_and_reports(tmp_path: Path) -> None:
+    suite_file = tmp_path / "smoke.yaml"
+    suite_file.write_text(yaml.safe_dump({"name": "smoke", "methods": ["grpo", "complementary"], "seeds": [0, 1],
+                                          "eval_episodes": 4, "set": SMALL}))
+    out = tmp_path / "out"
+    cmd = [str(Path(sys.executable).parent / "crl-experiment"), "--suite", str(suite_file), "--out", str(out), "--no-progress"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    first_cell = out / "cells" / "grpo" / "MiniHack-Room-5x5-v0" / "seed0" / CELL_FILE
+    deadline = time.monotonic() + 600
+    while not first_cell.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+        assert time.monotonic() < deadline, "the first cell did not finish in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)  # interrupted mid-grid
+    proc.wait(timeout=60)
+    kept = first_cell.read_text()
+    assert not (out / "report.md").exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert first_cell.read_text() == kept  # the finished cell was not run again
+    assert sorted(p.parent.name for p in (out / "cells").rglob(CELL_FILE)) == ["seed0", "seed0", "seed1", "seed1"]
+    report = (out / "report.md").read_text()
+    assert "## Final success" in report and "| MiniHack-Room-5x5-v0 | complementary | 2 |" in report.replace(
+        "crl/MiniHack-Room-5x5-v0", "MiniHack-Room-5x5-v0")
+    assert "commit:" in report and "## The final bank" in report
+    for png in ("success.png", "success_guided_free.png", "actions.png", "bank_size.png"):
+        assert (out / png).stat().st_size > 0
+    assert json.loads(done.stdout.strip().splitlines()[-1])["cells"] == 4
+
+
+@pytest.mark.slow
+def test_cells_run_as_ray_tasks_in_local_mode(tmp_path: Path) -> None:
+    import ray
+
+    from crl_train.experiment.suite import run_suite
+
+    suite = suite_from_dict({"name": "ray", "methods": ["grpo"], "seeds": [0, 1], "eval_episodes": 4,
+                             "set": SMALL, "resources": {"num_cpus": 1, "num_gpus": 0}})
+    try:
+        records = run_suite(suite, tmp_path, ray_address="local", progress=False)
+    finally:
+        ray.shutdown()
+    assert [r["seed"] for r in records] == [0, 1]
+    assert all((tmp_path / "cells" / "grpo" / "MiniHack-Room-5x5-v0" / f"seed{s}" / CELL_FILE).is_file() for s in (0, 1))
+
+
+def test_importing_the_configs_leaves_usearch_unloaded_so_ray_can_start() -> None:
+    # usearch's extension loaded before Ray's makes ray.init abort (std::regex_error): the suite driver
+    # imports crl_train.config long before it starts Ray, so that import must not load usearch
+    code = "import sys, crl_train.config, crl_gym.clients; print('usearch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
