@@ -57,8 +57,8 @@ def test_think_tokens_are_validated() -> None:
         load_config(None, ["extractor.constrained=false", "extractor.think_tokens=4"])
     with pytest.raises(ConfigError, match="think_tokens must be >= 0"):
         load_config(None, ["extractor.think_tokens=-1"])
-    with pytest.raises(ConfigError, match=r"max_new_tokens \+ think_tokens \(48 \+ 1000\) must be < max_context_tokens \(1024\)"):
-        load_config(None, ["extractor.think_tokens=1000"])
+    with pytest.raises(ConfigError, match=r"max_new_tokens \+ think_tokens \(48 \+ 2000\) must be < max_context_tokens \(2048\)"):
+        load_config(None, ["extractor.think_tokens=2000"])
     with pytest.raises(ConfigError, match="actor.think_tokens must be 0"):
         load_config(None, ["actor.think_tokens=8"])
 

@@ -180,7 +180,8 @@ class ALFWorldEnv(TextWorldEnv):
 
     def _info(self) -> dict[str, Any]:
         info = super()._info()
-        info["task_category"] = task_category_of(Path(self.game_file))
+        if self.game_file is not None:
+            info["task_category"] = task_category_of(Path(self.game_file))
         return info
 
     def _terminal_reward(self, won: bool, ended: bool) -> float:

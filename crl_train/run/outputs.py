@@ -15,8 +15,8 @@ Layout of a run directory::
 
 >>> metric_fields()[:3]
 ('step', 'actor_loss', 'actor_clip_frac')
->>> len(metric_fields(EDGE_FIELDS + SELF_DISTILL_FIELDS)) - len(metric_fields())
-6
+>>> len(metric_fields(SELF_DISTILL_FIELDS)) - len(metric_fields())
+2
 """
 
 from __future__ import annotations
