@@ -287,6 +287,8 @@ class RemoteClient:
         self._http: Any = None
         self._pid = -1
         self._lock = threading.Lock()
+        self.malformed_requests = 0
+        """Requests ``get_requests`` received but could not parse (skipped and logged)."""
         self._make_combiners()
 
     def _make_combiners(self) -> None:
@@ -403,8 +405,19 @@ class RemoteClient:
         self._combined()[1](json.dumps(request.to_dict(), ensure_ascii=False))
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
+        """Take up to ``max_n`` queued requests. One that does not parse (a server of another
+        version, a damaged spill line) is skipped, counted in ``malformed_requests`` and logged:
+        raising would drop the good ones that came with it, already taken off the queue."""
         out = self._call("POST", "/get_requests", {"max_n": max_n, "timeout": timeout}, extra_wait=timeout)
-        return [DistillationRequest.from_dict(d) for d in out["requests"]]
+        got = []
+        for i, d in enumerate(out.get("requests") or []):
+            try:
+                got.append(DistillationRequest.from_dict(d))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                self.malformed_requests += 1
+                logger.error("%s: skipping malformed request %d of %d (%s: %s): %.200r",
+                             self.url, i, len(out["requests"]), type(exc).__name__, exc, d)
+        return got
 
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
         body = {"step": check_step(step), "bonus": None if bonus is None else {str(k): float(v) for k, v in bonus.items()}}

@@ -11,11 +11,12 @@ Routes (JSON): ``POST /search {query}`` → ``{entry}``, ``POST /search_many {qu
 ``{requests}``, ``POST /end_step {step, bonus}`` → ``{step, ended, requests, credited}`` (409 for a
 step already ended), ``POST /apply_ops {ops, step}`` → ``{added, added_ids, updated, deleted,
 returned, malformed}``, ``GET /stats``, ``GET /health``. A malformed body is answered 422 naming
-the field. With a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
+the field, a body above ``--max-body-bytes`` 413 before it is parsed; lone surrogates in texts are
+replaced by U+FFFD, and a query that fails in a coalesced batch fails only its own caller. With a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
 (else 401).
 
 Start it with ``crl-experience serve --bank DIR --port 8765 [--embedder hashing:384]
-[--extractor tiny|CONFIG.yaml] [--token-file FILE]``.
+[--extractor tiny|CONFIG.yaml] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -39,10 +41,11 @@ from typing import Annotated, Any, Literal
 import click
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
 from crl_gym.clients import TOKEN_ENV, as_service
 from crl_gym.experience.bank import BankLockedError
@@ -56,8 +59,37 @@ MAX_BATCH = 4096
 """Most queries / requests / ops accepted in one call (bounded memory per request)."""
 MAX_TEXT = 1_000_000
 """Longest query, context or entry text accepted, in characters."""
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Default largest request body, in bytes (``--max-body-bytes``); a larger one is answered 413 unread."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(s: str) -> str:
+    """``s`` with lone surrogates (valid JSON escapes, but not encodable as UTF-8) replaced by U+FFFD.
+
+    Left in, they fail the embedder, the spill file or the response encoder: a 500 for one
+    caller, or a failed batch for every caller sharing it."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", s)
+
+
+def clean_json(value: Any) -> Any:
+    """``value`` (parsed JSON) with :func:`clean_text` applied to every string, keys included."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [clean_json(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_text(str(k)): clean_json(v) for k, v in value.items()}
+    return value
+
+
 ID = Annotated[int, Field(ge=0, lt=2**64)]
-Text = Annotated[str, Field(max_length=MAX_TEXT)]
+Clean = BeforeValidator(lambda v: clean_text(v) if isinstance(v, str) else v)  # before: pydantic refuses them
+Text = Annotated[str, Field(max_length=MAX_TEXT), Clean]
 
 
 class SearchBody(BaseModel):
@@ -83,6 +115,11 @@ class AskBody(BaseModel):
 class SubmitBody(BaseModel):
     requests: list[dict[str, Any]] = Field(max_length=MAX_BATCH)
 
+    @field_validator("requests", mode="before")
+    @classmethod
+    def _clean(cls, v: Any) -> Any:
+        return clean_json(v)
+
 
 class GetRequestsBody(BaseModel):
     max_n: int = Field(default=16, ge=1, le=MAX_BATCH)
@@ -91,19 +128,19 @@ class GetRequestsBody(BaseModel):
 
 class EndStepBody(BaseModel):
     step: int = Field(ge=0, strict=True)
-    bonus: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(default=None, max_length=16 * MAX_BATCH)
+    bonus: dict[Annotated[str, Clean], Annotated[float, Field(allow_inf_nan=False)]] | None = Field(default=None, max_length=16 * MAX_BATCH)
 
 
 class AddOpBody(BaseModel):
     kind: Literal["add"]
-    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
-    tags: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=64)
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT), Clean]
+    tags: list[Annotated[str, Field(max_length=256), Clean]] = Field(default_factory=list, max_length=64)
 
 
 class UpdateOpBody(BaseModel):
     kind: Literal["update"]
     id: ID
-    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT), Clean]
 
 
 class DeleteOpBody(BaseModel):
@@ -113,7 +150,7 @@ class DeleteOpBody(BaseModel):
 
 class ReturnOpBody(BaseModel):
     kind: Literal["return"]
-    reason: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    reason: Annotated[str, Field(max_length=MAX_TEXT), Clean] = ""
     malformed: bool = False
 
 
@@ -162,8 +199,24 @@ class SearchCoalescer:
         while self._waiting and self._inflight < self.max_inflight:
             batch = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
             self._inflight += 1
-            job = self._pool.submit(self.service.search_many, [q for q, _ in batch])
+            job = self._pool.submit(self._search_batch, [q for q, _ in batch])
             job.add_done_callback(partial(self._wake, loop, batch))
+
+    def _search_batch(self, queries: list[str]) -> list[ExperienceRef | None | Exception]:
+        """One ``search_many`` for the batch; if it fails, each query alone, so that one bad
+        query fails only its own caller and the others still get their answers."""
+        try:
+            return list(self.service.search_many(queries))
+        except Exception as exc:  # noqa: BLE001 - narrowed down per query below
+            if len(queries) == 1:
+                return [exc]
+        out: list[ExperienceRef | None | Exception] = []
+        for q in queries:
+            try:
+                out.append(self.service.search_many([q])[0])
+            except Exception as exc:  # noqa: BLE001 - handed to that query's caller
+                out.append(exc)
+        return out
 
     def _wake(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
         loop.call_soon_threadsafe(self._done, loop, batch, job)  # runs in the search thread
@@ -177,6 +230,8 @@ class SearchCoalescer:
                 continue
             if exc is not None:
                 fut.set_exception(exc)
+            elif isinstance(ref, Exception):
+                fut.set_exception(ref)
             else:
                 fut.set_result(ref)
         if self._waiting:
@@ -204,6 +259,62 @@ def _bearer(token: str) -> Callable[[Request], Coroutine[Any, Any, None]]:
     return require_token
 
 
+class BodyLimit:
+    """ASGI middleware: a request body above ``max_bytes`` is answered 413 before anything parses it.
+
+    A declared ``Content-Length`` above the limit is refused at once; a chunked (or lying) body is
+    counted as it streams in and refused as soon as it passes the limit, so one client cannot make
+    the server buffer and parse an arbitrarily large JSON document while others wait.
+    """
+
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app, self.max_bytes = app, int(max_bytes)
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                if not value.strip().isdigit():
+                    await _refuse(send, 400, "bad Content-Length header")
+                    return
+                if int(value) > self.max_bytes:
+                    await _refuse(send, 413, f"request body of {int(value)} bytes is above the limit of {self.max_bytes}")
+                    return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before sending its body
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                await _refuse(send, 413, f"request body is above the limit of {self.max_bytes} bytes")
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _refuse(send: Callable[[Any], Any], status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class GuardedRoute(APIRoute):
     """A route that answers the service's own errors itself: 409 for a ``StepOrderError``, 500
     (logged) for anything else. Left to uvicorn, an exception closes the kept-alive connection,
@@ -226,7 +337,7 @@ class GuardedRoute(APIRoute):
         return guarded
 
 
-def create_app(service: Any, token: str | None = None) -> FastAPI:
+def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """A FastAPI app serving ``service`` (an ``ExperienceManager`` is wrapped in a RetrievalService).
 
     With ``token``, every route except ``/health`` needs ``Authorization: Bearer <token>``.
@@ -239,6 +350,12 @@ def create_app(service: Any, token: str | None = None) -> FastAPI:
     app.state.manager = svc.manager
     coalescer = SearchCoalescer(svc)
     app.state.coalescer = coalescer
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes the input, and an input it could not encode made it a 500
+        return JSONResponse(status_code=422, content={"detail": clean_json(jsonable_encoder(exc.errors()))})
     open_routes = APIRouter(route_class=GuardedRoute)
     router = APIRouter(route_class=GuardedRoute, dependencies=[Depends(_bearer(token))] if token is not None else [])
 
@@ -317,11 +434,11 @@ class BackgroundServer:
     """
 
     def __init__(self, service: Any, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 startup_timeout: float = 30.0) -> None:
+                 startup_timeout: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         import threading
         import time
 
-        self.app = create_app(service, token)
+        self.app = create_app(service, token, max_body_bytes)
         config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", lifespan="off",
                                 timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
         self._server = uvicorn.Server(config)
@@ -355,16 +472,18 @@ BACKLOG = 4096
 """Pending TCP connections the listening socket holds (1,024 clients may connect at once)."""
 
 
-def build_manager(bank_dir: str | Path, embedder: str | None) -> Any:
+def build_manager(bank_dir: str | Path, embedder: str | None, persist_interval_s: float | None = None) -> Any:
     """Open (or create) the bank in ``bank_dir`` and an ``ExperienceManager`` over it."""
     from crl_gym.experience.bank import ExperienceBank
+    from crl_gym.experience.config import ManagerConfig
     from crl_gym.experience.embedders import embedder_name, load_embedder
     from crl_gym.experience.manager import ExperienceManager
 
     emb = load_embedder(embedder)
     bank = ExperienceBank(Path(bank_dir), dim=emb.dim, embedder_name=embedder_name(emb))
     try:
-        return ExperienceManager(bank, emb)
+        config = ManagerConfig() if persist_interval_s is None else ManagerConfig(persist_interval_s=persist_interval_s)
+        return ExperienceManager(bank, emb, config)
     except BaseException:
         bank.close()
         raise
@@ -425,16 +544,21 @@ def cli() -> None:
               help="Run the extractor's learning loop in the service: 'tiny' or a crl-train YAML config (needs crl_train).")
 @click.option("--token-file", default=None, type=click.Path(exists=True, dir_okay=False),
               help=f"File holding the bearer token clients must send (default: ${TOKEN_ENV}).")
+@click.option("--max-body-bytes", default=MAX_BODY_BYTES, show_default=True, type=click.IntRange(1),
+              help="Largest request body accepted; a larger one is answered 413 before it is parsed.")
+@click.option("--persist-interval", "persist_interval_s", default=None, type=click.FloatRange(0),
+              help="Seconds between checkpoints of the queued requests to the bank dir (a SIGKILL loses at most "
+                   "this window; default 0.5; 0: only on shutdown).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: str | None, token_file: str | None,
-          log_level: str) -> None:
+          max_body_bytes: int, persist_interval_s: float | None, log_level: str) -> None:
     """Serve the experience bank in BANK over HTTP for RemoteClient."""
     token = resolve_token(token_file)
     if token is None and not is_loopback(host):
         raise click.UsageError(
             f"refusing to bind {host} without a token: anyone who can reach it could read and rewrite the bank. "
             f"Pass --token-file FILE or set {TOKEN_ENV}, or bind 127.0.0.1.")
-    service = _build_service(bank_dir, embedder, extractor)
+    service = _build_service(bank_dir, embedder, extractor, persist_interval_s)
     # The embedder (torch, transformers) leaves ~10^6 long-lived objects; a full collection
     # walks them all (~250 ms here) in the middle of whatever requests are in flight. Frozen,
     # they are skipped: collections only see what the server allocates from now on.
@@ -443,7 +567,7 @@ def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: 
     auth = "token required" if token else "no token"
     click.echo(f"crl-experience: serving {bank_dir} on http://{host}:{port} ({auth}"
                f"{', extractor ' + extractor if extractor else ''})", err=True)
-    app = create_app(service, token)
+    app = create_app(service, token, max_body_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
     try:
         _StopOnSignal(config).run()
@@ -453,10 +577,11 @@ def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: 
     click.echo("crl-experience: stopped; bank closed", err=True)
 
 
-def _build_service(bank_dir: str, embedder: str | None, extractor: str | None) -> RetrievalService:
+def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,
+                   persist_interval_s: float | None = None) -> RetrievalService:
     if extractor is None:
         try:
-            return RetrievalService(build_manager(bank_dir, embedder))
+            return RetrievalService(build_manager(bank_dir, embedder, persist_interval_s))
         # another embedder or dim, a damaged or foreign database, a bank another process holds
         except (ValueError, BankCorruptError, BankLockedError) as exc:
             raise click.ClickException(str(exc)) from exc

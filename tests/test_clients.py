@@ -382,3 +382,33 @@ def test_remote_submits_in_one_batch_fail_alone() -> None:
         assert sorted(r.request_id for r in got) == sorted(r.request_id for i, r in enumerate(reqs) if i != 5)
         client.close()
     service.close()
+
+
+def test_get_requests_skips_and_counts_a_malformed_request(caplog: pytest.LogCaptureFixture) -> None:
+    good = [DistillationRequest(f"task {i}", Trajectory(), 1.0, True, None) for i in range(2)]
+
+    class Raw:
+        def __init__(self, d: dict[str, Any]) -> None:
+            self.d = d
+
+        def to_dict(self) -> dict[str, Any]:
+            return self.d
+
+    class MixedService(RetrievalService):
+        """Hands out a good request, a broken one, then another good one."""
+
+        def get_requests(self, max_n: int, timeout: float = 0.0) -> list[Any]:
+            return [good[0], Raw({"task": "no trajectory"}), Raw({**good[1].to_dict(), "outcome": "lots"}), good[1]]
+
+    service = MixedService(make_manager())
+    try:
+        with BackgroundServer(service) as server:
+            client = RemoteClient(server.url)
+            with caplog.at_level("ERROR", logger="crl_gym.clients"):
+                got = client.get_requests(10)
+            assert [r.task for r in got] == ["task 0", "task 1"]
+            assert client.malformed_requests == 2
+            assert "skipping malformed request 1 of 4" in caplog.text
+            client.close()
+    finally:
+        service.close()

@@ -277,3 +277,44 @@ def test_docstring_examples_run() -> None:
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_sigkill_loses_no_request_queued_before_the_persist_interval(tmp_path: Path) -> None:
+    """Queued requests are checkpointed every ``--persist-interval`` s: after a SIGKILL (no
+    shutdown at all) the bank dir's spill file holds every request submitted before it."""
+    bank_dir = tmp_path / "bank"
+    port = free_port()
+    exe = Path(sys.executable).with_name("crl-experience")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.server"]
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    proc = subprocess.Popen(
+        [*cmd, "serve", "--bank", str(bank_dir), "--port", str(port), "--embedder", "hashing:32", "--log-level",
+         "warning", "--persist-interval", "0.2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**env, "HF_HUB_OFFLINE": "1"},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc)
+        client = RemoteClient(url, timeout=10)
+        sent = [DistillationRequest(task=f"task {i}", trajectory=Trajectory(steps=[Step("o", "a", 1.0)]), outcome=1.0,
+                                    success=True, experience=None) for i in range(7)]
+        for r in sent[:3]:
+            client.submit(r)
+        assert [r.task for r in client.get_requests(1)] == ["task 0"]  # taken: not pending any more
+        for r in sent[3:]:
+            client.submit(r)
+        assert client.health()["pending"] == 6
+        time.sleep(1.0)  # > the persist interval
+        client.close()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    manager = ExperienceManager(ExperienceBank(bank_dir, dim=32), HashingEmbedder(32))
+    try:
+        assert [r.task for r in manager.get_requests(100)] == [f"task {i}" for i in range(1, 7)]
+    finally:
+        manager.close()
+        manager.bank.close()

@@ -49,16 +49,23 @@ class ManagerConfig:
     """Refuse (and count) a new entry whose cosine similarity to an entry already in the bank, or to
     an earlier one of the same batch, is at least this; None = off (EDGE switches it on)."""
 
+    max_query_chars: int = 2000
+    """Queries are cut to this many characters before they are embedded (longer ones are not
+    refused: the head of a task text carries the retrieval signal)."""
+    persist_interval_s: float = 0.5
+    """Queued distillation requests are checkpointed to the spill file this often, when the queue
+    changed (a hard kill loses at most this window); 0 = only at ``persist_pending`` / close."""
+
     def __post_init__(self) -> None:
         if self.dedup_similarity is not None and not -1.0 <= self.dedup_similarity <= 1.0:
             raise ValueError(f"ManagerConfig.dedup_similarity must be in [-1, 1] or null, got {self.dedup_similarity!r}")
         for name in ("batch_size", "num_workers", "max_batch_size", "cache_size", "overfetch",
-                     "queue_size"):
+                     "queue_size", "max_query_chars"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ManagerConfig.{name} must be >= 1, got {value!r}")
         for name in ("max_wait_ms", "diversity_lambda", "recency_window_s",
-                     "stats_flush_interval_s"):
+                     "stats_flush_interval_s", "persist_interval_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0 or value != value:
                 raise ValueError(f"ManagerConfig.{name} must be a number >= 0, got {value!r}")

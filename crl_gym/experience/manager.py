@@ -127,6 +127,9 @@ class ExperienceManager:
         self._threads += [
             threading.Thread(target=self._worker_loop, args=(q,), name=f"crl-search-{i}", daemon=True)
             for i, q in enumerate(self._work)]
+        self._stop_persist = threading.Event()
+        if self.config.persist_interval_s > 0 and bank.path is not None:
+            self._threads.append(threading.Thread(target=self._persist_loop, name="crl-persist", daemon=True))
         for t in self._threads:
             t.start()
 
@@ -135,7 +138,7 @@ class ExperienceManager:
         """Best ``k`` diversified entries for ``query`` (``[]`` on an empty bank)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        req = _Request(str(query), int(k))
+        req = _Request(self._cap(query), int(k))
         with self._cv:
             if self._closed:
                 raise RuntimeError("ExperienceManager is closed")
@@ -152,10 +155,16 @@ class ExperienceManager:
         """Batch API: the whole pipeline in the calling thread, no hand-offs."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        reqs = [_Request(str(q), int(k)) for q in queries]
+        reqs = [_Request(self._cap(q), int(k)) for q in queries]
         if reqs:
             self._retrieve(reqs)
         return [r.result for r in reqs]
+
+    def _cap(self, query: str) -> str:
+        """``query`` cut to ``max_query_chars``: a huge query would cost every caller in its batch
+        a long embedding pass (and the cache a huge key) for no retrieval gain."""
+        query = str(query)
+        return query[: self.config.max_query_chars]
 
     def _batch_loop(self) -> None:
         cfg, rr = self.config, 0
@@ -183,18 +192,33 @@ class ExperienceManager:
     def _worker_loop(self, q: SimpleQueue[list[_Request] | None]) -> None:
         while (batch := q.get()) is not None:
             try:
-                self._retrieve(batch)
-            except BaseException as exc:  # never leave a caller hanging
-                log.exception("search batch failed")
-                self._counters["errors"] += 1
-                for r in batch:
-                    r.error = exc
+                self._retrieve_isolated(batch)
             finally:
                 for r in batch:
                     r.done.release()
             if time.monotonic() - self._last_flush > self.config.stats_flush_interval_s:
                 self._last_flush = time.monotonic()
                 self.bank.flush_stats()
+
+    def _retrieve_isolated(self, batch: list[_Request]) -> None:
+        """``_retrieve`` the batch; if it fails, each request alone, so one bad query (one the
+        embedder chokes on, say) fails only its own caller and the others get their answers."""
+        try:
+            self._retrieve(batch)
+            return
+        except BaseException as exc:  # noqa: BLE001 - never leave a caller hanging
+            if len(batch) == 1:
+                log.exception("search failed")
+                self._counters["errors"] += 1
+                batch[0].error = exc
+                return
+        for r in batch:
+            try:
+                self._retrieve([r])
+            except BaseException as exc:  # noqa: BLE001 - handed to that caller
+                log.exception("search of %.60r failed", r.query)
+                self._counters["errors"] += 1
+                r.error = exc
 
     def _embed(self, texts: Sequence[str]) -> tuple[dict[str, np.ndarray], int]:
         """Vectors of the distinct ``texts`` via the LRU cache; returns (vectors, cache hits)."""
@@ -283,6 +307,19 @@ class ExperienceManager:
         """Write the queued requests still in memory to the bank dir's spill file (called at each
         trainer checkpoint, so a hard kill loses none); returns how many are on disk."""
         return self.queue.persist()
+
+    def _persist_loop(self) -> None:
+        """Checkpoint the queue every ``persist_interval_s`` when it changed: a SIGKILL of the
+        process then loses at most that window of submits (SIGTERM loses none: ``close``)."""
+        seen = self.queue.changes
+        while not self._stop_persist.wait(self.config.persist_interval_s):
+            if self.queue.changes != seen:
+                seen = self.queue.changes
+                try:
+                    self.queue.persist()
+                except Exception:  # noqa: BLE001 - a full disk must not stop the service
+                    log.exception("persisting the distillation queue failed (retried next interval)")
+                    seen = -1
 
     def pending(self) -> int:
         """Requests waiting (in memory and spilled)."""
@@ -422,6 +459,7 @@ class ExperienceManager:
                 return
             self._closed = True
             self._cv.notify_all()
+        self._stop_persist.set()
         for t in self._threads:
             t.join()
         self.bank.flush_stats()
