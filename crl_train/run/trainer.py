@@ -165,12 +165,11 @@ class Trainer:
         return make_row(self.fields, row)
 
     def _update(self, rollout: Rollout, adv: torch.Tensor) -> dict[str, Any]:
-        """The RL update over the method's train mask, then the method's extra updates."""
+        """The RL update over the method's train mask (a frozen actor has none), then the method's
+        extra updates (and the metrics it computed on the way)."""
         method, actor, algo = self.method, self.c.actor, self.cfg.algo
-        if not method.trains_actor:
-            return {}
         row: dict[str, Any] = {}
-        idx = [i for i, keep in enumerate(method.train_mask(rollout).tolist()) if keep]
+        idx = [i for i, keep in enumerate(method.train_mask(rollout).tolist()) if keep] if method.trains_actor else []
         if idx:
             g, cond = rollout.group[idx], rollout.condition[idx]
             w = sequence_weights(g, cond if method.guided else None)
