@@ -15,6 +15,7 @@ from crl_train.algorithms import (
     loss_scale_for,
     losses,
     reverse_kl_sampled_loss,
+    reverse_kl_support_loss,
     reverse_kl_topk_loss,
     self_distill_nll_loss,
 )
@@ -185,7 +186,11 @@ def test_reverse_kl_sampled_needs_the_teacher() -> None:
 
 def _convention_inputs() -> dict[str, torch.Tensor]:
     return {"weights": torch.tensor([0.5, 0.5], dtype=torch.float64), "teacher": torch.full((2, 2), -1.0, dtype=torch.float64),
-            "group_ids": torch.tensor([0, 0]), "condition_ids": torch.tensor([0, 1])}
+            "group_ids": torch.tensor([0, 0]), "condition_ids": torch.tensor([0, 1]),
+            # what the policy adds for a batch with extra["support_ids"]: the support's log-probs, with grad
+            "support_ids": torch.zeros(2, 2, 2, dtype=torch.long),
+            "support_logprobs": torch.full((2, 2, 2), -1.0, dtype=torch.float64, requires_grad=True),
+            "teacher_support": torch.full((2, 2, 2), -2.0, dtype=torch.float64)}
 
 
 @pytest.mark.parametrize("name", [n.value for n in LOSSES.names()])
@@ -206,17 +211,52 @@ def test_every_registered_loss_takes_the_policy_calling_convention(name: str) ->
     assert loss_scale_for(name) in ("samples", "tokens", "none")
 
 
-def test_registered_losses_are_exactly_the_log_prob_ones() -> None:
-    # the top-k reverse KL needs [B, T, V] logits: it keeps its own signature, outside LOSSES
-    assert sorted(n.value for n in LOSSES.names()) == ["cispo", "clip", "reverse_kl_sampled", "self_distill_nll"]
+def test_registered_losses_and_their_scales() -> None:
+    # the logits definition of the top-k reverse KL stays outside LOSSES; its support form is in it
+    assert sorted(n.value for n in LOSSES.names()) == [
+        "cispo", "clip", "reverse_kl_sampled", "reverse_kl_topk", "self_distill_nll"]
     assert {n.value: loss_scale_for(n) for n in LOSSES.names()} == {
-        "clip": "none", "cispo": "tokens", "reverse_kl_sampled": "tokens", "self_distill_nll": "tokens"}
-    with pytest.raises(KeyError, match="accepted: clip, cispo"):
-        loss_scale_for("reverse_kl_topk")
+        "clip": "none", "cispo": "tokens", "reverse_kl_sampled": "tokens", "reverse_kl_topk": "tokens",
+        "self_distill_nll": "tokens"}
+    assert LOSSES.get("reverse_kl_topk") is reverse_kl_support_loss
     assert reverse_kl_topk_loss not in [LOSSES.get(n) for n in LOSSES.names()]
-    with pytest.raises(KeyError, match="unknown policy loss 'reverse_kl_topk'"):
-        LOSSES.get("reverse_kl_topk")
-    assert "Own signature, not in" in (reverse_kl_topk_loss.__doc__ or "")
+    with pytest.raises(KeyError, match="accepted: clip, cispo"):
+        loss_scale_for("reverse_kl_full")
+
+
+def test_reverse_kl_support_by_hand() -> None:
+    # support {a, b}: p_s = (.5, .25), p_t = (.25, .25); .5·ln 2 + .25·ln 1 = 0.346574, λ = 0.1
+    s = torch.log(torch.tensor([[[0.5, 0.25]]], dtype=torch.float64)).requires_grad_()
+    t = torch.log(torch.tensor([[[0.25, 0.25]]], dtype=torch.float64)).requires_grad_()
+    loss, m = reverse_kl_support_loss(None, None, None, torch.ones(1, 1), support_logprobs=s, teacher_support=t,  # type: ignore[arg-type]
+                                      coef=0.1, support_ids=torch.zeros(1, 1, 2, dtype=torch.long))
+    assert loss.item() == pytest.approx(0.1 * 0.5 * L(2.0)) and m["edge_kl"] == pytest.approx(0.5 * L(2.0))
+    assert m["topk_mass"] == pytest.approx(0.75)
+    loss.backward()
+    assert t.grad is None or torch.all(t.grad == 0)
+    # d/d log p_s(v) of p·(log p − log q) = p·(log p − log q + 1), times λ
+    assert s.grad is not None
+    assert s.grad[0, 0].tolist() == pytest.approx([0.1 * 0.5 * (L(2.0) + 1), 0.1 * 0.25 * (0.0 + 1)])
+    with pytest.raises(ValueError, match="needs support_logprobs and teacher_support"):
+        reverse_kl_support_loss(None, None, None, torch.ones(1, 1), support_logprobs=s)  # type: ignore[arg-type]
+
+
+def test_reverse_kl_support_form_equals_the_logits_definition() -> None:
+    # with the support = the student's top-k ids, the registered form gives the same value and the
+    # same gradient in the student's logits as EDGE's definition on [B, T, V] logits
+    torch.manual_seed(3)
+    s = torch.randn(2, 4, 7, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(2, 4, 7, dtype=torch.float64)
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    ref, ref_m = reverse_kl_topk_loss(s, t, mask, top_k=3)
+    (g_ref,) = torch.autograd.grad(ref, s)
+    ids = torch.log_softmax(s, -1).topk(3, -1).indices
+    sup = torch.log_softmax(s, -1).gather(-1, ids)
+    got, got_m = reverse_kl_support_loss(None, None, None, mask, support_logprobs=sup,  # type: ignore[arg-type]
+                                         teacher_support=torch.log_softmax(t, -1).gather(-1, ids))
+    (g_got,) = torch.autograd.grad(got, s)
+    assert got.item() == pytest.approx(ref.item()) and got_m["topk_mass"] == pytest.approx(ref_m["topk_mass"])
+    assert torch.allclose(g_got, g_ref)
 
 
 def test_module_doctests() -> None:

@@ -138,24 +138,74 @@ def test_edge_gain_ignores_errored_episodes_and_its_distillation_weight_is_the_c
     ro = _rollout([1.0, 0.0, 0.0, 0.0], ["guided", "guided", "free", "free"], errors=(1,))
     mask = edge.train_mask(ro)
     assert mask.tolist() == [True, False, True, True]
-    _, metrics = edge.extra_updates(ro, actor=None)  # type: ignore[arg-type]  # no prompt ids: no distillation pair
+    _, metrics = edge.extra_terms(ro, actor=None)  # type: ignore[arg-type]  # no prompt ids: no distillation pair
     assert metrics["edge_gain_mean"] == pytest.approx(1.0)
     assert load_config(None, []).algo.edge_lambda == 0.1
     with pytest.raises(Exception, match="edge_lambda"):
         load_config(None, ["algo.edge_lambda=-1"])
 
 
-def test_edge_distillation_update_uses_lambda(tmp_path: Path) -> None:
-    cfg = load_config(None, ["method=edge", "algo.edge_lambda=0.3", "algo.edge_threshold=-2", "train.steps=1", *SMALL])
+@pytest.mark.parametrize(("estimator", "loss"), [("topk", "reverse_kl_topk"), ("sampled", "reverse_kl_sampled")])
+def test_edge_distillation_term_uses_lambda_and_the_configured_estimator(tmp_path: Path, estimator: str, loss: str) -> None:
+    cfg = load_config(None, ["method=edge", "algo.edge_lambda=0.3", "algo.edge_threshold=-2", "train.steps=1",
+                             f"algo.edge_kl_estimator={estimator}", "algo.edge_top_k=3", *SMALL])
     trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
     try:
         eps = trainer.c.runner.collect([("corridor", 0)], guided=True, step=0)
         from crl_train.methods import Rollout
 
-        updates, _ = trainer.method.extra_updates(Rollout.of(eps), trainer.c.actor)
+        terms, _ = trainer.method.extra_terms(Rollout.of(eps), trainer.c.actor)
+        assert [(u.loss.value, u.kwargs) for u in terms] == [(loss, {"coef": 0.3})]
+        batch, actor = terms[0].batch, trainer.c.actor
+        if estimator == "topk":
+            ids, own = actor.support_logprobs(batch, k=3)
+            assert torch.equal(batch.extra["support_ids"], ids)  # the student's own top-3 under the current weights
+            assert batch.extra["teacher_support"].shape == ids.shape
+            trained = batch.loss_mask.bool()
+            # EDGE's bank starts empty: the guided prompt carries no entry yet, so the teacher is the
+            # student and its log-probs of the same ids line up position by position
+            assert torch.allclose(batch.extra["teacher_support"][trained], own[trained], atol=1e-5)
+        else:
+            assert batch.extra["teacher"].shape == batch.loss_mask.shape
     finally:
         trainer.close()
-    assert [(u.loss.value, u.kwargs) for u in updates] == [("reverse_kl_sampled", {"coef": 0.3})]
+
+
+def test_edge_teacher_log_probs_are_read_at_the_student_s_positions_behind_a_longer_prompt(tmp_path: Path) -> None:
+    from crl_train.methods.edge import distillation_term
+    from crl_train.policy.base import TrainBatch
+    from crl_train.rollout.runner import swap_prompt
+
+    cfg = load_config(None, ["method=edge", "train.steps=1", *SMALL])
+    trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
+    try:
+        actor = trainer.c.actor
+        e = next(x for x in trainer.c.runner.collect([("corridor", 0)], guided=True, step=0) if x.condition == "free")
+        teacher_prompt = e.prompt_ids + e.prompt_ids[-7:]  # 7 more tokens of context: every position shifts by 7
+        term = distillation_term([(e, teacher_prompt)], actor, 0.1, top_k=3)
+        ids, got = term.batch.extra["support_ids"][0], term.batch.extra["teacher_support"][0]
+        tb = TrainBatch.from_sequences([swap_prompt(e, teacher_prompt)], [0.0], actor.pad_token_id)
+        vocab = actor.model.config.vocab_size
+        _, full = actor.support_logprobs(tb, ids=torch.arange(vocab).expand(1, tb.input_ids.shape[1], vocab).contiguous())
+        start = len(e.prompt_ids)
+        for p in range(start, len(e.sequence)):
+            assert torch.allclose(got[p], full[0, p + 7, ids[p]], atol=1e-5)
+        assert not got[:start].any()  # the student's prompt is not distilled
+    finally:
+        trainer.close()
+
+
+def test_edge_trains_rl_and_distillation_in_one_actor_step(tmp_path: Path) -> None:
+    cfg = load_config(None, ["method=edge", "algo.edge_threshold=-2", "train.steps=1", *SMALL])
+    trainer = Trainer(cfg, tmp_path, progress=False, env_factory=_corridor)
+    try:
+        before = trainer.c.actor.step
+        row = trainer.step(0)
+        assert trainer.c.actor.step == before + 1  # one optimizer step for RL loss + λ·KL
+        assert row["edge_kl"] is not None and row["edge_topk_mass"] is not None
+        assert row["actor_objective"] == pytest.approx(row["actor_loss"] + 0.1 * row["edge_kl"], rel=1e-4, abs=1e-6)
+    finally:
+        trainer.close()
 
 
 def test_one_cooldown_default_that_really_cools_down() -> None:

@@ -12,7 +12,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from crl_train.policy import Policy  # noqa: E402
-from crl_train.policy.base import OptimConfig, SamplingConfig, TokenSequence, TrainBatch  # noqa: E402
+from crl_train.policy.base import LossTerm, OptimConfig, SamplingConfig, TokenSequence, TrainBatch  # noqa: E402
 from crl_train.policy.hf import HFPolicy, resolve_dtype  # noqa: E402
 from crl_train.policy.tiny import build_tiny_policy  # noqa: E402
 
@@ -345,6 +345,9 @@ def _scaling_batch(pol: HFPolicy) -> TrainBatch:
     m = batch.loss_mask
     batch.old_logprobs = batch.old_logprobs + 0.1 * torch.randn(m.shape, generator=g) * m
     batch.extra["teacher"] = (batch.old_logprobs - torch.rand(m.shape, generator=g)) * m
+    ids, lp = pol.support_logprobs(batch, k=4)  # the student's top-4 under the weights every delta starts from
+    batch.extra["support_ids"] = ids
+    batch.extra["teacher_support"] = lp - torch.rand(lp.shape, generator=g)
     assert len(set(m.sum(1).tolist())) > 1  # unequal token counts: a per-micro-batch mean is not the batch mean
     return batch
 
@@ -365,11 +368,12 @@ HYPER: dict[str, dict[str, Any]] = {
     "clip": {"clip_eps": 0.2, "ratio_level": "sequence"},
     "cispo": {"eps_low": 0.1, "eps_high": 0.1},
     "reverse_kl_sampled": {"coef": 1.0},
+    "reverse_kl_topk": {"coef": 1.0},
     "self_distill_nll": {"coef": 0.5},
 }
 
 
-@pytest.mark.parametrize("name", ["reverse_kl_sampled", "self_distill_nll"])
+@pytest.mark.parametrize("name", ["reverse_kl_sampled", "reverse_kl_topk", "self_distill_nll"])
 def test_token_mean_losses_are_micro_batch_invariant_on_the_actor(name: str) -> None:
     # the actor's policy defaults to loss_scale="none"; a token-mean loss says "tokens" for its call,
     # and the update is then the same for micro-batches of 1, 2 and the full batch of 4
@@ -403,7 +407,7 @@ def test_none_scale_sums_micro_batch_means_and_tokens_weights_them_by_hand() -> 
     assert torch.allclose(_sgd_delta(pol, init, batch, 1, fn, loss_scale="tokens"), full, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["clip", "cispo", "reverse_kl_sampled", "self_distill_nll"])
+@pytest.mark.parametrize("name", ["clip", "cispo", "reverse_kl_sampled", "reverse_kl_topk", "self_distill_nll"])
 def test_every_registered_loss_trains_through_train_step_by_name(name: str) -> None:
     # the trainer's call: train_step(batch, LOSSES.get(name), loss_scale=loss_scale_for(name), **hyper);
     # the loss gets group/condition ids, weights and teacher whether it reads them or not
@@ -418,6 +422,77 @@ def test_every_registered_loss_trains_through_train_step_by_name(name: str) -> N
     assert bool(torch.isfinite(deltas[0]).all()) and deltas[0].abs().sum() > 0
     for d in deltas[1:]:
         assert torch.allclose(d, deltas[0], atol=1e-6, rtol=1e-4)
+
+
+def _objective_delta(pol: HFPolicy, init: dict[str, torch.Tensor], terms: list[LossTerm], mbs: int) -> torch.Tensor:
+    """Weights after one plain SGD step (lr 1, no clip) on the sum of ``terms``, minus the weights before."""
+    pol.model.load_state_dict(init)
+    pol.optim = OptimConfig(micro_batch_size=mbs, loss_scale="none", grad_clip=0.0)
+    pol.optimizer = torch.optim.SGD([p for p in pol.model.parameters() if p.requires_grad], lr=1.0)
+    out = pol.train_objective(terms)
+    assert out["skipped"] == 0.0
+    return torch.cat([(p.detach() - init[n]).flatten() for n, p in pol.model.named_parameters()])
+
+
+def test_a_joint_objective_is_one_step_on_the_sum_of_its_terms() -> None:
+    # EDGE's objective: the RL loss and λ · the top-k reverse KL in one update. Under SGD the step on
+    # the sum is the sum of the steps on each term from the same weights, for any micro-batch size.
+    from crl_train.algorithms import LOSSES, loss_scale_for
+
+    pol = make_policy()
+    batch = _scaling_batch(pol)
+    init = {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
+
+    def term(name: str, coef: float | None = None) -> LossTerm:
+        kw = dict(HYPER[name]) if coef is None else {**HYPER[name], "coef": coef}
+        return LossTerm(batch, LOSSES.get(name), loss_scale_for(name), kw, name=name)
+
+    rl, kl = term("clip"), term("reverse_kl_topk", coef=0.1)
+    each = _objective_delta(pol, init, [rl], 4) + _objective_delta(pol, init, [kl], 4)
+    for mbs in (4, 1):
+        joint = _objective_delta(pol, init, [rl, kl], mbs)
+        assert torch.allclose(joint, each, atol=1e-6, rtol=1e-4)
+    assert not torch.allclose(each, _objective_delta(pol, init, [rl], 4), atol=1e-6, rtol=1e-3)  # the KL term counts
+    pol.model.load_state_dict(init)
+    pol.optimizer, before = None, pol.step
+    m = pol.train_objective([rl, kl])
+    assert pol.step == before + 1 and {"loss_clip", "loss_reverse_kl_topk", "edge_kl", "clip_frac"} <= set(m)
+    assert m["loss"] == pytest.approx(m["loss_clip"] + m["loss_reverse_kl_topk"])
+    assert m["loss_reverse_kl_topk"] == pytest.approx(0.1 * m["edge_kl"], rel=1e-5)
+
+
+def test_a_joint_objective_skips_empty_terms_and_an_empty_objective() -> None:
+    from crl_train.algorithms import LOSSES
+
+    pol = make_policy()
+    batch = _scaling_batch(pol)
+    empty = batch.select(slice(0, 1))
+    empty.loss_mask = torch.zeros_like(empty.loss_mask)
+    fn = LOSSES.get("self_distill_nll")
+    out = pol.train_objective([LossTerm(empty, fn, "tokens", name="a"), LossTerm(batch, fn, "tokens", name="b")])
+    assert out["skipped"] == 0.0 and "loss_a" not in out and out["num_tokens"] == batch.num_tokens
+    assert pol.train_objective([LossTerm(empty, fn, "tokens")])["skipped"] == 1.0 and pol.skipped_steps == 1
+
+
+def test_support_logprobs_are_aligned_like_logprobs_and_the_top_k_is_the_policy_s() -> None:
+    pol = make_policy()
+    prompts = prompts_for(pol)
+    gens = pol.generate(prompts, 5, allowed=[None, None, None, None])
+    batch = TrainBatch.from_sequences(sequences(pol, prompts, gens), [0.0] * 4, pol.pad_token_id)
+    own, own_lp = pol.support_logprobs(batch, ids=batch.input_ids[..., None])  # each position's actual token
+    assert torch.equal(own[:, 1:, 0], (batch.input_ids * batch.attention_mask)[:, 1:]) and not own[:, 0].any()
+    assert torch.allclose(own_lp[..., 0], pol.logprobs(batch), atol=1e-5)
+    ids, lp = pol.support_logprobs(batch, k=3)
+    assert ids.shape == (*batch.input_ids.shape, 3) and bool((lp[:, 1:].diff(dim=-1) <= 1e-6).all())
+    _, every = pol.support_logprobs(batch, k=10**9)  # k clamped to the vocabulary: the whole distribution
+    assert every.shape[-1] == pol.model.config.vocab_size
+    assert torch.allclose(lp, every[..., :3], atol=1e-6)  # the 3 most likely tokens, most likely first
+    real = batch.attention_mask.bool()
+    real[:, 0] = False
+    assert torch.allclose(every[real].exp().sum(-1), torch.ones(int(real.sum())), atol=1e-4)
+    assert float(lp[:, 0].abs().sum()) == 0.0 and float(lp[~batch.attention_mask.bool()].abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="not both or neither"):
+        pol.support_logprobs(batch)
 
 
 def test_train_step_rejects_an_unknown_loss_scale() -> None:

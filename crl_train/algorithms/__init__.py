@@ -35,6 +35,7 @@ from crl_train.algorithms.losses import (
     clip_surrogate_loss,
     loss_scale_for,
     reverse_kl_sampled_loss,
+    reverse_kl_support_loss,
     reverse_kl_topk_loss,
     self_distill_nll_loss,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "edge_train_mask", "ema_utility", "gain_gate", "marginal_gain", "prune_mask", "batch_advantages",
     "entry_rewards", "entry_mean_rewards", "relative_outcomes", "perplexity_bonus", "PERPLEXITY_TRANSFORMS",
     "outcome_rewards", "cispo_loss", "clip_surrogate_loss", "loss_scale_for", "reverse_kl_topk_loss", "reverse_kl_sampled_loss",
+    "reverse_kl_support_loss",
     "self_distill_nll_loss",
     "training_count_weights", "edge", "extractor_rewards", "losses", "reweighting",
 ]

@@ -21,8 +21,12 @@ use so that the gradient accumulated over micro-batches equals the full-batch gr
 ``tokens`` for a mean over the mask's tokens, ``none`` for a sum whose weights the caller
 normalised over the full batch.
 
-:func:`reverse_kl_topk_loss` needs full ``[B, T, V]`` logits, which the Policy protocol does not
-expose; it keeps its own signature and is *not* registered in :data:`LOSSES`.
+**Top-k reverse KL.** :func:`reverse_kl_topk_loss` is EDGE's definition on full ``[B, T, V]``
+logits (the reference, and what a caller holding logits uses). Training uses its registered form,
+:func:`reverse_kl_support_loss`: the policy hands the loss the log-probs of a per-position support
+of k token ids (``TrainBatch.extra["support_ids"]``, the student's own top-k chosen under the
+weights being trained), so only ``[B, T, k]`` tensors leave the model; with that support both
+give the same value and gradient (``tests/test_losses.py``).
 """
 
 from __future__ import annotations
@@ -187,10 +191,10 @@ def reverse_kl_topk_loss(
 ) -> tuple[torch.Tensor, Metrics]:
     """EDGE's on-support reverse KL, KL(π_student ‖ sg(π_teacher)), over the student's top-k tokens.
 
-    **Own signature, not in** :data:`LOSSES`: it needs the full ``[B, T, V]`` logits of both
-    models, while a Policy's ``train_step`` hands a loss per-token log-probs only, so it cannot be
-    called through the log-prob convention; training uses :func:`reverse_kl_sampled_loss`. A
-    caller with logits calls it directly; it is a token mean (``loss_scale="tokens"``).
+    **Own signature, not in** :data:`LOSSES`: the definition on full ``[B, T, V]`` logits. The
+    trainer uses :func:`reverse_kl_support_loss` (``LOSSES["reverse_kl_topk"]``), which computes the
+    same from ``[B, T, k]`` log-probs of the student's top-k support; a caller with logits calls
+    this directly. It is a token mean (``loss_scale="tokens"``).
 
     Both models score the *student's own* generated prefix (teacher = same policy with the
     experience in context). Per position: Σ_{v ∈ topk(p_s)} p_s(v) (log p_s(v) − log p_t(v));
@@ -221,6 +225,67 @@ def reverse_kl_topk_loss(
     return loss, {"reverse_kl": float(loss.detach()), "topk_mass": float(mass.detach())}
 
 
+@LOSSES.register(PolicyLoss.REVERSE_KL_TOPK)
+def reverse_kl_support_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    support_logprobs: torch.Tensor | None = None,
+    teacher_support: torch.Tensor | None = None,
+    coef: float = 1.0,
+    **context: Any,
+) -> tuple[torch.Tensor, Metrics]:
+    """EDGE's top-k reverse KL from the log-probs of a per-position support (the registered form).
+
+    Per position: Σ_{v ∈ S} p_s(v) (log p_s(v) − log sg p_t(v)), S = the k ids of
+    ``extra["support_ids"]``; coef · the mean over masked positions. With S the student's top-k under
+    the weights being trained this is :func:`reverse_kl_topk_loss`, value and gradient.
+
+    Args:
+        logprobs: ``[B, T]``, unused (the shared signature; the support carries the student).
+        old_logprobs: ``[B, T]``, unused.
+        advantages: ``[B]``, unused.
+        mask: ``[B, T]`` student tokens to distil.
+        support_logprobs: ``[B, T, k]`` student log-probs of the support ids (with grad), handed
+            to the loss by the policy when the batch has ``extra["support_ids"]``; required.
+        teacher_support: ``[B, T, k]`` the teacher's log-probs of the same ids at the same
+            positions (``extra["teacher_support"]``); required.
+        coef: loss scale (EDGE's λ).
+        context: other batch tensors (``support_ids``), ignored.
+    Returns:
+        (scalar loss, metrics: ``edge_kl`` — the unscaled KL, ``topk_mass`` — the student's mass on S).
+
+    Micro-batching: a mean over the mask's tokens, ``loss_scale="tokens"``.
+
+    >>> s = torch.log(torch.tensor([[[0.0, 0.0], [0.5, 0.25]]]).clamp(min=1e-30))
+    >>> t = torch.log(torch.tensor([[[1.0, 1.0], [0.25, 0.25]]]))
+    >>> loss, m = reverse_kl_support_loss(None, None, None, torch.tensor([[0.0, 1.0]]),
+    ...                                   support_logprobs=s, teacher_support=t)
+    >>> round(float(loss), 4), m["topk_mass"]   # 0.5·ln 2 + 0.25·ln 1
+    (0.3466, 0.75)
+    """
+    del logprobs, old_logprobs, advantages
+    _batch_context_only("reverse_kl_support_loss", context)
+    if support_logprobs is None or teacher_support is None:
+        raise ValueError("reverse_kl_support_loss needs support_logprobs and teacher_support [B, T, k]: put "
+                         "extra['support_ids'] and extra['teacher_support'] in the batch (see crl_train.methods.edge)")
+    if support_logprobs.shape != teacher_support.shape or support_logprobs.dim() != 3:
+        raise ValueError(f"support_logprobs and teacher_support must share a [B, T, k] shape, got "
+                         f"{tuple(support_logprobs.shape)} and {tuple(teacher_support.shape)}")
+    if mask.shape != support_logprobs.shape[:2]:
+        raise ValueError(f"mask must be [B, T]={tuple(support_logprobs.shape[:2])}, got {tuple(mask.shape)}")
+    p = support_logprobs.exp()
+    # where(): a padded position's support may hold -inf on either side; it is masked out anyway
+    per_pos = torch.where(p > 0, p * (support_logprobs - teacher_support.detach().to(p.dtype)), torch.zeros_like(p)).sum(-1)
+    m = mask.to(per_pos.dtype)
+    denom = m.sum().clamp(min=1.0)
+    kl = (per_pos * m).sum() / denom
+    mass = (p.sum(-1) * m).sum() / denom
+    return coef * kl, {"edge_kl": float(kl.detach()), "topk_mass": float(mass.detach())}
+
+
 @LOSSES.register(PolicyLoss.REVERSE_KL_SAMPLED)
 def reverse_kl_sampled_loss(
     logprobs: torch.Tensor,
@@ -236,8 +301,8 @@ def reverse_kl_sampled_loss(
 
     ∇ KL = E_{a∼π_s}[(log π_s(a) − log π_t(a)) ∇ log π_s(a)], so the surrogate is
     coef · Σ sg(lp_s − lp_t) · lp_s / Σ mask; its value at the sampled tokens estimates the KL
-    (reported as ``edge_kl``). Used when full logits are not available (the Policy protocol
-    returns per-token log-probs); :func:`reverse_kl_topk_loss` is the top-k version.
+    (reported as ``edge_kl``). The cheaper option (``algo.edge_kl_estimator: sampled``): it needs
+    one teacher log-prob per token; :func:`reverse_kl_support_loss` is the top-k version.
 
     Args:
         logprobs: ``[B, T]`` student log-probs of its own tokens (with grad).
@@ -304,6 +369,7 @@ _LOSS_SCALES: dict[PolicyLoss, LossScaleName] = {
     PolicyLoss.CLIP: "none",
     PolicyLoss.CISPO: "tokens",
     PolicyLoss.REVERSE_KL_SAMPLED: "tokens",
+    PolicyLoss.REVERSE_KL_TOPK: "tokens",
     PolicyLoss.SELF_DISTILL_NLL: "tokens",
 }
 

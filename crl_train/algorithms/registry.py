@@ -5,7 +5,7 @@
 ['edge_pooled', 'grpo', 'split_subgroup']
 >>> from crl_train.algorithms.registry import LOSSES
 >>> sorted(e.value for e in LOSSES.names())
-['cispo', 'clip', 'reverse_kl_sampled', 'self_distill_nll']
+['cispo', 'clip', 'reverse_kl_sampled', 'reverse_kl_topk', 'self_distill_nll']
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class AdvantageEstimator(StrEnum):
 class PolicyLoss(StrEnum):
     """Losses over per-token log-probs, all called as
     ``loss_fn(logprobs, old_logprobs, advantages, mask, **kw) -> (loss, metrics)``
-    (see :mod:`crl_train.algorithms.losses`; the logit-based top-k reverse KL is not one of them)."""
+    (see :mod:`crl_train.algorithms.losses`)."""
 
     CLIP = "clip"
     """PPO/GRPO clipped surrogate (actor)."""
@@ -40,6 +40,8 @@ class PolicyLoss(StrEnum):
     """Clipped IS-weight policy optimisation (extractor, Eq. 3)."""
     REVERSE_KL_SAMPLED = "reverse_kl_sampled"
     """EDGE reverse-KL distillation, sampled-token estimator (needs only per-token log-probs)."""
+    REVERSE_KL_TOPK = "reverse_kl_topk"
+    """EDGE reverse-KL distillation over the student's top-k tokens (log-probs of a per-position support)."""
     SELF_DISTILL_NLL = "self_distill_nll"
     """Next-token NLL on winning guided trajectories with the experience stripped."""
 

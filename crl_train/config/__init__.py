@@ -72,7 +72,10 @@ class ModelConfig:
     """One LLM (actor or extractor): which model, how it samples, how it trains."""
 
     model: str = "tiny"
-    """``tiny`` (random-init small Qwen2 + tokenizer trained on the env texts) or an HF id / local path."""
+    """``tiny`` (random-init small Qwen2 + tokenizer trained on the env texts) or an HF id / local path.
+    Extractor only: ``oracle``, no model at all: each successful episode's actions, verbatim, become
+    one entry and failures write nothing; it is never trained (``crl_train.extractor.oracle``: a
+    reference line for a diagnostic env such as ``crl/Recall-v0``, never a default)."""
     device: str = "cpu"
     """torch device."""
     dtype: str = "auto"
@@ -206,7 +209,7 @@ class AlgoConfig:
     self_distill: bool = False
     """Self-distillation of winning guided trajectories with the experience stripped (appendix)."""
     self_distill_coef: float = 0.1
-    """Weight of the self-distillation NLL step relative to the RL step."""
+    """Weight of the self-distillation NLL term, added to the RL loss of the same update."""
     edge_threshold: float = 0.0
     """EDGE: the gate opens when Δe > this."""
     edge_ema: float = 0.9
@@ -222,8 +225,13 @@ class AlgoConfig:
     """EDGE: a new entry whose embedding has cosine similarity ≥ this to one in the bank is refused
     (counted in ``refused``); null switches the refusal off. Other methods: ``manager.dedup_similarity``."""
     edge_lambda: float = 0.1
-    """EDGE: λ, weight of the reverse-KL distillation term (the EDGE summary reports that λ = 1
-    lets distillation dominate the RL signal)."""
+    """EDGE: λ, weight of the reverse-KL distillation term, added to the RL loss of the same update
+    (the EDGE summary reports that λ = 1 lets distillation dominate the RL signal)."""
+    edge_kl_estimator: Literal["topk", "sampled"] = "topk"
+    """EDGE: the reverse KL over the student's top-k tokens per position (``topk``, EDGE's) or its
+    sampled-token estimate (``sampled``: one teacher log-prob per token, cheaper on a large vocabulary)."""
+    edge_top_k: int = 20
+    """EDGE: k of the ``topk`` reverse KL."""
 
     def __post_init__(self) -> None:
         if self.ratio_level not in ("token", "sequence"):
@@ -245,6 +253,10 @@ class AlgoConfig:
                      "edge_reflection_entries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        if self.edge_kl_estimator not in ("topk", "sampled"):
+            raise ConfigError(f"algo.edge_kl_estimator must be 'topk' or 'sampled', got {self.edge_kl_estimator!r}")
+        if self.edge_top_k < 1:
+            raise ConfigError(f"algo.edge_top_k must be >= 1, got {self.edge_top_k}")
         if not 0 <= self.edge_ema <= 1:
             raise ConfigError(f"algo.edge_ema must be in [0, 1], got {self.edge_ema}")
 
@@ -364,6 +376,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.method not in METHOD_NAMES:
             raise ConfigError(f"method: unknown method {self.method!r}; accepted: {', '.join(METHOD_NAMES)}")
+        if self.actor.model == "oracle":
+            raise ConfigError("actor.model: 'oracle' is an extractor, not an actor (use it as extractor.model)")
         if self.actor.think_tokens:
             raise ConfigError(f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
                               "constrained answers take reasoning tokens")

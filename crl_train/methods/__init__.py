@@ -13,7 +13,7 @@ from __future__ import annotations
 from crl_train.algorithms.registry import Registry
 from crl_train.config import TrainConfig
 from crl_train.config.names import MethodName
-from crl_train.methods.base import ActorUpdate, Method, MethodBase, Rollout
+from crl_train.methods.base import ActorTerm, Method, MethodBase, Rollout
 from crl_train.methods.complementary import Complementary
 from crl_train.methods.edge import Edge
 from crl_train.methods.exp_only import ExpOnly
@@ -32,4 +32,4 @@ def make_method(cfg: TrainConfig) -> Method:
     return method
 
 
-__all__ = ["METHODS", "ActorUpdate", "Method", "MethodBase", "MethodName", "Rollout", "make_method"]
+__all__ = ["METHODS", "ActorTerm", "Method", "MethodBase", "MethodName", "Rollout", "make_method"]

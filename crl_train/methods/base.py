@@ -1,8 +1,8 @@
 """What a method is: the :class:`Method` protocol, and :class:`MethodBase` with the shared defaults.
 
 A method has two sides. The **actor side** is called by the trainer's loop at fixed points —
-advantages, which episodes train, extra actor updates (EDGE's distillation, self-distillation)
-and an extra reward for the entries (the actor-critic gate). The **service side** is a
+advantages, which episodes train, extra terms of the actor's objective (EDGE's distillation,
+self-distillation; added to the RL loss of the same update) and an extra reward for the entries (the actor-critic gate). The **service side** is a
 :class:`~crl_train.service.ServiceOptions`: what the experience service does with the episodes
 (distil or not, train the extractor or not, EDGE's utility and pruning). The trainer and the
 builder only call these; they never look at a method's name.
@@ -63,9 +63,10 @@ class Rollout:
 
 
 @dataclass
-class ActorUpdate:
-    """One more actor ``train_step`` a method asks for, with a loss looked up by name in ``LOSSES``
-    (micro-batch losses add up as that loss says: ``loss_scale_for``)."""
+class ActorTerm:
+    """One more term of the actor's objective, added to the RL loss of the same optimizer step (EDGE's
+    joint objective), with a loss looked up by name in ``LOSSES`` (micro-batch losses add up as that
+    loss says: ``loss_scale_for``)."""
 
     batch: TrainBatch
     loss: PolicyLoss
@@ -105,8 +106,9 @@ class Method(Protocol):
         """``[N]`` bool: the episodes the RL update trains on."""
         ...
 
-    def extra_updates(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorUpdate], dict[str, Any]]:
-        """More actor updates after the RL one, and the metrics computed on the way."""
+    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
+        """More terms of the actor's objective (computed under the weights about to be updated, and
+        added to the RL loss of the same step), and the metrics computed on the way."""
         ...
 
     def entry_bonus(self, rollout: Rollout, actor: Policy) -> dict[str, float]:
@@ -161,7 +163,7 @@ class MethodBase:
     def train_mask(self, rollout: Rollout) -> torch.Tensor:
         return rollout.valid.clone()
 
-    def extra_updates(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorUpdate], dict[str, Any]]:
+    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
         metrics = gate_metrics(rollout) if self._gate_on() else {}
         if not self._self_distill_on():
             return [], metrics
@@ -191,9 +193,9 @@ class MethodBase:
         return bool(self.algo.self_distill and self.guided and self.trains_actor)
 
 
-def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[list[ActorUpdate], dict[str, Any]]:
+def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[list[ActorTerm], dict[str, Any]]:
     """Winning guided trajectories (success above the free mean of their group), experience and
-    search_and_ask turns stripped, as an NLL update (the paper's appendix)."""
+    search_and_ask turns stripped, as an NLL term (the paper's appendix)."""
     eps = rollout.episodes
     seqs = []
     for e, ok in zip(eps, rollout.valid.tolist(), strict=True):
@@ -207,8 +209,8 @@ def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[lis
     if not seqs:
         return [], {"self_distill_samples": 0}
     batch = TrainBatch.from_sequences(seqs, [0.0] * len(seqs), actor.pad_token_id)
-    update = ActorUpdate(batch, PolicyLoss.SELF_DISTILL_NLL, {"coef": coef}, {"self_distill_nll": "self_distill_nll"})
-    return [update], {"self_distill_samples": len(seqs)}
+    term = ActorTerm(batch, PolicyLoss.SELF_DISTILL_NLL, {"coef": coef}, {"self_distill_nll": "self_distill_nll"})
+    return [term], {"self_distill_samples": len(seqs)}
 
 
 def gate_metrics(rollout: Rollout) -> dict[str, Any]:

@@ -4,7 +4,9 @@ The bank starts empty; new entries within ``algo.edge_dedup_similarity`` of one 
 refused. Actor side: the marginal gain Δe = mean r(guided) − mean r(free) of each group gates its guided
 ("teacher") episodes: with Δe > threshold they join a pooled advantage and the RL update, and
 the group's free ("student") episodes are distilled towards the same policy with the experience
-in context (reverse KL on the student's own tokens, weight λ = ``algo.edge_lambda``). Service
+in context: the reverse KL on the student's own tokens over its top-k (``algo.edge_top_k``; or the
+sampled-token estimator, ``algo.edge_kl_estimator: sampled``), weight λ = ``algo.edge_lambda``,
+added to the RL loss of the same update (EDGE's joint objective). Service
 side: each entry's EMA utility follows its groups' Δe, entries below η are pruned, and task
 categories whose success rate in a step is below ξ make the extractor reflect on their failed and
 successful episodes (up to ``algo.edge_reflection_entries`` new entries per step).
@@ -18,15 +20,15 @@ import torch
 
 from crl_train.algorithms import AdvantageEstimator, PolicyLoss, edge_train_mask, marginal_gain
 from crl_train.config.names import MethodName
-from crl_train.methods.base import ActorUpdate, MethodBase, Rollout
-from crl_train.policy.base import Policy, TrainBatch
+from crl_train.methods.base import ActorTerm, MethodBase, Rollout
+from crl_train.policy.base import SUPPORT_IDS, Policy, TrainBatch
 from crl_train.rollout.runner import Episode, swap_prompt
 from crl_train.service import EdgeReflection, EdgeUtility, ServiceOptions, service_options
 
 EDGE_FIELDS: tuple[str, ...] = ("edge_gain_mean", "edge_gate_open", "edge_pruned", "edge_reflections",
-                                "edge_reflected", "edge_refused", "edge_kl")
-"""Metrics-row keys of ``edge`` (the service's, so far: entries pruned, reflections run and the entries they
-added, new entries refused as near-duplicates)."""
+                                "edge_reflected", "edge_refused", "edge_kl", "edge_topk_mass")
+"""Metrics-row keys of ``edge``: the gain gate, the service's (entries pruned, reflections run and the entries
+they added, new entries refused as near-duplicates) and the distillation term's KL."""
 
 
 class Edge(MethodBase):
@@ -52,8 +54,8 @@ class Edge(MethodBase):
     def metric_fields(self) -> tuple[str, ...]:
         return EDGE_FIELDS + super().metric_fields()
 
-    def extra_updates(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorUpdate], dict[str, Any]]:
-        updates, metrics = super().extra_updates(rollout, actor)
+    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
+        terms, metrics = super().extra_terms(rollout, actor)
         gain = marginal_gain(rollout.reward, rollout.group, rollout.condition, valid=rollout.valid)
         threshold = self.algo.edge_threshold
         metrics.update({"edge_gain_mean": float(gain.nanmean()), "edge_gate_open": float((gain > threshold).float().mean())})
@@ -61,8 +63,10 @@ class Edge(MethodBase):
         open_groups = {g for g, v in zip(groups, gain.tolist(), strict=True) if v > threshold}
         pairs = distillation_pairs(rollout, open_groups)
         if pairs and self.trains_actor:
-            updates.append(distillation_update(pairs, actor, self.algo.edge_lambda))
-        return updates, metrics
+            a = self.algo
+            top_k = a.edge_top_k if a.edge_kl_estimator == "topk" else None
+            terms.append(distillation_term(pairs, actor, a.edge_lambda, top_k=top_k))
+        return terms, metrics
 
 
 def distillation_pairs(rollout: Rollout, open_groups: set[int]) -> list[tuple[Episode, list[int]]]:
@@ -79,19 +83,39 @@ def distillation_pairs(rollout: Rollout, open_groups: set[int]) -> list[tuple[Ep
     return pairs
 
 
-def distillation_update(pairs: list[tuple[Episode, list[int]]], actor: Policy, coef: float) -> ActorUpdate:
-    """Reverse KL on the students' own tokens towards sg(the same policy with the experience in context)."""
+def distillation_term(pairs: list[tuple[Episode, list[int]]], actor: Policy, coef: float, *,
+                      top_k: int | None = 20) -> ActorTerm:
+    """λ · KL(π(·|student) ‖ sg π(·|teacher prompt)) on the students' own tokens, under the current weights.
+
+    ``top_k``: over the student's k most likely tokens at each position (EDGE; the teacher's log-probs
+    of the same ids travel as ``teacher_support``); ``None``: the sampled-token estimator (one teacher
+    log-prob per token, ``teacher``). The teacher is the same sequence behind the guided prompt, so a
+    student position p maps to p − len(student prompt) + len(teacher prompt).
+    """
     pad = actor.pad_token_id
     students = [e for e, _ in pairs]
     teachers = [swap_prompt(e, prompt) for e, prompt in pairs]
     sb = TrainBatch.from_sequences([e.sequence for e in students], [0.0] * len(students), pad)
     tb = TrainBatch.from_sequences(teachers, [0.0] * len(students), pad)
-    with torch.no_grad():
-        t_lp = actor.logprobs(tb)
-    teacher = torch.zeros_like(sb.old_logprobs)
-    for i, ((e, prompt), seq) in enumerate(zip(pairs, teachers, strict=True)):
-        n = len(e.sequence) - len(e.prompt_ids)  # the student's tokens after its own prompt
-        n = min(n, len(seq) - len(prompt))
-        teacher[i, len(e.prompt_ids):len(e.prompt_ids) + n] = t_lp[i, len(prompt):len(prompt) + n]
-    sb.extra["teacher"] = teacher
-    return ActorUpdate(sb, PolicyLoss.REVERSE_KL_SAMPLED, {"coef": coef}, {"edge_kl": "edge_kl"})
+    spans = []  # (student start, teacher start, tokens) of each pair's tokens after its prompt
+    for (e, prompt), seq in zip(pairs, teachers, strict=True):
+        spans.append((len(e.prompt_ids), len(prompt), min(len(e.sequence) - len(e.prompt_ids), len(seq) - len(prompt))))
+    if top_k is None:
+        with torch.no_grad():
+            t_lp = actor.logprobs(tb)
+        teacher = torch.zeros_like(sb.old_logprobs)
+        for i, (s0, t0, n) in enumerate(spans):
+            teacher[i, s0:s0 + n] = t_lp[i, t0:t0 + n]
+        sb.extra["teacher"] = teacher
+        return ActorTerm(sb, PolicyLoss.REVERSE_KL_SAMPLED, {"coef": coef}, {"edge_kl": "edge_kl"})
+    ids, _ = actor.support_logprobs(sb, k=top_k)  # the student's top-k: the weights the term is trained under
+    t_ids = torch.zeros((tb.batch_size, tb.input_ids.shape[1], ids.shape[-1]), dtype=torch.long)
+    for i, (s0, t0, n) in enumerate(spans):
+        t_ids[i, t0:t0 + n] = ids[i, s0:s0 + n]
+    _, t_lp3 = actor.support_logprobs(tb, ids=t_ids)
+    teacher_support = torch.zeros(ids.shape, dtype=torch.float32)
+    for i, (s0, t0, n) in enumerate(spans):
+        teacher_support[i, s0:s0 + n] = t_lp3[i, t0:t0 + n]
+    sb.extra[SUPPORT_IDS] = ids
+    sb.extra["teacher_support"] = teacher_support
+    return ActorTerm(sb, PolicyLoss.REVERSE_KL_TOPK, {"coef": coef}, {"edge_kl": "edge_kl", "edge_topk_mass": "topk_mass"})

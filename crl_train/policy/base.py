@@ -53,6 +53,12 @@ sum whose weights the caller normalised over the full batch). ``OptimConfig.loss
 policy's default; ``train_step(..., loss_scale=...)`` overrides it for one call."""
 LOSS_SCALE_NAMES: tuple[LossScale, ...] = ("samples", "tokens", "none")
 
+SUPPORT_IDS = "support_ids"
+"""``TrainBatch.extra`` key of a ``[B, T, k]`` long tensor: k token ids per position. A train step
+then also hands the loss ``support_logprobs`` ``[B, T, k]``, the log-probs (with grad) of those ids
+at each position under the tempered distribution without constraints (EDGE's top-k reverse KL);
+aligned like ``logprobs``: position t is the distribution that predicts token t."""
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -325,6 +331,22 @@ class TrainBatch:
         )
 
 
+@dataclass
+class LossTerm:
+    """One term of an objective: ``loss_fn`` over ``batch``, micro-batch losses weighted by
+    ``loss_scale``. :meth:`Policy.train_objective` adds the gradients of its terms and takes one
+    optimizer step, so each term's gradient is its own full-batch one however it is split."""
+
+    batch: TrainBatch
+    loss_fn: LossFn
+    loss_scale: LossScale | None = None
+    """``None``: the policy's ``OptimConfig.loss_scale``."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The loss's own keyword arguments (``clip_eps``, ``coef`` …)."""
+    name: str | None = None
+    """Reported as ``loss_<name>`` in the step's metrics (None: not reported on its own)."""
+
+
 @runtime_checkable
 class Policy(Protocol):
     """An LLM that samples with log-probs and trains on masked tokens.
@@ -363,6 +385,14 @@ class Policy(Protocol):
         """[B, T] log-probs of ``batch.input_ids`` under the current weights (no grad)."""
         ...
 
+    def support_logprobs(
+        self, batch: TrainBatch, *, k: int | None = None, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids [B, T, k], logprobs [B, T, k])`` under the current weights (no grad), aligned like
+        :meth:`logprobs`: ``ids`` given, their log-probs; else the policy's own top-``k`` ids at each
+        position. Tempered distribution without constraints; 0 at position 0 and on padding."""
+        ...
+
     def train_step(
         self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: Any
     ) -> dict[str, float]:
@@ -370,7 +400,14 @@ class Policy(Protocol):
 
         ``loss_fn`` is called per micro-batch as :data:`LossFn` says, with ``loss_kw``; each
         micro-batch loss is weighted by ``loss_scale`` (``None``: ``OptimConfig.loss_scale``), so a
-        loss gets the same gradient however the batch is split (a token-mean loss passes ``"tokens"``)."""
+        loss gets the same gradient however the batch is split (a token-mean loss passes ``"tokens"``).
+        The same as :meth:`train_objective` with one term."""
+        ...
+
+    def train_objective(self, terms: Sequence[LossTerm]) -> dict[str, float]:
+        """One optimizer step on the sum of ``terms`` (e.g. EDGE's RL loss + λ · reverse KL):
+        gradients accumulate term by term and micro-batch by micro-batch, then one clip and one step.
+        Metrics: every term's loss metrics, ``loss`` (the sum) and ``loss_<name>`` per named term."""
         ...
 
     def save(self, directory: str | Path) -> None:

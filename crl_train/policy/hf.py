@@ -28,9 +28,11 @@ import torch
 
 from .base import (
     LOSS_SCALE_NAMES,
+    SUPPORT_IDS,
     Generation,
     LossFn,
     LossScale,
+    LossTerm,
     OptimConfig,
     SamplingConfig,
     TrainBatch,
@@ -39,7 +41,7 @@ from .chat import ChatFormatter
 from .checkpoint import MODEL_DIR, load_weights, read_state, resolve_dtype, write_checkpoint
 from .generate import RowConstraint, RowKV, generate_batch
 from .grammar import GrammarEngine, JsonGrammar
-from .sampling import selective_logprobs
+from .sampling import selective_logprobs, support_logprobs
 from .trie import ActionTrie, ThinkThenChoose
 
 log = logging.getLogger(__name__)
@@ -259,11 +261,16 @@ class HFPolicy:
                 self._kv.pop(k, None)
 
     # ---------------------------------------------------------------- log-probs and training
-    def _sequence_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+    def _logits(self, batch: TrainBatch) -> torch.Tensor:
+        ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+
+    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor | None = None) -> torch.Tensor:
         """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding."""
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        logits = self._logits(batch) if logits is None else logits
         temperature = self.sampling.temperature
         rows = []
         for b in range(ids.shape[0]):
@@ -283,6 +290,42 @@ class HFPolicy:
         mb = self.optim.micro_batch_size
         parts = [self._sequence_logprobs(batch.select(slice(s, s + mb))) for s in range(0, batch.batch_size, mb)]
         return torch.cat(parts).cpu()
+
+    def _support(self, batch: TrainBatch, logits: torch.Tensor, k: int | None, ids: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids, logprobs)`` ``[b, T, k]`` aligned like ``_sequence_logprobs`` (row t - 1 of the
+        logits is position t's distribution); 0 at position 0 and on padding."""
+        b, t = batch.input_ids.shape
+        width = int(ids.shape[-1]) if ids is not None else max(1, min(int(k or 1), logits.shape[-1]))
+        out_ids = torch.zeros((b, t, width), dtype=torch.long, device=logits.device)
+        out_lp = torch.zeros((b, t, width), dtype=torch.float32, device=logits.device)
+        rows_ids, rows_lp = [], []
+        for r in range(b):
+            given = None if ids is None else ids[r, 1:].to(logits.device)
+            i, lp = support_logprobs(logits[r, :-1], self.sampling.temperature, given, width)
+            rows_ids.append(torch.cat([i.new_zeros((1, width)), i]))
+            rows_lp.append(torch.cat([lp.new_zeros((1, width)), lp]))
+        if b:
+            keep = batch.attention_mask.to(logits.device).bool()[..., None]
+            out_ids = torch.where(keep, torch.stack(rows_ids), out_ids)
+            out_lp = torch.where(keep, torch.stack(rows_lp), out_lp)
+        return out_ids, out_lp
+
+    @torch.no_grad()
+    def support_logprobs(
+        self, batch: TrainBatch, *, k: int | None = None, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if (k is None) == (ids is None):
+            raise ValueError("support_logprobs takes k (the policy's own top-k) or ids (given ids), not both or neither")
+        if ids is not None and (ids.dim() != 3 or tuple(ids.shape[:2]) != tuple(batch.input_ids.shape)):
+            raise ValueError(f"ids must be [B, T, k] with [B, T]={tuple(batch.input_ids.shape)}, got {tuple(ids.shape)}")
+        self.model.eval()
+        mb = self.optim.micro_batch_size
+        parts = []
+        for s in range(0, batch.batch_size, mb):
+            part = batch.select(slice(s, s + mb))
+            parts.append(self._support(part, self._logits(part), k, None if ids is None else ids[s : s + mb]))
+        return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
 
     def _ensure_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
@@ -338,7 +381,10 @@ class HFPolicy:
                 if mb.condition_ids is not None:
                     kw["condition_ids"] = mb.condition_ids.to(self.device)
                 kw.update(loss_kw)
-                lp = self._sequence_logprobs(mb)
+                logits = self._logits(mb)
+                lp = self._sequence_logprobs(mb, logits)
+                if SUPPORT_IDS in mb.extra:
+                    kw["support_logprobs"] = self._support(mb, logits, None, mb.extra[SUPPORT_IDS])[1]
                 loss, m = loss_fn(
                     lp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device),
                     mb.loss_mask.to(self.device), **kw,
@@ -364,22 +410,40 @@ class HFPolicy:
         policy's ``OptimConfig.loss_scale``): ``"tokens"`` for a mean over the mask's tokens (CISPO,
         the reverse KL, the self-distillation NLL), ``"samples"`` for a mean over sequences,
         ``"none"`` for a sum with full-batch weights (the actor's clip loss). With the right one
-        the update does not depend on ``OptimConfig.micro_batch_size``.
-
-        A batch without trained tokens, or a non-finite loss or gradient norm, skips the update
-        (``skipped`` = 1 in the metrics, counted in ``skipped_steps``, logged) instead of
-        corrupting the weights.
+        the update does not depend on ``OptimConfig.micro_batch_size``. See :meth:`train_objective`.
         """
-        mode = self._loss_scale(loss_scale)
+        return self.train_objective([LossTerm(batch, loss_fn, loss_scale, dict(loss_kw))])
+
+    def train_objective(self, terms: Sequence[LossTerm]) -> dict[str, float]:
+        """One AdamW step on the sum of ``terms``: each term's micro-batch losses are weighted by its
+        own ``loss_scale`` and their gradients accumulated, then one clip and one step (EDGE's joint
+        objective: the RL loss and λ · the reverse KL of the same update).
+
+        A term without trained tokens adds nothing; when no term has any, or a loss or the gradient
+        norm is not finite, the update is skipped (``skipped`` = 1 in the metrics, counted in
+        ``skipped_steps``, logged) instead of corrupting the weights.
+        """
+        modes = [self._loss_scale(t.loss_scale) for t in terms]
         self._kv.clear()  # kept keys/values are of the weights about to change
-        total_tokens = batch.num_tokens
-        if total_tokens == 0:
+        live = [(t, m) for t, m in zip(terms, modes, strict=True) if t.batch.num_tokens > 0]
+        total_tokens = sum(t.batch.num_tokens for t, _ in live)
+        if not live:
             self.skipped_steps += 1
-            log.warning("%s: train_step got a batch with no trained tokens; skipped", self.name)
+            log.warning("%s: train step got no trained tokens; skipped", self.name)
             return {"skipped": 1.0, "num_tokens": 0.0, "step": float(self.step)}
         opt = self._ensure_optimizer()
         opt.zero_grad(set_to_none=True)
-        finite, loss_total, metrics = self.accumulate_gradients(batch, loss_fn, loss_scale=mode, **loss_kw)
+        metrics: dict[str, float] = {}
+        loss_total, finite = 0.0, True
+        for term, mode in live:
+            finite, term_loss, term_metrics = self.accumulate_gradients(term.batch, term.loss_fn, loss_scale=mode,
+                                                                        **term.kwargs)
+            metrics.update(term_metrics)
+            if not finite:
+                break
+            loss_total += term_loss
+            if term.name is not None:
+                metrics[f"loss_{term.name}"] = term_loss
         grad_norm = float("nan")
         if finite:
             params = [p for g in opt.param_groups for p in g["params"]]

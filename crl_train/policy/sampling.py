@@ -78,3 +78,31 @@ def selective_logprobs(
         lp = tempered_logprobs(rows, temperature, allowed)
         out.append(lp.gather(-1, targets[s : s + chunk, None]).squeeze(-1))
     return torch.cat(out) if out else logits.new_zeros(0, dtype=torch.float32)
+
+
+def support_logprobs(
+    logits: torch.Tensor, temperature: float, ids: torch.Tensor | None = None, k: int = 1, chunk: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [T, k], logprobs [T, k])`` of the tempered, unconstrained distribution of ``logits``
+    [T, V]: the log-probs of ``ids`` when given, else of each row's top-``k`` ids (k clamped to V).
+    Differentiable in ``logits``; chunked over T like :func:`selective_logprobs`.
+
+    >>> ids, lp = support_logprobs(torch.log(torch.tensor([[0.5, 0.3, 0.2]])), 1.0, k=2)
+    >>> ids.tolist(), [round(x, 3) for x in lp.exp()[0].tolist()]
+    ([[0, 1]], [0.5, 0.3])
+    """
+    out_ids, out_lp = [], []
+    for s in range(0, logits.shape[0], chunk):
+        lp = tempered_logprobs(logits[s : s + chunk], temperature)
+        if ids is None:
+            top_lp, top_ids = lp.topk(max(1, min(k, lp.shape[-1])), dim=-1)
+            out_ids.append(top_ids)
+            out_lp.append(top_lp)
+        else:
+            part = ids[s : s + chunk]
+            out_ids.append(part)
+            out_lp.append(lp.gather(-1, part))
+    if not out_lp:
+        width = k if ids is None else ids.shape[-1]
+        return logits.new_zeros((0, width), dtype=torch.long), logits.new_zeros((0, width), dtype=torch.float32)
+    return torch.cat(out_ids), torch.cat(out_lp)

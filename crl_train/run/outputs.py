@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 # The declaration of a metrics row's keys (a method's own keys are declared in its module): the
 # trainer fills rows through ``make_row`` (which rejects an undeclared key), the plots read them,
 # docs/training.md documents them (tests/test_outputs.py checks both directions).
-ACTOR_FIELDS: tuple[str, ...] = ("actor_loss", "actor_clip_frac", "actor_approx_kl", "actor_grad_norm")
+ACTOR_FIELDS: tuple[str, ...] = ("actor_loss", "actor_objective", "actor_clip_frac", "actor_approx_kl", "actor_grad_norm")
 """Actor update; null when the actor did not train this step."""
 STEP_FIELDS: tuple[str, ...] = (
     "success", "success_guided", "success_free", "success_by_env", "actions_per_episode", "turns_per_episode",

@@ -23,7 +23,7 @@ import torch
 from crl_train.algorithms import LOSSES, PolicyLoss, loss_scale_for, sequence_weights
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
-from crl_train.policy.base import TrainBatch
+from crl_train.policy.base import LossTerm, TrainBatch
 from crl_train.policy.checkpoint import CheckpointError, verify_checkpoint
 from crl_train.rollout.runner import Episode
 from crl_train.rollout.tasks import task_seeds
@@ -48,6 +48,9 @@ from crl_train.run.outputs import (
 from crl_train.service.service import check_service_state
 
 log = logging.getLogger(__name__)
+
+RL_TERM = "rl"
+"""Name of the RL loss among the terms of the actor's objective (its loss is ``actor_loss``)."""
 
 SERVICE_FIELDS: dict[str, str] = {
     "bank_size": "bank_size", "queue_depth": "queue_depth", "extractor_reward": "extractor_reward",
@@ -165,10 +168,10 @@ class Trainer:
         return make_row(self.fields, row)
 
     def _update(self, rollout: Rollout, adv: torch.Tensor) -> dict[str, Any]:
-        """The RL update over the method's train mask (a frozen actor has none), then the method's
-        extra updates (and the metrics it computed on the way)."""
+        """One actor step on the RL loss over the method's train mask plus the method's own terms
+        (EDGE's distillation, self-distillation), all under the same weights; a frozen actor has none."""
         method, actor, algo = self.method, self.c.actor, self.cfg.algo
-        row: dict[str, Any] = {}
+        terms: list[LossTerm] = []
         idx = [i for i, keep in enumerate(method.train_mask(rollout).tolist()) if keep] if method.trains_actor else []
         if idx:
             g, cond = rollout.group[idx], rollout.condition[idx]
@@ -176,14 +179,18 @@ class Trainer:
             batch = TrainBatch.from_sequences([rollout.episodes[i].sequence for i in idx], adv[idx], actor.pad_token_id,
                                               group_ids=g.tolist(), condition_ids=cond.tolist(), extra={"weights": w})
             self._recompute_old_logprobs(batch)
-            m = actor.train_step(batch, LOSSES.get(PolicyLoss.CLIP), loss_scale=loss_scale_for(PolicyLoss.CLIP),
-                                 clip_eps=algo.clip_eps, ratio_level=algo.ratio_level)
-            row.update({"actor_loss": m.get("loss"), "actor_clip_frac": m.get("clip_frac"),
-                        "actor_approx_kl": m.get("approx_kl"), "actor_grad_norm": m.get("grad_norm")})
-        updates, extra = method.extra_updates(rollout, actor)
-        row.update(extra)
-        for u in updates:
-            m = actor.train_step(u.batch, LOSSES.get(u.loss), loss_scale=loss_scale_for(u.loss), **u.kwargs)
+            terms.append(LossTerm(batch, LOSSES.get(PolicyLoss.CLIP), loss_scale_for(PolicyLoss.CLIP),
+                                  {"clip_eps": algo.clip_eps, "ratio_level": algo.ratio_level}, name=RL_TERM))
+        extra_terms, row = method.extra_terms(rollout, actor)
+        terms += [LossTerm(u.batch, LOSSES.get(u.loss), loss_scale_for(u.loss), u.kwargs, name=u.loss.value)
+                  for u in extra_terms]
+        if not terms:
+            return row
+        m = actor.train_objective(terms)
+        row.update({"actor_loss": m.get(f"loss_{RL_TERM}"), "actor_objective": m.get("loss"),
+                    "actor_clip_frac": m.get("clip_frac"), "actor_approx_kl": m.get("approx_kl"),
+                    "actor_grad_norm": m.get("grad_norm")})
+        for u in extra_terms:
             row.update({k: m.get(src) for k, src in u.metrics.items()})
         return row
 
