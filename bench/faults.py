@@ -7,7 +7,8 @@ Loopback only (127.0.0.1), bounded in time (``--max-seconds`` stops starting new
   *acknowledged* write); it is SIGKILLed at a random moment. The bank is reopened and every
   acknowledged text that is missing is a *lost write* (target: 0).
 * ``serve``: ``--serve-trials`` times each, a real ``crl-experience serve`` (``--persist-interval
-  W``) gets distillation requests from a submitting thread, then SIGTERM or SIGKILL. The bank dir's
+  W``) gets distillation requests from a submitting thread (each ``submit`` then ``flush``: acknowledged
+  once the server answered it), then SIGTERM or SIGKILL. The bank dir's
   queue is reopened and compared with the acknowledged submits. SIGTERM: every one must be there
   (target: 0 lost). SIGKILL: a request acknowledged within the stated window (W + 0.2 s of
   scheduling slack) before the kill may be lost; one acknowledged earlier is *lost beyond the
@@ -43,9 +44,9 @@ import httpx
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from crl_gym.cli import build_manager  # noqa: E402
 from crl_gym.clients import TOKEN_ENV, RemoteClient  # noqa: E402
 from crl_gym.protocol import AddOp, DistillationRequest, Step, Trajectory  # noqa: E402
-from crl_gym.server import build_manager  # noqa: E402
 
 EMBEDDER = "hashing:64"
 TARGETS = {"lost_writes": 0, "lost_requests_sigterm": 0, "lost_requests_beyond_window": 0,
@@ -98,7 +99,7 @@ class Server:
 
     def __init__(self, bank_dir: Path, *extra: str, startup_s: float = 60.0) -> None:
         exe = Path(sys.executable).with_name("crl-experience")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.server"]
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.cli"]
         port = free_port()
         env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
         self.proc = subprocess.Popen([*cmd, "serve", "--bank", str(bank_dir), "--port", str(port), "--embedder",
@@ -137,12 +138,15 @@ def serve_trial(work: Path, sig: signal.Signals, persist_s: float, rng: random.R
     stop = threading.Event()
 
     def submitter() -> None:
-        client = RemoteClient(server.url, timeout=10)
+        # submit only buffers: acknowledged = flushed, the server answered the request's POST.
+        # No retries: the kill ends the loop at once (what it held is spilled to the trial dir).
+        client = RemoteClient(server.url, timeout=10, retries=0, spill_path=bank_dir.with_suffix(".unsent.jsonl"))
         i = 0
         try:
             while not stop.is_set():
                 req = a_request(i)
                 client.submit(req)
+                client.flush()
                 acked.append((req.request_id, time.monotonic()))
                 i += 1
         except Exception:  # noqa: BLE001 - the server was killed under it

@@ -12,13 +12,17 @@ each making one call; its latency is timed from the release to the answer. Cases
   is embedded); ``embed_floor_ms`` is one batched encode of the same texts in this process,
   the least any server could take to answer the last of them, and ``cold_over_floor`` the
   mean latency over that floor;
-* ``submit``: every client submits one ``DistillationRequest`` (an 8-turn episode);
+* ``submit``: every client submits one ``DistillationRequest`` (an 8-turn episode). The latency
+  is what the caller waits for (``RemoteClient.submit`` returns once the request is in its
+  buffer); ``delivered_ms`` is the time from the release until ``flush`` returned, i.e. until
+  the server had all of them (per round: ``rounds[i].delivered_ms``; ``cpu_ms`` covers it too);
 * ``warm_uncombined`` (no target): ``warm`` with one ``RemoteClient`` per thread, as 1,024
   ``AsyncVectorEnv`` worker processes would each have: 1,024 HTTP requests, only the server's
   coalescing batches them.
 
 HTTP clients share one ``RemoteClient`` (its pool keeps a connection alive per concurrent
-caller, and it combines concurrent calls into one request, as a trainer's env threads would get);
+caller, it combines concurrent searches into one request and sends submits in batches from its
+sender thread, as a trainer's env threads would get);
 in-process clients share one ``LocalClient``. ``cpu_ms`` is the CPU time per round of the server
 process and of this process (the clients), from ``/proc``, from the release to the last answer:
 the cost of a round, which other load on a shared machine changes far less than latencies. Each round runs both faces back to
@@ -133,12 +137,15 @@ def episode(j: int, tag: str) -> DistillationRequest:
 
 
 def run_round(fn: Callable[[Any], Any], args: Sequence[Any], timeout_s: float,
-              probe: Callable[[], tuple[float, ...]] | None = None) -> tuple[list[float], float, int, tuple[float, ...]]:
-    """Release one thread per item of ``args`` at once, each calling ``fn(arg)``.
+              probe: Callable[[], tuple[float, ...]] | None = None,
+              finish: Callable[[], Any] | None = None) -> tuple[list[float], float, int, tuple[float, ...], float]:
+    """Release one thread per item of ``args`` at once, each calling ``fn(arg)``, then ``finish()``
+    (e.g. a client's ``flush``) once every call has returned.
 
     Returns the per-call latencies (s; failed calls excluded), the wall time from the release to
-    the last answer, how many calls failed, and how much each counter of ``probe()`` (CPU
-    seconds) grew from the release to the last answer (thread start-up is not counted).
+    the last answer, how many calls failed, how much each counter of ``probe()`` (CPU seconds)
+    grew from the release to the end of ``finish`` (thread start-up is not counted), and the
+    time from the release to the end of ``finish`` (the wall time when there is none).
     Bounded: the barrier and every join time out.
     """
     n = len(args)
@@ -169,11 +176,19 @@ def run_round(fn: Callable[[Any], Any], args: Sequence[Any], timeout_s: float,
     for t in threads:
         t.join(max(0.0, deadline - time.perf_counter()))
     wall = time.perf_counter() - t0
+    failed_finish = 0
+    if finish is not None:
+        try:
+            finish()
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            failed_finish = 1
+            print(f"  finishing the round failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finished = time.perf_counter() - t0
     grew = tuple(b - a for a, b in zip(before, probe(), strict=True)) if probe is not None else ()
     if errors:
         print(f"  {len(errors)} calls failed, e.g. {type(errors[0]).__name__}: {errors[0]}", file=sys.stderr)
     done = [x for x in lat if x is not None]
-    return done, wall, n - len(done), grew
+    return done, wall, n - len(done) + failed_finish, grew, finished
 
 
 def summary(lat: list[float], walls: list[float]) -> dict[str, float]:
@@ -205,7 +220,7 @@ class ServerProcess:
 
     def __init__(self, bank_dir: Path, embedder: str | None, token: str, startup_s: float = 300.0) -> None:
         exe = Path(sys.executable).with_name("crl-experience")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.server"]
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.cli"]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [*cmd, "serve", "--bank", str(bank_dir), "--host", "127.0.0.1", "--port", str(self.port),
@@ -311,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         def settle(face: str) -> None:
             """Untimed: drain the queue and end the step, so no round inherits the last one's."""
             client = faces[face]
+            client.flush()  # a round that failed to finish may have left submits in the buffer
             for _ in range(64):  # bounded: 64 x 4,096 requests
                 if not client.get_requests(4096):
                     break
@@ -334,14 +350,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         for case in args.cases:
             rows: dict[str, dict[str, list[float]]] = {
-                f: {"lat": [], "walls": [], "round_means": [], "round_p99": [], "cpu_server": [], "cpu_here": []}
+                f: {"lat": [], "walls": [], "round_means": [], "round_p99": [], "cpu_server": [], "cpu_here": [],
+                    "delivered": []}
                 for f in faces}
             failed = dict.fromkeys(faces, 0)
             floors: list[float] = []
             for w in range(1 if case == "cold" else args.warmup):  # untimed warm-up rounds per face
                 for face in faces:
                     fn, items = calls(case, face, f"warmup{w}")
-                    run_round(fn, items, args.round_timeout)
+                    run_round(fn, items, args.round_timeout, finish=faces[face].flush if case == "submit" else None)
                     settle(face)
             for r in range(args.rounds):
                 if time.perf_counter() - t_start > args.max_seconds:
@@ -350,8 +367,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 order = list(faces) if r % 2 == 0 else list(faces)[::-1]
                 for face in order:
                     fn, items = calls(case, face, f"r{r}")
-                    lat, wall, fails, cpu = run_round(fn, items, args.round_timeout, probe)
+                    lat, wall, fails, cpu, delivered = run_round(
+                        fn, items, args.round_timeout, probe, finish=faces[face].flush if case == "submit" else None)
                     settle(face)
+                    rows[face]["delivered"].append(delivered)
                     row = rows[face]
                     row["cpu_server"].append(cpu[0])
                     row["cpu_here"].append(cpu[1])
@@ -383,6 +402,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                                   "clients": round(1000 * statistics.fmean(rows[f]["cpu_here"]), 1)}
                                               for f in faces if rows[f]["cpu_server"]},
                                    "failed_calls": failed}
+            if case == "submit":
+                # until the server has every request of the round (what end_step waits for)
+                out["delivered_ms"] = {f: {"mean": round(1000 * statistics.fmean(rows[f]["delivered"]), 3),
+                                           "max": round(1000 * max(rows[f]["delivered"]), 3)}
+                                       for f in faces if rows[f]["delivered"]}
+                for row, d in zip(out["rounds"], rows["http"]["delivered"], strict=True):
+                    row["delivered_ms"] = round(1000 * d, 3)
             if case == "cold" and floors:
                 out["embed_floor_ms"] = round(statistics.median(floors), 2)
                 out["cold_over_floor"] = round(http["mean_ms"] / out["embed_floor_ms"], 3)

@@ -1,4 +1,4 @@
-"""HTTP face of the experience service (FastAPI), and the ``crl-experience`` command.
+"""HTTP face of the experience service: the FastAPI app (:func:`create_app`) and :class:`BackgroundServer`.
 
 Envs in other processes (Gymnasium ``AsyncVectorEnv`` workers), other RL libraries or other
 languages share one service through it; :class:`crl_gym.clients.RemoteClient` is the Python
@@ -16,29 +16,23 @@ replaced by U+FFFD, and a query that fails in a coalesced batch fails only its o
 (else 401).
 
 Start it with ``crl-experience serve --bank DIR --port 8765 [--embedder hashing:384]
-[--extractor tiny|CONFIG.yaml] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]``.
+[--extractor tiny|CONFIG.yaml] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]``
+(the command lives in :mod:`crl_gym.cli`), or on a thread of this process with :class:`BackgroundServer`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
-import importlib
-import ipaddress
 import json
 import logging
-import os
 import re
 import secrets
 from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any, Literal
 
-import click
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
@@ -47,10 +41,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
-from crl_gym.clients import TOKEN_ENV, as_service
-from crl_gym.experience.bank import BankLockedError
+from crl_gym.clients import as_service
 from crl_gym.experience.service import RetrievalService, StepOrderError
-from crl_gym.experience.store import BankCorruptError
 from crl_gym.protocol import DistillationRequest, ExperienceRef, _jsonable, op_from_dict
 
 logger = logging.getLogger(__name__)
@@ -61,6 +53,10 @@ MAX_TEXT = 1_000_000
 """Longest query, context or entry text accepted, in characters."""
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Default largest request body, in bytes (``--max-body-bytes``); a larger one is answered 413 unread."""
+KEEP_ALIVE_S = 75
+"""Idle seconds a client connection is kept (clients keep one per concurrent caller)."""
+BACKLOG = 4096
+"""Pending TCP connections the listening socket holds (1,024 clients may connect at once)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -241,14 +237,15 @@ class SearchCoalescer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _check_token(token: str) -> str:
+def check_token(token: str) -> str:
+    """``token`` if it can travel in an ``Authorization`` header, else a ``ValueError`` saying why."""
     if not token or any(c.isspace() or not c.isprintable() or ord(c) > 126 for c in token):
         raise ValueError("the token must be non-empty printable ASCII without spaces")
     return token
 
 
 def _bearer(token: str) -> Callable[[Request], Coroutine[Any, Any, None]]:
-    expected = f"Bearer {_check_token(token)}".encode("ascii")
+    expected = f"Bearer {check_token(token)}".encode("ascii")
 
     async def require_token(request: Request) -> None:  # async: a sync one costs a thread hop per call
         got = request.headers.get("authorization", "").encode("latin-1", "replace")
@@ -466,136 +463,7 @@ class BackgroundServer:
         self.stop()
 
 
-KEEP_ALIVE_S = 75
-"""Idle seconds a client connection is kept (clients keep one per concurrent caller)."""
-BACKLOG = 4096
-"""Pending TCP connections the listening socket holds (1,024 clients may connect at once)."""
+if __name__ == "__main__":  # pragma: no cover - ``python -m crl_gym.server`` still runs the command
+    import runpy
 
-
-def build_manager(bank_dir: str | Path, embedder: str | None, persist_interval_s: float | None = None) -> Any:
-    """Open (or create) the bank in ``bank_dir`` and an ``ExperienceManager`` over it."""
-    from crl_gym.experience.bank import ExperienceBank
-    from crl_gym.experience.config import ManagerConfig
-    from crl_gym.experience.embedders import embedder_name, load_embedder
-    from crl_gym.experience.manager import ExperienceManager
-
-    emb = load_embedder(embedder)
-    bank = ExperienceBank(Path(bank_dir), dim=emb.dim, embedder_name=embedder_name(emb))
-    try:
-        config = ManagerConfig() if persist_interval_s is None else ManagerConfig(persist_interval_s=persist_interval_s)
-        return ExperienceManager(bank, emb, config)
-    except BaseException:
-        bank.close()
-        raise
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` only exposes the server to this machine."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to any interface
-
-
-def resolve_token(token_file: str | None) -> str | None:
-    """The token from ``token_file`` (stripped; empty is an error), else from ``CRL_EXPERIENCE_TOKEN``."""
-    if token_file is not None:
-        token = Path(token_file).read_text(encoding="utf-8").strip()
-        if not token:
-            raise click.BadParameter(f"{token_file} is empty", param_hint="--token-file")
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-        if not token:
-            return None
-    try:
-        return _check_token(token)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--token-file" if token_file else TOKEN_ENV) from exc
-
-
-class _StopOnSignal(uvicorn.Server):
-    """``uvicorn.Server`` whose SIGINT / SIGTERM mean "shut down and return".
-
-    uvicorn re-raises the signal once it has shut down, which would kill the command before it
-    closes the service (queue persisted, bank flushed) and make it exit non-zero.
-    """
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        captured = getattr(self, "_captured_signals", None)
-        if isinstance(captured, list):
-            captured.clear()
-
-
-@click.group()
-def cli() -> None:
-    """Experience bank tools."""
-
-
-@cli.command()
-@click.option("--bank", "bank_dir", required=True, type=click.Path(file_okay=False), help="Bank directory (created if missing).")
-@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Interface to bind. Anything but loopback (e.g. 0.0.0.0) needs a token.")
-@click.option("--embedder", default=None, help="'default' (bundled MiniLM), 'hashing:DIM', or a sentence-transformers id/path.")
-@click.option("--extractor", default=None,
-              help="Run the extractor's learning loop in the service: 'tiny' or a crl-train YAML config (needs crl_train).")
-@click.option("--token-file", default=None, type=click.Path(exists=True, dir_okay=False),
-              help=f"File holding the bearer token clients must send (default: ${TOKEN_ENV}).")
-@click.option("--max-body-bytes", default=MAX_BODY_BYTES, show_default=True, type=click.IntRange(1),
-              help="Largest request body accepted; a larger one is answered 413 before it is parsed.")
-@click.option("--persist-interval", "persist_interval_s", default=None, type=click.FloatRange(0),
-              help="Seconds between checkpoints of the queued requests to the bank dir (a SIGKILL loses at most "
-                   "this window; default 0.5; 0: only on shutdown).")
-@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: str | None, token_file: str | None,
-          max_body_bytes: int, persist_interval_s: float | None, log_level: str) -> None:
-    """Serve the experience bank in BANK over HTTP for RemoteClient."""
-    token = resolve_token(token_file)
-    if token is None and not is_loopback(host):
-        raise click.UsageError(
-            f"refusing to bind {host} without a token: anyone who can reach it could read and rewrite the bank. "
-            f"Pass --token-file FILE or set {TOKEN_ENV}, or bind 127.0.0.1.")
-    service = _build_service(bank_dir, embedder, extractor, persist_interval_s)
-    # The embedder (torch, transformers) leaves ~10^6 long-lived objects; a full collection
-    # walks them all (~250 ms here) in the middle of whatever requests are in flight. Frozen,
-    # they are skipped: collections only see what the server allocates from now on.
-    gc.collect()
-    gc.freeze()
-    auth = "token required" if token else "no token"
-    click.echo(f"crl-experience: serving {bank_dir} on http://{host}:{port} ({auth}"
-               f"{', extractor ' + extractor if extractor else ''})", err=True)
-    app = create_app(service, token, max_body_bytes)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
-    try:
-        _StopOnSignal(config).run()
-    finally:
-        app.state.coalescer.close()
-        service.close()
-    click.echo("crl-experience: stopped; bank closed", err=True)
-
-
-def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,
-                   persist_interval_s: float | None = None) -> RetrievalService:
-    if extractor is None:
-        try:
-            return RetrievalService(build_manager(bank_dir, embedder, persist_interval_s))
-        # another embedder or dim, a damaged or foreign database, a bank another process holds
-        except (ValueError, BankCorruptError, BankLockedError) as exc:
-            raise click.ClickException(str(exc)) from exc
-    try:  # crl_train is optional here (and imported by name so that crl_gym type-checks alone)
-        build_served_service = importlib.import_module("crl_train.serve").build_served_service
-    except (ImportError, AttributeError) as exc:
-        raise click.ClickException(
-            f"--extractor needs the crl_train package (pip install 'complementary-rl[train]'): {exc}") from exc
-    try:
-        service: RetrievalService = build_served_service(Path(bank_dir), extractor, embedder)
-        return service
-    except (ValueError, FileNotFoundError, BankCorruptError, BankLockedError) as exc:
-        raise click.ClickException(f"--extractor {extractor}: {exc}") from exc
-
-
-if __name__ == "__main__":  # pragma: no cover
-    cli()
+    runpy.run_module("crl_gym.cli", run_name="__main__", alter_sys=True)

@@ -1,6 +1,6 @@
 """The service behind ``crl-experience serve --extractor``: Complementary RL's extractor side for any trainer.
 
-``crl_gym.server`` imports :func:`build_served_service` only when ``--extractor`` is given, so serving
+``crl_gym.cli`` imports :func:`build_served_service` only when ``--extractor`` is given, so serving
 a bank for retrieval alone needs nothing from ``crl_train``.
 """
 

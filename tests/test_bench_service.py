@@ -33,6 +33,11 @@ def test_tiny_run_prints_every_figure(bench: Any, capsys: pytest.CaptureFixture[
     p99s = [r["p99_ms"] for r in warm["rounds"]]
     assert min(p99s) <= warm["median_round"]["http"]["p99_ms"] <= max(p99s) and warm["p99_ms"] >= min(p99s)
     assert out["meets"]["warm_p99_ms"] == (warm["p99_ms"] <= bench.TARGETS["warm_p99_ms"])
+    # the submit latency is the caller's wait; delivered_ms runs until the server had them all
+    submit = out["cases"]["submit"]
+    assert all(r["delivered_ms"] >= r["p99_ms"] > 0 for r in submit["rounds"])
+    for face in ("http", "local"):
+        assert submit["delivered_ms"][face]["max"] >= submit["delivered_ms"][face]["mean"] > 0
     # every submit of every round reached the server, and every step was ended once
     stats = out["server_stats"]
     assert stats["submitted"] == 3 * 32 and stats["queue_depth"] == 0 and stats["late_requests"] == 0

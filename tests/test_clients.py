@@ -4,21 +4,30 @@ a token) over the same kind of RetrievalService."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 import pickle
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from crl_gym.clients import (
     Combiner,
+    ExperienceAuthError,
     ExperienceClient,
     ExperienceUnavailable,
     LocalClient,
     RemoteClient,
+    SubmitUndelivered,
 )
 from crl_gym.experience.bank import ExperienceBank
 from crl_gym.experience.embedders import HashingEmbedder
@@ -137,6 +146,7 @@ def test_submit_and_get_requests_round_trip(setup: tuple[Any, RetrievalService])
     sent = [r.to_dict() for r in reqs]
     for r in reqs:
         client.submit(r)
+    client.flush()  # RemoteClient: the sender thread has delivered both
     assert service.manager.pending() == 2
     got = client.get_requests(10, timeout=0.5)
     # FIFO, nothing lost; a request without a rollout step is filed under the open one (0)
@@ -147,6 +157,7 @@ def test_submit_and_get_requests_round_trip(setup: tuple[Any, RetrievalService])
 def test_stats_and_health(setup: tuple[Any, RetrievalService]) -> None:
     client, _ = setup
     client.submit(request_with_call())
+    client.flush()
     health = client.health()
     assert health == {"status": "ok", "pending": 1, "extractor": None}
     stats = client.stats()
@@ -175,6 +186,7 @@ def test_end_step_closes_steps_once_in_order(setup: tuple[Any, RetrievalService]
     late = request_with_call()
     late.rollout_step = 1
     client.submit(late)  # its step is over: queued, but counted late and kept out of credit
+    client.flush()
     stats = client.stats()
     assert stats["steps_ended"] == 3 and stats["last_ended_step"] == 3  # the refused calls counted nothing
     assert stats["late_requests"] == 1 and stats["open_requests"] == 0 and stats["submitted"] == 4
@@ -251,13 +263,15 @@ def test_remote_errors_of_the_service_are_unavailable() -> None:
     service.close()
 
 
-def test_remote_client_is_picklable_and_reconnects() -> None:
+def test_remote_client_is_picklable_and_reconnects(tmp_path: Path) -> None:
     manager = make_manager()
     with BackgroundServer(manager) as server:
-        client = RemoteClient(server.url, timeout=3)
+        client = RemoteClient(server.url, timeout=3, max_buffered=7, spill_path=tmp_path / "s.jsonl", retries=1,
+                              retry_backoff_s=0.5)
         assert client.search("Sokoban").text == TEXTS[1]
         clone = pickle.loads(pickle.dumps(client))
         assert clone.url == client.url and clone.timeout == 3 and clone.token is None
+        assert (clone.max_buffered, clone.spill_path, clone.retries, clone.retry_backoff_s) == (7, tmp_path / "s.jsonl", 1, 0.5)
         found = clone.search("Sokoban")  # diversified: any bank entry, not necessarily the same
         assert found is not None and found.text in TEXTS and clone.health()["status"] == "ok"
         client.close()
@@ -275,8 +289,9 @@ def test_remote_client_down_raises_unavailable() -> None:
     client = RemoteClient(f"http://127.0.0.1:{free_port()}", timeout=2)
     with pytest.raises(ExperienceUnavailable, match="unreachable"):
         client.search("x")
-    with pytest.raises(ExperienceUnavailable):
-        client.submit(request_with_call())
+    with pytest.raises(TypeError, match="DistillationRequest"):  # checked at once, never buffered
+        client.submit({"task": "t"})  # type: ignore[arg-type]
+    assert client.buffered == 0
 
 
 def test_remote_client_rejects_bad_arguments() -> None:
@@ -284,6 +299,10 @@ def test_remote_client_rejects_bad_arguments() -> None:
         RemoteClient("localhost:8000")
     with pytest.raises(ValueError, match="timeout"):
         RemoteClient("http://127.0.0.1:1", timeout=0)
+    with pytest.raises(ValueError, match="max_buffered"):
+        RemoteClient("http://127.0.0.1:1", max_buffered=0)
+    with pytest.raises(ValueError, match="retries"):
+        RemoteClient("http://127.0.0.1:1", retries=-1)
 
 
 def test_remote_bad_input_is_a_value_error_naming_the_field() -> None:
@@ -354,36 +373,6 @@ def test_combiner_hands_a_failed_send_to_every_caller_of_the_batch() -> None:
         assert combiner._inflight == 0 and not combiner._waiting
 
 
-def test_remote_submits_in_one_batch_fail_alone() -> None:
-    """Concurrent submits share a request; one the server rejects fails alone, the rest are queued."""
-    service = RetrievalService(make_manager())
-    with BackgroundServer(service) as server:
-        client = RemoteClient(server.url, timeout=10)
-        reqs = [request_with_call() for _ in range(12)]
-        object.__setattr__(reqs[5], "condition", "sometimes")  # passes the client, fails the server's parse
-        outcome: dict[int, str] = {}
-        barrier = threading.Barrier(len(reqs))
-
-        def one(i: int) -> None:
-            barrier.wait(timeout=10)
-            try:
-                client.submit(reqs[i])
-                outcome[i] = "ok"
-            except ValueError as exc:
-                outcome[i] = str(exc)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        assert "condition" in outcome.pop(5) and set(outcome.values()) == {"ok"} and len(outcome) == 11
-        got = client.get_requests(100, timeout=1.0)
-        assert sorted(r.request_id for r in got) == sorted(r.request_id for i, r in enumerate(reqs) if i != 5)
-        client.close()
-    service.close()
-
-
 def test_get_requests_skips_and_counts_a_malformed_request(caplog: pytest.LogCaptureFixture) -> None:
     good = [DistillationRequest(f"task {i}", Trajectory(), 1.0, True, None) for i in range(2)]
 
@@ -412,3 +401,264 @@ def test_get_requests_skips_and_counts_a_malformed_request(caplog: pytest.LogCap
             client.close()
     finally:
         service.close()
+
+
+# ---------------------------------------------------------------- RemoteClient's submit buffer
+
+
+class GatedService(RetrievalService):
+    """A service whose ``submit`` waits for ``gate``: a server that is slow to take requests."""
+
+    def __init__(self, manager: ExperienceManager) -> None:
+        super().__init__(manager)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def submit(self, request: DistillationRequest) -> None:
+        self.entered.set()
+        self.gate.wait(20)
+        super().submit(request)
+
+
+@pytest.fixture()
+def gated() -> Iterator[tuple[GatedService, str]]:
+    """(a gated service, the url of a real server over it); the gate opens at teardown."""
+    service = GatedService(make_manager())
+    with BackgroundServer(service) as server:
+        yield service, server.url
+        service.gate.set()
+    service.close()
+
+
+def test_remote_submit_returns_before_the_server_has_the_request(gated: tuple[GatedService, str]) -> None:
+    service, url = gated
+    client = RemoteClient(url, timeout=10)
+    reqs = [request_with_call() for _ in range(3)]
+    t0 = time.perf_counter()
+    for r in reqs:
+        client.submit(r)
+    took = time.perf_counter() - t0
+    assert service.entered.wait(10)  # the sender is on the wire, held by the server
+    assert took < 2.0 and service.manager.pending() == 0 and client.buffered == 3
+    with pytest.raises(TimeoutError, match="3 submitted requests not yet delivered"):
+        client.flush(timeout=0.2)
+    assert client.buffered == 3  # a flush that timed out dropped nothing
+    service.gate.set()
+    client.flush(timeout=10)
+    assert (client.buffered, client.delivered, client.submit_failures) == (0, 3, 0)
+    assert [r.request_id for r in client.get_requests(10)] == [r.request_id for r in reqs]  # FIFO
+    client.close()
+
+
+def test_remote_end_step_delivers_the_step_requests_first(gated: tuple[GatedService, str]) -> None:
+    service, url = gated
+    client = RemoteClient(url, timeout=10)
+    for _ in range(5):
+        client.submit(request_with_call())
+    assert service.entered.wait(10)
+    threading.Timer(0.3, service.gate.set).start()  # the server takes them a moment later
+    # Without the flush, /end_step would overtake the /submit the server is still holding.
+    assert client.end_step(0) == {"step": 0, "ended": [0], "requests": 5, "credited": 0}
+    client.close()
+
+
+def test_remote_close_flushes_and_stops_the_sender(gated: tuple[GatedService, str]) -> None:
+    service, url = gated
+    client = RemoteClient(url, timeout=10)
+    for _ in range(3):
+        client.submit(request_with_call())
+    assert service.entered.wait(10)
+    threading.Timer(0.2, service.gate.set).start()
+    client.close()
+    assert service.manager.pending() == 3 and client._box._thread is None
+    client.submit(request_with_call())  # usable again: a new sender starts
+    client.flush(timeout=10)
+    assert service.manager.pending() == 4
+    client.close()
+
+
+def test_remote_submit_blocks_while_the_buffer_is_full(gated: tuple[GatedService, str]) -> None:
+    service, url = gated
+    client = RemoteClient(url, timeout=10, max_buffered=2)
+    reqs = [request_with_call() for _ in range(4)]
+    client.submit(reqs[0])
+    assert service.entered.wait(10)  # on the wire: the buffer is empty again
+    client.submit(reqs[1])
+    client.submit(reqs[2])  # the buffer is full now
+    blocked = threading.Thread(target=client.submit, args=(reqs[3],), daemon=True)
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # it waits for room: backpressure, not a drop
+    service.gate.set()
+    blocked.join(10)
+    assert not blocked.is_alive()
+    client.flush(timeout=10)
+    assert [r.request_id for r in client.get_requests(10)] == [r.request_id for r in reqs]
+    client.close()
+
+
+def test_remote_server_down_spills_and_flush_names_the_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spill = tmp_path / "unsent.jsonl"
+    client = RemoteClient(f"http://127.0.0.1:{free_port()}", timeout=2, spill_path=spill, retries=2, retry_backoff_s=0.01)
+    reqs = [request_with_call() for _ in range(3)]
+    with caplog.at_level("ERROR", logger="crl_gym.clients"):
+        for r in reqs:
+            client.submit(r)  # the server being down costs the caller nothing here
+        with pytest.raises(SubmitUndelivered, match=re.escape(str(spill))) as info:
+            client.flush(timeout=30)
+    assert info.value.count == 3 and info.value.spill_path == spill
+    lines = spill.read_text(encoding="utf-8").splitlines()
+    assert [DistillationRequest.from_dict(json.loads(line)).to_dict() for line in lines] == [r.to_dict() for r in reqs]
+    assert (client.spilled, client.submit_failures, client.lost, client.delivered, client.buffered) == (3, 3, 0, 0, 0)
+    assert str(spill) in caplog.text  # logged with its path when written
+    client.flush()  # reported once: the next flush has nothing new to say
+    with pytest.raises(ExperienceUnavailable, match="unreachable"):
+        client.end_step(0)
+    client.close()
+
+
+def test_remote_default_spill_file_is_per_process_under_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    port = free_port()
+    client = RemoteClient(f"http://127.0.0.1:{port}", timeout=2, retries=0)
+    expected = tmp_path / "complementary-rl" / "unsent" / f"requests-127.0.0.1-{port}-{os.getpid()}.jsonl"
+    assert client.spill_file == expected
+    client.submit(request_with_call())
+    with pytest.raises(SubmitUndelivered, match=re.escape(str(expected))):
+        client.flush(timeout=30)
+    assert len(expected.read_text(encoding="utf-8").splitlines()) == 1
+    client.close()
+
+
+def test_remote_submit_retries_a_transient_server_failure(tmp_path: Path) -> None:
+    class Flaky(RetrievalService):
+        fails = 2
+
+        def submit(self, request: DistillationRequest) -> None:
+            if self.fails > 0:
+                self.fails -= 1
+                raise RuntimeError("restarting")  # a 500 to the client
+            super().submit(request)
+
+    service = Flaky(make_manager())
+    spill = tmp_path / "unsent.jsonl"
+    with BackgroundServer(service) as server:
+        client = RemoteClient(server.url, timeout=10, spill_path=spill, retries=3, retry_backoff_s=0.01)
+        req = request_with_call()
+        client.submit(req)
+        client.flush(timeout=30)
+        assert (client.delivered, client.spilled, service.fails) == (1, 0, 0) and not spill.exists()
+        assert [r.request_id for r in client.get_requests(5)] == [req.request_id]
+        client.close()
+    service.close()
+
+
+def test_remote_submit_with_a_wrong_token_raises_auth_error_at_flush(tmp_path: Path) -> None:
+    service = RetrievalService(make_manager())
+    spill = tmp_path / "unsent.jsonl"
+    with BackgroundServer(service, token="right") as server:
+        # a long backoff: a 401 that were retried would take 2 + 4 + 8 s
+        client = RemoteClient(server.url, timeout=10, token="wrong", spill_path=spill, retries=3, retry_backoff_s=2.0)
+        client.submit(request_with_call())
+        t0 = time.perf_counter()
+        with pytest.raises(ExperienceAuthError, match=re.escape(str(spill))):
+            client.flush(timeout=30)
+        assert time.perf_counter() - t0 < 2.0 and client.spilled == 1 and service.manager.pending() == 0
+        assert len(spill.read_text(encoding="utf-8").splitlines()) == 1
+        with pytest.raises(ExperienceAuthError, match="401"):
+            client.end_step(0)  # the flush is clean now; /end_step itself is refused
+        client.close()
+    service.close()
+
+
+def test_remote_malformed_requests_in_a_batch_do_not_block_the_others(gated: tuple[GatedService, str],
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    service, url = gated
+    client = RemoteClient(url, timeout=10)
+    first = request_with_call()
+    client.submit(first)
+    assert service.entered.wait(10)  # held on the wire: the next 12 queue up and leave as one batch
+    reqs = [request_with_call() for _ in range(12)]
+    for i in (3, 7, 8):
+        object.__setattr__(reqs[i], "condition", "sometimes")  # passes the client, fails the server's parse
+    for r in reqs:
+        client.submit(r)
+    service.gate.set()
+    with caplog.at_level("ERROR", logger="crl_gym.clients"):
+        client.flush(timeout=30)  # no error: a malformed request is dropped, not undelivered
+    assert (client.rejected, client.delivered, client.submit_failures) == (3, 10, 0)
+    good = [r.request_id for r in [first, *reqs] if r.condition != "sometimes"]
+    assert [r.request_id for r in client.get_requests(100, timeout=1.0)] == good  # the rest in order
+    assert "condition" in caplog.text and all(reqs[i].request_id in caplog.text for i in (3, 7, 8))
+    client.close()
+
+
+def test_remote_an_oversized_request_is_rejected_alone() -> None:
+    """A 413 names no request: the batch is halved until the one too big for the server is alone."""
+    service = GatedService(make_manager())
+    with BackgroundServer(service, max_body_bytes=40_000) as server:
+        client = RemoteClient(server.url, timeout=10)
+        client.submit(request_with_call())
+        assert service.entered.wait(10)
+        reqs = [request_with_call() for _ in range(8)]
+        object.__setattr__(reqs[5], "task", "x" * 60_000)
+        for r in reqs:
+            client.submit(r)
+        service.gate.set()
+        client.flush(timeout=30)
+        assert (client.rejected, client.delivered, client.submit_failures) == (1, 8, 0)
+        client.close()
+    service.close()
+
+
+def _submit_in_child(client: RemoteClient, request: DistillationRequest) -> None:
+    client.submit(request)  # and return at once: the process exits with the request buffered
+
+
+def test_a_forked_worker_delivers_its_own_buffer_at_exit_and_none_of_the_parents(gated: tuple[GatedService, str]) -> None:
+    service, url = gated
+    client = RemoteClient(url, timeout=10)
+    parent = [request_with_call(), request_with_call()]
+    for r in parent:
+        client.submit(r)  # one on the wire, one buffered when the child is forked
+    assert service.entered.wait(10)
+    child = request_with_call()
+    proc = multiprocessing.get_context("fork").Process(target=_submit_in_child, args=(client, child))
+    proc.start()
+    threading.Timer(0.5, service.gate.set).start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    client.flush(timeout=10)
+    got = sorted(r.request_id for r in client.get_requests(10, timeout=1.0))
+    assert got == sorted(r.request_id for r in [*parent, child])  # each once: the child resent none of the parent's
+    client.close()
+
+
+def test_remote_submit_fixes_a_recorded_request_id_before_it_returns(gated: tuple[GatedService, str]) -> None:
+    """A copy taken while the request waits unencoded (what an AsyncVectorEnv worker pickles to
+    the trainer) carries the id the server gets: bonuses are keyed by it."""
+    from crl_gym.wrappers.recording import RecordedRequest
+
+    service, url = gated
+    client = RemoteClient(url, timeout=10)
+    client.submit(request_with_call())
+    assert service.entered.wait(10)  # the sender is held: the next request waits in the buffer
+    rec = RecordedRequest.from_record(["start", "east", 1.0, {}, "end"], task="t", experience=None,
+                                      condition="free", env_id="corridor", seed=0)
+    client.submit(rec)
+    copy = pickle.loads(pickle.dumps(rec))
+    service.gate.set()
+    client.flush(timeout=10)
+    assert [r.request_id for r in client.get_requests(10)][1] == copy.request_id == rec.request_id
+    client.close()
+
+
+def test_a_process_that_exits_with_requests_buffered_delivers_them_first(gated: tuple[GatedService, str]) -> None:
+    service, url = gated
+    script = ("import sys; from crl_gym.clients import RemoteClient; from crl_gym.protocol import DistillationRequest, Trajectory; "
+              "c = RemoteClient(sys.argv[1], timeout=10); "
+              "c.submit(DistillationRequest('exit task', Trajectory(), 1.0, True, None, request_id='at-exit'))")
+    threading.Timer(0.5, service.gate.set).start()  # the server takes it only after the script has returned
+    out = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [r.request_id for r in service.manager.get_requests(10, timeout=1.0)] == ["at-exit"]

@@ -524,6 +524,7 @@ def test_numpy_values_over_http_do_not_block_later_requests(manager: Any, monkey
         env.reset(seed=1)
         env.step("east")
         assert not env.unsent and env.error_count == 0 and env.episodes_submitted == 2
+        env.client.flush()  # RemoteClient.submit buffers; the sender thread delivers
         got = manager.get_requests(10, 1.0)
     assert [(r.seed, r.trajectory.steps[0].action) for r in got] == [(0, "7"), (1, "east")]
 

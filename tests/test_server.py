@@ -19,13 +19,14 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
+from crl_gym.cli import cli, is_loopback, resolve_token
 from crl_gym.clients import TOKEN_ENV, ExperienceAuthError, RemoteClient
 from crl_gym.experience.bank import ExperienceBank
 from crl_gym.experience.embedders import HashingEmbedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import StepOrderError
 from crl_gym.protocol import AddOp, DistillationRequest, Step, Trajectory
-from crl_gym.server import BackgroundServer, cli, create_app, is_loopback, resolve_token
+from crl_gym.server import BackgroundServer, create_app
 
 TIP = "In Sokoban, push boxes along walls only when the target is on that wall."
 
@@ -198,6 +199,14 @@ def test_cli_help_names_the_options() -> None:
         assert option in result.output
 
 
+def test_python_m_crl_gym_server_still_runs_the_command() -> None:
+    """Scripts written before the command moved to ``crl_gym.cli`` keep working."""
+    out = subprocess.run([sys.executable, "-m", "crl_gym.server", "serve", "--help"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert "--bank" in out.stdout and "--token-file" in out.stdout
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -228,7 +237,7 @@ def test_serve_command_runs_a_real_server(tmp_path: Path) -> None:
     token_file.write_text("cli-token\n")
     port = free_port()
     exe = Path(sys.executable).with_name("crl-experience")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.server"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.cli"]
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     proc = subprocess.Popen(
         [*cmd, "serve", "--bank", str(bank_dir), "--port", str(port), "--embedder", "hashing:48", "--log-level", "warning",
@@ -241,6 +250,7 @@ def test_serve_command_runs_a_real_server(tmp_path: Path) -> None:
         client = RemoteClient(url, timeout=10, token="cli-token")
         assert client.search("Sokoban boxes").text == TIP
         client.submit(a_request())
+        client.flush()  # submit only buffers; the sender thread delivers
         assert client.health()["pending"] == 1
         assert client.apply_ops([AddOp("Sokoban: solve the corner box first.")])["added"] == 1
         assert client.end_step(0)["requests"] == 1
@@ -285,7 +295,7 @@ def test_a_sigkill_loses_no_request_queued_before_the_persist_interval(tmp_path:
     bank_dir = tmp_path / "bank"
     port = free_port()
     exe = Path(sys.executable).with_name("crl-experience")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.server"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "crl_gym.cli"]
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     proc = subprocess.Popen(
         [*cmd, "serve", "--bank", str(bank_dir), "--port", str(port), "--embedder", "hashing:32", "--log-level",
@@ -300,9 +310,11 @@ def test_a_sigkill_loses_no_request_queued_before_the_persist_interval(tmp_path:
                                     success=True, experience=None) for i in range(7)]
         for r in sent[:3]:
             client.submit(r)
+        client.flush()
         assert [r.task for r in client.get_requests(1)] == ["task 0"]  # taken: not pending any more
         for r in sent[3:]:
             client.submit(r)
+        client.flush()
         assert client.health()["pending"] == 6
         time.sleep(1.0)  # > the persist interval
         client.close()

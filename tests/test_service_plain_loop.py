@@ -55,7 +55,7 @@ def test_plain_gym_loop_drives_the_served_extractor(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(preset))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "crl_gym.server", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
+    cmd = [sys.executable, "-m", "crl_gym.cli", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
            "--extractor", str(config)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     client = RemoteClient(url, timeout=60)

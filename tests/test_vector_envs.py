@@ -3,6 +3,7 @@ AsyncVectorEnv whose worker processes share one bank through RemoteClient."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -92,7 +93,11 @@ def test_async_vector_env_shares_one_bank_through_remote_client(manager: Any) ->
             assert all(r.success and r.condition == "guided" for r in requests)
             assert [r.trajectory.num_actions for r in requests] == [3] * N
             assert [len(r.trajectory.search_calls) for r in requests] == [1, 0, 0, 0]
-            # The workers submitted over HTTP into the one manager of this process.
+            # The workers submitted over HTTP into the one manager of this process (each
+            # worker's RemoteClient delivers from a sender thread of its own: wait for all N).
+            deadline = time.monotonic() + 30
+            while manager.pending() < N and time.monotonic() < deadline:
+                time.sleep(0.01)
             got = manager.get_requests(100, timeout=1.0)
             assert sorted(r.request_id for r in got) == sorted(r.request_id for r in requests)
         finally:

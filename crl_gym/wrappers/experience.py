@@ -26,7 +26,9 @@ other objects, the request is refused: nothing is submitted, ``info["distillatio
 is ``None`` and ``info["experience_error"]`` names the turn and the value. A request the client
 rejects as malformed (``TypeError`` / ``ValueError``, see :data:`MALFORMED_ERRORS`) is logged
 and dropped, never retried; both count in ``rejected_count``. An outage
-(``ExperienceUnavailable``, a transport error) keeps the request for a later retry.
+(``ExperienceUnavailable``, a transport error) keeps the request for a later retry. (A
+``RemoteClient``'s submit only buffers, so it never raises for an outage: the client retries
+and spills to its own file, see :class:`~crl_gym.clients.RemoteClient`.)
 
 >>> from crl_gym.clients import LocalClient
 >>> from crl_gym.experience.bank import ExperienceBank

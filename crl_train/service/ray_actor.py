@@ -373,6 +373,9 @@ class RayServiceClient:
     def submit(self, request: DistillationRequest) -> None:
         self._call("submit", _request_dict(request))
 
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing to wait for: :meth:`submit` returns once the actor has the request."""
+
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
         out = self._call("get_requests", max_n, timeout, timeout=self.timeout + timeout)
         return [DistillationRequest.from_dict(d) for d in out]

@@ -1,0 +1,161 @@
+"""The ``crl-experience`` command: ``crl-experience serve`` runs the experience service over HTTP.
+
+What a deployment decides lives here, apart from the app it serves (:mod:`crl_gym.server`):
+which bank and embedder to open (:func:`build_manager`), whether the extractor's loop runs in
+the service (``--extractor``, from the optional ``crl_train``), where the token comes from
+(:func:`resolve_token`), which interfaces may be bound without one (:func:`is_loopback`), and
+how uvicorn runs and stops (SIGINT / SIGTERM close the service, then exit 0).
+
+    crl-experience serve --bank DIR --port 8765 [--host H] [--embedder hashing:384]
+        [--extractor tiny|CONFIG.yaml] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]
+
+``python -m crl_gym.cli`` runs the same command.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import ipaddress
+import os
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+import uvicorn
+
+from crl_gym.clients import TOKEN_ENV
+from crl_gym.experience.bank import BankLockedError
+from crl_gym.experience.service import RetrievalService
+from crl_gym.experience.store import BankCorruptError
+from crl_gym.server import BACKLOG, KEEP_ALIVE_S, MAX_BODY_BYTES, check_token, create_app
+
+
+def build_manager(bank_dir: str | Path, embedder: str | None, persist_interval_s: float | None = None) -> Any:
+    """Open (or create) the bank in ``bank_dir`` and an ``ExperienceManager`` over it."""
+    from crl_gym.experience.bank import ExperienceBank
+    from crl_gym.experience.config import ManagerConfig
+    from crl_gym.experience.embedders import embedder_name, load_embedder
+    from crl_gym.experience.manager import ExperienceManager
+
+    emb = load_embedder(embedder)
+    bank = ExperienceBank(Path(bank_dir), dim=emb.dim, embedder_name=embedder_name(emb))
+    try:
+        config = ManagerConfig() if persist_interval_s is None else ManagerConfig(persist_interval_s=persist_interval_s)
+        return ExperienceManager(bank, emb, config)
+    except BaseException:
+        bank.close()
+        raise
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` only exposes the server to this machine."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def resolve_token(token_file: str | None) -> str | None:
+    """The token from ``token_file`` (stripped; empty is an error), else from ``CRL_EXPERIENCE_TOKEN``."""
+    if token_file is not None:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+        if not token:
+            raise click.BadParameter(f"{token_file} is empty", param_hint="--token-file")
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        if not token:
+            return None
+    try:
+        return check_token(token)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--token-file" if token_file else TOKEN_ENV) from exc
+
+
+class _StopOnSignal(uvicorn.Server):
+    """``uvicorn.Server`` whose SIGINT / SIGTERM mean "shut down and return".
+
+    uvicorn re-raises the signal once it has shut down, which would kill the command before it
+    closes the service (queue persisted, bank flushed) and make it exit non-zero.
+    """
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
+
+@click.group()
+def cli() -> None:
+    """Experience bank tools."""
+
+
+@cli.command()
+@click.option("--bank", "bank_dir", required=True, type=click.Path(file_okay=False), help="Bank directory (created if missing).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind. Anything but loopback (e.g. 0.0.0.0) needs a token.")
+@click.option("--embedder", default=None, help="'default' (bundled MiniLM), 'hashing:DIM', or a sentence-transformers id/path.")
+@click.option("--extractor", default=None,
+              help="Run the extractor's learning loop in the service: 'tiny' or a crl-train YAML config (needs crl_train).")
+@click.option("--token-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help=f"File holding the bearer token clients must send (default: ${TOKEN_ENV}).")
+@click.option("--max-body-bytes", default=MAX_BODY_BYTES, show_default=True, type=click.IntRange(1),
+              help="Largest request body accepted; a larger one is answered 413 before it is parsed.")
+@click.option("--persist-interval", "persist_interval_s", default=None, type=click.FloatRange(0),
+              help="Seconds between checkpoints of the queued requests to the bank dir (a SIGKILL loses at most "
+                   "this window; default 0.5; 0: only on shutdown).")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: str | None, token_file: str | None,
+          max_body_bytes: int, persist_interval_s: float | None, log_level: str) -> None:
+    """Serve the experience bank in BANK over HTTP for RemoteClient."""
+    token = resolve_token(token_file)
+    if token is None and not is_loopback(host):
+        raise click.UsageError(
+            f"refusing to bind {host} without a token: anyone who can reach it could read and rewrite the bank. "
+            f"Pass --token-file FILE or set {TOKEN_ENV}, or bind 127.0.0.1.")
+    service = _build_service(bank_dir, embedder, extractor, persist_interval_s)
+    # The embedder (torch, transformers) leaves ~10^6 long-lived objects; a full collection
+    # walks them all (~250 ms here) in the middle of whatever requests are in flight. Frozen,
+    # they are skipped: collections only see what the server allocates from now on.
+    gc.collect()
+    gc.freeze()
+    auth = "token required" if token else "no token"
+    click.echo(f"crl-experience: serving {bank_dir} on http://{host}:{port} ({auth}"
+               f"{', extractor ' + extractor if extractor else ''})", err=True)
+    app = create_app(service, token, max_body_bytes)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
+    try:
+        _StopOnSignal(config).run()
+    finally:
+        app.state.coalescer.close()
+        service.close()
+    click.echo("crl-experience: stopped; bank closed", err=True)
+
+
+def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,
+                   persist_interval_s: float | None = None) -> RetrievalService:
+    if extractor is None:
+        try:
+            return RetrievalService(build_manager(bank_dir, embedder, persist_interval_s))
+        # another embedder or dim, a damaged or foreign database, a bank another process holds
+        except (ValueError, BankCorruptError, BankLockedError) as exc:
+            raise click.ClickException(str(exc)) from exc
+    try:  # crl_train is optional here (and imported by name so that crl_gym type-checks alone)
+        build_served_service = importlib.import_module("crl_train.serve").build_served_service
+    except (ImportError, AttributeError) as exc:
+        raise click.ClickException(
+            f"--extractor needs the crl_train package (pip install 'complementary-rl[train]'): {exc}") from exc
+    try:
+        service: RetrievalService = build_served_service(Path(bank_dir), extractor, embedder)
+        return service
+    except (ValueError, FileNotFoundError, BankCorruptError, BankLockedError) as exc:
+        raise click.ClickException(f"--extractor {extractor}: {exc}") from exc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    cli()
