@@ -118,6 +118,8 @@ def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
                     continue
                 label = f"{method} ({env})" + (f" {key}" if len(keys) > 1 else "")
                 ax.plot(steps, mean, style, color=colour, label=label)
+                if key.startswith("success"):  # a rate: the t interval is cut to where a rate can be
+                    low, high = [max(0.0, x) for x in low], [min(1.0, x) for x in high]
                 ax.fill_between(steps, low, high, color=colour, alpha=0.15)
         ax.set_title(f"{title}\nmean over seeds, shaded: {int(LEVEL * 100)} % t interval", fontsize=10)
         ax.set_xlabel("actor step")
