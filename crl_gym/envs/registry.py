@@ -51,6 +51,7 @@ ENVS: dict[str, EnvSpec] = {
     "crl/MiniHack-KeyRoom-Dark-S5-v0": EnvSpec("crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "KeyRoom-Dark-S5"}, ("nle", "minihack")),
     "crl/MiniHack-River-Narrow-v0": EnvSpec("crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "River-Narrow"}, ("nle", "minihack")),
     "crl/Sokoban-6x6-v0": EnvSpec("crl_gym.envs.sokoban:SokobanEnv"),
+    "crl/Recall-v0": EnvSpec("crl_gym.envs.recall:RecallEnv"),
     "crl/ALFWorld-v0": EnvSpec("crl_gym.envs.alfworld:ALFWorldEnv", "envs", {}, ("alfworld", "textworld")),
     "crl/WebShop-v0": EnvSpec("crl_gym.envs.webshop.env:WebShopEnv"),
     "crl/TextWorld-v0": EnvSpec("crl_gym.envs.textworld_env:TextWorldEnv", "envs", {}, ("textworld",),

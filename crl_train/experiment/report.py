@@ -207,17 +207,20 @@ def provenance() -> list[str]:
 def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> Path:
     """``OUT/report.md`` and its PNGs from the cells' records."""
     plots = _curves(records, out)
+    variants = "".join(f" + reference line {n} ({v.method} with {', '.join(v.set) or 'no overrides'})"
+                       for n, v in suite.variants.items())
     lines = [f"# {suite.name}", "", *([suite.description, ""] if suite.description else []),
-             f"{len(records)} cells: methods {', '.join(suite.methods)} × seeds {', '.join(map(str, suite.seeds))} × "
+             f"{len(records)} cells: methods {', '.join(suite.methods)}{variants} × "
+             f"seeds {', '.join(map(str, suite.seeds))} × "
              f"{len(suite.envs)} env mixture(s); {suite.eval_episodes} held-out episodes per mode and cell.", "",
              "## Final success", "",
              f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without experience "
              "minus grpo's on the same seeds (paired t); internalisation = success without / with experience "
              "(bootstrap over seeds; 1 means the actor keeps all its gain without the bank).", "",
-             *results_table(records, suite.methods), "", "## Learning curves", ""]
+             *results_table(records, suite.rows), "", "## Learning curves", ""]
     lines += [f"![{p}]({p})" for p in plots]
     lines += ["", "## The final bank (seed of the first cell of each experience method)", ""]
-    for m in suite.methods:
+    for m in suite.rows:
         first = next((r for r in records if r["method"] == m), None)
         if first is None or "with_experience" not in first["eval"]:
             continue
@@ -225,7 +228,7 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
         lines += [f"### {m} (seed {first['seed']})", "", f"Bank size: {_bank_sizes(cell)}.", "", *bank_snapshot(cell), ""]
     lines += ["## Provenance", "", *provenance(), "", "The suite:", "", "```yaml",
               yaml.safe_dump(_plain(suite), sort_keys=False).strip(), "```", ""]
-    for m in suite.methods:
+    for m in suite.rows:
         first = next((r for r in records if r["method"] == m), None)
         if first is not None:
             cfg = record_dir(out, first) / "config.yaml"

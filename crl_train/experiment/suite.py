@@ -7,15 +7,24 @@ evaluation) is kept, a cell with a checkpoint resumes from it, a cell without on
 Cells run one after another, or each as a Ray task with the resources the suite asks for
 (``--ray local`` or ``--ray ADDRESS``): Ray schedules them across a cluster.
 
+A named *variant* is a reference line that is not a method of its own: a method run with extra
+overrides (the oracle extractor on a diagnostic env, say). It gets cells on every seed and env
+mixture under its own name and its own row in the report, paired difference to grpo included.
+
 >>> s = suite_from_dict({"name": "demo", "methods": ["grpo", "complementary"], "seeds": [0, 1]})
 >>> [c.name for c in cells(s)]
 ['grpo/MiniHack-Room-5x5-v0/seed0', 'grpo/MiniHack-Room-5x5-v0/seed1', 'complementary/MiniHack-Room-5x5-v0/seed0', 'complementary/MiniHack-Room-5x5-v0/seed1']
+>>> s = suite_from_dict({"name": "demo", "methods": ["grpo"], "seeds": [0],
+...                      "variants": {"oracle": {"method": "static_online", "set": ["extractor.model=oracle"]}}})
+>>> s.rows, [c.name for c in cells(s)]
+(('grpo', 'oracle'), ['grpo/MiniHack-Room-5x5-v0/seed0', 'oracle/MiniHack-Room-5x5-v0/seed0'])
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +38,18 @@ log = logging.getLogger(__name__)
 
 CELL_FILE = "cell.json"
 """Written last in a cell's directory: the cell is finished (trained and evaluated)."""
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A variant's name is a directory name of its cells."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named reference line: a method run with its own overrides, reported as a row of its own."""
+
+    method: str
+    """The method its cells run (``crl_train.methods``)."""
+    set: tuple[str, ...] = ()
+    """``--set`` overrides of its cells, applied after the suite's ``set``."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +70,9 @@ class Suite:
     """``--set`` overrides of every cell, e.g. ``train.steps=40``."""
     method_set: dict[str, Any] = field(default_factory=dict)
     """Extra overrides per method: ``{offline_exp: [experience.offline_source=...]}``."""
+    variants: dict[str, Variant] = field(default_factory=dict)
+    """Named reference lines, ``{oracle: {method: static_online, set: [extractor.model=oracle]}}``: each
+    runs on every seed and env mixture like a method and has its own report row."""
     eval_episodes: int = 32
     """Held-out episodes per mode evaluated after training."""
     resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1, "num_gpus": 0})
@@ -69,6 +93,18 @@ class Suite:
         for m, extra in self.method_set.items():
             if m not in self.methods or not isinstance(extra, list | tuple) or not all(isinstance(x, str) for x in extra):
                 raise ConfigError(f"method_set.{m}: a method of the suite mapped to a list of KEY=VALUE strings")
+        for name, v in self.variants.items():
+            if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name) or name in METHOD_NAMES:
+                raise ConfigError(f"variants.{name}: a variant's name must be a directory name (letters, digits, "
+                                  f"'_', '.', '-') and not a method's ({', '.join(METHOD_NAMES)})")
+            if not isinstance(v, Variant) or v.method not in METHOD_NAMES:
+                raise ConfigError(f"variants.{name}: needs method, one of {', '.join(METHOD_NAMES)}, "
+                                  f"got {getattr(v, 'method', v)!r}")
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """What the report compares: the methods, then the variants (each a cell name's first part)."""
+        return (*self.methods, *self.variants)
 
 
 @dataclass(frozen=True)
@@ -99,6 +135,9 @@ def suite_from_dict(data: dict[str, Any]) -> Suite:
     data = dict(data)
     if "envs" in data:  # a bare env id is a mixture of one
         data["envs"] = [[e] if isinstance(e, str) else e for e in data["envs"]]
+    if isinstance(data.get("variants"), dict):
+        data["variants"] = {k: build_dataclass(Variant, v, f"variants.{k}") if isinstance(v, dict) else v
+                            for k, v in data["variants"].items()}
     suite: Suite = build_dataclass(Suite, data)
     return suite
 
@@ -112,13 +151,17 @@ def load_suite(path: Path) -> Suite:
 
 
 def cells(suite: Suite) -> list[Cell]:
-    return [Cell(m, s, e) for e in suite.envs for m in suite.methods for s in suite.seeds]
+    """Every cell: ``Cell.method`` is the row (a method's name or a variant's)."""
+    return [Cell(m, s, e) for e in suite.envs for m in suite.rows for s in suite.seeds]
 
 
 def cell_config(suite: Suite, cell: Cell) -> TrainConfig:
-    """The cell's config: the suite's base config, its overrides, the method's, then the cell's own."""
+    """The cell's config: the suite's base config, its overrides, the method's (or the variant's), then
+    the cell's own."""
     ids = "[" + ", ".join(f'"{e}"' for e in cell.envs) + "]"
-    overrides = [*suite.set, *suite.method_set.get(cell.method, ()), f"method={cell.method}", f"seed={cell.seed}",
+    variant = suite.variants.get(cell.method)
+    method, extra = (variant.method, variant.set) if variant else (cell.method, suite.method_set.get(cell.method, ()))
+    overrides = [*suite.set, *extra, f"method={method}", f"seed={cell.seed}",
                  f"env.seed={cell.seed}", f"env.ids={ids}", "train.eval_episodes=0"]
     return load_config(Path(suite.config) if suite.config else None, overrides)
 
@@ -147,7 +190,7 @@ def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str]
     finally:
         trainer.close()
     record = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs), "steps": cfg.train.steps,
-              "eval": result}
+              "run_method": cfg.method, "eval": result}
     tmp = cell_dir / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
     tmp.replace(cell_dir / CELL_FILE)

@@ -1,5 +1,6 @@
 """The experience extractor π_φ: the model and its prompts (``model``), and the same interface in a
-child process (``worker``). Only :class:`~crl_train.service.ExperienceService` drives it."""
+child process (``worker``), or the weightless ``oracle`` reference. Only
+:class:`~crl_train.service.ExperienceService` drives it."""
 
 from crl_train.extractor.model import (
     BufferItem,
@@ -9,6 +10,7 @@ from crl_train.extractor.model import (
     reasoning_end_token,
     sample_key,
 )
+from crl_train.extractor.oracle import ORACLE_MODEL, OracleExtractor
 from crl_train.extractor.worker import (
     ExtractorError,
     ExtractorSpec,
@@ -17,5 +19,9 @@ from crl_train.extractor.worker import (
     build_extractor,
 )
 
-__all__ = ["BufferItem", "Extractor", "ExtractorError", "ExtractorSpec", "ExtractorUnavailable", "ExtractorWorker",
-           "build_extractor", "cispo_update", "grammar_key", "reasoning_end_token", "sample_key"]
+AnyExtractor = Extractor | ExtractorWorker | OracleExtractor
+"""What the service drives: π_φ in process, π_φ in its worker process, or the oracle."""
+
+__all__ = ["ORACLE_MODEL", "AnyExtractor", "BufferItem", "Extractor", "ExtractorError", "ExtractorSpec",
+           "ExtractorUnavailable", "ExtractorWorker", "OracleExtractor", "build_extractor", "cispo_update",
+           "grammar_key", "reasoning_end_token", "sample_key"]

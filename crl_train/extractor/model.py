@@ -359,6 +359,8 @@ class Extractor:
     # (the same methods as crl_train.extractor.worker.ExtractorWorker, so the track takes either)
     alive = True
     """An in-process extractor cannot die without the trainer."""
+    trainable = True
+    """π_φ has weights: the service runs CISPO on it (the oracle's is False)."""
 
     def count_tokens(self, text: str) -> int:
         tok = getattr(self.policy, "tokenizer", None)

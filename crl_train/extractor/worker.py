@@ -57,6 +57,7 @@ from typing import Any
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.config import ModelConfig
 from crl_train.extractor.model import BufferItem, Extractor, cispo_update
+from crl_train.extractor.oracle import ORACLE_MODEL, OracleExtractor
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,11 @@ def extractor_options(spec: ExtractorSpec) -> dict[str, Any]:
     return {**defaults, **spec.options}
 
 
-def build_extractor(spec: ExtractorSpec) -> Extractor:
-    """π_φ as the spec says (used in the child, and in process for ``experience.extractor_process=false``)."""
+def build_extractor(spec: ExtractorSpec) -> Extractor | OracleExtractor:
+    """π_φ as the spec says (used in the child, and in process for ``experience.extractor_process=false``);
+    the weightless oracle for ``model: oracle``."""
+    if spec.model.model == ORACLE_MODEL:
+        return OracleExtractor()
     from crl_train.policy.factory import build_policy
 
     policy = build_policy(spec.model, list(spec.texts) if spec.texts is not None else None, loss_scale="tokens",
@@ -226,6 +230,8 @@ class ExtractorWorker:
         self.poll_s = poll_s
         self.version = 0
         """π_φ's version as of the last update / state call (the child holds the truth)."""
+        self.trainable = spec.model.model != ORACLE_MODEL
+        """Whether the child's extractor has weights to train (the oracle has none)."""
         self._lock = threading.Lock()
         self._ready = False
         self._dead_reason: str | None = None

@@ -17,7 +17,7 @@ import torch
 from crl_gym.clients import LocalClient
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.config import TrainConfig
-from crl_train.extractor import Extractor, ExtractorWorker, build_extractor
+from crl_train.extractor import ORACLE_MODEL, AnyExtractor, ExtractorWorker, build_extractor
 from crl_train.methods import Method
 from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
@@ -68,10 +68,11 @@ class Run:
 
 
 def use_extractor_process(cfg: TrainConfig, options: ServiceOptions) -> bool:
-    """``experience.extractor_process``, with None = on for asynchronous runs that have an extractor."""
+    """``experience.extractor_process``, with None = on for asynchronous runs that have an extractor
+    with model work (the oracle has none: a process would only cost its start)."""
     if cfg.experience.extractor_process is not None:
         return cfg.experience.extractor_process
-    return cfg.experience.asynchronous and options.extractor
+    return cfg.experience.asynchronous and options.extractor and cfg.extractor.model != ORACLE_MODEL
 
 
 def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Path | None = None,
@@ -87,7 +88,8 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     torch.set_num_threads(max(1, cfg.experience.actor_threads))
     ex = cfg.experience
     ext_ckpt = checkpoint / "extractor" if checkpoint is not None else None
-    if options.extractor and ext_ckpt is not None and not ext_ckpt.is_dir():
+    # the oracle's checkpoints have no extractor/ (it has no weights)
+    if options.extractor and ext_ckpt is not None and not ext_ckpt.is_dir() and cfg.extractor.model != ORACLE_MODEL:
         log.error("%s is missing (the extractor worker died before any checkpoint): starting a fresh extractor", ext_ckpt)
         ext_ckpt = None
     in_worker = options.extractor and use_extractor_process(cfg, options)
@@ -107,7 +109,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
                              checkpoint=checkpoint / "actor" if checkpoint else None, generator_factory=generator_factory)
         if worker is not None:
             log.info("extractor worker ready (pid %d)", worker.wait_ready())
-        extractor: Extractor | ExtractorWorker | None = None
+        extractor: AnyExtractor | None = None
         if options.extractor:
             extractor = worker if worker is not None else build_extractor(spec)
         service = build_service(cfg, options, bank_dir or run_dir / "bank", extractor, fresh=checkpoint is None)

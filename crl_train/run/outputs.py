@@ -14,7 +14,7 @@ Layout of a run directory::
     eval.json            held-out evaluation (crl-eval / end of training)
 
 >>> metric_fields()[:3]
-('step', 'actor_loss', 'actor_clip_frac')
+('step', 'actor_loss', 'actor_objective')
 >>> len(metric_fields(SELF_DISTILL_FIELDS)) - len(metric_fields())
 2
 """

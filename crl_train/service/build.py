@@ -25,7 +25,7 @@ from crl_gym.templates import (
     REFINEMENT_TEMPLATE,
 )
 from crl_train.config import TrainConfig
-from crl_train.extractor import Extractor, ExtractorSpec, ExtractorWorker
+from crl_train.extractor import AnyExtractor, ExtractorSpec
 from crl_train.service.service import ExperienceService, ServiceOptions
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
 
 
 def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | None,
-                  extractor: Extractor | ExtractorWorker | None, *, fresh: bool = True,
+                  extractor: AnyExtractor | None, *, fresh: bool = True,
                   last_ended: int = -1, embedder: Embedder | None = None) -> ExperienceService:
     """The bank in ``bank_dir`` (None: in memory), its manager, and the service around ``extractor``.
 
@@ -120,7 +120,7 @@ def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
     return service
 
 
-def load_offline_bank(src: Path, manager: ExperienceManager, extractor: Extractor | ExtractorWorker | None) -> None:
+def load_offline_bank(src: Path, manager: ExperienceManager, extractor: AnyExtractor | None) -> None:
     """A frozen bank: a bank ``.jsonl`` export is imported; a ``trajectories.jsonl`` is distilled once."""
     if not src.is_file():
         raise FileNotFoundError(f"experience.offline_source {str(src)!r} does not exist")

@@ -31,7 +31,7 @@ from typing import Any
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import ClosedStep, RetrievalService
 from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float
-from crl_train.extractor import Extractor, ExtractorUnavailable, ExtractorWorker
+from crl_train.extractor import AnyExtractor, ExtractorUnavailable
 from crl_train.service.credit import reflections, step_credits, utility_updates
 from crl_train.service.track import BackgroundTrack, TrackStats
 
@@ -188,14 +188,15 @@ class ExperienceService(RetrievalService):
 
     Args:
         manager: the bank's manager (closed with the service).
-        extractor: π_φ in process or behind its worker, or None (then options must say ``extractor=False``).
+        extractor: π_φ in process or behind its worker, the oracle (never trained), or None (then options
+            must say ``extractor=False``).
         options: the method's extractor side.
         last_ended: the last rollout step already ended (resume).
     """
 
     keeps_requests = True
 
-    def __init__(self, manager: ExperienceManager, extractor: Extractor | ExtractorWorker | None,
+    def __init__(self, manager: ExperienceManager, extractor: AnyExtractor | None,
                  options: ServiceOptions = ServiceOptions(), *, last_ended: int = -1) -> None:
         if (extractor is None) == options.extractor:
             raise ValueError(f"ExperienceService: options.extractor={options.extractor} but an extractor was "
@@ -208,7 +209,8 @@ class ExperienceService(RetrievalService):
         if extractor is not None:
             self.track = BackgroundTrack(manager, extractor, buffer_size=options.buffer_size,
                                          distill_batch=options.distill_batch, distill_linger_s=options.distill_linger_s,
-                                         train=options.train, distill=options.distill,
+                                         # a weightless extractor (the oracle) has nothing for CISPO
+                                         train=options.train and extractor.trainable, distill=options.distill,
                                          merge_token_budget=options.merge_token_budget,
                                          asynchronous=options.asynchronous)
             self.track.actor_step = last_ended + 1

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.experience.merge import merge_bank
-from crl_train.extractor import BufferItem, Extractor, ExtractorUnavailable, ExtractorWorker
+from crl_train.extractor import AnyExtractor, BufferItem, ExtractorUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class BackgroundTrack:
     def __init__(
         self,
         manager: Any,
-        extractor: Extractor | ExtractorWorker,
+        extractor: AnyExtractor,
         *,
         buffer_size: int = 64,
         distill_batch: int = 8,
