@@ -27,6 +27,7 @@ observation hides the actions taken so far (drawn per observation from the episo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,31 @@ def task_secret(index: int, length: int, num_actions: int, secret_seed: int = 0)
     """
     rng = np.random.default_rng([secret_seed, index])
     return tuple(ACTION_WORDS[int(i)] for i in rng.integers(num_actions, size=length))
+
+
+_NAME_INDEX = {task_name(i): i for i in range(MAX_TASKS)}
+_TASK_IN_TEXT = re.compile(r"Task (\w+ \w+): repeat the \d+ secret actions")
+
+
+def holds_secret(entry: str, context: str, *, length: int, num_actions: int, secret_seed: int = 0) -> bool | None:
+    r"""Whether an experience entry holds its task's secret: the action words it names, in order,
+    are exactly the secret of the Recall task named in ``context`` (the entry's distillation prompt,
+    or the task text). ``None`` when ``context`` names no Recall task. Only the task's own A action
+    words are read (prose such as "the right move" is not an action when A < 8); an entry that names
+    any other of them, or the right ones in another order, does not hold it.
+
+    >>> holds_secret("Winning actions:\nnorth\nsouth", "Task amber badger: repeat the 2 secret actions of amber badger.",
+    ...              length=2, num_actions=4) == (task_secret(0, 2, 4) == ("north", "south"))
+    True
+    >>> holds_secret("go north", "a MiniHack room", length=1, num_actions=2) is None
+    True
+    """
+    found = _TASK_IN_TEXT.search(context)
+    if found is None or found.group(1) not in _NAME_INDEX:
+        return None
+    secret = task_secret(_NAME_INDEX[found.group(1)], length, num_actions, secret_seed)
+    words = re.compile(r"\b(" + "|".join(ACTION_WORDS[:num_actions]) + r")\b", re.IGNORECASE)
+    return tuple(w.lower() for w in words.findall(entry)) == secret
 
 
 class RecallEnv(TextEnv):

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from crl_train.experiment.information import gap_table, secret_table
 from crl_train.experiment.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 from crl_train.experiment.suite import Suite, record_dir
 
@@ -217,7 +218,8 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
              f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without experience "
              "minus grpo's on the same seeds (paired t); internalisation = success without / with experience "
              "(bootstrap over seeds; 1 means the actor keeps all its gain without the bank).", "",
-             *results_table(records, suite.rows), "", "## Learning curves", ""]
+             *results_table(records, suite.rows), "", *gap_table(records, suite.rows, out),
+             *secret_table(records, suite.rows, out), "## Learning curves", ""]
     lines += [f"![{p}]({p})" for p in plots]
     lines += ["", "## The final bank (seed of the first cell of each experience method)", ""]
     for m in suite.rows:
