@@ -66,14 +66,15 @@ def test_generator_is_attached_synced_and_old_logprobs_recomputed(tmp_path: Path
                       generator_factory=factory)
     actor = trainer.c.actor
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    original = actor.train_step
+    original = actor.train_objective
 
-    def spy(batch: Any, loss_fn: Any, **kw: Any) -> dict[str, float]:
+    def spy(terms: Any) -> dict[str, float]:
         with torch.no_grad():
-            seen.append((batch.old_logprobs.clone(), actor.logprobs(batch), batch.loss_mask.bool()))
-        return original(batch, loss_fn, **kw)
+            for t in terms:
+                seen.append((t.batch.old_logprobs.clone(), actor.logprobs(t.batch), t.batch.loss_mask.bool()))
+        return original(terms)
 
-    actor.train_step = spy
+    actor.train_objective = spy  # the trainer's one actor step per rollout
     try:
         assert len(made) == 1 and actor.generator is made[0] and made[0].syncs == 1  # synced when attached
         trainer.run()
