@@ -1,0 +1,31 @@
+"""Errors of the experience clients (:mod:`crl_gym.clients`, re-exported there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ExperienceUnavailable(RuntimeError):
+    """The experience service could not be reached or failed; callers run without it."""
+
+
+class ExperienceAuthError(PermissionError, ValueError):
+    """The server refused the call (401): no token was sent, or not the server's token.
+
+    A :class:`ValueError` too (like every 4xx), so callers that catch bad input also catch it,
+    and not an :class:`ExperienceUnavailable`: running on without the bank would hide the mistake.
+    """
+
+
+class SubmitUndelivered(ExperienceUnavailable):
+    """Requests :meth:`RemoteClient.submit` had accepted did not reach the server after the
+    retries; they are appended to :attr:`spill_path` (JSONL, one ``to_dict()`` per line), not lost.
+
+    Raised once, by the next :meth:`RemoteClient.flush` (or ``end_step``), so that a step is not
+    closed on the server without them unnoticed.
+    """
+
+    def __init__(self, message: str, *, spill_path: Path, count: int) -> None:
+        super().__init__(message)
+        self.spill_path = spill_path
+        self.count = count
