@@ -295,21 +295,16 @@ class HFPolicy:
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids, logprobs)`` ``[b, T, k]`` aligned like ``_sequence_logprobs`` (row t - 1 of the
         logits is position t's distribution); 0 at position 0 and on padding."""
-        b, t = batch.input_ids.shape
         width = int(ids.shape[-1]) if ids is not None else max(1, min(int(k or 1), logits.shape[-1]))
-        out_ids = torch.zeros((b, t, width), dtype=torch.long, device=logits.device)
-        out_lp = torch.zeros((b, t, width), dtype=torch.float32, device=logits.device)
         rows_ids, rows_lp = [], []
-        for r in range(b):
+        for r in range(batch.batch_size):
             given = None if ids is None else ids[r, 1:].to(logits.device)
             i, lp = support_logprobs(logits[r, :-1], self.sampling.temperature, given, width)
             rows_ids.append(torch.cat([i.new_zeros((1, width)), i]))
             rows_lp.append(torch.cat([lp.new_zeros((1, width)), lp]))
-        if b:
-            keep = batch.attention_mask.to(logits.device).bool()[..., None]
-            out_ids = torch.where(keep, torch.stack(rows_ids), out_ids)
-            out_lp = torch.where(keep, torch.stack(rows_lp), out_lp)
-        return out_ids, out_lp
+        keep = batch.attention_mask.to(logits.device).bool()[..., None]  # padding holds 0, like logprobs
+        out_ids, out_lp = torch.stack(rows_ids), torch.stack(rows_lp)
+        return torch.where(keep, out_ids, torch.zeros_like(out_ids)), torch.where(keep, out_lp, torch.zeros_like(out_lp))
 
     @torch.no_grad()
     def support_logprobs(
