@@ -34,15 +34,18 @@ from functools import partial
 from typing import Annotated, Any, Literal
 
 import uvicorn
+from anyio import to_thread
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crl_gym.clients import as_service
 from crl_gym.experience.service import RetrievalService, StepOrderError
+from crl_gym.json_limits import json_shape, quick_bound
 from crl_gym.protocol import DistillationRequest, ExperienceRef, _jsonable, op_from_dict
 
 logger = logging.getLogger(__name__)
@@ -55,6 +58,12 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 """Default largest request body, in bytes (``--max-body-bytes``); a larger one is answered 413 unread."""
 KEEP_ALIVE_S = 75
 """Idle seconds a client connection is kept (clients keep one per concurrent caller)."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays / objects a body may have (the deepest route body needs about 8)."""
+MAX_JSON_ITEMS = 1 << 20
+"""Most JSON containers plus commas in one body (a full 4 MiB submit of episodes holds ~10^5)."""
+_SCAN_IN_THREAD = 64 * 1024
+"""Bodies at least this long are measured off the event loop (a 4 MiB scan takes ~0.1 s)."""
 BACKLOG = 4096
 """Pending TCP connections the listening socket holds (1,024 clients may connect at once)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -80,6 +89,20 @@ def clean_json(value: Any) -> Any:
         return [clean_json(v) for v in value]
     if isinstance(value, dict):
         return {clean_text(str(k)): clean_json(v) for k, v in value.items()}
+    return value
+
+
+def renderable(value: Any) -> Any:
+    """``value`` (an error's payload) ready for a strict JSON encoder: texts cleaned, and each
+    non-finite float (``inf``, ``nan``: not JSON) replaced by its name as a string."""
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, (list, tuple)):
+        return [renderable(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_text(str(k)): renderable(v) for k, v in value.items()}
     return value
 
 
@@ -261,11 +284,16 @@ class BodyLimit:
 
     A declared ``Content-Length`` above the limit is refused at once; a chunked (or lying) body is
     counted as it streams in and refused as soon as it passes the limit, so one client cannot make
-    the server buffer and parse an arbitrarily large JSON document while others wait.
+    the server buffer and parse an arbitrarily large JSON document while others wait. A complete
+    body nested deeper than ``max_depth`` is answered 400, one with more than ``max_items`` JSON
+    items 413, both measured on the raw bytes (:mod:`crl_gym.json_limits`) before the parser
+    recurses into it.
     """
 
-    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH,
+                 max_items: int = MAX_JSON_ITEMS) -> None:
         self.app, self.max_bytes = app, int(max_bytes)
+        self.max_depth, self.max_items = int(max_depth), int(max_items)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
         if scope["type"] != "http":
@@ -292,6 +320,10 @@ class BodyLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
+        refusal = await self._shape_refusal(b"".join(chunks))
+        if refusal is not None:
+            await _refuse(send, *refusal)
+            return
         replayed = False
 
         async def replay() -> Any:
@@ -302,6 +334,21 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _shape_refusal(self, body: bytes) -> tuple[int, str] | None:
+        """``(status, detail)`` for a body too deep or with too many items, else ``None``."""
+        openers, items = quick_bound(body)
+        if openers <= self.max_depth and items <= self.max_items:
+            return None  # the common case: two byte counts, no scan
+        if len(body) >= _SCAN_IN_THREAD:
+            depth, items = await to_thread.run_sync(json_shape, body)
+        else:
+            depth, items = json_shape(body)
+        if depth > self.max_depth:
+            return 400, f"request body: JSON nesting {depth} levels deep is above the limit of {self.max_depth}"
+        if items > self.max_items:
+            return 413, f"request body: {items} JSON items are above the limit of {self.max_items}"
+        return None
 
 
 async def _refuse(send: Callable[[Any], Any], status: int, detail: str) -> None:
@@ -323,8 +370,8 @@ class GuardedRoute(APIRoute):
         async def guarded(request: Request) -> Response:
             try:
                 return await handler(request)
-            except (HTTPException, RequestValidationError):
-                raise  # FastAPI's own 4xx answers
+            except (StarletteHTTPException, RequestValidationError):
+                raise  # HTTP answers with their own status (the body parser raises Starlette's own)
             except StepOrderError as exc:
                 return JSONResponse(status_code=409, content={"detail": str(exc)})
             except Exception as exc:  # noqa: BLE001 - reported to the client as a 5xx
@@ -352,7 +399,13 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's own handler echoes the input, and an input it could not encode made it a 500
-        return JSONResponse(status_code=422, content={"detail": clean_json(jsonable_encoder(exc.errors()))})
+        return JSONResponse(status_code=422, content={"detail": renderable(jsonable_encoder(exc.errors()))})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # every HTTP exception, Starlette's (404, 405, a body that cannot be read) and FastAPI's, keeps its status
+        return JSONResponse(status_code=exc.status_code, content={"detail": renderable(exc.detail)},
+                            headers=getattr(exc, "headers", None))
     open_routes = APIRouter(route_class=GuardedRoute)
     router = APIRouter(route_class=GuardedRoute, dependencies=[Depends(_bearer(token))] if token is not None else [])
 

@@ -16,13 +16,16 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.testclient import TestClient
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crl_gym.experience.bank import ExperienceBank
 from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.embedders import HashingEmbedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.protocol import DistillationRequest, Step, Trajectory
-from crl_gym.server import BackgroundServer
+from crl_gym.server import MAX_JSON_ITEMS, BackgroundServer, GuardedRoute
 
 TIP = "In Sokoban, push boxes along walls only when the target is on that wall."
 
@@ -173,3 +176,77 @@ def test_one_bad_query_in_a_coalesced_http_batch_fails_only_its_caller(served: t
     assert statuses[3] == 500
     assert all(s == 200 for i, s in statuses.items() if i != 3), statuses
     assert httpx.post(url + "/search", json={"query": "Sokoban"}, timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/get_requests", b'{"timeout": 1e309}'),
+    ("/get_requests", b'{"timeout": NaN}'),
+    ("/get_requests", b'{"timeout": -Infinity, "max_n": 1e999}'),
+    ("/end_step", b'{"step": 0, "bonus": {"a": 1e309}}'),
+    ("/end_step", b'{"step": NaN}'),
+    ("/search_many", b'{"queries": [Infinity, NaN]}'),
+])
+def test_a_non_finite_number_is_422_naming_the_field_not_500(served: tuple[str, ExperienceManager], path: str,
+                                                              body: bytes) -> None:
+    # pydantic refuses the value and echoes it as ``input``; rendered as a JSON number that
+    # would be invalid JSON, so the 422 carries it as a string
+    r = raw(served[0], path, body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert all(isinstance(d["loc"], list) and d["loc"][0] == "body" for d in detail), detail
+    assert {str(d["input"]) for d in detail if isinstance(d.get("input"), str)} <= {"inf", "-inf", "nan"}
+    assert raw(served[0], "/search", b'{"query": "Sokoban"}').json()["entry"]["text"] == TIP
+
+
+@pytest.mark.parametrize("opener", [b"[", b'{"a":'])
+def test_deep_nesting_is_refused_before_parsing_not_500(opener: bytes) -> None:
+    manager = make_manager()
+    try:
+        with BackgroundServer(manager) as server:  # the default 4 MiB body limit
+            closer = b"]" if opener == b"[" else b"}"
+            for depth in (100_000, 65):
+                body = b'{"requests": [' + opener * depth + b"1" + closer * depth + b"]}"
+                r = raw(server.url, "/submit", body)
+                assert r.status_code == 400, (depth, r.status_code, r.text[:200])
+                assert "nesting" in r.json()["detail"] and "body" in r.json()["detail"]
+            unclosed = b'{"requests": [' + opener * 100_000
+            assert raw(server.url, "/submit", unclosed).status_code == 400
+            ok = b'{"requests": [' + b"[" * 30 + b"]" * 30 + b"]}"  # shallow enough: the model refuses it
+            assert raw(server.url, "/submit", ok).status_code == 422
+            assert manager.pending() == 0
+            assert raw(server.url, "/search", b'{"query": "Sokoban"}').json()["entry"]["text"] == TIP
+    finally:
+        manager.close()
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(served: tuple[str, ExperienceManager]) -> None:
+    url, manager = served
+    text = '[{"\\"' * 2000 + ' a tip with brackets'
+    r = raw(url, "/apply_ops", json.dumps({"ops": [{"kind": "add", "text": text}]}).encode())
+    assert r.status_code == 200, r.text
+    assert manager.bank.get(r.json()["added_ids"][0]).text == text  # type: ignore[union-attr]
+
+
+def test_too_many_items_are_refused_before_parsing(served: tuple[str, ExperienceManager]) -> None:
+    url, _ = served
+    with BackgroundServer(make_manager()) as server:
+        body = b'{"queries": [' + b"0," * (MAX_JSON_ITEMS + 1) + b"0]}"
+        r = raw(server.url, "/search_many", body)
+        assert r.status_code == 413 and "items" in r.json()["detail"], r.text[:200]
+        server.app.state.service.close()
+    assert raw(url, "/search", b'{"query": "Sokoban"}').status_code == 200
+
+
+def test_a_starlette_http_exception_keeps_its_status() -> None:
+    # the body parser raises Starlette's HTTPException (not FastAPI's subclass) on a body it cannot
+    # read; the route guard must answer with its status, not the catch-all 500
+    router = APIRouter(route_class=GuardedRoute)
+
+    @router.post("/t")
+    async def boom(request: Request) -> None:
+        raise StarletteHTTPException(status_code=418, detail="teapot")
+
+    app = FastAPI()
+    app.include_router(router)
+    r = TestClient(app).post("/t", json={})
+    assert r.status_code == 418 and r.json()["detail"] == "teapot"
