@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from crl_train.algorithms import GATE_SCORES, batch_advantages, entry_rewards, outcome_rewards
+from crl_train.algorithms import (
+    GATE_SCORES,
+    batch_advantages,
+    entry_rewards,
+    episode_rewards,
+    free_baselines,
+    outcome_rewards,
+)
 
 
 def test_outcome_rewards_pm_one() -> None:
@@ -22,6 +29,27 @@ def test_gate_bonus_is_added_before_averaging() -> None:
     bonus = torch.tensor([GATE_SCORES["accept"], GATE_SCORES["refine"]])
     _, rbar = entry_rewards(torch.tensor([1, 1]), torch.tensor([True, False]), gate_bonus=bonus)
     assert rbar.tolist() == [0.75]
+
+
+def test_one_function_makes_r_of_m_with_baseline_gate_and_bonus() -> None:
+    # group 0: guided ✓ (entry 5), guided ✗ (entry 5), free ✓, free ✗ -> free mean 0
+    # group 1: guided ✓ (entry 6), free ✗ -> free mean -1
+    success = torch.tensor([True, False, True, False, True, False])
+    group = torch.tensor([0, 0, 0, 0, 1, 1])
+    cond = torch.tensor([0, 0, 1, 1, 0, 1])
+    assert free_baselines(success, group, cond).tolist() == [0.0, 0.0, 0.0, 0.0, -1.0, -1.0]
+    guided = torch.tensor([0, 1, 4])
+    base = free_baselines(success, group, cond)[guided]
+    gate = torch.tensor([1.0, 0.5, 0.0])  # accept, refine, reject
+    bonus = torch.tensor([0.25, -0.25, 0.5])
+    # r = ±1 - baseline + s_c + b: [1 - 0 + 1 + .25, -1 - 0 + .5 - .25, 1 + 1 + 0 + .5] = [2.25, -.75, 2.5]
+    r = episode_rewards(success[guided], baseline=base, gate_score=gate, bonus=bonus)
+    assert r.tolist() == [2.25, -0.75, 2.5]
+    ids, rbar = entry_rewards(torch.tensor([5, 5, 6]), success[guided], gate, baseline=base, bonus=bonus)
+    assert ids.tolist() == [5, 6] and rbar.tolist() == [0.75, 2.5]  # entry 5: (2.25 - .75) / 2
+    assert episode_rewards(torch.tensor([True, False])).tolist() == [1.0, -1.0]
+    with pytest.raises(ValueError, match="bonus must be"):
+        episode_rewards(torch.tensor([True]), bonus=torch.zeros(2))
 
 
 def test_batch_advantages_by_hand() -> None:

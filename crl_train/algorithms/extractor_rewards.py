@@ -1,7 +1,8 @@
 """Rewards and advantages for the experience extractor (Sec. 2.3 of the paper).
 
-r(m, τ) = +1 if episode τ (guided by entry m) succeeded, −1 otherwise.
-r̄(m) = mean over the trajectories T_m guided by m in one rollout step.
+r(m, τ) = +1 if episode τ (guided by entry m) succeeded, −1 otherwise (:func:`episode_rewards`: the
+one place r(m, τ) is made, with the optional baseline, gate score and perplexity bonus).
+r̄(m) = mean over the trajectories T_m guided by m in one rollout step (:func:`entry_rewards`).
 Â_i = w(m_i) · (r̄(m_i) − mean_j r̄(m_j)), the batch-level advantage over the CISPO batch.
 
 >>> import torch
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from crl_train.config.names import PERPLEXITY_TRANSFORMS
+
 GATE_SCORES: dict[str, float] = {"accept": 1.0, "refine": 0.5, "reject": 0.0}
 """Actor-critic gate (paper appendix, off by default): score added to r(m) per verdict."""
 
@@ -23,26 +26,50 @@ def outcome_rewards(success: torch.Tensor) -> torch.Tensor:
     return success.to(torch.float32) * 2.0 - 1.0
 
 
+def episode_rewards(success: torch.Tensor, *, baseline: torch.Tensor | None = None,
+                    gate_score: torch.Tensor | None = None, bonus: torch.Tensor | None = None) -> torch.Tensor:
+    """r(m, τ) of each episode: ±1 by success, minus ``baseline`` (the ``relative`` variant: its group's
+    free-subgroup mean ±1, :func:`free_baselines`), plus the gate's ``gate_score`` s_c and the
+    perplexity ``bonus`` b. Shapes: ``[N]`` each; None adds nothing.
+
+    >>> episode_rewards(torch.tensor([True, False]), gate_score=torch.tensor([1.0, 0.5]),
+    ...                 bonus=torch.tensor([0.25, 0.0])).tolist()
+    [2.25, -0.5]
+    """
+    r = outcome_rewards(success)
+    for name, term in (("baseline", baseline), ("gate_score", gate_score), ("bonus", bonus)):
+        if term is not None and term.shape != r.shape:
+            raise ValueError(f"{name} must be [N]={r.shape[0]}, got {tuple(term.shape)}")
+    if baseline is not None:
+        r = r - baseline.to(r.dtype)
+    # s_c + b are summed in their own dtype first (a float64 caller keeps 0.5 + 0.1 exact before the cast)
+    extra = [t for t in (gate_score, bonus) if t is not None]
+    if extra:
+        r = r + (extra[0] if len(extra) == 1 else extra[0] + extra[1]).to(r.dtype)
+    return r
+
+
 def entry_rewards(
-    entry_ids: torch.Tensor, success: torch.Tensor, gate_bonus: torch.Tensor | None = None
+    entry_ids: torch.Tensor, success: torch.Tensor, gate_bonus: torch.Tensor | None = None, *,
+    baseline: torch.Tensor | None = None, bonus: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Average ±1 outcomes per entry over the guided trajectories of one rollout step.
+    """r̄(m): the mean of :func:`episode_rewards` per entry over the guided trajectories of one rollout step.
 
     Args:
         entry_ids: ``[N]`` long, the entry each guided trajectory saw.
         success: ``[N]`` bool.
         gate_bonus: optional ``[N]`` float, the actor-critic gate score of each trajectory's
             verdict on its entry (see :data:`GATE_SCORES`), added to r before averaging.
+        baseline: optional ``[N]``, subtracted from r (``relative``: :func:`free_baselines`).
+        bonus: optional ``[N]``, the perplexity bonus of each trajectory's entry, added to r.
     Returns:
         (``[M]`` sorted unique entry ids, ``[M]`` r̄(m)).
     """
     if entry_ids.shape != success.shape or entry_ids.dim() != 1:
         raise ValueError(f"entry_ids and success must both be [N], got {tuple(entry_ids.shape)} and {tuple(success.shape)}")
-    r = outcome_rewards(success)
-    if gate_bonus is not None:
-        if gate_bonus.shape != r.shape:
-            raise ValueError(f"gate_bonus must be [N]={r.shape[0]}, got {tuple(gate_bonus.shape)}")
-        r = r + gate_bonus.to(r.dtype)
+    if gate_bonus is not None and gate_bonus.shape != success.shape:
+        raise ValueError(f"gate_bonus must be [N]={success.shape[0]}, got {tuple(gate_bonus.shape)}")
+    r = episode_rewards(success, baseline=baseline, gate_score=gate_bonus, bonus=bonus)
     return entry_mean_rewards(entry_ids, r)
 
 
@@ -61,6 +88,27 @@ def entry_mean_rewards(entry_ids: torch.Tensor, rewards: torch.Tensor) -> tuple[
     return ids, total / count
 
 
+def free_baselines(success: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor,
+                   guided: int = 0) -> torch.Tensor:
+    """Each episode's group's free-subgroup mean ±1 outcome (0 when the group has no free episode).
+
+    Shapes: ``[N]`` each; ``condition`` holds ``guided`` (GUIDED = 0) or anything else for free.
+
+    >>> free_baselines(torch.tensor([True, False, True, False]), torch.tensor([0, 0, 1, 1]),
+    ...                torch.tensor([0, 1, 0, 0])).tolist()
+    [-1.0, -1.0, 0.0, 0.0]
+    """
+    if not (success.shape == group_index.shape == condition.shape) or success.dim() != 1:
+        raise ValueError("success, group_index and condition must all be [N]")
+    r = outcome_rewards(success)
+    is_free = condition != guided
+    groups, inv = torch.unique(group_index, return_inverse=True)
+    free_sum = torch.zeros(groups.numel()).scatter_add_(0, inv, torch.where(is_free, r, torch.zeros_like(r)))
+    free_n = torch.zeros(groups.numel()).scatter_add_(0, inv, is_free.to(r.dtype))
+    baseline = torch.where(free_n > 0, free_sum / free_n.clamp(min=1.0), torch.zeros_like(free_sum))
+    return baseline[inv]
+
+
 def relative_outcomes(success: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor,
                       guided: int = 0) -> torch.Tensor:
     """The relative reward the paper compared against direct reward (appendix B.2): each guided
@@ -75,15 +123,8 @@ def relative_outcomes(success: torch.Tensor, group_index: torch.Tensor, conditio
     >>> relative_outcomes(torch.tensor([True, False, False]), torch.tensor([0, 0, 0]), torch.tensor([0, 1, 1])).tolist()
     [2.0, 0.0, 0.0]
     """
-    if not (success.shape == group_index.shape == condition.shape) or success.dim() != 1:
-        raise ValueError("success, group_index and condition must all be [N]")
-    r = outcome_rewards(success)
-    is_free = condition != guided
-    groups, inv = torch.unique(group_index, return_inverse=True)
-    free_sum = torch.zeros(groups.numel()).scatter_add_(0, inv, torch.where(is_free, r, torch.zeros_like(r)))
-    free_n = torch.zeros(groups.numel()).scatter_add_(0, inv, is_free.to(r.dtype))
-    baseline = torch.where(free_n > 0, free_sum / free_n.clamp(min=1.0), torch.zeros_like(free_sum))
-    return torch.where(is_free, torch.zeros_like(r), r - baseline[inv])
+    r = episode_rewards(success, baseline=free_baselines(success, group_index, condition, guided))
+    return torch.where(condition != guided, torch.zeros_like(r), r)
 
 
 def batch_advantages(rbar: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,10 +141,6 @@ def batch_advantages(rbar: torch.Tensor, weights: torch.Tensor | None = None) ->
             raise ValueError(f"weights must be [M]={rbar.shape[0]}, got {tuple(weights.shape)}")
         adv = adv * weights.to(adv.dtype)
     return adv
-
-
-PERPLEXITY_TRANSFORMS: tuple[str, ...] = ("relative", "tanh", "sigmoid", "asymmetric", "log")
-"""The five normalisations of the perplexity-reduction bonus the paper explored (appendix B.2)."""
 
 
 def perplexity_bonus(delta_h: torch.Tensor, h_without: torch.Tensor, *, transform: str, weight: float = 1.0,

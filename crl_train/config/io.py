@@ -151,6 +151,42 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'config'}: {exc}") from None
 
 
+def _choices(tp: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` annotation (or ``Literal | None``) allows; None for any other type."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        found = [c for a in typing.get_args(tp) if (c := _choices(a)) is not None]
+        if found:
+            return (*found[0], *(None for a in typing.get_args(tp) if a is type(None)))
+    return None
+
+
+def check_choices(obj: Any, prefix: str = "") -> None:
+    """Every ``Literal`` field of dataclass ``obj`` holds one of its values: the one check of every
+    choice, read from the type hints (a ``__post_init__`` calls it), so a choice is stated once, in
+    its annotation. A bad value raises :class:`ConfigError` naming the field and the accepted values.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class C:
+    ...     mode: Literal["a", "b"] = "a"
+    ...     def __post_init__(self) -> None:
+    ...         check_choices(self, "c")
+    >>> C("z")
+    Traceback (most recent call last):
+    ...
+    crl_train.config.io.ConfigError: c.mode: expected one of 'a', 'b', got 'z'
+    """
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        allowed = _choices(hints[f.name])
+        value = getattr(obj, f.name)
+        if allowed is not None and value not in allowed:
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            raise ConfigError(f"{key}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+
+
 def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = data

@@ -1,6 +1,11 @@
-"""The names of the methods: the one list (the config validates ``method`` against it)."""
+"""The names of the methods and of every other choice a config makes: each list stated once.
+
+The config validates its fields against these (``Literal`` annotations, checked generically by
+:func:`crl_train.config.io.check_choices`); the consumers import the same names.
+"""
 
 from enum import StrEnum
+from typing import Literal, get_args
 
 
 class MethodName(StrEnum):
@@ -16,3 +21,16 @@ class MethodName(StrEnum):
     """A bank built once before training, then frozen."""
     EDGE = "edge"
     """EDGE: gain-gated teacher rollouts, pooled advantages, reverse-KL distillation, utility pruning."""
+
+
+EntryReward = Literal["direct", "relative"]
+"""r(m) of a guided episode: ±1 by its success, or that minus its group's free-subgroup mean ±1."""
+PerplexityTransform = Literal["relative", "tanh", "sigmoid", "asymmetric", "log"]
+"""The five normalisations f of the perplexity-reduction bonus (the paper's appendix B.2)."""
+PerplexityChoice = Literal["off", PerplexityTransform]
+"""The perplexity bonus's setting: ``off`` or one of :data:`PerplexityTransform`."""
+KLEstimator = Literal["topk", "sampled"]
+"""EDGE's reverse KL: over the student's top-k tokens, or its sampled-token estimate."""
+
+PERPLEXITY_TRANSFORMS: tuple[str, ...] = get_args(PerplexityTransform)
+"""The values of :data:`PerplexityTransform`."""

@@ -24,15 +24,8 @@ import torch
 
 from crl_gym.experience.service import ClosedStep
 from crl_gym.protocol import DistillationRequest, ExtractorSample
-from crl_train.algorithms import (
-    FREE,
-    GUIDED,
-    ema_utility,
-    entry_mean_rewards,
-    marginal_gain,
-    outcome_rewards,
-    relative_outcomes,
-)
+from crl_train.algorithms import FREE, GUIDED, ema_utility, marginal_gain
+from crl_train.algorithms.extractor_rewards import entry_rewards, episode_rewards, free_baselines
 from crl_train.service.track import Credit, Reflection
 
 
@@ -55,34 +48,36 @@ def gate_score(request: DistillationRequest) -> float:
 
 
 def step_credits(closed: ClosedStep, *, relative: bool = False) -> list[Credit]:
-    """r̄(m) of every entry that guided an episode of the step, plus one ±1 credit per refinement.
+    """r̄(m) of every entry that guided an episode of the step, plus one credit per refinement.
 
-    r(m, τ) = ±1 by the episode's success (``relative``: minus the mean ±1 of its group's free
-    subgroup, the variant the paper found worse), plus the gate's s_c and ``closed.bonus[request_id]``.
+    Both come from :func:`~crl_train.algorithms.extractor_rewards.episode_rewards`: r(m, τ) = ±1 by
+    the episode's success (``relative``: minus the mean ±1 of its group's free subgroup, the variant
+    the paper found worse), plus the gate's s_c and ``closed.bonus[request_id]`` for the entries; a
+    refinement gets its episode's ±1 alone.
     """
     credits: list[Credit] = []
     guided = [r for r in closed.requests if judged_entry(r) is not None]
     if guided:
-        success = torch.tensor([bool(r.success) for r in guided])
+        baseline = None
         if relative:
-            keys = {k: i for i, k in enumerate(dict.fromkeys((r.env_id, r.seed) for r in closed.requests))}
             everyone = closed.requests
-            rel = relative_outcomes(torch.tensor([bool(r.success) for r in everyone]),
-                                    torch.tensor([keys[(r.env_id, r.seed)] for r in everyone]),
-                                    torch.tensor([GUIDED if r.condition == "guided" else FREE for r in everyone]))
-            by_id = {id(r): float(v) for r, v in zip(everyone, rel.tolist(), strict=True)}
-            rewards = torch.tensor([by_id[id(r)] for r in guided])
-        else:
-            rewards = outcome_rewards(success)
-        extra = torch.tensor([gate_score(r) + float(closed.bonus.get(r.request_id, 0.0)) for r in guided])
-        ids, rbar = entry_mean_rewards(torch.tensor([judged_entry(r) for r in guided]), rewards + extra)
+            keys = {k: i for i, k in enumerate(dict.fromkeys((r.env_id, r.seed) for r in everyone))}
+            base = free_baselines(torch.tensor([bool(r.success) for r in everyone]),
+                                  torch.tensor([keys[(r.env_id, r.seed)] for r in everyone]),
+                                  torch.tensor([GUIDED if r.condition == "guided" else FREE for r in everyone]))
+            by_id = {id(r): float(v) for r, v in zip(everyone, base.tolist(), strict=True)}
+            baseline = torch.tensor([by_id[id(r)] for r in guided])
+        ids, rbar = entry_rewards(
+            torch.tensor([judged_entry(r) for r in guided]), torch.tensor([bool(r.success) for r in guided]),
+            torch.tensor([gate_score(r) for r in guided], dtype=torch.float64), baseline=baseline,
+            bonus=torch.tensor([float(closed.bonus.get(r.request_id, 0.0)) for r in guided], dtype=torch.float64))
         credits += [Credit(closed.step, float(v), entry_id=int(i)) for i, v in zip(ids.tolist(), rbar.tolist(), strict=True)]
-    for r in closed.requests:
-        for call in r.trajectory.search_calls:
-            if call.refined and call.provenance:
-                sample = ExtractorSample.from_dict(call.provenance)
-                if sample is not None:
-                    credits.append(Credit(closed.step, 1.0 if r.success else -1.0, sample=sample))
+    refined = [(r, sample) for r in closed.requests for call in r.trajectory.search_calls
+               if call.refined and call.provenance and (sample := ExtractorSample.from_dict(call.provenance)) is not None]
+    if refined:
+        rewards = episode_rewards(torch.tensor([bool(r.success) for r, _ in refined]))
+        credits += [Credit(closed.step, float(v), sample=sample)
+                    for (_, sample), v in zip(refined, rewards.tolist(), strict=True)]
     return credits
 
 

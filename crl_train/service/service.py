@@ -31,6 +31,8 @@ from typing import Any
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import ClosedStep, RetrievalService
 from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float
+from crl_train.config.io import check_choices
+from crl_train.config.names import EntryReward
 from crl_train.extractor import AnyExtractor, ExtractorUnavailable
 from crl_train.service.credit import reflections, step_credits, utility_updates
 from crl_train.service.track import BackgroundTrack, TrackStats
@@ -81,7 +83,7 @@ class ServiceOptions:
     None keeps the manager's own ``manager.dedup_similarity``."""
     seed_bank: bool = True
     """An empty bank starts with ``experience.seed_entries`` (EDGE: False, its bank starts empty)."""
-    entry_reward: str = "direct"
+    entry_reward: EntryReward = "direct"
     """r(m) of a guided episode: ``direct`` (±1 by its success, the paper's choice) or ``relative``
     (minus the mean ±1 of its group's free subgroup, the variant the paper found worse)."""
     offline_source: str | None = None
@@ -100,10 +102,8 @@ class ServiceOptions:
     asynchronous: bool = True
     """The extractor's loop runs in its own thread; False runs it to idle inside each ``end_step``."""
 
-
     def __post_init__(self) -> None:
-        if self.entry_reward not in ("direct", "relative"):
-            raise ValueError(f"ServiceOptions.entry_reward must be 'direct' or 'relative', got {self.entry_reward!r}")
+        check_choices(self, "ServiceOptions")
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -257,6 +257,7 @@ class ExperienceService(RetrievalService):
                 self.track.request_reflections(reflections(step, r.below), r.max_entries)
             credits = step_credits(step, relative=self.options.entry_reward == "relative")
             self.track.credit(credits)
+            self._log_credits(step, credits)
             credited += len(credits)
             if self.options.distill and self.options.merge_every and (step.step + 1) % self.options.merge_every == 0:
                 self.track.request_merge(step.step)
@@ -266,6 +267,17 @@ class ExperienceService(RetrievalService):
             if not self.options.asynchronous:
                 self.track.run_until_idle()
         return credited
+
+    def _log_credits(self, closed: ClosedStep, credits: list[Any]) -> None:
+        """r̄(m) of the step and its episode count per entry, into the bank's event log: B_φ consumes
+        the credits, and this is what the bank explorer shows of them."""
+        from collections import Counter
+
+        from crl_train.service.credit import judged_entry
+
+        episodes = Counter(judged_entry(r) for r in closed.requests)
+        self.manager.bank.record_credits(closed.step, [(c.entry_id, c.reward, episodes[c.entry_id])
+                                                       for c in credits if c.entry_id is not None])
 
     def _edge_utility(self, closed: ClosedStep, edge: EdgeUtility) -> None:
         bank = self.manager.bank
