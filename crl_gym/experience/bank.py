@@ -46,7 +46,7 @@ import numpy as np
 
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.rwlock import RWLock
-from crl_gym.experience.store import BankCorruptError, SQLiteStore
+from crl_gym.experience.store import BankCorruptError, EntryEvent, SQLiteStore
 from crl_gym.experience.vector_index import INDEX_FILE, INDEX_META_FILE, VectorIndex
 from crl_gym.protocol import ExtractorSample, check_int, finite_float
 
@@ -188,6 +188,7 @@ class ExperienceBank:
             self._store.close()
             raise
         self._dirty_stats: set[int] = set()
+        self._last_step = self._store.last_event_step()
         self._index = self._open_index()
 
     def _check_embedder(self) -> None:
@@ -280,12 +281,13 @@ class ExperienceBank:
         return v
 
     # -- writes ------------------------------------------------------------------------------
-    def _commit(self, upserts: list[ExperienceEntry], deletes: list[int], next_id: int) -> None:
+    def _commit(self, upserts: list[ExperienceEntry], deletes: list[int], next_id: int,
+                events: Sequence[EntryEvent] = ()) -> None:
         """Durably write, then swap into memory and the index, all under the writer lock."""
         with self.lock.write():
             gen = self._generation + 1
             with self._db_lock:
-                self._store.commit(upserts, deletes, {"next_id": next_id, "generation": gen})
+                self._store.commit(upserts, deletes, {"next_id": next_id, "generation": gen}, events)
             self._generation, self._next_id = gen, next_id
             try:
                 stale = [e.id for e in upserts if e.id in self._entries] + deletes
@@ -305,10 +307,17 @@ class ExperienceBank:
         adds: Sequence[PendingAdd | Mapping[str, Any]] = (),
         updates: Sequence[PendingUpdate | Mapping[str, Any]] = (),
         deletes: Iterable[int] = (),
+        *,
+        step: int | None = None,
+        merged: Mapping[int, Sequence[int]] | None = None,
     ) -> list[int]:
         """Apply adds, updates and deletes atomically; returns the new ids of ``adds`` in order.
 
-        Everything is validated first (unknown ids, dims), so a bad item changes nothing.
+        Everything is validated first (unknown ids, dims), so a bad item changes nothing. Each
+        change is logged in the entry-event table in the same transaction, at ``step`` (an Add
+        without one: its ``created_step``; otherwise the latest step logged). ``merged`` (a Merge's
+        anchor id → its source ids) marks the batch as a Merge: its updates are ``merge`` events,
+        its deletes ``merged_away`` (a source) or ``discard``.
         """
         with self.lock.write():
             adds_ = [a if isinstance(a, PendingAdd) else PendingAdd(**a) for a in adds]
@@ -344,8 +353,56 @@ class ExperienceBank:
                 next_id += 1
             if next_id > MAX_ID:
                 raise OverflowError("the bank ran out of ids")
-            self._commit(upserts, dels, next_id)
+            events = self._events(upserts, touched, dels, step, merged)
+            self._commit(upserts, dels, next_id, events)
+            self._last_step = max([self._last_step, *(e.step for e in events)])
             return new_ids
+
+    def _events(self, upserts: list[ExperienceEntry], touched: Mapping[int, ExperienceEntry], dels: list[int],
+                step: int | None, merged: Mapping[int, Sequence[int]] | None) -> list[EntryEvent]:
+        """The entry-event rows of one ``apply_batch`` (see :data:`~crl_gym.experience.store.EVENT_KINDS`)."""
+        at = self._last_step if step is None else int(step)
+        into = {int(s): int(a) for a, srcs in (merged or {}).items() for s in srcs if int(s) != int(a)}
+        out: list[EntryEvent] = []
+        for e in upserts:
+            if e.id not in touched:
+                out.append(EntryEvent(e.id, e.created_step if step is None else at, "add", e.version))
+            elif merged is not None and e.id in merged:
+                out.append(EntryEvent(e.id, at, "merge", e.version, detail={"sources": sorted(int(x) for x in merged[e.id])}))
+            else:
+                out.append(EntryEvent(e.id, at, "update", e.version))
+        for i in dels:
+            old = self._entries[i]
+            kind = "merged_away" if i in into else "discard" if merged is not None else "delete"
+            detail: dict[str, Any] = {"text": old.text}
+            if i in into:
+                detail["into"] = into[i]
+            out.append(EntryEvent(i, at, kind, old.version, detail=detail))
+        return out
+
+    def record_credits(self, step: int, credits: Iterable[tuple[int, float, int]]) -> int:
+        """Log r̄(m) of a closed rollout step for each ``(entry id, r̄(m), episodes)`` and fold it into
+        the entry's r̄(m) over training (``entry_credit``); returns how many. The service calls this
+        as it credits a step: it is the only place r̄(m) is kept once B_φ has used it."""
+        rows = [(int(i), finite_float(v, f"record_credits: r̄({i})"), check_int(n, f"record_credits: episodes of {i}", low=0))
+                for i, v, n in credits]
+        if not rows:
+            return 0
+        with self._db_lock:
+            n = self._store.record_credits(int(step), rows)
+        self._last_step = max(self._last_step, int(step))
+        return n
+
+    def read_sql(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of one read-only query on the bank's own connection (an in-memory bank has no file
+        for a reader of its own to open); a statement that would write is refused by SQLite."""
+        with self._db_lock:
+            conn = self._store.conn
+            conn.execute("PRAGMA query_only=ON")
+            try:
+                return [tuple(r) for r in conn.execute(sql, tuple(params)).fetchall()]
+            finally:
+                conn.execute("PRAGMA query_only=OFF")
 
     def add(
         self, text: str, embedding: np.ndarray, *, created_step: int = 0,

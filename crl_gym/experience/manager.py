@@ -383,7 +383,7 @@ class ExperienceManager:
             deletes_set = set(deletes)
             updates = [u for u in updates if u.id not in deletes_set]
             res.updated = [u.id for u in updates]
-            res.added = self.bank.apply_batch(adds, updates, deletes)
+            res.added = self.bank.apply_batch(adds, updates, deletes, step=step)
             res.deleted = deletes
         return res
 

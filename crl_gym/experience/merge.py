@@ -453,4 +453,4 @@ def _swap(
         for i in deletes:
             report.deleted[i] = snapshot[i].text
         if updates or deletes:
-            bank.apply_batch(updates=updates, deletes=deletes)
+            bank.apply_batch(updates=updates, deletes=deletes, step=report.step, merged=report.updated)

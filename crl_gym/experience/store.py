@@ -15,6 +15,7 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,44 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# What an entry went through, for the explorer (crl_gym/explorer). Added beside the entries with
+# IF NOT EXISTS, so a bank written before them opens as it was and gains them on its next write
+# open. ``entry_credit`` folds the ``credit`` events per entry: r̄(m) over every credited episode
+# (its sum and count), kept as a row so the bank view can sort by it at 100k entries.
+_EVENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entry_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    entry_id INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    version INTEGER,
+    value REAL,
+    n INTEGER,
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS entry_events_entry ON entry_events(entry_id, seq);
+CREATE INDEX IF NOT EXISTS entry_events_step ON entry_events(step, kind);
+CREATE TABLE IF NOT EXISTS entry_credit (
+    entry_id INTEGER PRIMARY KEY,
+    reward_sum REAL NOT NULL,
+    episodes INTEGER NOT NULL,
+    steps INTEGER NOT NULL,
+    last_step INTEGER NOT NULL,
+    rbar REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entry_credit_rbar ON entry_credit(rbar);
+CREATE INDEX IF NOT EXISTS entry_credit_episodes ON entry_credit(episodes);
+CREATE INDEX IF NOT EXISTS entries_created_step ON entries(created_step);
+CREATE INDEX IF NOT EXISTS entries_retrieval_count ON entries(retrieval_count);
+CREATE INDEX IF NOT EXISTS entries_train_count ON entries(train_count);
+CREATE INDEX IF NOT EXISTS entries_last_trained_step ON entries(last_trained_step);
+CREATE INDEX IF NOT EXISTS entries_version ON entries(version);
+CREATE INDEX IF NOT EXISTS entries_utility ON entries(utility);
+"""
+EVENT_KINDS = ("add", "update", "merge", "merged_away", "discard", "delete", "credit")
+"""``entry_events.kind``: an Add, an Update, a Merge that produced the entry (``detail.sources``),
+a Merge that folded it into another (``detail.into``) or discarded it, a Delete (an EDGE prune, an
+op), and a step's credit (``value`` = r̄(m) of the step, ``n`` = its episodes)."""
 _COLUMNS = (
     "id, text, embedding, version, created_step, retrieval_count, last_retrieved, "
     "train_count, last_trained_step, utility, tags, provenance, history"
@@ -96,7 +135,7 @@ def _create(path: Path) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the file's header
         conn.executescript(
-            f"BEGIN; {_SCHEMA} INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'); COMMIT;"
+            f"BEGIN; {_SCHEMA} {_EVENTS_SCHEMA} INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'); COMMIT;"
         )
     finally:
         conn.close()  # the last connection checkpoints the WAL into the file and removes it
@@ -152,6 +191,52 @@ def _entry(row: Sequence[Any], dim: int, file: Path | str) -> ExperienceEntry:
     )
 
 
+@dataclass(frozen=True)
+class EntryEvent:
+    """One row of ``entry_events`` (see :data:`EVENT_KINDS`)."""
+
+    entry_id: int
+    step: int
+    kind: str
+    version: int | None = None
+    value: float | None = None
+    n: int | None = None
+    detail: dict[str, Any] | None = None
+
+
+def _insert_events(c: sqlite3.Connection, events: Iterable[EntryEvent]) -> None:
+    c.executemany(
+        "INSERT INTO entry_events(entry_id, step, kind, version, value, n, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(e.entry_id, int(e.step), e.kind, e.version, e.value, e.n,
+          None if e.detail is None else json.dumps(e.detail, ensure_ascii=False)) for e in events],
+    )
+
+
+def open_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the bank database at ``path`` (a reader beside the bank's writer:
+    WAL lets both run; nothing it does can change the file). :class:`BankCorruptError` if it is
+    not a bank."""
+    if not path.is_file() or path.stat().st_size == 0:
+        raise BankCorruptError(f"{path}: no bank database here")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        raise BankCorruptError(f"{path}: not a readable bank database ({exc})") from exc
+    if not {"entries", "meta"} <= tables:
+        conn.close()
+        raise BankCorruptError(f"{path}: an SQLite database, but not an experience bank")
+    return conn
+
+
+def read_entries(conn: sqlite3.Connection, dim: int, file: Path | str) -> list[ExperienceEntry]:
+    """Every entry of the bank behind ``conn`` (e.g. :func:`open_readonly`), in id order."""
+    try:
+        return [_entry(r, dim, file) for r in conn.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY id")]
+    except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
+        raise BankCorruptError(f"{file}: cannot read entries ({exc})") from exc
+
+
 class SQLiteStore:
     """Thin wrapper over one SQLite connection; callers serialise access (the bank's locks)."""
 
@@ -174,6 +259,7 @@ class SQLiteStore:
             if path is None:
                 self.conn.executescript(_SCHEMA)
             _check_schema(self.conn, self.file)  # before any write: a foreign file is left as it was
+            self.conn.executescript(_EVENTS_SCHEMA)  # a bank written before the event log gains it
             if path is not None:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 # NORMAL in WAL mode: a committed transaction survives a process kill.
@@ -212,8 +298,9 @@ class SQLiteStore:
         upserts: Iterable[ExperienceEntry],
         deletes: Iterable[int],
         meta: dict[str, object],
+        events: Iterable[EntryEvent] = (),
     ) -> None:
-        """Write everything in one transaction: all of it lands, or none of it."""
+        """Write everything in one transaction (the entries' events with them): all of it lands, or none of it."""
         with self._transaction() as c:
             c.executemany(
                 f"INSERT OR REPLACE INTO entries({_COLUMNS}) VALUES ({','.join('?' * 13)})",
@@ -222,6 +309,28 @@ class SQLiteStore:
             c.executemany("DELETE FROM entries WHERE id=?", [(i,) for i in deletes])
             for k, v in meta.items():
                 self.set_meta(k, v)
+            _insert_events(c, events)
+
+    def last_event_step(self) -> int:
+        """The latest step in the event log (0 when empty): the step of a change logged without one."""
+        row = self.conn.execute("SELECT max(step) FROM entry_events").fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
+
+    def record_credits(self, step: int, credits: Iterable[tuple[int, float, int]]) -> int:
+        """One ``credit`` event per ``(entry id, r̄(m) of the step, episodes)`` and the entry's running
+        r̄(m) over all its credited episodes, in one transaction; returns how many."""
+        rows = [(int(i), float(v), int(n)) for i, v, n in credits]
+        with self._transaction() as c:
+            _insert_events(c, [EntryEvent(i, step, "credit", value=v, n=n) for i, v, n in rows])
+            c.executemany(
+                "INSERT INTO entry_credit(entry_id, reward_sum, episodes, steps, last_step, rbar) "
+                "VALUES (?1, ?2 * ?3, ?3, 1, ?4, ?2) ON CONFLICT(entry_id) DO UPDATE SET "
+                "reward_sum = reward_sum + excluded.reward_sum, episodes = episodes + excluded.episodes, "
+                "steps = steps + 1, last_step = max(last_step, excluded.last_step), "
+                "rbar = (reward_sum + excluded.reward_sum) / max(1, episodes + excluded.episodes)",
+                [(i, v, n, int(step)) for i, v, n in rows],
+            )
+        return len(rows)
 
     def update_stats(self, sql: str, params: list[tuple[Any, ...]]) -> None:
         """Run one counter update statement for many rows, in one transaction."""
