@@ -52,11 +52,12 @@ import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
 from crl_gym.experience.prompts import truncate_middle
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step
 from crl_gym.templates import SYSTEM_REACT
 from crl_train.config import TrainConfig
 from crl_train.openrlhf.tasks import ConditionAssigner, TaskLabel
 from crl_train.policy.chat import ChatFormatter, parse_action
+from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,6 @@ EXTRA_LOG_KEYS: tuple[str, ...] = ("crl_guided", "crl_experience", "crl_success"
                                    "crl_search_calls", "crl_turn_cap", "crl_context_truncated", "crl_env_error")
 """``extra_logs`` of every sample (floats): condition (1 guided), an entry was shown, success, not ended
 by an env error, turns, search_and_ask calls, cut by the turn cap, cut by the context, env error."""
-
-MAX_OBS_CHARS = 4000
-"""Observations are shortened to this many characters (middle elided), as in the ``hf`` runner."""
-
 
 # ---------------------------------------------------------------------------------------- runtime
 
@@ -328,10 +325,9 @@ class CRLAgentInstance(AgentInstanceBase):
         self.runtime.count("turn_caps" if reason == "turn_cap" else "context_truncations")
         self.success = False
         if self.runtime.guided and self.task is not None:
-            self.request = DistillationRequest(
-                task=self.task_text, trajectory=Trajectory(steps=list(self.steps)), outcome=float(self.reward),
-                success=False, experience=self.experience, condition=self.condition or "free",  # type: ignore[arg-type]
-                env_id=self.task.env_id, seed=self.task.seed, meta={reason: True})
+            self.request = cut_request(task=self.task_text, steps=self.steps, outcome=self.reward,
+                                       experience=self.experience, condition=self.condition,
+                                       env_id=self.task.env_id, seed=self.task.seed, reasons={reason: True})
             await self.runtime.submit(self.request)
         self._finish()
 
@@ -356,8 +352,7 @@ class CRLAgentInstance(AgentInstanceBase):
         return chat.render([{"role": "system", "content": SYSTEM_REACT}, {"role": "user", "content": user_text}])
 
     def _user_text(self, obs: str) -> str:
-        obs = truncate_middle(obs, MAX_OBS_CHARS)
-        return f"{obs}\nValid actions: {', '.join(self.admissible)}" if self.admissible else obs
+        return user_text(obs, self.admissible)
 
     def extra_logs(self) -> dict[str, float]:
         return {"crl_guided": float(self.condition == "guided"), "crl_experience": float(self.experience is not None),

@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from crl_gym.experience.prompts import truncate_middle
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.policy.base import Generation, TokenSequence
 from crl_train.policy.chat import parse_action
+from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class RolloutRunner:
         max_context_tokens: int = 4096,
         constrained: bool = False,
         search_and_ask: bool = False,
-        max_obs_chars: int = 4000,
+        max_obs_chars: int = MAX_OBS_CHARS,
     ) -> None:
         if group_size < 2 or group_size % 2:
             raise ValueError(f"group_size must be even and >= 2, got {group_size}")
@@ -162,10 +162,7 @@ class RolloutRunner:
         return SYSTEM_CONSTRAINED if self.constrained else SYSTEM_REACT
 
     def _user_text(self, obs: str, admissible: Sequence[str]) -> str:
-        obs = truncate_middle(str(obs), self.max_obs_chars)
-        if admissible and not self.constrained:
-            return f"{obs}\nValid actions: {', '.join(admissible)}"
-        return obs
+        return user_text(obs, admissible, constrained=self.constrained, max_obs_chars=self.max_obs_chars)
 
     def _start(self, ep: Episode, obs: Any, info: dict[str, Any]) -> None:
         ep.task = str(info.get("task") or obs)
@@ -343,17 +340,9 @@ class RolloutRunner:
 
     def own_request(self, ep: Episode) -> DistillationRequest:
         """A request for an episode the env did not finish (turn cap / context cut)."""
-        return DistillationRequest(
-            task=ep.task,
-            trajectory=Trajectory(steps=list(ep.steps)),
-            outcome=ep.reward,
-            success=False,
-            experience=ep.experience,
-            condition="guided" if ep.condition == "guided" else "free",
-            env_id=ep.env_id,
-            seed=ep.seed,
-            meta={**ep.request_meta, **{k: v for k, v in ep.info.items() if k in ("turn_cap", "context_truncated")}},
-        )
+        return cut_request(task=ep.task, steps=ep.steps, outcome=ep.reward, experience=ep.experience,
+                           condition=ep.condition, env_id=ep.env_id, seed=ep.seed, reasons=ep.info,
+                           meta=ep.request_meta)
 
 
 def swap_prompt(ep: Episode, prompt_ids: Sequence[int], *, drop_search_turns: bool = False) -> TokenSequence:

@@ -1,0 +1,57 @@
+"""The episode rules both rollout backends follow: what the actor reads each turn, and the request
+of an episode the trainer cut (turn cap, context limit) rather than its env.
+
+One owner for :class:`~crl_train.rollout.runner.RolloutRunner` (the ``hf`` backend) and
+:mod:`crl_train.openrlhf.executor` (OpenRLHF's agent mode), so both show the same text and send
+the service the same request.
+
+>>> user_text("abcdefghij", ["north", "south"], max_obs_chars=7)
+'ab … ij\\nValid actions: north, south'
+>>> user_text("room", ["north"], constrained=True)
+'room'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crl_gym.experience.prompts import truncate_middle
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+
+MAX_OBS_CHARS = 4000
+"""Observations are shortened to this many characters (middle elided) before the actor reads them."""
+
+CUT_REASONS: tuple[str, ...] = ("turn_cap", "context_truncated")
+"""Why the trainer ends an episode its env did not: the turn cap, or a next turn that would not fit."""
+
+def user_text(obs: Any, admissible: Sequence[str], *, constrained: bool = False,
+              max_obs_chars: int = MAX_OBS_CHARS) -> str:
+    """The user turn of an observation: shortened to ``max_obs_chars``, followed by the admissible
+    actions unless decoding is constrained to them (then the trie shows them instead)."""
+    text = truncate_middle(str(obs), max_obs_chars)
+    if admissible and not constrained:
+        return f"{text}\nValid actions: {', '.join(admissible)}"
+    return text
+
+
+def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience: ExperienceRef | None,
+                condition: str | None, env_id: str, seed: int | None, reasons: Mapping[str, Any],
+                meta: Mapping[str, Any] | None = None) -> DistillationRequest:
+    """The request of an episode the trainer cut: a failure (``success`` False) whatever its reward,
+    ``meta`` with the cut's flags (``reasons``: only the keys of :data:`CUT_REASONS` are kept).
+
+    >>> r = cut_request(task="t", steps=[], outcome=0.0, experience=None, condition=None, env_id="e",
+    ...                 seed=3, reasons={"turn_cap": True, "gate": "x"})
+    >>> r.success, r.condition, r.meta
+    (False, 'free', {'turn_cap': True})
+    """
+    flags = {k: v for k, v in reasons.items() if k in CUT_REASONS}
+    return DistillationRequest(
+        task=task, trajectory=Trajectory(steps=list(steps)), outcome=float(outcome), success=False,
+        experience=experience, condition="guided" if condition == "guided" else "free", env_id=env_id, seed=seed,
+        meta={**(meta or {}), **flags},
+    )
+
+
+__all__ = ["CUT_REASONS", "MAX_OBS_CHARS", "cut_request", "user_text"]
