@@ -2,6 +2,7 @@
 child process (``worker``), or the weightless ``oracle`` reference. Only
 :class:`~crl_train.service.ExperienceService` drives it."""
 
+from crl_train.extractor.base import ExtractorBackend
 from crl_train.extractor.model import (
     BufferItem,
     Extractor,
@@ -20,8 +21,9 @@ from crl_train.extractor.worker import (
 )
 
 AnyExtractor = Extractor | ExtractorWorker | OracleExtractor
-"""What the service drives: π_φ in process, π_φ in its worker process, or the oracle."""
+"""The built-in :class:`ExtractorBackend` implementations: π_φ in process, π_φ in its worker
+process, or the oracle."""
 
-__all__ = ["ORACLE_MODEL", "AnyExtractor", "BufferItem", "Extractor", "ExtractorError", "ExtractorSpec",
+__all__ = ["ORACLE_MODEL", "AnyExtractor", "BufferItem", "Extractor", "ExtractorBackend", "ExtractorError", "ExtractorSpec",
            "ExtractorUnavailable", "ExtractorWorker", "OracleExtractor", "build_extractor", "cispo_update",
            "grammar_key", "reasoning_end_token", "sample_key"]

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,10 +65,19 @@ from crl_gym.protocol import (
     ExtractorSample,
     ReturnOp,
 )
-from crl_train.algorithms import batch_advantages, cispo_loss, training_count_weights
+from crl_train.algorithms import (
+    LOSSES,
+    PolicyLoss,
+    batch_advantages,
+    loss_scale_for,
+    training_count_weights,
+)
 from crl_train.config import AlgoConfig
-from crl_train.policy.base import Generation, TokenSequence, TrainBatch
+from crl_train.policy.base import AllowedRow, Generation, Policy, TokenSequence, TrainBatch
 from crl_train.policy.grammar import JsonGrammar
+
+if TYPE_CHECKING:
+    from crl_gym.experience.bank import ExperienceBank
 
 log = logging.getLogger(__name__)
 
@@ -93,28 +102,25 @@ def grammar_key(grammar: JsonGrammar) -> str:
     return GRAMMAR_KEY + h.hexdigest()
 
 
-def reasoning_end_token(policy: Any) -> int | None:
+def reasoning_end_token(policy: Policy) -> int | None:
     """The ``</think>`` token id when ``policy`` is a thinking model, else None.
 
     A thinking model has ``</think>`` as one token and a chat template that thinks: it opens
     ``<think>`` in the generation prompt (Qwen3-*-Thinking-2507), or it reads ``enable_thinking``
     and the policy does not turn it off (Qwen3 hybrids think by default).
     """
-    tok = getattr(policy, "tokenizer", None)
-    if tok is None:
-        return None
-    vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else {}
-    tid = vocab.get("</think>")
+    tok = policy.tokenizer
+    tid = tok.get_vocab().get("</think>")
     if tid is None:
         return None
-    kwargs = dict(getattr(getattr(policy, "chat", None), "chat_kwargs", None) or {})
+    kwargs = dict(policy.chat.chat_kwargs)
     if kwargs.get("enable_thinking") is False:
         return None
     try:
-        prompt = tok.decode(policy.apply_chat([{"role": "user", "content": "?"}]))
+        prompt = str(tok.decode(policy.apply_chat([{"role": "user", "content": "?"}])))
     except Exception:  # noqa: BLE001 - a template that cannot render is no thinking template
         return None
-    template = str(getattr(tok, "chat_template", "") or "")
+    template = str(tok.chat_template or "")
     thinks = prompt.rstrip().endswith("<think>") or kwargs.get("enable_thinking") is True or "enable_thinking" in template
     return int(tid) if thinks else None
 
@@ -142,7 +148,7 @@ class Extractor:
     """π_φ: a Policy plus the prompts, the answer schemas, the op parser and the CISPO update.
 
     Args:
-        policy: the extractor's model (``HFPolicy``; its ``generate`` takes ``JsonGrammar`` rows).
+        policy: the extractor's model (its ``generate`` takes ``JsonGrammar`` rows).
         max_new_tokens: token budget of an answer (a structured one gets at least its schema's
             longest answer; ``think_tokens`` come on top).
         max_context_tokens: prompt + answer; a prompt keeps its end.
@@ -157,7 +163,7 @@ class Extractor:
 
     def __init__(
         self,
-        policy: Any,
+        policy: Policy,
         *,
         max_new_tokens: int = 96,
         max_context_tokens: int = 4096,
@@ -231,7 +237,7 @@ class Extractor:
             need = max(1, cap)
         return need + grammar.think_tokens
 
-    def generate(self, prompts: Sequence[str], allowed: Sequence[Any | None] | None = None,
+    def generate(self, prompts: Sequence[str], allowed: Sequence[AllowedRow] | None = None,
                  think_tokens: int = 0, new_tokens: int | None = None) -> list[ExtractorSample]:
         """One sample per prompt; ``allowed`` as in ``Policy.generate`` (action lists or ``JsonGrammar``);
         ``think_tokens`` extend the budget ``new_tokens`` (default ``max_new_tokens``)."""
@@ -346,12 +352,13 @@ class Extractor:
             seqs = [self._sequence(it.sample) for it in items]
         batch = TrainBatch.from_sequences(seqs, adv, self.policy.pad_token_id)
         with self.lock:
-            metrics = self.policy.train_step(batch, cispo_loss, eps_low=self.eps_low, eps_high=self.eps_high)
+            metrics = self.policy.train_step(batch, LOSSES.get(PolicyLoss.CISPO), loss_scale=loss_scale_for(PolicyLoss.CISPO),
+                                             eps_low=self.eps_low, eps_high=self.eps_high)
             self.version += 1
         metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(items))})
         return metrics
 
-    def update(self, items: Sequence[BufferItem], bank: Any, step: int) -> dict[str, float]:
+    def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
         """CISPO step over ``items``; records the training counts in ``bank`` (see :func:`cispo_update`)."""
         return cispo_update(self.train, items, bank, step)
 
@@ -363,8 +370,7 @@ class Extractor:
     """π_φ has weights: the service runs CISPO on it (the oracle's is False)."""
 
     def count_tokens(self, text: str) -> int:
-        tok = getattr(self.policy, "tokenizer", None)
-        return len(tok.encode(text, add_special_tokens=False)) if tok is not None else len(text) // 4
+        return len(self.policy.tokenizer.encode(text, add_special_tokens=False))
 
     def save(self, directory: str | Path) -> None:
         with self.lock:
@@ -429,7 +435,7 @@ class Extractor:
         """Nothing to release in process (the worker's ``close`` stops its child)."""
 
 
-def entry_counts(items: Sequence[BufferItem], bank: Any) -> tuple[list[int], list[int]]:
+def entry_counts(items: Sequence[BufferItem], bank: ExperienceBank) -> tuple[list[int], list[int]]:
     """``train_count`` and ``last_trained_step`` of each item's entry (0 / −1 when it has none)."""
     counts, lasts = [], []
     for it in items:
@@ -440,7 +446,7 @@ def entry_counts(items: Sequence[BufferItem], bank: Any) -> tuple[list[int], lis
 
 
 def cispo_update(train: Callable[[Sequence[BufferItem], list[int], list[int], int], dict[str, float]],
-                 items: Sequence[BufferItem], bank: Any, step: int) -> dict[str, float]:
+                 items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
     """Bank side of an extractor update: read the counts, ``train`` (in process or in the worker),
     then ``bank.record_training`` for every credited entry (the authors' code forgot this)."""
     items = [it for it in items if it.sample.token_ids]

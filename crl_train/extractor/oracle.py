@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crl_gym.protocol import (
     AddOp,
@@ -41,6 +41,10 @@ from crl_gym.protocol import (
     ExtractorSample,
     ReturnOp,
 )
+
+if TYPE_CHECKING:
+    from crl_gym.experience.bank import ExperienceBank
+    from crl_train.extractor.model import BufferItem
 
 ORACLE_MODEL = "oracle"
 """The ``extractor.model`` value that selects the oracle."""
@@ -114,11 +118,11 @@ class OracleExtractor:
         """A Merge window's answer: keep every entry of the window (its labels, when it carries them)."""
         return [_sample(str(p), json.dumps({"keep": list(getattr(p, "labels", ()))})) for p in prompts]
 
-    def update(self, items: Sequence[Any], bank: Any, step: int) -> dict[str, float]:
+    def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
         """Nothing to train (the service does not call it: ``trainable`` is False)."""
         return {"skipped": 1.0}
 
-    def train(self, items: Sequence[Any], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
+    def train(self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
         return {"skipped": 1.0}
 
     def count_tokens(self, text: str) -> int:

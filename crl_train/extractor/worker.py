@@ -52,12 +52,16 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.config import ModelConfig
 from crl_train.extractor.model import BufferItem, Extractor, cispo_update
 from crl_train.extractor.oracle import ORACLE_MODEL, OracleExtractor
+from crl_train.policy.base import AllowedRow
+
+if TYPE_CHECKING:
+    from crl_gym.experience.bank import ExperienceBank
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,8 @@ def build_extractor(spec: ExtractorSpec) -> Extractor | OracleExtractor:
     from crl_train.policy.factory import build_policy
 
     policy = build_policy(spec.model, list(spec.texts) if spec.texts is not None else None, loss_scale="tokens",
-                          seed=spec.seed, checkpoint=Path(spec.checkpoint) if spec.checkpoint else None)
+                          seed=spec.seed, checkpoint=Path(spec.checkpoint) if spec.checkpoint else None,
+                          role="extractor")
     return Extractor(policy, **extractor_options(spec))
 
 
@@ -327,7 +332,7 @@ class ExtractorWorker:
         return pid
 
     # ---------------------------------------------------------------- extractor interface
-    def generate(self, prompts: Sequence[str], allowed: Sequence[Any | None] | None = None) -> list[ExtractorSample]:
+    def generate(self, prompts: Sequence[str], allowed: Sequence[AllowedRow] | None = None) -> list[ExtractorSample]:
         out: list[ExtractorSample] = self._call("generate", list(prompts), None if allowed is None else list(allowed))
         return out
 
@@ -354,7 +359,7 @@ class ExtractorWorker:
         metrics, self.version = self._call("train", list(items), list(counts), list(lasts), step)
         return dict(metrics)
 
-    def update(self, items: Sequence[BufferItem], bank: Any, step: int) -> dict[str, float]:
+    def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
         """CISPO in the child; training counts read from and recorded in ``bank`` here."""
         return cispo_update(self.train, items, bank, step)
 

@@ -30,12 +30,19 @@ Conventions every backend follows (the trainer and the losses rely on them):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:  # typing only: importing this module loads neither transformers nor llguidance
+    from transformers import PreTrainedTokenizerBase
+
+    from .chat import ChatFormatter
+    from .grammar import JsonGrammar
+    from .trie import ActionTrie, ThinkThenChoose
 
 FinishReason = Literal["stop", "length"]
 
@@ -52,6 +59,11 @@ micro-batch / in the batch: the loss is a mean over the mask's tokens) or ``none
 sum whose weights the caller normalised over the full batch). ``OptimConfig.loss_scale`` is a
 policy's default; ``train_step(..., loss_scale=...)`` overrides it for one call."""
 LOSS_SCALE_NAMES: tuple[LossScale, ...] = ("samples", "tokens", "none")
+
+AllowedRow: TypeAlias = "ActionTrie | ThinkThenChoose | JsonGrammar | Sequence[str] | None"
+"""What one prompt of ``Policy.generate(allowed=[...])`` may be restricted to: None (free text), a
+token trie of actions, N free tokens then an action, a JSON grammar (the extractor's answers) or
+the admissible action strings."""
 
 SUPPORT_IDS = "support_ids"
 """``TrainBatch.extra`` key of a ``[B, T, k]`` long tensor: k token ids per position. A train step
@@ -348,12 +360,54 @@ class LossTerm:
 
 
 @runtime_checkable
-class Policy(Protocol):
-    """An LLM that samples with log-probs and trains on masked tokens.
+class Generator(Protocol):
+    """A fast generation engine behind a trained policy (``HFPolicy.attach_generator``): it samples,
+    the policy trains and pushes its weights into it after every update.
 
-    Implementations: :class:`crl_train.policy.hf.HFPolicy` (training + generation) and
-    :class:`crl_train.policy.vllm_engine.VLLMGenerator` (generation only, weights synced from an
-    ``HFPolicy``).
+    Implementations: :class:`crl_train.policy.vllm_engine.VLLMGenerator`.
+    """
+
+    @property
+    def logprobs_exact(self) -> bool:
+        """Whether returned log-probs follow this module's convention; when False the trainer
+        recomputes π_old with the trained policy before an update."""
+        ...
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        allowed: Sequence[AllowedRow] | None = None,
+        *,
+        sampling: SamplingConfig | None = None,
+    ) -> list[Generation]:
+        """As :meth:`Policy.generate`; ``allowed`` rows are None or a ``JsonGrammar`` (when
+        :class:`StructuredGenerator`)."""
+        ...
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load the trainer's weights; returns how many tensors were sent."""
+        ...
+
+
+@runtime_checkable
+class StructuredGenerator(Generator, Protocol):
+    """A generator that may also serve JSON-grammar rows (the extractor's structured answers)."""
+
+    structured_outputs: bool
+    """JSON-grammar requests are served (an engine may lack the feature at run time)."""
+    reasoning_parser: str | None
+    """The engine's reasoning parser: a grammar row of a thinking model starts after ``</think>``."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """An LLM that samples with log-probs and trains on masked tokens: every member the rollout,
+    the trainer, the methods and the extractor use.
+
+    Implementations: :class:`crl_train.policy.hf.HFPolicy` (training and generation; its
+    unconstrained requests go to an attached :class:`Generator` such as
+    :class:`~crl_train.policy.vllm_engine.VLLMGenerator` when one is attached).
     """
 
     name: str
@@ -362,6 +416,16 @@ class Policy(Protocol):
     """Default sampling; its temperature is the one log-probs are computed under."""
     pad_token_id: int
     """Id that pads a :class:`TrainBatch` (never trained on)."""
+    eos_token_ids: list[int]
+    """Ids that end a response, the tokenizer's EOS first (it ends constrained actions)."""
+    tokenizer: PreTrainedTokenizerBase
+    """The model's tokenizer (token counts, the vocabulary, the chat template)."""
+    chat: ChatFormatter
+    """The chat template: prompt ids and the ids that append a user turn."""
+    prefix_cache: bool
+    """Keep each ``cache_keys`` entry's keys/values between :meth:`generate` calls."""
+    generator: Generator | None
+    """The attached fast generator, or None (everything runs on this policy)."""
 
     def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template."""
@@ -371,14 +435,23 @@ class Policy(Protocol):
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
-        allowed: Sequence[Any | None] | None = None,
+        allowed: Sequence[AllowedRow] | None = None,
         *,
         sampling: SamplingConfig | None = None,
+        cache_keys: Sequence[Hashable] | None = None,
     ) -> list[Generation]:
-        """One response per prompt (token ids). ``allowed[i]`` is None (free text), an
-        ``ActionTrie`` / ``ThinkThenChoose`` or a list of admissible action strings for prompt ``i``.
-        A policy with ``prefix_cache = True`` also takes ``cache_keys`` (one hashable per prompt)
-        and ``release_cache(keys)``: see :meth:`crl_train.policy.hf.HFPolicy.generate`."""
+        """One response per prompt (token ids). ``allowed[i]`` restricts prompt ``i``
+        (:data:`AllowedRow`). With ``prefix_cache`` on, ``cache_keys[i]`` names prompt i's
+        conversation so a later prompt that extends it encodes only its new tokens (ignored when
+        off): see :meth:`crl_train.policy.hf.HFPolicy.generate`."""
+        ...
+
+    def release_cache(self, keys: Iterable[Hashable] | None = None) -> None:
+        """Drop the kept keys/values of ``keys`` (all when None)."""
+        ...
+
+    def replay_allowed(self, grammar: JsonGrammar, token_ids: Sequence[int]) -> list[tuple[int, ...] | None]:
+        """Per-token allowed ids of ``token_ids`` sampled under ``grammar`` (training a structured sample)."""
         ...
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:

@@ -8,25 +8,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from crl_train.config import ModelConfig
-from crl_train.policy.base import OptimConfig, SamplingConfig
+from crl_train.policy.base import Generator, LossScale, OptimConfig, Policy, SamplingConfig
 
-GeneratorFactory = Callable[[Any, ModelConfig, int], Any]
-"""``(policy, model_config, seed) -> generator``: builds the fast generator of ``generator: vllm``.
-The generator interface (``crl_train.policy.vllm_engine.VLLMGenerator``): ``generate(prompts,
-max_new_tokens, *, sampling=None) -> list[Generation]``, ``sync_weights(named_tensors) -> int``
-and ``logprobs_exact: bool``."""
+if TYPE_CHECKING:
+    from crl_train.policy.hf import HFPolicy
+
+GeneratorFactory = Callable[["HFPolicy", ModelConfig, int], Generator]
+"""``(policy, model_config, seed) -> generator``: builds the fast generator of ``generator: vllm``
+(a :class:`~crl_train.policy.base.Generator`, e.g. ``VLLMGenerator``)."""
+
+PolicyRole = Literal["actor", "extractor"]
+"""Which model a policy is. The actor's trainer recomputes π_old with the trained model before each
+update, so its generator may return inexact log-probs; the extractor trains on stored samples after
+later updates, so its generator's log-probs must be exact."""
 
 
 class GeneratorUnavailable(RuntimeError):
     """``generator: vllm`` on a machine without vLLM or without a CUDA GPU."""
 
 
-def vllm_generator(policy: Any, mc: ModelConfig, seed: int) -> Any:
+def vllm_generator(policy: HFPolicy, mc: ModelConfig, seed: int) -> Generator:
     """A ``VLLMGenerator`` serving ``policy``'s current weights (vLLM is imported only here)."""
     import importlib.util
     import tempfile
@@ -52,14 +58,19 @@ def vllm_generator(policy: Any, mc: ModelConfig, seed: int) -> Any:
                              seed=seed)
 
 
-def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: str, seed: int, checkpoint: Path | None,
-                 generator_factory: GeneratorFactory | None = None) -> Any:
-    """The HF policy of ``mc``, with its fast generator attached when ``mc.generator`` is ``vllm``."""
+def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
+                 checkpoint: Path | None, generator_factory: GeneratorFactory | None = None,
+                 role: PolicyRole | None = None) -> Policy:
+    """The HF policy of ``mc``, with its fast generator attached when ``mc.generator`` is ``vllm``.
+
+    ``role`` (:data:`PolicyRole`) says whether an inexact generator is acceptable: only for the
+    ``"actor"``; an extractor, or a caller that does not say, needs exact engine log-probs.
+    """
     policy = _build_hf_policy(mc, texts, loss_scale=loss_scale, seed=seed, checkpoint=checkpoint)
     policy.prefix_cache = mc.prefix_cache
     if mc.generator == "vllm":
         gen = (generator_factory or vllm_generator)(policy, mc, seed)
-        if loss_scale == "tokens" and not gen.logprobs_exact:
+        if role != "actor" and not gen.logprobs_exact:
             # the extractor's CISPO weighs by π_φ / π_φ_old at sampling time: recomputing later would
             # use newer weights, so only exact engine log-probs are correct there
             raise GeneratorUnavailable(f"extractor.generator: vllm needs exact log-probs (top_p = 1, sampling, "
@@ -69,13 +80,14 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: str, s
     return policy
 
 
-def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: str, seed: int, checkpoint: Path | None) -> Any:
+def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
+                     checkpoint: Path | None) -> HFPolicy:
     from crl_train.policy.hf import HFPolicy
 
     if checkpoint is not None:
         return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=mc.dtype)
     sampling = SamplingConfig(temperature=mc.temperature, top_p=mc.top_p)
-    optim = OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale=loss_scale)  # type: ignore[arg-type]
+    optim = OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale=loss_scale)
     if mc.model == "tiny":
         from crl_train.policy.tiny import build_tiny_policy
 

@@ -22,19 +22,22 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .base import (
     LOSS_SCALE_NAMES,
     SUPPORT_IDS,
+    AllowedRow,
     Generation,
+    Generator,
     LossFn,
     LossScale,
     LossTerm,
     OptimConfig,
     SamplingConfig,
+    StructuredGenerator,
     TrainBatch,
 )
 from .chat import ChatFormatter
@@ -44,15 +47,19 @@ from .grammar import GrammarEngine, JsonGrammar
 from .sampling import selective_logprobs, support_logprobs
 from .trie import ActionTrie, ThinkThenChoose
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
+
 
 class HFPolicy:
     """A causal LM + tokenizer + lazily created AdamW. See :class:`crl_train.policy.base.Policy`."""
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         name: str | None = None,
         device: str = "cpu",
@@ -62,7 +69,9 @@ class HFPolicy:
         generation_batch_size: int = 64,
     ) -> None:
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self.model = model
+        module: torch.nn.Module = model  # transformers types PreTrainedModel.to as the unbound Module.to
+        module.to(self.device)
         self.model.eval()
         self.tokenizer = tokenizer
         self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
@@ -81,11 +90,11 @@ class HFPolicy:
         self.prefix_cache = False
         """Keep each ``cache_key``'s keys/values between ``generate`` calls (see ``generate``)."""
         self._kv: dict[Hashable, RowKV] = {}
-        self.generator: Any | None = None
+        self.generator: Generator | None = None
         """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar requests; see attach_generator."""
         self._grammar_engine: GrammarEngine | None = None
 
-    def attach_generator(self, generator: Any) -> None:
+    def attach_generator(self, generator: Generator) -> None:
         """Serve unconstrained and JSON-grammar ``generate`` calls from ``generator`` (e.g.
         ``VLLMGenerator``; a grammar request only when the generator has ``structured_outputs``)
         and push this model's weights into it now and after every optimizer step."""
@@ -155,7 +164,7 @@ class HFPolicy:
         """Per-token allowed sets of ``token_ids`` sampled under ``grammar`` (``GrammarEngine.replay``)."""
         return self.grammar_engine.replay(grammar, token_ids)
 
-    def _tries(self, allowed: Sequence[Any | None] | None, n: int) -> list[RowConstraint | None]:
+    def _tries(self, allowed: Sequence[AllowedRow] | None, n: int) -> list[RowConstraint | None]:
         if allowed is None:
             return [None] * n
         if len(allowed) != n:
@@ -177,7 +186,7 @@ class HFPolicy:
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
-        allowed: Sequence[Any | None] | None = None,
+        allowed: Sequence[AllowedRow] | None = None,
         *,
         sampling: SamplingConfig | None = None,
         cache_keys: Sequence[Hashable] | None = None,
@@ -226,21 +235,21 @@ class HFPolicy:
                 self._kv.update(zip(chunk, kept, strict=True))
         return out
 
-    def _generator_serves(self, allowed: Sequence[Any | None] | None) -> bool:
+    def _generator_serves(self, allowed: Sequence[AllowedRow] | None) -> bool:
         """Whether the attached generator can take this request: unconstrained rows, and JSON
         grammars when it has structured outputs (a thinking grammar only with its reasoning parser;
         ``think_tokens`` reasoning is an hf-only stand-in)."""
         if allowed is None or all(a is None for a in allowed):
             return True
         gen = self.generator
-        if not getattr(gen, "structured_outputs", False):
+        if not (isinstance(gen, StructuredGenerator) and gen.structured_outputs):
             return False
         return all(a is None or (isinstance(a, JsonGrammar) and not a.think_tokens
-                                 and (a.reasoning_end is None or bool(getattr(gen, "reasoning_parser", None))))
+                                 and (a.reasoning_end is None or bool(gen.reasoning_parser)))
                    for a in allowed)
 
     def _generate_on_generator(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                               allowed: Sequence[Any | None] | None, cfg: SamplingConfig) -> list[Generation]:
+                               allowed: Sequence[AllowedRow] | None, cfg: SamplingConfig) -> list[Generation]:
         """The generator's answers; a grammar row gets its allowed sets by replay (the engine
         applied the same llguidance masks), so training recomputes its log-probs exactly."""
         assert self.generator is not None

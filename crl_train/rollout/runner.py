@@ -28,13 +28,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
-from crl_train.policy.base import Generation, TokenSequence
+from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
 from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
+
+if TYPE_CHECKING:
+    from crl_gym.clients import ExperienceClient
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,7 @@ class RolloutRunner:
     """Runs groups of episodes with one policy over a pool of (wrapped) envs.
 
     Args:
-        policy: an ``HFPolicy``-like object (``generate``, ``apply_chat``, ``chat.user_turn_ids``).
+        policy: the actor (:class:`~crl_train.policy.base.Policy`).
         make_env: ``make_env(env_id) -> gym.Env`` already wrapped for experience when ``client``.
         client: an ExperienceClient (``search_many``), or None for runs without experience.
         group_size: K; guided copies are the first K/2 of each group.
@@ -106,10 +109,10 @@ class RolloutRunner:
 
     def __init__(
         self,
-        policy: Any,
+        policy: Policy,
         make_env: Callable[[str], Any],
         *,
-        client: Any = None,
+        client: ExperienceClient | None = None,
         group_size: int = 8,
         max_turns: int = 30,
         max_new_tokens: int = 64,
@@ -139,7 +142,7 @@ class RolloutRunner:
         """Judges each guided episode's entry before it starts (the actor-critic gate), or None."""
         self.last_search_s = 0.0
         """Wall time of the last rollout step's batched search (s)."""
-        self.eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
+        self.eos_ids = set(policy.eos_token_ids)
 
     # ------------------------------------------------------------------ envs
     def _envs(self, env_id: str, n: int) -> list[Any]:
@@ -232,18 +235,16 @@ class RolloutRunner:
         # 3. advance all together
         for ep in episodes:
             ep.info["rollout_step"] = step
-        release = getattr(self.policy, "release_cache", None)
         try:
             while True:
                 live = [(ep, env) for ep, env in zip(episodes, envs, strict=True) if not ep.done]
                 if not live:
                     break
                 self._turn(live)
-                if release is not None:  # a finished episode's kept keys/values are not needed again
-                    release([id(ep) for ep, _ in live if ep.done])
+                # a finished episode's kept keys/values are not needed again
+                self.policy.release_cache([id(ep) for ep, _ in live if ep.done])
         finally:
-            if release is not None:
-                release([id(ep) for ep in episodes])
+            self.policy.release_cache([id(ep) for ep in episodes])
         self._submit_unfinished(episodes, step)
         if self.gate is not None and step >= 0:  # held-out episodes do not move the actor's success rates
             done = [ep for ep in episodes if not ep.failed_by_error]
@@ -299,8 +300,9 @@ class RolloutRunner:
         prompts = [ep.sequence.input_ids for ep, _ in live]
         allowed = [self._allowed(ep) for ep, _ in live]
         # a policy with a prefix cache encodes only each episode's new tokens (keys live until collect ends)
-        kw = {"cache_keys": [id(ep) for ep, _ in live]} if getattr(self.policy, "prefix_cache", False) else {}
-        gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None, **kw)
+        keys = [id(ep) for ep, _ in live] if self.policy.prefix_cache else None
+        gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None,
+                                    cache_keys=keys)
         for (ep, env), gen in zip(live, gens, strict=True):
             ep.sequence.append_generation(gen)
             action = gen.text.strip() if self.constrained else (parse_action(gen.text) or gen.text.strip())

@@ -105,7 +105,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     worker = ExtractorWorker(spec, start_method=ex.extractor_start_method) if in_worker else None
     before = pin_process(split.actor)
     try:
-        actor = build_policy(cfg.actor, texts, loss_scale="none", seed=cfg.seed,
+        actor = build_policy(cfg.actor, texts, loss_scale="none", role="actor", seed=cfg.seed,
                              checkpoint=checkpoint / "actor" if checkpoint else None, generator_factory=generator_factory)
         if worker is not None:
             log.info("extractor worker ready (pid %d)", worker.wait_ready())

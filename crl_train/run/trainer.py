@@ -197,7 +197,7 @@ class Trainer:
     def _recompute_old_logprobs(self, batch: TrainBatch) -> None:
         """The fast generator's log-probs are not π_old's (top-p, raw logits, old vLLM): recompute them
         with the trained model, whose weights the generator sampled with (synced after each update)."""
-        gen = getattr(self.c.actor, "generator", None)
+        gen = self.c.actor.generator
         if gen is not None and not gen.logprobs_exact:
             with torch.no_grad():
                 batch.old_logprobs = self.c.actor.logprobs(batch).detach() * batch.loss_mask.to(batch.old_logprobs.dtype)

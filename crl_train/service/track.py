@@ -28,8 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.merge import merge_bank
-from crl_train.extractor import AnyExtractor, BufferItem, ExtractorUnavailable
+from crl_gym.protocol import DistillationRequest, ExtractorSample
+from crl_train.extractor import BufferItem, ExtractorBackend, ExtractorUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class Credit:
     step: int
     reward: float
     entry_id: int | None = None
-    sample: Any = None
+    sample: ExtractorSample | None = None
 
 
 @dataclass
@@ -51,8 +53,8 @@ class Reflection:
 
     step: int
     category: str
-    failures: list[Any]
-    successes: list[Any]
+    failures: list[DistillationRequest]
+    successes: list[DistillationRequest]
 
 
 @dataclass
@@ -96,8 +98,8 @@ class BackgroundTrack:
 
     def __init__(
         self,
-        manager: Any,
-        extractor: AnyExtractor,
+        manager: ExperienceManager,
+        extractor: ExtractorBackend,
         *,
         buffer_size: int = 64,
         distill_batch: int = 8,
@@ -224,7 +226,7 @@ class BackgroundTrack:
                 worked = True
             return worked
 
-    def _take_requests(self, wait: float) -> list[Any]:
+    def _take_requests(self, wait: float) -> list[DistillationRequest]:
         """Up to ``distill_batch`` requests. Asynchronously (``wait`` > 0) the batch is filled for up
         to ``distill_linger_s`` after the first request: episodes end one by one, and one batched
         generation of 8 costs about what one of 1 does (small models spend it in per-token Python),
@@ -246,7 +248,7 @@ class BackgroundTrack:
             if not self._safe_once(0.0) and self.manager.pending() == 0:
                 return
 
-    def _distill(self, reqs: list[Any]) -> None:
+    def _distill(self, reqs: list[DistillationRequest]) -> None:
         if not self.extractor.alive:
             raise ExtractorUnavailable("extractor worker is gone")
         results = self.extractor.distill(reqs)
