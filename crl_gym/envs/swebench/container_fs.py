@@ -1,7 +1,8 @@
 """The editor's file system inside a running sandbox container (commands run as the agent).
 
 :class:`ContainerFS` needs three things of its sandbox, named by the :class:`Sandbox` protocol:
-the work directory, ``run`` and ``stage``. It does not import
+the work directory, ``run`` and ``stage`` (and ``run_python`` where the sandbox has it: the file API
+then runs without an interpreter start per call). It does not import
 :mod:`~crl_gym.envs.swebench.sandbox` (which imports this module to build ``DockerSandbox.fs``),
 so the two modules do not import each other, and any object with those members will do.
 
@@ -124,8 +125,12 @@ class ContainerFS:
         self.sandbox = sandbox
         self.root = sandbox.config.workdir
 
-    def _ok(self, argv: list[str], *, refusable: bool = False) -> bytes:
-        code, out = self.sandbox.run(argv, timeout=30.0)
+    def _ok(self, argv: list[str], *, refusable: bool = False, python: list[str] | None = None) -> bytes:
+        runner = getattr(self.sandbox, "run_python", None)
+        if python is not None and runner is not None:  # in-process in the sandbox's shell: no interpreter start
+            code, out = runner(FILE_API, python, timeout=30.0)
+        else:
+            code, out = self.sandbox.run(argv, timeout=30.0)
         if refusable and code == _REFUSED:  # the agent sees why, as for the editor's own path check
             raise ToolCallError(out.decode("utf-8", "replace").strip())
         if code != 0:
@@ -133,7 +138,8 @@ class ContainerFS:
         return out
 
     def _file_api(self, op: str, path: str, staged: str = "-") -> bytes:
-        return self._ok(["sh", "-c", _PYTHON, FILE_API, op, self.root, path, staged], refusable=True)
+        return self._ok(["sh", "-c", _PYTHON, FILE_API, op, self.root, path, staged], refusable=True,
+                        python=[op, self.root, path, staged])
 
     def realpath(self, path: str) -> str:
         return self._ok(["realpath", "-m", "--", path]).decode().strip()

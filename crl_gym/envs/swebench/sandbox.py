@@ -27,7 +27,6 @@ file system in :mod:`~crl_gym.envs.swebench.container_fs`; both are re-exported 
 from __future__ import annotations
 
 import io
-import itertools
 import logging
 import os
 import re
@@ -51,7 +50,9 @@ from crl_gym.envs.swebench.docker_engine import (
     reap,
     reap_once,
 )
+from crl_gym.envs.swebench.shell import _PYTHON, PersistentShell, ShellDiedError
 from crl_gym.envs.swebench.tools import truncate_output
+from crl_gym.envs.swebench.worktree import image_tree
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,33 @@ _SIZE_RE = re.compile(r"^[1-9][0-9]*[kmgKMG]?$")
 STAGE_FILE = f"{STAGE_DIR}/edit"
 """Where :meth:`DockerSandbox.stage` puts the editor's next write (a root-only tmpfs)."""
 OUT_DIR = "/run/crl-out"
-"""Where a command's output file goes: a tmpfs of its own, so a full ``/tmp`` hides no output."""
+"""Where a command's output file goes (``exec`` shell; the persistent shell writes it to the
+root-only staging tmpfs) and where the persistent shell keeps the agent's environment and working
+directory between commands: a tmpfs of its own, so a full ``/tmp`` hides no output."""
+SHELL_MODES = ("persistent", "exec")
+STATE_FILE = f"{OUT_DIR}/.shell-state"
+PRELUDE_NAME = "prelude.sh"
+# Sourced by every command's bash (BASH_ENV) in the persistent shell: the previous command's shell
+# variables (exported or not), functions and working directory come back (the image's env_setup runs
+# once, before the first command), and they are saved again when this one exits, as a terminal keeps
+# them. bash's own variables are left out. Only the agent's own next command reads what it saved.
+_PRELUDE = """unset BASH_ENV
+if [ -f {state} ]; then . {state} 2>/dev/null; else {setup}:; fi
+__crl_save() {{
+  {{ for __crl_v in $(compgen -v); do
+      case $__crl_v in
+        BASH*|EUID|PPID|UID|SHELLOPTS|FUNCNAME|GROUPS|DIRSTACK|PIPESTATUS|RANDOM|SRANDOM|SECONDS|LINENO|\\
+        EPOCH*|HISTCMD|OPTIND|OPTARG|OPTERR|COMP_*|COLUMNS|LINES|_|__crl_*|PWD|SHLVL|IFS|PS4|HOSTNAME|\\
+        HOSTTYPE|MACHTYPE|OSTYPE) ;;
+        *) declare -p "$__crl_v" 2>/dev/null ;;
+      esac
+    done
+    declare -f
+    printf 'cd -- %q 2>/dev/null\\n' "$PWD"
+  }} > {state} 2>/dev/null
+}}
+trap __crl_save EXIT
+"""
 
 
 class EpisodeTimeoutError(RuntimeError):
@@ -106,9 +133,17 @@ class SandboxConfig:
     """Cap of the work tree's tmpfs (the repository copied in from the image included)."""
     tmp_size: str = "512m"
     """Cap of ``/tmp``'s tmpfs. Both count against ``mem_limit`` as they fill."""
+    shell: str = "persistent"
+    """How commands reach the container. ``"persistent"``: one shell server per container, started
+    with it and kept for the episode (:mod:`~crl_gym.envs.swebench.shell`); each command costs a few
+    milliseconds plus its own time, and exported variables and the working directory carry over
+    from one command to the next. ``"exec"``: a fresh ``docker exec`` per command (tens to hundreds
+    of milliseconds each, nothing carried over); kept for comparison and for images without Python."""
     extra_labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.shell not in SHELL_MODES:
+            raise ValueError(f"SandboxConfig.shell must be one of {', '.join(SHELL_MODES)}, got {self.shell!r}")
         for name in ("user", "keeper_user"):
             if getattr(self, name).split(":")[0] in ("0", "root"):
                 raise ValueError(f"SandboxConfig.{name} must not be root")
@@ -207,20 +242,6 @@ def _remove_quietly(container: Any) -> None:
         log.debug("could not remove %s: %s", getattr(container, "name", container), exc)
 
 
-def _first_member(chunks: Iterator[bytes]) -> tuple[tarfile.TarInfo | None, Iterator[bytes]]:
-    """The first entry of a tar stream and the whole stream again (nothing is consumed)."""
-    head = b""
-    for chunk in chunks:
-        head += chunk
-        if len(head) >= 64 * 1024:
-            break
-    try:
-        info = tarfile.open(fileobj=io.BytesIO(head), mode="r:").next()
-    except tarfile.TarError:
-        info = None
-    return info, itertools.chain([head], chunks)
-
-
 class DockerSandbox:
     """One container for one episode; use as a context manager or call :meth:`close`."""
 
@@ -233,6 +254,13 @@ class DockerSandbox:
         self.start_latency = 0.0
         # One command at a time: the clean-up after each kills every process of the agent's uid.
         self._lock = threading.RLock()
+        self.shell: PersistentShell | None = None
+        self.shell_restarts = 0
+        self._notices: list[str] = []
+
+    @property
+    def persistent(self) -> bool:
+        return self.config.shell == "persistent"
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> DockerSandbox:
@@ -260,7 +288,9 @@ class DockerSandbox:
                 command=["sleep", "infinity"],
                 name=f"crl-sandbox-{uuid.uuid4().hex[:12]}",
                 labels=labels,
-                user=cfg.keeper_user,
+                # The persistent shell's server is a root exec: Docker gives an exec the capability sets
+                # of the container's main user, none at all when that user is not root.
+                user="0:0" if self.persistent else cfg.keeper_user,
                 working_dir=cfg.workdir,
                 environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
                 hostname="sandbox",
@@ -272,7 +302,8 @@ class DockerSandbox:
                 cap_drop=["ALL"],
                 # only for the root-side chown of a root-owned work tree (sweb.eval images);
                 # the agent's non-root uid gets no capabilities at all.
-                cap_add=["CHOWN", "DAC_READ_SEARCH", "FOWNER"],
+                # SETUID/SETGID: the persistent shell's server (root) drops each command to the agent's uid.
+                cap_add=["CHOWN", "DAC_READ_SEARCH", "FOWNER"] + (["SETUID", "SETGID"] if self.persistent else []),
                 security_opt=["no-new-privileges"],
                 # no core files (a crash could hand one to the host's core handler) and no logs on the host
                 ulimits=[Ulimit(name="nofile", soft=4096, hard=4096), Ulimit(name="core", soft=0, hard=0)],
@@ -288,6 +319,8 @@ class DockerSandbox:
                 code, out = self.run(["chown", "-R", cfg.user, cfg.workdir], user="root", timeout=300.0)
                 if code != 0:
                     raise RuntimeError(f"chown of {cfg.workdir} failed: {out.decode('utf-8', 'replace')[:300]}")
+            if self.persistent:
+                self._start_shell()
         except Exception:
             self.close()
             raise
@@ -299,22 +332,8 @@ class DockerSandbox:
         return self
 
     def _image_tree(self, labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
-        """The image's work tree as a tar stream, read through a created (never started) container.
-
-        The work tree's tmpfs hides the image's own copy, so it is taken from a second container
-        without that mount. Returns that container (the caller removes it), the tree's own entry
-        (its owner and mode) and the stream; no stream when the image has no such directory.
-        """
-        import docker
-
-        source = self.client.containers.create(self.image, command=["true"], labels=labels, network_mode="none",
-                                               name=f"crl-sandbox-src-{uuid.uuid4().hex[:12]}")
-        try:
-            chunks, _ = source.get_archive(self.config.workdir.rstrip("/") + "/.")
-        except docker.errors.NotFound:
-            return source, None, None
-        info, tree = _first_member(iter(chunks))
-        return source, info, tree
+        """The image's work tree (:func:`~crl_gym.envs.swebench.worktree.image_tree`; the caller removes the container)."""
+        return image_tree(self.client, self.image, self.config.workdir, labels)
 
     def _fill_workdir(self, tree: Iterator[bytes]) -> None:
         """Copy the image's work tree into its tmpfs (root-side, before any agent process runs)."""
@@ -327,8 +346,63 @@ class DockerSandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _start_shell(self) -> None:
+        """Start the shell's server and stage the commands' prelude (root-side, before any agent command)."""
+        uid, _, gid = self.config.user.partition(":")
+        shell = PersistentShell(self.client, self.container.id, int(uid), int(gid or uid), STAGE_DIR).start()
+        setup = self.config.env_setup.strip()
+        if setup and not setup.endswith(";"):
+            setup += ";"
+        shell.stage(PRELUDE_NAME, _PRELUDE.format(state=STATE_FILE, setup=f"{setup} " if setup else "").encode())
+        self.shell = shell
+
+    def _restart_shell(self, why: str) -> str:
+        """Replace a dead or hung shell server; what the episode is told."""
+        old, self.shell = self.shell, None
+        self.shell_restarts += 1
+        log.warning("sandbox %s: shell restarted (%s)", getattr(self.container, "name", "?"), why)
+        done = ""
+        if old is not None:
+            old.close()
+            if old.pid is not None:  # a hung server: end it (same uid, so root needs no capability)
+                self._run(["kill", "-KILL", str(old.pid)], user="0", timeout=10.0)
+        try:
+            done = self._kill_agent_processes()
+            if self.shell is None:
+                self._start_shell()
+        except Exception as exc:  # a shell that cannot start: the next call tries again
+            log.warning("sandbox: the shell could not be restarted: %s", exc)
+            return f"The sandbox's shell stopped ({why}) and could not be restarted yet: {exc}."
+        restarted = "the container was restarted" in done
+        return (f"The sandbox's shell stopped ({why}) and was restarted; every process it ran was stopped"
+                + ("; the container was restarted and the work tree reset to the image's." if restarted else
+                   "; exported variables and the working directory are kept."))
+
+    def take_notices(self) -> list[str]:
+        """What happened to the shell since the last call (restarts), for the episode's next observation."""
+        out, self._notices = self._notices, []
+        return out
+
+    def _shell_request(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], bytes] | None:
+        """One request to the shell under the sandbox's lock; None (and a notice) when the shell died."""
+        with self._lock:
+            if self.shell is None:
+                if self.container is None:
+                    raise RuntimeError("sandbox is not started")
+                self._notices.append(self._restart_shell("it was not running"))
+                if self.shell is None:
+                    return None
+            try:
+                return self.shell.request(req, timeout)
+            except ShellDiedError as exc:
+                self._notices.append(self._restart_shell(str(exc)))
+                return None
+
     def close(self) -> None:
         """Remove the container (idempotent)."""
+        if self.shell is not None:
+            self.shell.close()
+            self.shell = None
         if self.container is not None:
             try:
                 self.container.remove(force=True, v=True)  # v: its tmpfs volumes too
@@ -348,8 +422,31 @@ class DockerSandbox:
         Run as the agent's uid (the default), every process of that uid is killed when it returns.
         """
         if (user or self.config.user).split(":")[0] == self.config.user.split(":")[0]:
+            if self.persistent:
+                return self._shell_run({"op": "run", "argv": argv, "env": environment or {}}, timeout, workdir)
             argv = ["bash", "-c", _AGENT_RUN, "crl-run", *argv]
         return self._run(argv, user=user, timeout=timeout, environment=environment, workdir=workdir)[:2]
+
+    def run_python(self, source: str, args: list[str], *, timeout: float = 30.0) -> tuple[int | None, bytes]:
+        """Run Python ``source`` as the agent with ``sys.argv[1:] = args``: ``(exit_code, output)``.
+
+        The persistent shell runs it in a forked child of its server (no interpreter start);
+        the ``exec`` shell starts the container's Python for it.
+        """
+        if self.persistent:
+            return self._shell_run({"op": "py", "code": source, "args": args}, timeout, None)
+        return self.run(["sh", "-c", _PYTHON, source, *args], timeout=timeout)
+
+    def _shell_run(self, req: dict[str, Any], timeout: float, workdir: str | None) -> tuple[int | None, bytes]:
+        """``run`` / ``run_python`` through the persistent shell; exit code None on timeout or a restart."""
+        req = {**req, "cwd": workdir or self.config.workdir, "timeout": timeout, "limit": -1}
+        answer = self._shell_request(req, timeout + 15.0)
+        if answer is None:  # internal calls are reads or whole-file writes: one more try on the new shell
+            answer = self._shell_request(req, timeout + 15.0)
+        if answer is None:
+            return None, b""
+        head, payload = answer
+        return (None if head["timed_out"] else int(head["rc"])), payload
 
     def _run(self, argv: list[str], *, user: str | None = None, timeout: float = 60.0,
              environment: dict[str, str] | None = None, workdir: str | None = None) -> tuple[int | None, bytes, str]:
@@ -382,6 +479,8 @@ class DockerSandbox:
             "CRL_OUTDIR": OUT_DIR,
             "CRL_LIMIT": str(cfg.max_output_chars), "CRL_HEAD": str(head), "CRL_TAIL": str(cfg.max_output_chars - head),
         }
+        if self.persistent:
+            return self._shell_exec(command, limit)
         t0 = time.monotonic()
         # Host-side deadline: the in-container `timeout` should fire first; this is the backstop.
         code, raw, killed = self._run(["bash", "-c", _WRAPPER], timeout=limit + 15.0, environment=env)
@@ -409,6 +508,33 @@ class DockerSandbox:
             notes.append(f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was stopped there.")
         return ExecResult(rc, text, timed_out=timed_out, output_bytes=total, duration=duration, note=" ".join(notes))
 
+    def _shell_exec(self, command: str, limit: float) -> ExecResult:
+        """:meth:`exec` through the persistent shell (same limits, same output format)."""
+        cfg = self.config
+        head_chars = cfg.max_output_chars // 2
+        req = {"op": "exec", "argv": ["bash", "-c", command], "env": {"BASH_ENV": f"{STAGE_DIR}/{PRELUDE_NAME}"},
+               "cwd": cfg.workdir, "timeout": limit, "fsize": cfg.output_file_cap_kb * 1024,
+               "limit": cfg.max_output_chars, "head": head_chars}
+        t0 = time.monotonic()
+        answer = self._shell_request(req, limit + 15.0)  # the host's deadline backs the server's
+        duration = time.monotonic() - t0
+        if answer is None:
+            return ExecResult(None, "The command's result was lost: the sandbox's shell stopped while it ran.",
+                              duration=duration, note=" ".join(self.take_notices()))
+        head, payload = answer
+        rc, total, timed_out = int(head["rc"]), int(head["size"]), bool(head["timed_out"])
+        shown_head, shown_tail = payload[:head["head_len"]], payload[head["head_len"]:]
+        text = shown_head.decode("utf-8", "replace")
+        if total > len(payload):
+            cut = total - len(payload)
+            text += f"\n[... output truncated: {cut} of {total} bytes cut ...]\n" + shown_tail.decode("utf-8", "replace")
+        notes = []
+        if timed_out:
+            notes.append(f"The command timed out after {limit:.0f} s and was killed.")
+        if total >= cfg.output_file_cap_kb * 1024 or rc == 153:  # 128 + SIGXFSZ
+            notes.append(f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was stopped there.")
+        return ExecResult(rc, text, timed_out=timed_out, output_bytes=total, duration=duration, note=" ".join(notes))
+
     def _kill_agent_processes(self) -> str:
         """Last-resort kill of everything the agent's uid runs; restart the container if that fails.
 
@@ -429,16 +555,23 @@ class DockerSandbox:
             return "host deadline: processes killed"
         log.warning("sandbox %s: could not kill the agent's processes; restarting the container", container.name)
         container.restart(timeout=0)
-        if not self.config.disk_quota:
-            return "host deadline: the container was restarted"
-        source, _, tree = self._image_tree(dict(container.labels))
-        try:
-            if tree is not None:
-                self._fill_workdir(tree)
-        finally:
-            source.remove(force=True)
+        if self.config.disk_quota:
+            source, _, tree = self._image_tree(dict(container.labels))
+            try:
+                if tree is not None:
+                    self._fill_workdir(tree)
+            finally:
+                if source is not None:
+                    source.remove(force=True)
         if self.config.chown_workdir:
             container.exec_run(["chown", "-R", self.config.user, self.config.workdir], user="root")
+        if self.persistent:  # the restart ended the shell's server too
+            if self.shell is not None:
+                self.shell.close()
+                self.shell = None
+            self._start_shell()
+        if not self.config.disk_quota:
+            return "host deadline: the container was restarted"
         return "host deadline: the container was restarted and its work tree reset to the image's"
 
     # -- files ---------------------------------------------------------------------------
@@ -467,6 +600,13 @@ class DockerSandbox:
         :class:`ContainerFS` then copies it to its target as the agent's uid, so the engine's
         root-side ``put_archive`` never meets a path the agent controls.
         """
+        if self.persistent:
+            with self._lock:
+                if self.shell is not None:
+                    try:
+                        return self.shell.stage(os.path.basename(STAGE_FILE), data)
+                    except ShellDiedError as exc:
+                        self._notices.append(self._restart_shell(str(exc)))
         self.put_file(STAGE_FILE, data, 0o644, as_root=True)
         return STAGE_FILE
 
