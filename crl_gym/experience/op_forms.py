@@ -18,8 +18,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-MAX_JSON_STARTS = 400
-"""Cap on embedded-JSON decode attempts, so brace-heavy prose stays linear-ish."""
+MAX_JSON_DEPTH = 64
+"""Deepest embedded JSON value decoded as a whole (an op answer nests 3 deep); deeper spans are
+only looked into, which keeps the decoder far from Python's recursion limit."""
 
 OP_KEYS = ("op", "operation", "action", "kind", "type")
 TEXT_KEYS = ("text", "content", "experience", "entry")
@@ -92,8 +93,10 @@ def find_json(text: str, accept: Callable[[Any], bool]) -> Any | None:
     """The answer's JSON value that ``accept`` likes, or None.
 
     Looks in ```fenced blocks first (the last one wins), then at the whole text, then at JSON
-    embedded in prose (decoded at each ``{`` / ``[``; the last accepted value wins because
-    models restate their final answer at the end).
+    embedded in prose (the last accepted value wins because models restate their final answer at
+    the end; an accepted value's inner values are parts of it, not candidates of their own).
+    Linear time: embedded candidates come from one scan (:func:`_candidates`) and each character
+    is decoded a bounded number of times (:func:`_embedded`).
 
     >>> find_json('so: {"a": 1} and then {"a": 2}.', lambda v: isinstance(v, dict))
     {'a': 2}
@@ -111,24 +114,136 @@ def find_json(text: str, accept: Callable[[Any], bool]) -> Any | None:
             return value
     except (ValueError, RecursionError):
         pass  # not JSON as a whole: look for JSON embedded in prose below
-    decoder = json.JSONDecoder()
+    return _embedded(text, _candidates(text), accept)
+
+
+# --------------------------------------------------------------------------------------------
+# Embedded JSON: one scan for balanced candidates, then bounded decoding
+# --------------------------------------------------------------------------------------------
+
+_DECODER = json.JSONDecoder()
+_STRUCTURAL = re.compile(r'[\[\]{}"]')
+_STRING_BODY = re.compile(r'(?:[^"\\\x00-\x1f]|\\.)*')  # what JSON allows between the quotes
+_AFTER_STRING = re.compile(r"[ \t\n\r]*[,:\]}]")  # in JSON a string is always followed by one of these
+_AFTER_OPEN = {
+    "{": re.compile(r'[ \t\n\r]*["}]'),
+    "[": re.compile(r'[ \t\n\r]*[\[{"\-0-9tfnNI\]]'),
+}
+_OPENER_OF = {"}": "{", "]": "["}
+
+
+class _Spans:
+    """Bracket spans ``text[start:end]`` balanced outside JSON strings, in text order (pre-order).
+
+    Flat lists of ints rather than one object per span: a text of 100,000 ``[]`` pairs would
+    otherwise make as many tracked objects, and the garbage collector's passes over them cost
+    more than the scan. ``end`` is -1 for an opener that was abandoned (never a candidate);
+    ``height`` is the nesting depth of the span (1 for one without inner spans).
+    """
+
+    __slots__ = ("end", "height", "start")
+
+    def __init__(self) -> None:
+        self.start: list[int] = []
+        self.end: list[int] = []
+        self.height: list[int] = []
+
+
+def _candidates(text: str) -> _Spans:
+    """Every balanced span of ``text``; one pass.
+
+    Only brackets and quotes are visited (the regex skips prose). Inside an open bracket a quote
+    starts a JSON string; what no JSON value can hold (an opener not followed by a value, a string
+    with a control character or followed by something else than ``, : ] }``, a closer of the
+    wrong kind) abandons the open brackets, whose finished inner spans stay candidates. A string
+    found not to be one was a quote in prose: its body is scanned again as prose, without strings
+    (so each character is looked at twice at most), because a model's JSON may follow it there.
+    """
+    spans = _Spans()
+    starts, ends, heights = spans.start, spans.end, spans.height
+    open_: list[int] = []  # indices of the open spans, outermost first
+    openers: list[str] = []
+    search, string_body, after_string = _STRUCTURAL.search, _STRING_BODY.match, _AFTER_STRING.match
+    pos, no_strings_before, n = 0, 0, len(text)
+    while (m := search(text, pos)) is not None:
+        i = m.start()
+        c = text[i]
+        pos = i + 1
+        if c == '"':
+            if not open_ or i < no_strings_before:
+                continue
+            end = string_body(text, pos).end()  # type: ignore[union-attr]  # it matches the empty string
+            if end < n and text[end] == '"' and after_string(text, end + 1):
+                pos = end + 1
+            else:
+                open_.clear()  # abandoned: their ends stay -1
+                openers.clear()
+                no_strings_before = end
+        elif c == "{" or c == "[":
+            if _AFTER_OPEN[c].match(text, pos):
+                open_.append(len(starts))
+                openers.append(c)
+                starts.append(i)
+                ends.append(-1)
+                heights.append(1)
+        elif open_:
+            if openers[-1] != _OPENER_OF[c]:
+                open_.clear()
+                openers.clear()
+                continue
+            k = open_.pop()
+            openers.pop()
+            ends[k] = pos
+            if open_ and heights[open_[-1]] <= heights[k]:
+                heights[open_[-1]] = heights[k] + 1
+    return spans
+
+
+def _embedded(text: str, spans: _Spans, accept: Callable[[Any], bool]) -> Any | None:
+    """The last accepted value among the candidate spans, in text order.
+
+    A span is decoded once; when it decodes, its inner values are looked at in the decoded value,
+    not decoded again. When it fails at position ``p``, an inner span holding ``p`` fails there
+    too (a JSON value parses the same inside its parent as alone), so it is not decoded: only its
+    own inner spans are. Spans deeper than :data:`MAX_JSON_DEPTH` are only looked into. So each
+    character is decoded at most twice.
+    """
     found: Any = None
-    pos, attempts = 0, 0
-    while attempts < MAX_JSON_STARTS:
-        starts = [i for i in (text.find("{", pos), text.find("[", pos)) if i >= 0]
-        if not starts:
-            break
-        start = min(starts)
-        attempts += 1
-        try:
-            value, end = decoder.raw_decode(text, start)
-        except (ValueError, RecursionError):
-            pos = start + 1
+    decoded_until = 0
+    # the enclosing spans that were not decoded: (end, where it failed, or -1 when not known)
+    outer: list[tuple[int, int]] = []
+    for start, end, height in zip(spans.start, spans.end, spans.height, strict=True):
+        if end < 0 or start < decoded_until:
+            continue  # abandoned, or part of a value already decoded
+        while outer and outer[-1][0] <= start:
+            outer.pop()
+        failed_at = outer[-1][1] if outer else -1
+        if start < failed_at < end:
+            outer.append((end, failed_at))
             continue
-        if accept(value):
-            found, pos = value, end  # skip the decoded span: its inner objects are parts of it
+        if height > MAX_JSON_DEPTH:
+            outer.append((end, -1))
+            continue
+        try:
+            value, decoded_end = _DECODER.raw_decode(text, start)
+        except json.JSONDecodeError as err:
+            outer.append((end, err.pos))
+        except (ValueError, RecursionError):
+            outer.append((end, -1))
         else:
-            pos = start + 1
+            found = _last_accepted(value, accept, found)
+            decoded_until = decoded_end
+    return found
+
+
+def _last_accepted(value: Any, accept: Callable[[Any], bool], found: Any) -> Any:
+    """``value`` if accepted, else the last accepted object or list inside it (pre-order), else ``found``."""
+    if not isinstance(value, dict | list):
+        return found
+    if accept(value):
+        return value
+    for inner in value.values() if isinstance(value, dict) else value:
+        found = _last_accepted(inner, accept, found)
     return found
 
 
