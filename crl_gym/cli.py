@@ -8,6 +8,9 @@ how uvicorn runs and stops (SIGINT / SIGTERM close the service, then exit 0).
 
     crl-experience serve --bank DIR --port 8765 [--host H] [--embedder hashing:384]
         [--extractor tiny|CONFIG.yaml] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]
+    crl-experience ui --bank DIR [--port 8766] [--host H] [--token-file FILE]   (the explorer alone, read-only)
+
+The service serves the bank explorer at ``/ui`` (:mod:`crl_gym.explorer`, docs/explorer.md).
 
 ``python -m crl_gym.cli`` runs the same command.
 """
@@ -24,6 +27,7 @@ from typing import Any
 
 import click
 import uvicorn
+from fastapi import Depends
 
 from crl_gym.clients import TOKEN_ENV
 from crl_gym.experience.bank import BankLockedError
@@ -133,8 +137,44 @@ def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: 
         _StopOnSignal(config).run()
     finally:
         app.state.coalescer.close()
+        app.state.explorer.close()
         service.close()
     click.echo("crl-experience: stopped; bank closed", err=True)
+
+
+@cli.command()
+@click.option("--bank", "bank_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="A bank directory, or a run directory with its bank in bank/ (e.g. runs/tiny).")
+@click.option("--port", default=8766, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind. Anything but loopback needs a token.")
+@click.option("--embedder", default=None, help="The embedder for the search page (default: the one the bank records).")
+@click.option("--token-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help=f"File holding the bearer token the page must send (default: ${TOKEN_ENV}).")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+def ui(bank_dir: str, port: int, host: str, embedder: str | None, token_file: str | None, log_level: str) -> None:
+    """Browse the bank in BANK read-only (no extractor, no writing route) at http://HOST:PORT/ui."""
+    from crl_gym.experience.embedders import load_embedder
+    from crl_gym.explorer import BankSource, explorer_app
+    from crl_gym.server import _bearer
+
+    token = resolve_token(token_file)
+    if token is None and not is_loopback(host):
+        raise click.UsageError(f"refusing to bind {host} without a token: pass --token-file FILE or set {TOKEN_ENV}, "
+                               f"or bind 127.0.0.1.")
+    try:
+        source = BankSource.open(bank_dir, load_embedder(embedder) if embedder else None)
+    except (ValueError, FileNotFoundError, BankCorruptError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"crl-experience: exploring {source.bank_dir} read-only on http://{host}:{port}/ui "
+               f"({'token required' if token else 'no token'})", err=True)
+    app = explorer_app(source, [Depends(_bearer(token))] if token else None)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+    try:
+        _StopOnSignal(config).run()
+    finally:
+        source.close()
+    click.echo("crl-experience: stopped", err=True)
 
 
 def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,

@@ -45,6 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crl_gym.clients import as_service
 from crl_gym.experience.service import RetrievalService, StepOrderError
+from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
 from crl_gym.protocol import DistillationRequest, ExperienceRef, _jsonable, op_from_dict
 
@@ -462,6 +463,7 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
 
     app.include_router(open_routes)
     app.include_router(router)
+    mount_service_explorer(app, svc, router.dependencies)  # the read-only bank explorer at /ui
     return app
 
 
@@ -508,6 +510,7 @@ class BackgroundServer:
         self._server.should_exit = True
         self._thread.join(timeout)
         self.app.state.coalescer.close()
+        self.app.state.explorer.close()
 
     def __enter__(self) -> BackgroundServer:
         return self
