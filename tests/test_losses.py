@@ -135,6 +135,28 @@ def test_reverse_kl_gradcheck_and_mask() -> None:
     assert z.item() == pytest.approx(0.0, abs=1e-12)
 
 
+def test_reverse_kl_support_is_finite_when_a_masked_position_holds_minus_inf() -> None:
+    # position 0: p_s = [.5, .25], p_t = [.25, .25] -> .5 ln 2 + .25 ln 1 = 0.346574
+    # position 1 (masked out, padding): the teacher gives -inf; position 2 (masked out): so does the student
+    inf = float("inf")
+    s = torch.tensor([[[L(0.5), L(0.25)], [L(0.5), L(0.5)], [-inf, L(1.0)]]], dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([[[L(0.25), L(0.25)], [-inf, -inf], [L(0.5), -inf]]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    loss, m = reverse_kl_support_loss(None, None, None, mask, support_logprobs=s, teacher_support=t)
+    assert loss.item() == pytest.approx(0.5 * L(2.0))
+    assert m["edge_kl"] == pytest.approx(0.5 * L(2.0)) and m["topk_mass"] == pytest.approx(0.75)
+    loss.backward()
+    assert s.grad is not None and torch.isfinite(s.grad).all()
+    # d/ds_v of p_v (s_v - t_v) is p_v (s_v - t_v + 1): .5 (ln 2 + 1) and .25 (0 + 1); nothing elsewhere
+    assert s.grad[0, 0].tolist() == pytest.approx([0.5 * (L(2.0) + 1), 0.25])
+    assert s.grad[0, 1:].abs().sum().item() == 0.0
+    # an id the student gives no mass at an unmasked position adds nothing (0 · log 0 = 0)
+    s0 = torch.tensor([[[L(1.0), -inf]]], dtype=torch.float64)
+    t0 = torch.tensor([[[L(0.5), L(0.5)]]], dtype=torch.float64)
+    loss0, _ = reverse_kl_support_loss(None, None, None, torch.ones(1, 1), support_logprobs=s0, teacher_support=t0)
+    assert loss0.item() == pytest.approx(L(2.0))
+
+
 def test_loss_registry_and_shape_errors() -> None:
     assert LOSSES.get(PolicyLoss.CISPO) is cispo_loss
     assert LOSSES.get("clip") is clip_surrogate_loss

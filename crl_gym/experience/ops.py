@@ -304,12 +304,17 @@ def parse_ops(
             ``allowed_update_ids`` when it has exactly one.
         allow_delete: accept Delete ops (Merge only; per-episode distillation never deletes).
         max_len: longest accepted entry text, in characters.
-        max_ops: more ops than this in one answer makes the whole answer malformed.
+        max_ops: most ops read from one answer; the first ``max_ops`` are kept and those past it
+            are dropped as one counted ``ReturnOp(reason="too_many_ops", malformed=True)``.
         stats: counters to update (default: the process-wide :data:`PARSE_STATS`).
 
     Returns:
         The ops in answer order. Each malformed op is replaced by
         ``ReturnOp(reason, malformed=True)``; an unparsable answer gives exactly one of those.
+
+    >>> parse_ops("ADD: a\\nADD: b\\nADD: c", max_ops=2, stats=ParseStats())  # doctest: +NORMALIZE_WHITESPACE
+    [AddOp(text='a', tags=(), kind='add'), AddOp(text='b', tags=(), kind='add'),
+     ReturnOp(reason='too_many_ops', malformed=True, kind='return')]
     """
     allowed = None if allowed_update_ids is None else frozenset(allowed_update_ids)
     if retrieved_id is None and allowed is not None and len(allowed) == 1:

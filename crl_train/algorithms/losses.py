@@ -276,9 +276,14 @@ def reverse_kl_support_loss(
                          f"{tuple(support_logprobs.shape)} and {tuple(teacher_support.shape)}")
     if mask.shape != support_logprobs.shape[:2]:
         raise ValueError(f"mask must be [B, T]={tuple(support_logprobs.shape[:2])}, got {tuple(mask.shape)}")
-    p = support_logprobs.exp()
-    # where(): a padded position's support may hold -inf on either side; it is masked out anyway
-    per_pos = torch.where(p > 0, p * (support_logprobs - teacher_support.detach().to(p.dtype)), torch.zeros_like(p)).sum(-1)
+    # A padded position's support may hold -inf on either side, and so may an id the student gives
+    # no mass: such terms are filled with 0 *before* any product, because inf * 0 is NaN, in the
+    # value (a masked sum) and in the gradient (a where() after the product still back-propagates it).
+    keep = (mask != 0)[..., None] & (support_logprobs > float("-inf"))
+    student = support_logprobs.masked_fill(~keep, 0.0)
+    teacher = teacher_support.detach().to(student.dtype).masked_fill(~keep, 0.0)
+    p = student.exp().masked_fill(~keep, 0.0)
+    per_pos = (p * (student - teacher)).sum(-1)  # exactly 0 where masked out, so the product below is finite
     m = mask.to(per_pos.dtype)
     denom = m.sum().clamp(min=1.0)
     kl = (per_pos * m).sum() / denom
