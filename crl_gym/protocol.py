@@ -16,7 +16,7 @@ import json
 import math
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, SupportsFloat, SupportsIndex
 
 Condition = Literal["guided", "free"]
 CONDITIONS: tuple[str, ...] = ("guided", "free")
@@ -31,7 +31,7 @@ UINT64_MAX = 2**64 - 1
 # ---------------------------------------------------------------------------------------------
 
 
-def finite_float(value: Any, what: str) -> float:
+def finite_float(value: object, what: str) -> float:
     """``value`` as a finite ``float``; NaN, ±inf, text and ``None`` raise ``ValueError`` naming ``what``.
 
     Text is refused although ``float("1.5")`` would read it: ``float("nan")`` reads too.
@@ -43,7 +43,7 @@ def finite_float(value: Any, what: str) -> float:
     ...
     ValueError: outcome must be a finite number, got nan
     """
-    if isinstance(value, (str, bytes)) or value is None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (SupportsFloat, SupportsIndex)):
         raise ValueError(f"{what} must be a finite number, got {value!r}")
     try:
         x = float(value)
@@ -54,9 +54,9 @@ def finite_float(value: Any, what: str) -> float:
     return x
 
 
-def check_int(value: Any, what: str, *, low: int | None = None, high: int | None = None) -> int:
+def check_int(value: object, what: str, *, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an ``int`` (numpy integers too; bools, floats and text refused), in ``[low, high]``."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ValueError(f"{what} must be an integer, got {value!r}")
     i = int(value.__index__())
     if (low is not None and i < low) or (high is not None and i > high):
@@ -66,7 +66,7 @@ def check_int(value: Any, what: str, *, low: int | None = None, high: int | None
     return i
 
 
-def check_flag(value: Any, what: str) -> bool:
+def check_flag(value: object, what: str) -> bool:
     """``value`` as a ``bool``: ``True``/``False``, 0/1 or a numpy bool; anything else is refused."""
     if isinstance(value, bool):
         return value
@@ -76,26 +76,26 @@ def check_flag(value: Any, what: str) -> bool:
     raise ValueError(f"{what} must be true or false, got {value!r}")
 
 
-def check_str(value: Any, what: str) -> str:
+def check_str(value: object, what: str) -> str:
     """``value`` if it is a ``str``; ``None``, numbers and other objects are refused."""
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {type(value).__name__} {value!r:.80}")
     return value
 
 
-def _mapping(d: Any, what: str) -> dict[str, Any]:
+def _mapping(d: object, what: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ValueError(f"{what} must be a JSON object, got {type(d).__name__}")
     return d
 
 
-def _list(value: Any, what: str) -> list[Any]:
+def _list(value: object, what: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{what} must be a list, got {type(value).__name__}")
     return list(value)
 
 
-def _required(d: dict[str, Any], key: str, what: str) -> Any:
+def _required(d: dict[str, Any], key: str, what: str) -> object:
     if key not in d:
         raise ValueError(f"{what}.{key} is missing" if what else f"{key} is missing")
     return d[key]
@@ -105,7 +105,7 @@ def _named(what: str, key: str) -> str:
     return f"{what}.{key}" if what else key
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     """Best-effort conversion of info values (numpy scalars, arrays, sets) to JSON types."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -262,7 +262,7 @@ class Trajectory:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], what: str = "trajectory") -> Trajectory:
+    def from_dict(cls, d: object, what: str = "trajectory") -> Trajectory:
         """Inverse of :meth:`to_dict`; a bad step or call names its index (``trajectory.steps[2].reward``)."""
         d = _mapping(d, what)
         steps = _list(d.get("steps", []), f"{what}.steps")

@@ -96,8 +96,8 @@ def _own_field_docs(cls: type) -> dict[str, str]:
 def field_docs(cls: type) -> dict[str, str]:
     """``{field name: doc}`` of dataclass ``cls``, bases included (a subclass's doc wins).
 
-    >>> field_docs(TrainConfig)["method"]
-    'One of grpo, complementary, static_online, exp_only, offline_exp, edge.'
+    >>> field_docs(TrainConfig)["method"].startswith("One of grpo, complementary, static_online, exp_only")
+    True
     """
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):

@@ -74,7 +74,7 @@ class HFPolicy:
         module.to(self.device)
         self.model.eval()
         self.tokenizer = tokenizer
-        self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+        self.name = name or str(model.config.name_or_path or type(model).__name__)
         self.sampling = sampling or SamplingConfig()
         self.optim = optim or OptimConfig()
         self.generation_batch_size = generation_batch_size
