@@ -17,13 +17,15 @@ Example (needs Docker and the base image; see ``docs/swebench.md``)::
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
 from crl_gym.envs.swebench.editor import Editor
-from crl_gym.envs.swebench.grading import GradeResult, grade_patch
+from crl_gym.envs.swebench.grading import GradeResult, grade_patch, grading_config
 from crl_gym.envs.swebench.image import ImageChoice, instance_image
 from crl_gym.envs.swebench.sandbox import (
     DockerSandbox,
@@ -45,6 +47,25 @@ log = logging.getLogger(__name__)
 PROMPT = SWEBENCH_TASK_TEMPLATE
 
 
+def _start_in_background(sandbox: DockerSandbox) -> Future[DockerSandbox]:
+    """``sandbox.start()`` in a thread of its own; the future holds the started sandbox."""
+    future: Future[DockerSandbox] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(sandbox.start())
+        except BaseException as exc:  # start() has removed what it made
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="crl-sandbox-prestart").start()
+    return future
+
+
+def _close_started(future: Future[DockerSandbox]) -> None:
+    if future.exception() is None:
+        future.result().close()
+
+
 class SWEBenchEnv(TextEnv):
     """SWE-bench instances as a Gymnasium text env with a Docker sandbox per episode."""
 
@@ -60,6 +81,7 @@ class SWEBenchEnv(TextEnv):
         render_mode: str | None = None,
         client: Any = None,
         prompt_template: str = PROMPT,
+        prestart_grading: bool = True,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if tasks is None:
@@ -72,6 +94,10 @@ class SWEBenchEnv(TextEnv):
         self.grading_timeout = grading_timeout
         self.prompt_template = prompt_template
         self._client = client
+        self.prestart_grading = prestart_grading
+        """Start the grading container in the background as soon as the episode's is up, so that
+        ``submit`` finds it ready (grading still gets a fresh container; see ``docs/swebench.md``)."""
+        self._grader: Future[DockerSandbox] | None = None
         self.sandbox: DockerSandbox | None = None
         self.editor: Editor | None = None
         self.instance: dict[str, Any] | None = None
@@ -103,6 +129,8 @@ class SWEBenchEnv(TextEnv):
         cfg = SandboxConfig(**{**self.sandbox_config.__dict__, "env_setup": self.image.env_setup,
                                "chown_workdir": self.image.chown_workdir})
         self.sandbox = DockerSandbox(self.image.name, cfg, self.client).start()
+        if self.prestart_grading:
+            self._grader = _start_in_background(DockerSandbox(self.image.name, self._grading_config(), self.client))
         self.editor = Editor(self.sandbox.fs)
         self.turn = 0
         self.stats["episodes"] += 1
@@ -140,6 +168,11 @@ class SWEBenchEnv(TextEnv):
             else:
                 assert self.editor is not None
                 obs = self.editor.run(call.params)
+            if self.sandbox is not None:  # the shell was restarted during this call: the agent is told
+                notices = self.sandbox.take_notices()
+                if notices:
+                    obs += "\n" + " ".join(notices)
+                    info["shell_restarted"] = True
         except ToolCallError as exc:
             self.stats["malformed_calls"] += 1
             obs = f"ERROR: {exc}" + ("\n\n" + TOOL_FORMAT_HELP if "tool call" in str(exc).lower() else "")
@@ -162,14 +195,26 @@ class SWEBenchEnv(TextEnv):
         self._last_obs = self._fit(obs)
         return self._last_obs, reward, terminated, truncated, info
 
+    def _grading_config(self) -> SandboxConfig:
+        assert self.image is not None
+        return grading_config(SandboxConfig(**{**self.sandbox_config.__dict__, "env_setup": self.image.env_setup,
+                                               "chown_workdir": self.image.chown_workdir}), self.grading_timeout)
+
     def _submit(self) -> GradeResult:
         assert self.sandbox is not None and self.instance is not None and self.image is not None
         self._patch = self.sandbox.diff()
-        self._close_sandbox()  # grading runs in a fresh container; the agent's is gone
+        # grading runs in a fresh container; the agent's goes (its removal off the grading's path)
+        done, self.sandbox, self.editor = self.sandbox, None, None
+        threading.Thread(target=done.close, name="crl-sandbox-close").start()
+        grader, self._grader = self._grader, None
+        ready = None
+        if grader is not None:
+            try:
+                ready = grader.result()
+            except Exception as exc:  # a failed prestart: grade_patch starts one itself
+                log.warning("the prestarted grading container failed (%s); starting another", exc)
         return grade_patch(self.instance, self._patch, self.image.name, client=self.client,
-                           config=SandboxConfig(**{**self.sandbox_config.__dict__, "env_setup": self.image.env_setup,
-                                                   "chown_workdir": self.image.chown_workdir}),
-                           timeout=self.grading_timeout)
+                           config=self._grading_config(), timeout=self.grading_timeout, sandbox=ready)
 
     def _fit(self, text: str) -> str:
         text = to_charset(text)
@@ -182,6 +227,9 @@ class SWEBenchEnv(TextEnv):
         if self.sandbox is not None:
             self.sandbox.close()
         self.sandbox, self.editor = None, None
+        grader, self._grader = self._grader, None
+        if grader is not None:  # an unused prestarted grading container
+            grader.add_done_callback(_close_started)
 
     def close(self) -> None:
         self._close_sandbox()

@@ -146,17 +146,36 @@ def _reason(report: dict[str, Any]) -> str:
         {"FAIL_TO_PASS": f2p[:5], "PASS_TO_PASS": p2p[:5]})
 
 
+def grading_config(config: SandboxConfig | None, timeout: float) -> SandboxConfig:
+    """The limits of a grading container: the episode's, with the grading's own time limit."""
+    cfg = config or SandboxConfig()
+    return SandboxConfig(**{**cfg.__dict__, "episode_timeout": timeout + 120.0, "command_timeout": timeout,
+                            "max_command_timeout": timeout})
+
+
 def grade_patch(instance: dict[str, Any], patch: str, image: str, *, client: Any,
-                config: SandboxConfig | None = None, timeout: float = 900.0) -> GradeResult:
-    """Apply ``patch`` and the test patch in a FRESH container and grade with swebench."""
+                config: SandboxConfig | None = None, timeout: float = 900.0,
+                sandbox: DockerSandbox | None = None) -> GradeResult:
+    """Apply ``patch`` and the test patch in a FRESH container and grade with swebench.
+
+    ``sandbox``: a started container of ``image`` that no agent command has touched (the env
+    starts one while the episode runs); it is used and removed. Without it one is started here.
+    """
     t0 = time.monotonic()
     if not patch.strip():
+        if sandbox is not None:
+            sandbox.close()
         return GradeResult(False, "empty patch: the work tree has no changes", duration=time.monotonic() - t0)
-    spec = make_spec(instance, image)
-    cfg = config or SandboxConfig()
-    cfg = SandboxConfig(**{**cfg.__dict__, "episode_timeout": timeout + 120.0, "command_timeout": timeout,
-                           "max_command_timeout": timeout})
-    with DockerSandbox(image, cfg, client).start() as sandbox:
+    try:
+        spec = make_spec(instance, image)
+    except Exception:
+        if sandbox is not None:
+            sandbox.close()
+        raise
+    if sandbox is None:
+        sandbox = DockerSandbox(image, grading_config(config, timeout), client).start()
+    sandbox.started_at = time.monotonic()  # its budget counts from the grading, not from its prestart
+    with sandbox:
         sandbox.put_file(PATCH_FILE, patch.encode("utf-8"))
         applied, tool_out = False, b""
         for attempt, cmd in enumerate(GIT_APPLY_CMDS):

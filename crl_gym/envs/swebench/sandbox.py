@@ -365,7 +365,7 @@ class DockerSandbox:
         if old is not None:
             old.close()
             if old.pid is not None:  # a hung server: end it (same uid, so root needs no capability)
-                self._run(["kill", "-KILL", str(old.pid)], user="0", timeout=10.0)
+                self._run(["sh", "-c", f"kill -KILL {old.pid}"], user="0", timeout=10.0)
         try:
             done = self._kill_agent_processes()
             if self.shell is None:
