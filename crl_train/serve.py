@@ -11,10 +11,8 @@ import logging
 from pathlib import Path
 
 from crl_train.config import load_config
-from crl_train.extractor import ExtractorWorker
 from crl_train.methods import make_method
-from crl_train.service import ExperienceService, build_service
-from crl_train.service.build import extractor_spec, make_raw_env, tokenizer_texts
+from crl_train.service import ExperienceService, start_service
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +31,4 @@ def build_served_service(bank_dir: Path, extractor: str, embedder: str | None = 
     if not options.extractor:
         raise ValueError(f"method {cfg.method!r} has no extractor: serve without --extractor instead")
     options = dataclasses.replace(options, asynchronous=True)  # a server never waits inside end_step
-    texts = None
-    if cfg.extractor.model == "tiny":
-        texts = tokenizer_texts(cfg, lambda env_id: make_raw_env(cfg, env_id))
-    worker = ExtractorWorker(extractor_spec(cfg, texts))
-    try:
-        log.info("extractor worker ready (pid %d)", worker.wait_ready())
-        return build_service(cfg, options, bank_dir, worker).start()
-    except BaseException:
-        worker.close()
-        raise
+    return start_service(cfg, options, bank_dir)

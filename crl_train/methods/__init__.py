@@ -13,9 +13,16 @@ from __future__ import annotations
 from crl_train.algorithms.registry import Registry
 from crl_train.config import TrainConfig
 from crl_train.config.names import MethodName
-from crl_train.methods.base import ActorTerm, Method, MethodBase, Rollout
+from crl_train.methods.base import (
+    GATE_FIELDS,
+    SELF_DISTILL_FIELDS,
+    ActorTerm,
+    Method,
+    MethodBase,
+    Rollout,
+)
 from crl_train.methods.complementary import Complementary
-from crl_train.methods.edge import Edge
+from crl_train.methods.edge import EDGE_FIELDS, Edge
 from crl_train.methods.exp_only import ExpOnly
 from crl_train.methods.grpo import GRPO
 from crl_train.methods.offline_exp import OfflineExp
@@ -26,10 +33,22 @@ for _cls in (GRPO, Complementary, StaticOnline, ExpOnly, OfflineExp, Edge):
     METHODS.register(_cls.name)(_cls)
 
 
+def declared_metric_fields() -> tuple[str, ...]:
+    """Every metrics-row key some method may add: the union of the registered methods'
+    ``declared_fields``, in registration order (a method's new key is declared in its own module).
+
+    >>> "edge_gain_mean" in declared_metric_fields() and "gate_judged" in declared_metric_fields()
+    True
+    """
+    keys = (k for name in METHODS.names() for k in METHODS.get(name).declared_fields)
+    return tuple(dict.fromkeys(keys))
+
+
 def make_method(cfg: TrainConfig) -> Method:
     """The method ``cfg.method`` names, built for ``cfg``; unknown names raise ``KeyError`` listing the accepted ones."""
     method: Method = METHODS.get(cfg.method)(cfg)
     return method
 
 
-__all__ = ["METHODS", "ActorTerm", "Method", "MethodBase", "MethodName", "Rollout", "make_method"]
+__all__ = ["EDGE_FIELDS", "GATE_FIELDS", "METHODS", "SELF_DISTILL_FIELDS", "ActorTerm", "Method", "MethodBase",
+           "MethodName", "Rollout", "declared_metric_fields", "make_method"]

@@ -120,7 +120,7 @@ class Method(Protocol):
         ...
 
     def metric_fields(self) -> tuple[str, ...]:
-        """The metrics-row keys this method adds (declared in ``crl_train.run.outputs``)."""
+        """The metrics-row keys this method adds with this config (a subset of its class's ``declared_fields``)."""
         ...
 
     @property
@@ -140,6 +140,9 @@ class MethodBase:
     trains_actor: ClassVar[bool] = True
     advantage: ClassVar[AdvantageEstimator] = AdvantageEstimator.SPLIT_SUBGROUP
     service_metrics: ClassVar[dict[str, str]] = {}
+    declared_fields: ClassVar[tuple[str, ...]] = (*GATE_FIELDS, *SELF_DISTILL_FIELDS)
+    """Every metrics-row key this method may add (the declaration the run's outputs collect from
+    :data:`~crl_train.methods.METHODS`); :meth:`metric_fields` picks those of one config."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg

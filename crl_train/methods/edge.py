@@ -36,6 +36,7 @@ class Edge(MethodBase):
     advantage = AdvantageEstimator.EDGE_POOLED
     service_metrics = {"edge_pruned": "pruned", "edge_reflections": "reflections", "edge_reflected": "reflected",
                        "edge_refused": "refused"}
+    declared_fields = (*EDGE_FIELDS, *MethodBase.declared_fields)
 
     def service_options(self) -> ServiceOptions:
         # EDGE's bank starts empty (every entry with utility 0) and grows from the actor's episodes

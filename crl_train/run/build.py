@@ -17,14 +17,14 @@ import torch
 from crl_gym.clients import LocalClient
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.config import TrainConfig
-from crl_train.extractor import ORACLE_MODEL, AnyExtractor, ExtractorWorker, build_extractor
+from crl_train.extractor import ORACLE_MODEL
 from crl_train.methods import Method
 from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
 from crl_train.rollout.runner import RolloutRunner
 from crl_train.run.affinity import CpuSplit, available_cpus, pin_process, split_cpus
-from crl_train.service import ExperienceService, ServiceOptions, build_service
-from crl_train.service.build import extractor_spec, make_raw_env, tokenizer_texts
+from crl_train.service import ExperienceService, ServiceOptions, start_service
+from crl_train.service.build import make_raw_env, tokenizer_texts
 
 log = logging.getLogger(__name__)
 
@@ -100,24 +100,24 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     need_texts = (cfg.actor.model == "tiny" and checkpoint is None) or (
         options.extractor and cfg.extractor.model == "tiny" and ext_ckpt is None)
     texts = tokenizer_texts(cfg, raw_env, ACTOR_TEXTS) if need_texts else None
-    spec = extractor_spec(cfg, texts, checkpoint=ext_ckpt, cpus=split.extractor)
-    # started first: the child builds π_φ while this process builds the actor
-    worker = ExtractorWorker(spec, start_method=ex.extractor_start_method) if in_worker else None
-    before = pin_process(split.actor)
+    pinned: list[tuple[int, ...] | None] = []
+    built: list[Policy] = []
+
+    def build_actor() -> None:  # runs while the extractor's child (started first) builds π_φ
+        pinned.append(pin_process(split.actor))
+        built.append(build_policy(cfg.actor, texts, loss_scale="none", role="actor", seed=cfg.seed,
+                                  checkpoint=checkpoint / "actor" if checkpoint else None,
+                                  generator_factory=generator_factory))
+
     try:
-        actor = build_policy(cfg.actor, texts, loss_scale="none", role="actor", seed=cfg.seed,
-                             checkpoint=checkpoint / "actor" if checkpoint else None, generator_factory=generator_factory)
-        if worker is not None:
-            log.info("extractor worker ready (pid %d)", worker.wait_ready())
-        extractor: AnyExtractor | None = None
-        if options.extractor:
-            extractor = worker if worker is not None else build_extractor(spec)
-        service = build_service(cfg, options, bank_dir or run_dir / "bank", extractor, fresh=checkpoint is None)
+        service = start_service(cfg, options, bank_dir or run_dir / "bank", texts=texts, raw_env=raw_env,
+                                extractor_checkpoint=ext_ckpt, in_worker=in_worker, cpus=split.extractor,
+                                fresh=checkpoint is None, start=False, meanwhile=build_actor)
     except BaseException:
-        if worker is not None:
-            worker.close()
-        pin_process(before)
+        if pinned:
+            pin_process(pinned[0])
         raise
+    actor, before = built[0], pinned[0]
     client = LocalClient(service)
     runner = RolloutRunner(actor, _env_maker(cfg, method, raw_env, client, bank_dir or run_dir / "bank"),
                            client=client if method.guided else None, group_size=cfg.env.group_size,

@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,38 +31,53 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from crl_train.methods.base import GATE_FIELDS, SELF_DISTILL_FIELDS
-from crl_train.methods.edge import EDGE_FIELDS
+# each method declares its own keys; these are re-exported for the readers of this module
+from crl_train.methods import EDGE_FIELDS as EDGE_FIELDS
+from crl_train.methods import GATE_FIELDS as GATE_FIELDS
+from crl_train.methods import SELF_DISTILL_FIELDS as SELF_DISTILL_FIELDS
+from crl_train.methods import declared_metric_fields
+from crl_train.service.checkpoint import CKPT, OLD, STATE, TMP, discard_checkpoint
+from crl_train.service.checkpoint import atomic_write_text as atomic_write_text
+from crl_train.service.checkpoint import begin_checkpoint as begin_checkpoint
+from crl_train.service.checkpoint import commit_checkpoint as commit_checkpoint
+from crl_train.service.service import row_columns
 
 if TYPE_CHECKING:
     from crl_train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# The declaration of a metrics row's keys (a method's own keys are declared in its module): the
-# trainer fills rows through ``make_row`` (which rejects an undeclared key), the plots read them,
-# docs/training.md documents them (tests/test_outputs.py checks both directions).
+# A metrics row's keys, each declared by what produces it: the actor update and the rollout here,
+# the experience service's counters by the service (``row_columns``: its stats dataclass), a
+# method's own by the method (``declared_fields``). The trainer fills rows through ``make_row``
+# (which rejects an undeclared key), the plots read them, docs/training.md documents them
+# (tests/test_outputs.py checks both directions).
 ACTOR_FIELDS: tuple[str, ...] = ("actor_loss", "actor_objective", "actor_clip_frac", "actor_approx_kl", "actor_grad_norm")
 """Actor update; null when the actor did not train this step."""
-STEP_FIELDS: tuple[str, ...] = (
+ROLLOUT_FIELDS: tuple[str, ...] = (
     "success", "success_guided", "success_free", "success_by_env", "actions_per_episode", "turns_per_episode",
-    "adv_mean", "adv_std", "adv_abs_mean", "bank_size", "search_latency_s", "queue_depth", "extractor_reward",
-    "extractor_updates", "extractor_loss", "buffer_size", "distilled", "distill_batches", "malformed", "stale", "refused", "added",
-    "updated", "credited", "uncreditable", "merges", "merge_failures", "track_errors", "extractor_alive", "skipped_distill",
-    "skipped_updates", "env_errors", "context_truncations", "step_time_s", "rollout_time_s", "update_time_s",
+    "adv_mean", "adv_std", "adv_abs_mean", "search_latency_s", "env_errors", "context_truncations", "extractor_alive",
 )
+"""Every step's rollout columns (``extractor_alive``: the service's ``extractor`` status, as a bool)."""
+SERVICE_FIELDS: tuple[str, ...] = tuple(row_columns())
+"""The experience service's columns (:func:`crl_train.service.service.row_columns`)."""
+TIME_FIELDS: tuple[str, ...] = ("step_time_s", "rollout_time_s", "update_time_s")
+"""Seconds of the step and of its rollout and update."""
+STEP_FIELDS: tuple[str, ...] = (*ROLLOUT_FIELDS, *SERVICE_FIELDS, *TIME_FIELDS)
 """Every step's rollout, bank and background-track columns."""
 METRIC_FIELDS: tuple[str, ...] = ("step", *ACTOR_FIELDS, *STEP_FIELDS)
 """Columns every metrics row has (``metric_fields`` adds the method's own)."""
-ALL_METRIC_FIELDS: tuple[str, ...] = (*METRIC_FIELDS, *EDGE_FIELDS, *SELF_DISTILL_FIELDS, *GATE_FIELDS)
+ALL_METRIC_FIELDS: tuple[str, ...] = (*METRIC_FIELDS, *declared_metric_fields())
 """Every key a row may have: :data:`METRIC_FIELDS` and each method's own."""
+
+_UNDECLARED = "are not declared (a method's own keys go in its declared_fields, the service's in its stats)"
 
 
 def metric_fields(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The exact keys of a metrics row: every row's, then a method's own (``Method.metric_fields``)."""
     unknown = sorted(set(extra) - set(ALL_METRIC_FIELDS))
     if unknown:
-        raise KeyError(f"metrics keys {unknown} are not declared in crl_train.run.outputs (declare them there)")
+        raise KeyError(f"metrics keys {unknown} {_UNDECLARED}")
     return (*METRIC_FIELDS, *extra)
 
 
@@ -76,21 +89,11 @@ def make_row(fields: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
     """
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise KeyError(f"metrics keys {unknown} are not declared in crl_train.run.outputs (declare them there)")
+        raise KeyError(f"metrics keys {unknown} {_UNDECLARED}")
     return {k: values.get(k) for k in fields}
 
 
 # ---------------------------------------------------------------------------- atomic files
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path``, fsync it, and rename it over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def truncate_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[int, int]:
     """Keep the rows of ``path`` for which ``keep(row)`` holds, atomically; returns (kept, dropped).
 
@@ -128,9 +131,7 @@ def trim_run_outputs(run_dir: Path, step: int) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------- checkpoints
-CKPT = "checkpoint"
-STATE = "state.json"
-TMP, OLD = CKPT + ".tmp", CKPT + ".old"
+# written by crl_train.service.checkpoint (begin_checkpoint / commit_checkpoint); found and settled here
 
 
 class ResumeError(RuntimeError):
@@ -159,34 +160,6 @@ def _ckpt_step(d: Path) -> int | None:
         return int(read_checkpoint_state(d)["step"])
     except ResumeError:
         return None
-
-
-def begin_checkpoint(run_dir: Path) -> Path:
-    """An empty ``checkpoint.tmp/`` to write the next checkpoint into. The checkpoint before the
-    current one (``checkpoint.old/``) is deleted first, so at most two are on disk at any time."""
-    tmp = run_dir / TMP
-    _discard(tmp)
-    if (run_dir / CKPT).exists():
-        _discard(run_dir / OLD)
-    tmp.mkdir()
-    return tmp
-
-
-def commit_checkpoint(run_dir: Path, tmp: Path, state: dict[str, Any]) -> Path:
-    """Make ``tmp`` (weights already in it) the run's checkpoint; the current one becomes ``checkpoint.old/``.
-
-    ``state.json`` is written last and atomically, so a directory with one is complete. The swap
-    is ``checkpoint → checkpoint.old``, ``tmp → checkpoint``; a kill between the two renames
-    leaves two complete directories and no ``checkpoint/``, which a resume repairs. The previous
-    checkpoint stays as ``checkpoint.old/``: the one to resume from if ``checkpoint/`` is damaged.
-    """
-    atomic_write_text(tmp / STATE, json.dumps(state))
-    final, old = run_dir / CKPT, run_dir / OLD
-    if final.exists():
-        _discard(old)
-        final.rename(old)
-    tmp.rename(final)
-    return final
 
 
 @dataclass(frozen=True)
@@ -245,14 +218,6 @@ def find_checkpoint(run_dir: Path) -> Checkpoint | None:
     return Checkpoint(best, step, state, tuple((d, s) for s, _, d, _ in found[1:] if s < step))
 
 
-def _discard(d: Path) -> None:
-    """Delete a checkpoint directory, its ``state.json`` first: a kill midway leaves no directory
-    that looks complete but has lost its weights."""
-    if d.exists():
-        (d / STATE).unlink(missing_ok=True)
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def settle_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
     """After a successful resume from ``ckpt``: move it to ``checkpoint/`` if a kill left it
     elsewhere, keep the newest older complete one as ``checkpoint.old/``, drop the rest."""
@@ -264,18 +229,18 @@ def settle_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
         if final.exists():
             if prev == final:
                 parked = run_dir / (CKPT + ".prev")
-                _discard(parked)
+                discard_checkpoint(parked)
                 final.rename(parked)
                 prev = parked
             else:
-                _discard(final)
+                discard_checkpoint(final)
         ckpt.path.rename(final)
     if prev is None:
-        _discard(old)
+        discard_checkpoint(old)
     elif prev != old:
-        _discard(old)
+        discard_checkpoint(old)
         prev.rename(old)
-    _discard(tmp)  # never kept: it was renamed above if it was the newest or the previous
+    discard_checkpoint(tmp)  # never kept: it was renamed above if it was the newest or the previous
     return final
 
 

@@ -45,24 +45,12 @@ from crl_train.run.outputs import (
     settle_checkpoint,
     trim_run_outputs,
 )
-from crl_train.service.service import check_service_state
+from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
 
 RL_TERM = "rl"
 """Name of the RL loss among the terms of the actor's objective (its loss is ``actor_loss``)."""
-
-SERVICE_FIELDS: dict[str, str] = {
-    "bank_size": "bank_size", "queue_depth": "queue_depth", "extractor_reward": "extractor_reward",
-    "extractor_updates": "extractor_updates", "extractor_loss": "extractor_loss", "buffer_size": "buffer_size",
-    "distilled": "distilled", "distill_batches": "distill_batches", "malformed": "malformed", "stale": "stale", "refused": "refused",
-    "added": "added",
-    "updated": "updated", "credited": "credited", "uncreditable": "uncreditable", "merges": "merges",
-    "merge_failures": "merge_failures", "track_errors": "errors", "skipped_distill": "skipped_distill",
-    "skipped_updates": "skipped_updates",
-}
-"""Metrics-row key → key of ``ExperienceService.stats()``."""
-
 
 class Trainer:
     """One run in ``run_dir`` (fresh, or resumed from its last checkpoint).
@@ -217,7 +205,7 @@ class Trainer:
             xs = [e.success for e in eps if e.condition == cond]
             return sum(xs) / len(xs) if xs else None
 
-        row: dict[str, Any] = {k: stats.get(src) for k, src in {**SERVICE_FIELDS, **self.method.service_metrics}.items()}
+        row: dict[str, Any] = {k: stats.get(src) for k, src in {**row_columns(), **self.method.service_metrics}.items()}
         row.update({
             "success": float(rollout.reward.mean()), "success_guided": rate("guided"), "success_free": rate("free"),
             "success_by_env": {env: sum(e.success for e in eps if e.env_id == env) / sum(e.env_id == env for e in eps)

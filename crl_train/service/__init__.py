@@ -4,8 +4,8 @@ Faces: in process through ``crl_gym.clients.LocalClient``, over HTTP through ``c
 --extractor`` (``crl_train.serve``) and ``crl_gym.clients.RemoteClient``.
 """
 
-from crl_train.service.build import build_service, service_options
+from crl_train.service.build import build_service, service_options, start_service
 from crl_train.service.service import EdgeReflection, EdgeUtility, ExperienceService, ServiceOptions
 
-__all__ = ["EdgeReflection", "EdgeUtility", "ExperienceService", "ServiceOptions", "build_service",
+__all__ = ["EdgeReflection", "EdgeUtility", "ExperienceService", "ServiceOptions", "build_service", "start_service",
            "service_options"]

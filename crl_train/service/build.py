@@ -1,8 +1,9 @@
 """Build an :class:`~crl_train.service.ExperienceService` from a crl-train config.
 
-Two callers: the trainer (``crl_train.run.build``: the service of one run, its bank under the run
-directory) and ``crl-experience serve --extractor`` (``crl_train.serve``: a service for any
-trainer, over HTTP).
+:func:`start_service` is the one builder of its three faces: the trainer (``crl_train.run.build``:
+the service of one run, its bank under the run directory), ``crl-experience serve --extractor``
+(``crl_train.serve``: a service for any trainer, over HTTP) and the Ray service actor
+(``crl_train.service.ray_actor``). :func:`embedder_of` is the one reading of ``experience.embedder``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from crl_gym.templates import (
     REFINEMENT_TEMPLATE,
 )
 from crl_train.config import TrainConfig
-from crl_train.extractor import AnyExtractor, ExtractorSpec
+from crl_train.extractor import AnyExtractor, ExtractorSpec, ExtractorWorker, build_extractor
 from crl_train.service.service import ExperienceService, ServiceOptions
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,11 @@ def tokenizer_texts(cfg: TrainConfig, raw_env: Callable[[str], Any], actor_texts
                     "accept refine reject"] + carried * CARRIED_TEXT_WEIGHT
 
 
-def embedder_of(cfg: TrainConfig) -> Embedder:
-    """``experience.embedder``: ``hashing`` (of ``embed_dim``), ``minilm`` (bundled) or a model path."""
+def embedder_of(cfg: TrainConfig, device: str = "cpu") -> Embedder:
+    """``experience.embedder`` on ``device``: ``hashing`` (of ``embed_dim``), ``minilm`` (bundled) or a model path."""
     name = cfg.experience.embedder
-    return load_embedder(f"hashing:{cfg.experience.embed_dim}" if name == "hashing" else None if name == "minilm" else name)
+    spec = f"hashing:{cfg.experience.embed_dim}" if name == "hashing" else None if name == "minilm" else name
+    return load_embedder(spec, device=device)
 
 
 def extractor_spec(cfg: TrainConfig, texts: list[str] | None, *, checkpoint: Path | None = None,
@@ -120,6 +122,58 @@ def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
     return service
 
 
+def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | None, *,
+                  texts: list[str] | None = None, raw_env: Callable[[str], Any] | None = None,
+                  extractor_checkpoint: Path | None = None, in_worker: bool = True,
+                  cpus: tuple[int, ...] | None = None, state: dict[str, Any] | None = None,
+                  fresh: bool | None = None, embedder: Embedder | None = None, start: bool = True,
+                  meanwhile: Callable[[], None] | None = None) -> ExperienceService:
+    """The experience service of ``cfg`` with its extractor, ready to serve.
+
+    1. π_φ (when ``options.extractor``): in its worker process (``in_worker``; started first, so
+       ``meanwhile`` runs while the child loads: the trainer builds its actor there), else in this
+       process; from ``extractor_checkpoint`` when given. The tiny extractor's tokenizer is trained on
+       ``texts`` (None: the config's envs, made by ``raw_env``, default ``crl_gym.envs.make``).
+    2. the bank in ``bank_dir``, its manager and the service (:func:`build_service`); ``fresh``
+       (default: no ``state``) seeds an empty bank, a resume needs the bank to be there.
+    3. ``state`` (a checkpoint's service part) loaded, and the extractor's thread started (``start``).
+
+    Whatever fails on the way closes what was started (the worker, the bank).
+    """
+    ext_model = cfg.extractor.model
+    if options.extractor and texts is None and ext_model == "tiny" and extractor_checkpoint is None:
+        texts = tokenizer_texts(cfg, raw_env or (lambda env_id: make_raw_env(cfg, env_id)))
+    spec = extractor_spec(cfg, texts, checkpoint=extractor_checkpoint, cpus=cpus)
+    worker = None
+    if options.extractor and in_worker:
+        worker = ExtractorWorker(spec, start_method=cfg.experience.extractor_start_method)
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        extractor: AnyExtractor | None = None
+        if worker is not None:
+            log.info("extractor worker ready (pid %d)", worker.wait_ready())
+            extractor = worker
+        elif options.extractor:
+            extractor = build_extractor(spec)
+        last_ended = int(state.get("last_ended", -1)) if state is not None else -1
+        service = build_service(cfg, options, bank_dir, extractor, fresh=state is None if fresh is None else fresh,
+                                last_ended=last_ended, embedder=embedder)
+    except BaseException:
+        if worker is not None:
+            worker.close()
+        raise
+    try:
+        if state is not None:
+            service.load_state(state)
+        if start:
+            service.start()
+    except BaseException:
+        service.close()
+        raise
+    return service
+
+
 def load_offline_bank(src: Path, manager: ExperienceManager, extractor: AnyExtractor | None) -> None:
     """A frozen bank: a bank ``.jsonl`` export is imported; a ``trajectories.jsonl`` is distilled once."""
     if not src.is_file():
@@ -146,4 +200,4 @@ def load_offline_bank(src: Path, manager: ExperienceManager, extractor: AnyExtra
 
 
 __all__ = ["build_service", "embedder_of", "extractor_spec", "load_offline_bank",
-           "make_raw_env", "service_options", "tokenizer_texts"]
+           "make_raw_env", "service_options", "start_service", "tokenizer_texts"]

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from crl_gym.clients import ExperienceUnavailable, check_step
-from crl_gym.experience.embedders import Embedder, HashingEmbedder, load_embedder
+from crl_gym.experience.embedders import Embedder
 from crl_gym.protocol import (
     DistillationRequest,
     ExperienceOp,
@@ -48,14 +47,13 @@ from crl_gym.protocol import (
     op_from_dict,
     op_to_dict,
 )
+from crl_train.service.checkpoint import CKPT, OLD, STATE, TMP, begin_checkpoint, commit_checkpoint
 
 log = logging.getLogger(__name__)
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 """Ray's resource that only the head node has."""
 
-STATE_FILE = "state.json"
-CHECKPOINT_DIR = "checkpoint"
 
 
 class EmbedderPool:
@@ -91,13 +89,6 @@ class EmbedderPool:
             self._free.put(i)
 
 
-def make_embedder(name: str, embed_dim: int, device: str) -> Embedder:
-    """``experience.embedder`` on ``device``: ``hashing`` (of ``embed_dim``), ``minilm`` (bundled) or a model."""
-    if name == "hashing":
-        return HashingEmbedder(embed_dim)
-    return load_embedder(None if name == "minilm" else name, device=device)
-
-
 class ServiceActor:
     """The body of the Ray actor: one :class:`~crl_train.service.ExperienceService`, started.
 
@@ -113,9 +104,8 @@ class ServiceActor:
     def __init__(self, config: dict[str, Any], service_dir: str, *, embedding_workers: int = 1,
                  embedder_device: str = "cpu") -> None:
         from crl_train.config import config_from_dict
-        from crl_train.extractor import ExtractorWorker
         from crl_train.methods import make_method
-        from crl_train.service.build import extractor_spec, make_raw_env, tokenizer_texts
+        from crl_train.service.build import embedder_of, start_service
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         cfg = config_from_dict(dict(config))
@@ -123,47 +113,15 @@ class ServiceActor:
         options = dataclasses.replace(make_method(cfg).service_options(), asynchronous=True)
         self.dir = Path(service_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        ckpt = self.dir / CHECKPOINT_DIR
-        state: dict[str, Any] | None = None
-        if (ckpt / STATE_FILE).is_file():
-            state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
-        ext_ckpt = ckpt / "extractor" if state is not None and (ckpt / "extractor").is_dir() else None
-        worker = None
-        if options.extractor:
-            texts = None
-            if cfg.extractor.model == "tiny" and ext_ckpt is None:
-                texts = tokenizer_texts(cfg, lambda env_id: make_raw_env(cfg, env_id))
-            worker = ExtractorWorker(extractor_spec(cfg, texts, checkpoint=ext_ckpt))
+        found = newest_checkpoint(self.dir)
+        state = found[1]["service"] if found is not None else None
+        ext_ckpt = found[0] / "extractor" if found is not None and (found[0] / "extractor").is_dir() else None
         self._ckpt_lock = threading.Lock()
-        try:
-            if worker is not None:
-                log.info("extractor worker ready (pid %d)", worker.wait_ready())
-            self.service = self._build(cfg, options, worker, state, embedding_workers, embedder_device)
-        except BaseException:
-            if worker is not None:
-                worker.close()
-            raise
+        embedder = EmbedderPool([embedder_of(cfg, embedder_device) for _ in range(max(1, embedding_workers))])
+        self.service = start_service(cfg, options, self.dir / "bank", extractor_checkpoint=ext_ckpt, state=state,
+                                     embedder=embedder)
         log.info("experience service ready in %s (bank %d entries, last ended step %d)", self.dir,
                  len(self.service.manager.bank), self.service.ledger.last_ended)
-
-    def _build(self, cfg: Any, options: Any, worker: Any, state: dict[str, Any] | None, embedding_workers: int,
-               embedder_device: str) -> Any:
-        from crl_train.service.build import build_service
-
-        ex = cfg.experience
-        embedder = EmbedderPool([make_embedder(ex.embedder, ex.embed_dim, embedder_device)
-                                 for _ in range(max(1, embedding_workers))])
-        last_ended = int(state["service"].get("last_ended", -1)) if state is not None else -1
-        service = build_service(cfg, options, self.dir / "bank", worker, fresh=state is None, last_ended=last_ended,
-                                embedder=embedder)
-        try:
-            if state is not None:
-                service.load_state(state["service"])
-            service.start()
-        except BaseException:
-            service.close()
-            raise
-        return service
 
     # ------------------------------------------------------------------ the client interface
     def search(self, query: str) -> dict[str, Any] | None:
@@ -174,7 +132,10 @@ class ServiceActor:
         return [r.to_dict() if r is not None else None for r in self.service.search_many(list(queries))]
 
     def ask(self, query: str, entry: dict[str, Any], context: str) -> tuple[str, dict[str, Any] | None]:
-        return self.service.ask(query, ExperienceRef.from_dict(entry), context)
+        ref = ExperienceRef.from_dict(entry, "entry")
+        if ref is None:
+            raise ValueError("ask: entry must be an experience object, got null")
+        return self.service.ask(query, ref, context)
 
     def submit(self, request: dict[str, Any]) -> None:
         self.service.submit(DistillationRequest.from_dict(request))
@@ -202,28 +163,44 @@ class ServiceActor:
         return str(ray.get_runtime_context().get_node_id())
 
     def checkpoint(self) -> dict[str, Any]:
-        """Counters, B_φ and π_φ into ``service_dir/checkpoint`` (replaced whole; the bank itself is
-        SQLite on this disk and is flushed first). A new actor on this directory resumes from it."""
+        """Counters, B_φ and π_φ into ``service_dir/checkpoint`` (the bank itself is SQLite on this
+        disk and is flushed first), by the run's checkpoint writer (``crl_train.service.checkpoint``):
+        written whole beside the current one, ``state.json`` last and fsync'd, the previous one kept
+        as ``checkpoint.old``. A new actor on this directory resumes from the newest complete one."""
         with self._ckpt_lock:
-            final, tmp = self.dir / CHECKPOINT_DIR, self.dir / f"{CHECKPOINT_DIR}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
             self.service.flush()
             state = self.service.state()
-            previous = final / "extractor"
+            previous = self.dir / CKPT / "extractor"
+            tmp = begin_checkpoint(self.dir)
             self.service.save_extractor(tmp / "extractor", previous if previous.is_dir() else None)
-            (tmp / STATE_FILE).write_text(json.dumps({"service": state}), encoding="utf-8")
-            old = self.dir / f"{CHECKPOINT_DIR}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            if final.exists():
-                final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
+            final = commit_checkpoint(self.dir, tmp, {"service": state})
             return {"path": str(final), "last_ended": int(state["last_ended"])}
 
     def close(self) -> None:
         """Stop the extractor's loop and process, persist the queue, close the bank."""
         self.service.close()
+
+
+def newest_checkpoint(service_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The complete service checkpoint with the latest ended step among ``checkpoint/``,
+    ``checkpoint.tmp/`` and ``checkpoint.old/`` (a kill between the writer's renames leaves no
+    ``checkpoint/``), with its state; None when there is none. An unreadable one is logged and skipped."""
+    found: list[tuple[int, int, Path, dict[str, Any]]] = []
+    for rank, name in enumerate((CKPT, TMP, OLD)):
+        path = service_dir / name / STATE
+        if not path.is_file():
+            continue
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            last = int(state["service"].get("last_ended", -1))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("%s is unreadable (%s): not resumed from", path, exc)
+            continue
+        found.append((last, -rank, path.parent, state))
+    if not found:
+        return None
+    _, _, best, state = max(found, key=lambda x: (x[0], x[1]))
+    return best, state
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
@@ -470,4 +447,4 @@ def _request_dict(request: DistillationRequest) -> dict[str, Any]:
 
 
 __all__ = ["HEAD_NODE_RESOURCE", "EmbedderPool", "RayServiceClient", "ServiceActor", "deploy_service",
-           "head_node_id", "make_embedder"]
+           "head_node_id", "newest_checkpoint"]

@@ -35,7 +35,7 @@ from crl_train.config.io import check_choices
 from crl_train.config.names import EntryReward
 from crl_train.extractor import AnyExtractor, ExtractorUnavailable
 from crl_train.service.credit import reflections, step_credits, utility_updates
-from crl_train.service.track import BackgroundTrack, TrackStats
+from crl_train.service.track import COLUMN, BackgroundTrack, TrackStats
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,26 @@ class ServiceOptions:
 
     def __post_init__(self) -> None:
         check_choices(self, "ServiceOptions")
+
+
+STATS_COLUMNS: tuple[str, ...] = ("bank_size", "queue_depth", "extractor_reward", "extractor_updates",
+                                  "extractor_loss", "buffer_size")
+"""Figures :meth:`ExperienceService.stats` computes (not :class:`TrackStats` counters) that every metrics row shows."""
+
+
+def row_columns() -> dict[str, str]:
+    """Metrics-row column → key of :meth:`ExperienceService.stats`: :data:`STATS_COLUMNS`, then every
+    :class:`TrackStats` counter marked as a column (under its field name, or the name its mark gives).
+
+    >>> cols = row_columns()
+    >>> cols["bank_size"], cols["distilled"], cols["track_errors"]
+    ('bank_size', 'distilled', 'errors')
+    """
+    out = {k: k for k in STATS_COLUMNS}
+    for f in dataclasses.fields(TrackStats):
+        if COLUMN in f.metadata:
+            out[f.metadata[COLUMN] or f.name] = f.name
+    return out
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

@@ -57,32 +57,42 @@ class Reflection:
     successes: list[DistillationRequest]
 
 
+def _column(name: str | None = None) -> Any:
+    """A counter that every metrics row shows, under its own name or ``name``
+    (``crl_train.service.service.row_columns`` reads the marks: a new counter is one line here)."""
+    return field(default=0, metadata={COLUMN: name})
+
+
+COLUMN = "metrics_column"
+"""Field-metadata key of :class:`TrackStats` counters that are metrics-row columns."""
+
+
 @dataclass
 class TrackStats:
-    distilled: int = 0
-    distill_batches: int = 0
+    distilled: int = _column()
+    distill_batches: int = _column()
     """Generate calls of distillation (distilled / distill_batches = the mean batch)."""
-    added: int = 0
-    updated: int = 0
+    added: int = _column()
+    updated: int = _column()
     returned: int = 0
-    malformed: int = 0
-    refused: int = 0
+    malformed: int = _column()
+    refused: int = _column()
     """New entries refused as near-duplicates of the bank's (``dedup_similarity``)."""
-    stale: int = 0
+    stale: int = _column()
     """Ops on entries that changed after the episode saw them (merged away, pruned): redirected or kept as Adds."""
-    credited: int = 0
-    uncreditable: int = 0
+    credited: int = _column()
+    uncreditable: int = _column()
     updates: int = 0
-    merges: int = 0
-    merge_failures: int = 0
+    merges: int = _column()
+    merge_failures: int = _column()
     reflections: int = 0
     """EDGE reflections run (low-success categories contrasted)."""
     reflected: int = 0
     """Entries the reflections added."""
-    errors: int = 0
-    skipped_distill: int = 0
+    errors: int = _column("track_errors")
+    skipped_distill: int = _column()
     """Requests not distilled because the extractor worker is gone."""
-    skipped_updates: int = 0
+    skipped_updates: int = _column()
     """CISPO batches dropped because the extractor worker is gone."""
     skipped_merges: int = 0
     """Merges not run because the extractor worker is gone."""
