@@ -92,9 +92,25 @@ def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: Lo
         from crl_train.policy.tiny import build_tiny_policy
 
         assert texts is not None
-        return build_tiny_policy(texts, vocab_size=mc.tiny_vocab_size, device=mc.device, sampling=sampling, optim=optim,
+        tiny = build_tiny_policy(texts, vocab_size=mc.tiny_vocab_size, device=mc.device, sampling=sampling, optim=optim,
                                  seed=seed, hidden=mc.tiny_hidden, layers=mc.tiny_layers, heads=mc.tiny_heads,
                                  kv_heads=mc.tiny_kv_heads, intermediate=mc.tiny_intermediate,
                                  max_positions=max(mc.max_context_tokens, 512))
-    return HFPolicy.from_pretrained(mc.model, device=mc.device, dtype=mc.dtype, sampling=sampling, optim=optim,
-                                    enable_thinking=mc.enable_thinking)
+        return _with_lora(tiny, mc)
+    from crl_train.policy.packaged import display_name, resolve_model
+
+    # smollm2-135m and *.gguf: converted once into a cached model directory; HF ids and paths as given
+    policy = HFPolicy.from_pretrained(resolve_model(mc.model), device=mc.device, dtype=mc.dtype, sampling=sampling,
+                                      optim=optim, enable_thinking=mc.enable_thinking)
+    policy.name = display_name(mc.model)
+    return _with_lora(policy, mc)
+
+
+def _with_lora(policy: HFPolicy, mc: ModelConfig) -> HFPolicy:
+    """``mc.lora_rank`` > 0: the policy trains adapters instead of its full weights (a checkpoint
+    brings its own adapters back, so this applies to fresh policies only)."""
+    if mc.lora_rank:
+        from crl_train.policy.lora import LoraSpec
+
+        policy.enable_lora(LoraSpec(mc.lora_rank, mc.lora_alpha, mc.lora_targets))
+    return policy

@@ -44,6 +44,15 @@ from .chat import ChatFormatter
 from .checkpoint import MODEL_DIR, load_weights, read_state, resolve_dtype, write_checkpoint
 from .generate import RowConstraint, RowKV, generate_batch
 from .grammar import GrammarEngine, JsonGrammar
+from .lora import (
+    CheckpointView,
+    LoraSpec,
+    apply_lora,
+    checkpoint_adapter_spec,
+    is_lora,
+    load_checkpoint_weights,
+    named_weights,
+)
 from .sampling import selective_logprobs, support_logprobs
 from .trie import ActionTrie, ThinkThenChoose
 
@@ -99,7 +108,17 @@ class HFPolicy:
         ``VLLMGenerator``; a grammar request only when the generator has ``structured_outputs``)
         and push this model's weights into it now and after every optimizer step."""
         self.generator = generator
-        generator.sync_weights(self.model.state_dict().items())
+        generator.sync_weights(named_weights(self.model))  # merged when the model has LoRA adapters
+
+    def enable_lora(self, spec: LoraSpec) -> None:
+        """Train LoRA adapters (``crl_train.policy.lora``) instead of the full weights from now on;
+        before the first update (the optimizer holds the parameters it was created with)."""
+        if self.optimizer is not None:
+            raise ValueError(f"{self.name}: enable_lora after the optimizer exists (call it before the first train_step)")
+        apply_lora(self.model, spec)
+        self._kv.clear()
+        if self.generator is not None:
+            self.generator.sync_weights(named_weights(self.model))
 
     def _eos_ids(self) -> list[int]:
         # The tokenizer's EOS first (it ends constrained actions), then the generation config's.
@@ -463,7 +482,7 @@ class HFPolicy:
         opt.zero_grad(set_to_none=True)
         self.step += 1
         if self.generator is not None:
-            self.generator.sync_weights(self.model.state_dict().items())
+            self.generator.sync_weights(named_weights(self.model))
         return {
             **metrics,
             "loss": loss_total,
@@ -487,11 +506,17 @@ class HFPolicy:
             "chat_kwargs": self.chat.chat_kwargs,
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
         }
-        write_checkpoint(directory, self.model, self.tokenizer, state)
+        # with LoRA: model/ holds the frozen base (HF layout) and adapter/ the adapters; the view has
+        # the one method the writer calls (save_pretrained), not a model's type
+        saved: Any = CheckpointView(self.model) if is_lora(self.model) else self.model
+        write_checkpoint(directory, saved, self.tokenizer, state)
 
     def load(self, directory: str | Path) -> None:
         """Load weights, optimizer state and step written by :meth:`save` into this policy."""
-        load_weights(self.model, directory, self.device)
+        if is_lora(self.model):
+            load_checkpoint_weights(self.model, directory, self.device)
+        else:
+            load_weights(self.model, directory, self.device)
         self._kv.clear()
         state = read_state(directory)
         self.step = int(state["step"])
@@ -509,6 +534,9 @@ class HFPolicy:
         model_dir = str(Path(directory) / MODEL_DIR)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
+        spec = checkpoint_adapter_spec(directory)
+        if spec is not None:  # the base came from model/; load() fills the adapters and their optimizer state
+            apply_lora(model, spec)
         optim = {**state["optim"], "betas": tuple(state["optim"]["betas"])}
         sampling = {**state["sampling"], "stop": tuple(state["sampling"]["stop"])}
         policy = cls(

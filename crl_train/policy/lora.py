@@ -196,17 +196,53 @@ def load_adapter(model: Any, directory: str | Path, device: str | torch.device =
         raise ValueError(f"{path}: keys not in the model: {unexpected[:5]}")
 
 
-class BaseView:
-    """``save_pretrained`` of an adapted model's base alone (a checkpoint's ``model/``): the HF
-    layout any loader reads, as if the adapters were not there."""
+class CheckpointView:
+    """What a checkpoint writer's ``save_pretrained(dir/model)`` call writes for an adapted model:
+    the base alone in ``model/`` (the HF layout any loader reads, as if the adapters were not there)
+    and the adapters in the sibling ``adapter/``, both inside the writer's temporary directory, so
+    the checkpoint stays atomic."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
 
     def save_pretrained(self, directory: str | Path) -> None:
         self.model.save_pretrained(str(directory), state_dict=base_state_dict(self.model))
+        save_adapter(self.model, Path(directory).parent / ADAPTER_DIR)
 
 
-__all__ = ["ADAPTER_DIR", "DEFAULT_TARGETS", "BaseView", "LoraSpec", "adapter_state_dict", "apply_lora",
+def checkpoint_adapter_spec(directory: str | Path) -> LoraSpec | None:
+    """The LoRA spec of a policy checkpoint ``directory`` (None: a fully fine-tuned one)."""
+    d = Path(directory) / ADAPTER_DIR
+    return read_adapter_spec(d) if d.is_dir() else None
+
+
+def load_checkpoint_weights(model: Any, directory: str | Path, device: str | torch.device) -> None:
+    """Load a LoRA checkpoint (``model/`` base, ``adapter/``) into an adapted ``model``, strictly:
+    a base tensor the model lacks, or a base parameter the files lack (tied ``lm_head`` excepted), is an error."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    files = sorted((directory / "model").glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory / 'model'} holds no *.safetensors weights: not a policy checkpoint")
+    spec = checkpoint_adapter_spec(directory)
+    if spec is None or lora_spec(model) != spec:
+        raise ValueError(f"{directory}: its adapters ({spec}) are not the model's ({lora_spec(model)})")
+    names = {_base_name(k): k for k in model.state_dict() if "lora_" not in k}
+    found: dict[str, torch.Tensor] = {}
+    for f in files:
+        for k, v in load_file(str(f), device=str(device)).items():
+            if k not in names:
+                raise ValueError(f"{f}: key {k!r} is not in the model")
+            found[names[k]] = v
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    lacking = [b for b, k in names.items() if k not in found and not (tied and b.startswith("lm_head"))]
+    if lacking:
+        raise ValueError(f"{directory}: checkpoint lacks base parameters {lacking[:5]}")
+    model.load_state_dict(found, strict=False)
+    load_adapter(model, directory / ADAPTER_DIR, device)
+
+
+__all__ = ["ADAPTER_DIR", "DEFAULT_TARGETS", "CheckpointView", "LoraSpec", "checkpoint_adapter_spec", "load_checkpoint_weights", "adapter_state_dict", "apply_lora",
            "base_state_dict", "is_lora", "load_adapter", "lora_spec", "merged_state_dict", "named_weights",
            "read_adapter_spec", "save_adapter"]
