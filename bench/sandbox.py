@@ -27,8 +27,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from crl_gym.envs.swebench.env import SWEBenchEnv
-from crl_gym.envs.swebench.image import instance_image
+from crl_gym.envs.swebench.env import SWEBenchEnv, episode_config
+from crl_gym.envs.swebench.image import ImageChoice, instance_image
+from crl_gym.envs.swebench.pool import SandboxPool
 from crl_gym.envs.swebench.sandbox import SandboxConfig, docker_client
 from crl_gym.envs.swebench.testing import fixing_agent, make_demo_instance
 from crl_gym.envs.swebench.tools import format_tool_call
@@ -46,13 +47,15 @@ def quantiles(values: list[float]) -> dict[str, float]:
         return {"median": float("nan"), "p90": float("nan"), "n": 0}
     ordered = sorted(values)
     rank = max(0, int(-(-0.9 * len(ordered) // 1)) - 1)  # ceil(0.9 n) - 1
-    return {"median": round(statistics.median(ordered), 4), "p90": round(ordered[rank], 4), "n": len(ordered)}
+    return {"median": round(statistics.median(ordered), 5), "p90": round(ordered[rank], 5), "n": len(ordered)}
 
 
-def episode(instance: dict[str, Any], client: Any, tool_calls: int, echo_calls: int, shell: str) -> dict[str, list[float]]:
+def episode(instance: dict[str, Any], client: Any, tool_calls: int, echo_calls: int, shell: str,
+            pool: SandboxPool | None) -> dict[str, list[float]]:
+    # the exec shell is today's path throughout: boot at reset, grading container booted at submit
     env = SWEBenchEnv(tasks=[instance], max_turns=tool_calls + echo_calls + 10, client=client,
-                      sandbox_config=SandboxConfig(shell=shell))
-    out: dict[str, list[float]] = {m: [] for m in METRICS} | {"resolved": []}
+                      sandbox_config=SandboxConfig(shell=shell), pool=pool, prestart_grading=shell == "persistent")
+    out: dict[str, list[float]] = {m: [] for m in (*METRICS, "resolved")}
     try:
         _, info = env.reset(options={"index": 0})
         out["container_start"].append(info["latency"]["container_start"])
@@ -76,20 +79,45 @@ def episode(instance: dict[str, Any], client: Any, tool_calls: int, echo_calls: 
     return out
 
 
-def run_level(instance: dict[str, Any], client: Any, c: int, args: argparse.Namespace, shell: str) -> dict[str, Any]:
-    merged: dict[str, list[float]] = {m: [] for m in METRICS} | {"resolved": []}
+def run_level(instance: dict[str, Any], image: ImageChoice, client: Any, c: int, args: argparse.Namespace,
+              shell: str) -> dict[str, Any]:
+    merged: dict[str, list[float]] = {m: [] for m in (*METRICS, "resolved")}
+    pool = None
+    prewarm_s = 0.0
+    if shell == "persistent" and args.pool:
+        # Steady state of a training loop: the batch's containers were booted while the previous batch
+        # ran. Here they boot before the level, outside its timings; refills boot during it.
+        pool = SandboxPool(client, spares=c)
+        t0 = time.monotonic()
+        pool.prewarm(image.name, episode_config(SandboxConfig(shell=shell), image), c)
+        prewarm_s = time.monotonic() - t0
+        boots_before = len(pool.boot_latencies)
     wall = time.monotonic()
-    for _ in range(args.rounds):
-        with ThreadPoolExecutor(c) as pool:
-            for res in pool.map(lambda _: episode(instance, client, args.tool_calls, args.echo_calls, shell), range(c)):
-                for k, v in res.items():
-                    merged[k].extend(v)
+    try:
+        for _ in range(args.rounds):
+            with ThreadPoolExecutor(c) as threads:
+                for res in threads.map(lambda _: episode(instance, client, args.tool_calls, args.echo_calls, shell, pool),
+                                       range(c)):
+                    for k, v in res.items():
+                        merged[k].extend(v)
+    finally:
+        if pool is not None:
+            pool.close()
     result: dict[str, Any] = {m: quantiles(merged[m]) for m in METRICS}
+    # a container's own boot (create, start, work tree, shell), whether or not a reset waited for it
+    result["container_boot"] = quantiles(pool.boot_latencies if pool is not None else merged["container_start"])
+    if pool is not None:
+        result["pool"] = {"spares": c, "prewarm_s": round(prewarm_s, 3), "boots_before_level": boots_before,
+                          "warm_resets": pool.stats["warm"], "cold_resets": pool.stats["cold"]}
     result["episodes"] = len(merged["resolved"])
     result["resolved_rate"] = sum(merged["resolved"]) / max(1, len(merged["resolved"]))
     result["wall_s"] = round(time.monotonic() - wall, 3)
     result["loadavg_1min"] = round(os.getloadavg()[0], 2)
     return result
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
 
 
 def check_targets(levels: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -121,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tool-calls", type=int, default=6)
     parser.add_argument("--echo-calls", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=1, help="rounds of C concurrent episodes per level")
+    parser.add_argument("--no-pool", dest="pool", action="store_false",
+                        help="persistent shell without a SandboxPool (every reset boots its container)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -131,19 +161,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="crl-bench-") as tmp:
         instance = make_demo_instance(tmp)
         t0 = time.monotonic()
-        image = instance_image(client, instance).name  # built once, outside the timings
+        choice = instance_image(client, instance)  # built once, outside the timings
+        image = choice.name
         build_s = time.monotonic() - t0
         results: dict[str, dict[str, Any]] = {s: {} for s in shells}
         try:
             for c in levels:
                 for shell in shells:  # the two paths back to back at each level, under the same load
-                    results[shell][str(c)] = run_level(instance, client, c, args, shell)
+                    results[shell][str(c)] = run_level(instance, choice, client, c, args, shell)
                     print(f"{shell} shell, concurrency {c}: {json.dumps(results[shell][str(c)])}", file=sys.stderr)
         finally:
             client.images.remove(image, force=True)
     targets = check_targets(results)
     summary = {
         "bench": "sandbox",
+        "pool": args.pool,
         "instance_image_build_s": round(build_s, 3),
         "tool_calls_per_episode": args.tool_calls,
         "echo_calls_per_episode": args.echo_calls,
@@ -151,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # today's fields: the default (first) shell's levels and its slow-down under load
         "levels": results[shells[0]],
         "median_ratio_vs_first": {
-            c: {m: round(r[m]["median"] / results[shells[0]][str(levels[0])][m]["median"], 3) for m in METRICS}
+            c: {m: _ratio(r[m]["median"], results[shells[0]][str(levels[0])][m]["median"]) for m in (*METRICS, "container_boot")}
             for c, r in results[shells[0]].items()
         },
         "targets": targets,

@@ -27,6 +27,7 @@ from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
 from crl_gym.envs.swebench.editor import Editor
 from crl_gym.envs.swebench.grading import GradeResult, grade_patch, grading_config
 from crl_gym.envs.swebench.image import ImageChoice, instance_image
+from crl_gym.envs.swebench.pool import SandboxPool
 from crl_gym.envs.swebench.sandbox import (
     DockerSandbox,
     EpisodeTimeoutError,
@@ -45,6 +46,11 @@ from crl_gym.templates import SWEBENCH_TASK_TEMPLATE
 log = logging.getLogger(__name__)
 
 PROMPT = SWEBENCH_TASK_TEMPLATE
+
+
+def episode_config(base: SandboxConfig, image: ImageChoice) -> SandboxConfig:
+    """The limits of an episode's container: ``base`` with the image's own set-up."""
+    return SandboxConfig(**{**base.__dict__, "env_setup": image.env_setup, "chown_workdir": image.chown_workdir})
 
 
 def _start_in_background(sandbox: DockerSandbox) -> Future[DockerSandbox]:
@@ -82,6 +88,7 @@ class SWEBenchEnv(TextEnv):
         client: Any = None,
         prompt_template: str = PROMPT,
         prestart_grading: bool = True,
+        pool: SandboxPool | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if tasks is None:
@@ -98,6 +105,9 @@ class SWEBenchEnv(TextEnv):
         """Start the grading container in the background as soon as the episode's is up, so that
         ``submit`` finds it ready (grading still gets a fresh container; see ``docs/swebench.md``)."""
         self._grader: Future[DockerSandbox] | None = None
+        self.pool = pool
+        """Where reset takes its container (:class:`~crl_gym.envs.swebench.pool.SandboxPool`: booted ahead,
+        shared by the envs of a batch); ``None`` boots one at each reset."""
         self.sandbox: DockerSandbox | None = None
         self.editor: Editor | None = None
         self.instance: dict[str, Any] | None = None
@@ -126,9 +136,11 @@ class SWEBenchEnv(TextEnv):
             instance = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         self.instance = instance
         self.image = instance_image(self.client, instance)
-        cfg = SandboxConfig(**{**self.sandbox_config.__dict__, "env_setup": self.image.env_setup,
-                               "chown_workdir": self.image.chown_workdir})
-        self.sandbox = DockerSandbox(self.image.name, cfg, self.client).start()
+        cfg = episode_config(self.sandbox_config, self.image)
+        if self.pool is not None:
+            self.sandbox = self.pool.acquire(self.image.name, cfg)
+        else:
+            self.sandbox = DockerSandbox(self.image.name, cfg, self.client).start()
         if self.prestart_grading:
             self._grader = _start_in_background(DockerSandbox(self.image.name, self._grading_config(), self.client))
         self.editor = Editor(self.sandbox.fs)
@@ -197,8 +209,7 @@ class SWEBenchEnv(TextEnv):
 
     def _grading_config(self) -> SandboxConfig:
         assert self.image is not None
-        return grading_config(SandboxConfig(**{**self.sandbox_config.__dict__, "env_setup": self.image.env_setup,
-                                               "chown_workdir": self.image.chown_workdir}), self.grading_timeout)
+        return grading_config(episode_config(self.sandbox_config, self.image), self.grading_timeout)
 
     def _submit(self) -> GradeResult:
         assert self.sandbox is not None and self.instance is not None and self.image is not None

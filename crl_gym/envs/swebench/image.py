@@ -139,6 +139,8 @@ def build_instance_image(client: Any, instance: dict[str, Any], source: str | Pa
     stamp = src.stat().st_mtime_ns if src.is_file() else _git(["rev-parse", "HEAD"], src).strip()
     digest = hashlib.sha256(f"{base}|{instance['instance_id']}|{instance['base_commit']}|{src}|{stamp}".encode()).hexdigest()
     tag = f"{INSTANCE_REPO}:{digest[:16]}"
+    if image_exists(client, tag):  # built already: no lock, so a batch of resets does not queue here
+        return tag
     with _lock_for(tag):
         if image_exists(client, tag):
             return tag

@@ -70,22 +70,11 @@ PRELUDE_NAME = "prelude.sh"
 # Sourced by every command's bash (BASH_ENV) in the persistent shell: the previous command's shell
 # variables (exported or not), functions and working directory come back (the image's env_setup runs
 # once, before the first command), and they are saved again when this one exits, as a terminal keeps
-# them. bash's own variables are left out. Only the agent's own next command reads what it saved.
+# them. Builtins only (no fork per call); bash's own read-only variables fail to restore, quietly.
+# Only the agent's own next command reads what it saved.
 _PRELUDE = """unset BASH_ENV
 if [ -f {state} ]; then . {state} 2>/dev/null; else {setup}:; fi
-__crl_save() {{
-  {{ for __crl_v in $(compgen -v); do
-      case $__crl_v in
-        BASH*|EUID|PPID|UID|SHELLOPTS|FUNCNAME|GROUPS|DIRSTACK|PIPESTATUS|RANDOM|SRANDOM|SECONDS|LINENO|\\
-        EPOCH*|HISTCMD|OPTIND|OPTARG|OPTERR|COMP_*|COLUMNS|LINES|_|__crl_*|PWD|SHLVL|IFS|PS4|HOSTNAME|\\
-        HOSTTYPE|MACHTYPE|OSTYPE) ;;
-        *) declare -p "$__crl_v" 2>/dev/null ;;
-      esac
-    done
-    declare -f
-    printf 'cd -- %q 2>/dev/null\\n' "$PWD"
-  }} > {state} 2>/dev/null
-}}
+__crl_save() {{ {{ declare -p; declare -f; printf 'cd -- %q 2>/dev/null\\n' "$PWD"; }} > {state} 2>/dev/null; }}
 trap __crl_save EXIT
 """
 

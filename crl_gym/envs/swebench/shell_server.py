@@ -94,6 +94,25 @@ class Server:
         finally:
             os.setresuid(0, 0, 0)
 
+    def wait_gone(self, timeout: float = 5.0) -> None:
+        """Until init has reaped them, killed processes still hold their pid (and the next command
+        could meet the pids limit): wait for the last one to be gone."""
+        deadline = time.monotonic() + timeout
+        while self.agent_pids() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def agent_pids(self) -> list[int]:
+        """Pids of the agent's uid still in the process table (zombies included)."""
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    if os.stat("/proc/" + name).st_uid == self.uid:
+                        found.append(int(name))
+                except OSError:  # gone meanwhile
+                    pass
+        return found
+
     def child(self, req: dict[str, Any], out_fd: int) -> None:
         """In the forked child: become the agent with the request's limits, then run it. Never returns."""
         try:
@@ -167,6 +186,7 @@ class Server:
             self.kill_agent()
             if status is None:
                 _, status = os.waitpid(pid, 0)
+            self.wait_gone()
             duration = time.monotonic() - t0
             if os.WIFEXITED(status):
                 rc = os.WEXITSTATUS(status)
