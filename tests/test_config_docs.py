@@ -198,11 +198,21 @@ def test_each_key_has_its_doc_type_and_default_above_it() -> None:
 
 
 def _parent_of(lines: list[str], i: int) -> str:
-    """The section a key line at depth 1 sits under (the nearest line above with no indent)."""
+    """The dotted section a key line sits under: each nearest line above with less indent (no
+    comment), up to the top level (``algo.edge`` for a key at depth 2)."""
+    indent = len(lines[i]) - len(lines[i].lstrip())
+    parts: list[str] = []
     for j in range(i - 1, -1, -1):
-        if lines[j] and not lines[j].startswith((" ", "#")):
-            return lines[j].split(":", 1)[0]
-    return ""
+        line = lines[j]
+        if not line or line.lstrip().startswith("#"):
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth < indent:
+            parts.insert(0, line.strip().split(":", 1)[0])
+            indent = depth
+            if depth == 0:
+                break
+    return ".".join(parts)
 
 
 def test_comment_lines_are_wrapped() -> None:

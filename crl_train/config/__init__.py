@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import yaml
 
@@ -26,12 +26,14 @@ from crl_gym.experience.config import ManagerConfig
 from crl_train.config.io import (
     ConfigError,
     build_dataclass,
+    check_choices,
     config_to_dict,
     parse_override,
     read_yaml,
+    renamed_attribute,
     set_path,
 )
-from crl_train.config.names import MethodName
+from crl_train.config.names import EntryReward, KLEstimator, MethodName, PerplexityChoice
 
 METHOD_NAMES: tuple[str, ...] = tuple(m.value for m in MethodName)
 PACKAGED_CONFIGS = Path(__file__).parent.parent / "configs"
@@ -146,8 +148,7 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.generator not in ("hf", "vllm"):
-            raise ConfigError(f"generator must be 'hf' or 'vllm', got {self.generator!r}")
+        check_choices(self)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for name in ("micro_batch_size", "max_new_tokens", "max_context_tokens"):
@@ -170,9 +171,96 @@ class ModelConfig:
                               f"< max_context_tokens ({self.max_context_tokens})")
 
 
+def _at_least(obj: Any, prefix: str, low: float, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < low:
+            raise ConfigError(f"{prefix}.{name} must be >= {low:g}, got {getattr(obj, name)}")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Actor-critic gate (appendix B.1; off by default, as in the paper)."""
+
+    enabled: bool = False
+    """Before each guided episode the actor judges its entry, knowing the task and its own success rate:
+    accept (used as is, s_c = 1), refine (the actor rewrites it, 0.5) or reject (the episode runs
+    without it, 0); r̃(m) = s_c + r(m)."""
+    warmup_steps: int = 2
+    """T_warm: rollout steps that establish the actor's success rate per task before the gate judges."""
+    rewrite_tokens: int = 48
+    """Tokens of the actor's rewrite of an entry it refines."""
+
+    def __post_init__(self) -> None:
+        _at_least(self, "algo.gate", 0, "warmup_steps", "rewrite_tokens")
+
+
+@dataclass(frozen=True)
+class PerplexityConfig:
+    """Perplexity-reduction bonus of the extractor (appendix B.2; off by default: the paper found no
+    consistent gain): b = w·f(ΔH(m)) added to r(m), ΔH(m) = the actor's entropy on the task without
+    the entry minus with it (sampled-token estimate from the rollout)."""
+
+    transform: PerplexityChoice = "off"
+    """f: one of the paper's five transforms (``crl_train.algorithms.perplexity_bonus``), or ``off``."""
+    weight: float = 0.1
+    """w of the bonus."""
+    temperature: float = 1.0
+    """τ of the ``sigmoid`` transform."""
+    clip: float = 1.0
+    """Upper clip of ``relative`` / ``asymmetric`` (and lower clip of ``relative``)."""
+    clip_negative: float = 0.1
+    """Lower clip (magnitude) of ``asymmetric``: a small penalty for entries that raise the entropy."""
+
+    def __post_init__(self) -> None:
+        check_choices(self, "algo.perplexity")
+        _at_least(self, "algo.perplexity", 0, "weight", "clip", "clip_negative")
+        if not self.temperature > 0:
+            raise ConfigError(f"algo.perplexity.temperature must be > 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """EDGE (method ``edge``): the gain gate, the entries' utility and pruning, reflection, the
+    near-duplicate refusal and the reverse-KL distillation term."""
+
+    threshold: float = 0.0
+    """The gate opens when Δe > this."""
+    ema: float = 0.9
+    """β: EMA momentum of entry utility."""
+    prune: float = -0.2
+    """η: entries whose EMA utility falls below it are pruned."""
+    reflect_below: float = 0.5
+    """ξ: a task category (``info["task_category"]``, else the env id) whose success rate in a step is
+    below it makes the extractor reflect on its failed and successful episodes."""
+    reflection_entries: int = 3
+    """Most new entries the reflections of one step add (the EDGE summary: up to three)."""
+    dedup_similarity: float | None = 0.95
+    """A new entry whose embedding has cosine similarity ≥ this to one in the bank is refused
+    (counted in ``refused``); null switches the refusal off. Other methods: ``manager.dedup_similarity``."""
+    kl_weight: float = 0.1
+    """λ, weight of the reverse-KL distillation term, added to the RL loss of the same update
+    (the EDGE summary reports that λ = 1 lets distillation dominate the RL signal)."""
+    kl_estimator: KLEstimator = "topk"
+    """The reverse KL over the student's top-k tokens per position (``topk``, EDGE's) or its
+    sampled-token estimate (``sampled``: one teacher log-prob per token, cheaper on a large vocabulary)."""
+    top_k: int = 20
+    """k of the ``topk`` reverse KL."""
+
+    def __post_init__(self) -> None:
+        check_choices(self, "algo.edge")
+        _at_least(self, "algo.edge", 0, "kl_weight", "reflection_entries")
+        _at_least(self, "algo.edge", 1, "top_k")
+        if self.dedup_similarity is not None and not -1.0 <= self.dedup_similarity <= 1.0:
+            raise ConfigError(f"algo.edge.dedup_similarity must be in [-1, 1] or null, got {self.dedup_similarity}")
+        if not 0.0 <= self.reflect_below <= 1.0:
+            raise ConfigError(f"algo.edge.reflect_below must be in [0, 1], got {self.reflect_below}")
+        if not 0 <= self.ema <= 1:
+            raise ConfigError(f"algo.edge.ema must be in [0, 1], got {self.ema}")
+
+
 @dataclass(frozen=True)
 class AlgoConfig:
-    """Objectives of both models (paper defaults)."""
+    """Objectives of both models (paper defaults); the optional components' settings in their own sections."""
 
     ratio_level: Literal["token", "sequence"] = "sequence"
     """Actor IS ratio: per token, or per trajectory length-normalised (Eq. 5)."""
@@ -197,82 +285,42 @@ class AlgoConfig:
     """Run the chunked Merge every this many actor steps (paper: 5; 0 disables)."""
     merge_token_budget: int = 6000
     """Tokens per Merge window prompt."""
-    gate: bool = False
-    """Actor-critic gate (appendix B.1): before each guided episode the actor judges its entry, knowing
-    the task and its own success rate: accept (used as is, s_c = 1), refine (the actor rewrites it,
-    0.5) or reject (the episode runs without it, 0); r̃(m) = s_c + r(m)."""
-    gate_warmup_steps: int = 2
-    """T_warm: rollout steps that establish the actor's success rate per task before the gate judges."""
-    gate_rewrite_tokens: int = 48
-    """Tokens of the actor's rewrite of an entry it refines."""
-    entry_reward: Literal["direct", "relative"] = "direct"
+    entry_reward: EntryReward = "direct"
     """r(m): ``direct`` ±1 by success (the paper's choice) or ``relative`` (minus the free subgroup's
     mean ±1; the variant the paper found worse, appendix B.2)."""
-    perplexity_bonus: Literal["off", "relative", "tanh", "sigmoid", "asymmetric", "log"] = "off"
-    """Auxiliary reward of the extractor (appendix B.2): b = w·f(ΔH(m)), ΔH(m) = the actor's entropy on
-    the task without the entry minus with it (sampled-token estimate from the rollout), f one of the
-    paper's five transforms; ``off`` (the paper: no consistent gain)."""
-    perplexity_weight: float = 0.1
-    """w of the perplexity bonus."""
-    perplexity_temperature: float = 1.0
-    """τ of the ``sigmoid`` transform."""
-    perplexity_clip: float = 1.0
-    """Upper clip of ``relative`` / ``asymmetric`` (and lower clip of ``relative``)."""
-    perplexity_clip_negative: float = 0.1
-    """Lower clip (magnitude) of ``asymmetric``: a small penalty for entries that raise the entropy."""
     self_distill: bool = False
     """Self-distillation of winning guided trajectories with the experience stripped (appendix)."""
     self_distill_coef: float = 0.1
     """Weight of the self-distillation NLL term, added to the RL loss of the same update."""
-    edge_threshold: float = 0.0
-    """EDGE: the gate opens when Δe > this."""
-    edge_ema: float = 0.9
-    """EDGE: EMA momentum of entry utility."""
-    edge_prune: float = -0.2
-    """EDGE: η, entries whose EMA utility falls below it are pruned."""
-    edge_reflect_below: float = 0.5
-    """EDGE: ξ, a task category (``info["task_category"]``, else the env id) whose success rate in a
-    step is below it makes the extractor reflect on its failed and successful episodes."""
-    edge_reflection_entries: int = 3
-    """EDGE: most new entries the reflections of one step add (the EDGE summary: up to three)."""
-    edge_dedup_similarity: float | None = 0.95
-    """EDGE: a new entry whose embedding has cosine similarity ≥ this to one in the bank is refused
-    (counted in ``refused``); null switches the refusal off. Other methods: ``manager.dedup_similarity``."""
-    edge_lambda: float = 0.1
-    """EDGE: λ, weight of the reverse-KL distillation term, added to the RL loss of the same update
-    (the EDGE summary reports that λ = 1 lets distillation dominate the RL signal)."""
-    edge_kl_estimator: Literal["topk", "sampled"] = "topk"
-    """EDGE: the reverse KL over the student's top-k tokens per position (``topk``, EDGE's) or its
-    sampled-token estimate (``sampled``: one teacher log-prob per token, cheaper on a large vocabulary)."""
-    edge_top_k: int = 20
-    """EDGE: k of the ``topk`` reverse KL."""
+    gate: GateConfig = field(default_factory=GateConfig)
+    """The actor-critic gate (``algo.gate.enabled``)."""
+    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
+    """The perplexity-reduction bonus of r(m) (``algo.perplexity.transform``)."""
+    edge: EdgeConfig = field(default_factory=EdgeConfig)
+    """EDGE's settings (read by method ``edge`` only)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {
+        "gate": "gate.enabled", "gate_warmup_steps": "gate.warmup_steps", "gate_rewrite_tokens": "gate.rewrite_tokens",
+        "perplexity_bonus": "perplexity.transform", "perplexity_weight": "perplexity.weight",
+        "perplexity_temperature": "perplexity.temperature", "perplexity_clip": "perplexity.clip",
+        "perplexity_clip_negative": "perplexity.clip_negative",
+        "edge_threshold": "edge.threshold", "edge_ema": "edge.ema", "edge_prune": "edge.prune",
+        "edge_reflect_below": "edge.reflect_below", "edge_reflection_entries": "edge.reflection_entries",
+        "edge_dedup_similarity": "edge.dedup_similarity", "edge_lambda": "edge.kl_weight",
+        "edge_kl_estimator": "edge.kl_estimator", "edge_top_k": "edge.top_k",
+    }
+    """Keys of the flat layout before the sections (``algo.edge_lambda``) → their place now: still
+    read from YAML, ``--set`` and attributes, with a deprecation warning (``crl_train.config.io``)."""
 
     def __post_init__(self) -> None:
-        if self.ratio_level not in ("token", "sequence"):
-            raise ConfigError(f"algo.ratio_level must be 'token' or 'sequence', got {self.ratio_level!r}")
-        for name in ("clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps", "self_distill_coef",
-                     "edge_lambda", "perplexity_weight", "perplexity_clip", "perplexity_clip_negative"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("buffer_size",):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
-        if self.edge_dedup_similarity is not None and not -1.0 <= self.edge_dedup_similarity <= 1.0:
-            raise ConfigError(f"algo.edge_dedup_similarity must be in [-1, 1] or null, got {self.edge_dedup_similarity}")
-        if not self.perplexity_temperature > 0:
-            raise ConfigError(f"algo.perplexity_temperature must be > 0, got {self.perplexity_temperature}")
-        if not 0.0 <= self.edge_reflect_below <= 1.0:
-            raise ConfigError(f"algo.edge_reflect_below must be in [0, 1], got {self.edge_reflect_below}")
-        for name in ("cooldown", "merge_every", "merge_token_budget", "gate_warmup_steps", "gate_rewrite_tokens",
-                     "edge_reflection_entries"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
-        if self.edge_kl_estimator not in ("topk", "sampled"):
-            raise ConfigError(f"algo.edge_kl_estimator must be 'topk' or 'sampled', got {self.edge_kl_estimator!r}")
-        if self.edge_top_k < 1:
-            raise ConfigError(f"algo.edge_top_k must be >= 1, got {self.edge_top_k}")
-        if not 0 <= self.edge_ema <= 1:
-            raise ConfigError(f"algo.edge_ema must be in [0, 1], got {self.edge_ema}")
+        check_choices(self, "algo")
+        _at_least(self, "algo", 0, "clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps",
+                  "self_distill_coef", "cooldown", "merge_every", "merge_token_budget")
+        _at_least(self, "algo", 1, "buffer_size")
+
+    if not TYPE_CHECKING:  # old attribute names read at run time; the project's own code uses the sections
+        def __getattr__(self, name: str) -> Any:
+            return renamed_attribute(self, name)
 
 
 @dataclass(frozen=True)
@@ -323,6 +371,7 @@ class ExperienceConfig:
     """Longest distillation prompt in characters (the trajectory is shortened to fit)."""
 
     def __post_init__(self) -> None:
+        check_choices(self, "experience")
         if self.embed_dim < 8:
             raise ConfigError(f"experience.embed_dim must be >= 8, got {self.embed_dim}")
         if self.distill_linger_s < 0:
@@ -426,6 +475,7 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
 
 
-__all__ = ["ConfigError", "EnvConfig", "ModelConfig", "AlgoConfig", "ExperienceConfig", "RunConfig", "TrainConfig",
+__all__ = ["ConfigError", "EnvConfig", "ModelConfig", "AlgoConfig", "EdgeConfig", "GateConfig", "PerplexityConfig",
+           "ExperienceConfig", "RunConfig", "TrainConfig",
            "METHOD_NAMES", "PACKAGED_CONFIGS", "config_from_dict", "config_to_dict", "dump_config", "load_config",
            "parse_override", "read_yaml"]

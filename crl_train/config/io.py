@@ -13,6 +13,7 @@ type checking of values against dataclass annotations, and the way back to plain
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 import types
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
+
+log = logging.getLogger(__name__)
 
 _EXPONENT_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 """``1e-6``, ``5E+3``: floats that YAML 1.1 loaders return as strings."""
@@ -130,17 +133,76 @@ def _finite_inside(value: Any, key: str) -> Any:
     return value
 
 
+_warned: set[str] = set()
+"""Old keys whose deprecation was logged (once per process each)."""
+
+
+def _renamed(cls: type) -> dict[str, str]:
+    """``cls.RENAMED``: old key → its dotted place now (a section's field), for configs written before
+    the sections; empty for classes without one."""
+    renamed: dict[str, str] = getattr(cls, "RENAMED", {})
+    return renamed
+
+
+def _move_renamed(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """``data`` with its old keys moved to their sections, each value checked under the old key's name
+    (so an error names what the user wrote), and the old keys used per section. A mapping under a
+    key that is a section now (``gate: {enabled: true}``) is the new layout, not an old key."""
+    renamed = _renamed(cls)
+    out = {k: v for k, v in data.items() if k not in renamed or isinstance(v, dict)}
+    used: dict[str, list[str]] = {}
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        if key not in renamed or isinstance(value, dict):
+            continue
+        old = f"{prefix}.{key}" if prefix else str(key)
+        section, name = renamed[key].split(".", 1)
+        new = f"{prefix}.{renamed[key]}" if prefix else renamed[key]
+        target = typing.get_type_hints(hints[section])[name]
+        value = _coerce(value, target, old)
+        node = out.get(section)
+        if node is None or not isinstance(node, dict):
+            node = out[section] = {}
+        if name in node:
+            raise ConfigError(f"{old} and {new} are both given: keep {new} (the old key is deprecated)")
+        node[name] = value
+        used.setdefault(section, []).append(old)
+        if old not in _warned:
+            _warned.add(old)
+            log.warning("config key %s is deprecated: it is %s now (the old name still works)", old, new)
+    return out, used
+
+
+def renamed_attribute(obj: Any, name: str) -> Any:
+    """An old attribute name of a config (``cfg.algo.edge_lambda``) read through its section
+    (``cfg.algo.edge.kl_weight``); ``AttributeError`` for any other missing name."""
+    path = _renamed(type(obj)).get(name)
+    if path is None:
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+    value = obj
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """``cls(**data)`` with every value checked against its field's annotation (floats finite);
-    an unknown key, a wrong type or a failing ``__post_init__`` raises :class:`ConfigError` naming the key."""
+    an unknown key, a wrong type or a failing ``__post_init__`` raises :class:`ConfigError` naming the key.
+    Old keys of ``cls.RENAMED`` are accepted, moved to their sections, with a deprecation warning."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    data, used = _move_renamed(cls, data, prefix)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
             raise ConfigError(f"unknown key {full!r}; accepted keys: {', '.join(sorted(names))}")
-        kwargs[key] = _coerce(value, hints[key], full)
+        try:
+            kwargs[key] = _coerce(value, hints[key], full)
+        except ConfigError as exc:
+            if key not in used:
+                raise
+            raise type(exc)(f"{exc} (set through the deprecated key {', '.join(used[key])})") from None
     try:
         return cls(**kwargs)
     except ConfigError as exc:

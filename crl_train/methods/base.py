@@ -24,7 +24,7 @@ from crl_train.algorithms import (
     perplexity_bonus,
 )
 from crl_train.config import TrainConfig
-from crl_train.config.names import MethodName
+from crl_train.config.names import MethodName, PerplexityTransform
 from crl_train.methods.gate import VERDICTS, ActorCriticGate
 from crl_train.policy.base import Policy, TrainBatch
 from crl_train.rollout.runner import EntryGate, Episode, swap_prompt
@@ -133,7 +133,7 @@ class MethodBase:
     """Defaults shared by the methods: the registered advantage estimator, every valid episode
     trains, and the paper's optional components for guided methods — self-distillation
     (``algo.self_distill``), the actor-critic gate (``algo.gate``) and the perplexity bonus
-    (``algo.perplexity_bonus``)."""
+    (``algo.perplexity``)."""
 
     name: ClassVar[MethodName]
     guided: ClassVar[bool] = True
@@ -174,23 +174,23 @@ class MethodBase:
         return updates, {**metrics, **sd}
 
     def entry_bonus(self, rollout: Rollout, actor: Policy) -> dict[str, float]:
-        a = self.algo
-        if not self.guided or a.perplexity_bonus == "off":
+        p = self.algo.perplexity
+        if not self.guided or p.transform == "off":
             return {}
-        return perplexity_bonuses(rollout, transform=a.perplexity_bonus, weight=a.perplexity_weight,
-                                  temperature=a.perplexity_temperature, clip=a.perplexity_clip,
-                                  clip_negative=a.perplexity_clip_negative)
+        return perplexity_bonuses(rollout, transform=p.transform, weight=p.weight, temperature=p.temperature,
+                                  clip=p.clip, clip_negative=p.clip_negative)
 
     def entry_gate(self, actor: Policy) -> EntryGate | None:
         if not self._gate_on():
             return None
-        return ActorCriticGate(actor, warmup_steps=self.algo.gate_warmup_steps, rewrite_tokens=self.algo.gate_rewrite_tokens)
+        gate = self.algo.gate
+        return ActorCriticGate(actor, warmup_steps=gate.warmup_steps, rewrite_tokens=gate.rewrite_tokens)
 
     def metric_fields(self) -> tuple[str, ...]:
         return (GATE_FIELDS if self._gate_on() else ()) + (SELF_DISTILL_FIELDS if self._self_distill_on() else ())
 
     def _gate_on(self) -> bool:
-        return bool(self.algo.gate and self.guided)
+        return bool(self.algo.gate.enabled and self.guided)
 
     def _self_distill_on(self) -> bool:
         return bool(self.algo.self_distill and self.guided and self.trains_actor)
@@ -227,7 +227,7 @@ def gate_metrics(rollout: Rollout) -> dict[str, Any]:
     return out
 
 
-def perplexity_bonuses(rollout: Rollout, *, transform: str, weight: float, temperature: float, clip: float,
+def perplexity_bonuses(rollout: Rollout, *, transform: PerplexityTransform, weight: float, temperature: float, clip: float,
                        clip_negative: float) -> dict[str, float]:
     """b = w·f(ΔH(m)) per guided request. The actor's entropy is estimated from its own sampled tokens
     (mean per-token −log π of what it generated): H(π_θ | q) over the group's free episodes,

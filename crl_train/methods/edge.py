@@ -1,15 +1,16 @@
 """EDGE: experience admitted only where it helps, distilled into the actor, pruned where it does not.
 
-The bank starts empty; new entries within ``algo.edge_dedup_similarity`` of one in the bank are
+The bank starts empty; new entries within ``algo.edge.dedup_similarity`` of one in the bank are
 refused. Actor side: the marginal gain Δe = mean r(guided) − mean r(free) of each group gates its guided
 ("teacher") episodes: with Δe > threshold they join a pooled advantage and the RL update, and
 the group's free ("student") episodes are distilled towards the same policy with the experience
-in context: the reverse KL on the student's own tokens over its top-k (``algo.edge_top_k``; or the
-sampled-token estimator, ``algo.edge_kl_estimator: sampled``), weight λ = ``algo.edge_lambda``,
+in context: the reverse KL on the student's own tokens over its top-k (``algo.edge.top_k``; or the
+sampled-token estimator, ``algo.edge.kl_estimator: sampled``), weight λ = ``algo.edge.kl_weight``,
 added to the RL loss of the same update (EDGE's joint objective). Service
 side: each entry's EMA utility follows its groups' Δe, entries below η are pruned, and task
 categories whose success rate in a step is below ξ make the extractor reflect on their failed and
-successful episodes (up to ``algo.edge_reflection_entries`` new entries per step).
+successful episodes (up to ``algo.edge.reflection_entries`` new entries per step). Every setting is
+in the ``algo.edge`` section (:class:`~crl_train.config.EdgeConfig`).
 """
 
 from __future__ import annotations
@@ -40,16 +41,16 @@ class Edge(MethodBase):
 
     def service_options(self) -> ServiceOptions:
         # EDGE's bank starts empty (every entry with utility 0) and grows from the actor's episodes
-        a = self.algo
-        return service_options(self.cfg, train=False, seed_bank=False, dedup_similarity=a.edge_dedup_similarity,
-                               edge=EdgeUtility(momentum=a.edge_ema, prune_below=a.edge_prune),
-                               reflection=EdgeReflection(below=a.edge_reflect_below, max_entries=a.edge_reflection_entries))
+        e = self.algo.edge
+        return service_options(self.cfg, train=False, seed_bank=False, dedup_similarity=e.dedup_similarity,
+                               edge=EdgeUtility(momentum=e.ema, prune_below=e.prune),
+                               reflection=EdgeReflection(below=e.reflect_below, max_entries=e.reflection_entries))
 
     def advantage_kwargs(self) -> dict[str, Any]:
-        return {**super().advantage_kwargs(), "threshold": self.algo.edge_threshold}
+        return {**super().advantage_kwargs(), "threshold": self.algo.edge.threshold}
 
     def train_mask(self, rollout: Rollout) -> torch.Tensor:
-        return edge_train_mask(rollout.reward, rollout.group, rollout.condition, threshold=self.algo.edge_threshold,
+        return edge_train_mask(rollout.reward, rollout.group, rollout.condition, threshold=self.algo.edge.threshold,
                                valid=rollout.valid)
 
     def metric_fields(self) -> tuple[str, ...]:
@@ -58,15 +59,15 @@ class Edge(MethodBase):
     def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
         terms, metrics = super().extra_terms(rollout, actor)
         gain = marginal_gain(rollout.reward, rollout.group, rollout.condition, valid=rollout.valid)
-        threshold = self.algo.edge_threshold
+        threshold = self.algo.edge.threshold
         metrics.update({"edge_gain_mean": float(gain.nanmean()), "edge_gate_open": float((gain > threshold).float().mean())})
         groups = sorted(set(rollout.group.tolist()))
         open_groups = {g for g, v in zip(groups, gain.tolist(), strict=True) if v > threshold}
         pairs = distillation_pairs(rollout, open_groups)
         if pairs and self.trains_actor:
-            a = self.algo
-            top_k = a.edge_top_k if a.edge_kl_estimator == "topk" else None
-            terms.append(distillation_term(pairs, actor, a.edge_lambda, top_k=top_k))
+            e = self.algo.edge
+            top_k = e.top_k if e.kl_estimator == "topk" else None
+            terms.append(distillation_term(pairs, actor, e.kl_weight, top_k=top_k))
         return terms, metrics
 
 

@@ -153,7 +153,7 @@ def check_supported(cfg: TrainConfig, ocfg: OpenRLHFConfig) -> None:
         problems.append(f"method {cfg.method!r}: the openrlhf backend runs {', '.join(SUPPORTED_METHODS)} "
                         "(EDGE's distillation update and exp_only's frozen actor have no OpenRLHF counterpart: "
                         "use --backend hf)")
-    if cfg.algo.gate or cfg.algo.self_distill:
+    if cfg.algo.gate.enabled or cfg.algo.self_distill:
         problems.append("algo.gate / algo.self_distill need extra actor passes that OpenRLHF's trainer does not "
                         "make: use --backend hf")
     if cfg.actor.model == "tiny":

@@ -61,6 +61,7 @@ class EmbedderPool:
     interface: each ``encode`` takes a free copy, so the manager's W search workers embed on
     ``len(copies)`` models at once instead of queueing on one (the authors run 2 embedding workers).
 
+    >>> from crl_gym.experience.embedders import HashingEmbedder
     >>> pool = EmbedderPool([HashingEmbedder(16), HashingEmbedder(16)])
     >>> pool.encode(["walk east"]).shape, pool.calls
     ((1, 16), [1, 0])
