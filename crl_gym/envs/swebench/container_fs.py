@@ -18,7 +18,7 @@ controls.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from crl_gym.envs.swebench.tools import ToolCallError
 
@@ -89,6 +89,11 @@ main(*sys.argv[1:5])
 """
 """Reads (``read ROOT PATH -``) and writes (``write ROOT PATH STAGED``) of the work tree's files."""
 
+# realpath -m and stat -L -c %F, for a sandbox that runs Python in-process (no program start per call).
+_REALPATH = "import os, sys\nsys.stdout.write(os.path.realpath(sys.argv[1]))\n"
+_KIND = ("import os, stat, sys\ntry:\n    m = os.stat(sys.argv[1]).st_mode\nexcept OSError:\n    sys.exit(1)\n"
+         "sys.stdout.write('file' if stat.S_ISREG(m) else 'dir' if stat.S_ISDIR(m) else 'other')\n")
+
 # -I: no PYTHON* variables, user site or current directory (the agent controls $HOME=/tmp);
 # -S: no site module. Only the root-owned standard library is imported.
 _PYTHON = 'command -v python3 >/dev/null && exec python3 -I -S -c "$0" "$@"; exec /opt/miniconda3/bin/python3 -I -S -c "$0" "$@"'
@@ -125,6 +130,10 @@ class ContainerFS:
         self.sandbox = sandbox
         self.root = sandbox.config.workdir
 
+    def _in_process(self) -> Any:
+        """The sandbox's ``run_python`` when it runs Python without a program start (persistent shell)."""
+        return getattr(self.sandbox, "run_python", None) if getattr(self.sandbox, "persistent", False) else None
+
     def _ok(self, argv: list[str], *, refusable: bool = False, python: list[str] | None = None) -> bytes:
         runner = getattr(self.sandbox, "run_python", None)
         if python is not None and runner is not None:  # in-process in the sandbox's shell: no interpreter start
@@ -142,9 +151,19 @@ class ContainerFS:
                         python=[op, self.root, path, staged])
 
     def realpath(self, path: str) -> str:
+        runner = self._in_process()
+        if runner is not None:
+            code, out = runner(_REALPATH, [path], timeout=30.0)
+            if code != 0:
+                raise OSError(out.decode("utf-8", "replace").strip() or f"realpath failed with exit {code}")
+            return str(out.decode())
         return self._ok(["realpath", "-m", "--", path]).decode().strip()
 
     def kind(self, path: str) -> str:
+        runner = self._in_process()
+        if runner is not None:
+            code, out = runner(_KIND, [path], timeout=30.0)
+            return "missing" if code != 0 else out.decode().strip()
         code, out = self.sandbox.run(["stat", "-L", "-c", "%F", "--", path], timeout=30.0)
         if code != 0:
             return "missing"
