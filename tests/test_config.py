@@ -161,3 +161,33 @@ def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> 
     (tmp_path / "utf16.yaml").write_text("train:\n  steps: 3\n", encoding="utf-16")
     with pytest.raises(ConfigError, match=r"utf16.yaml: not UTF-8 text"):
         load_config(tmp_path / "utf16.yaml")
+
+
+def test_method_settings_live_in_their_sections_and_the_flat_keys_still_work(caplog: pytest.LogCaptureFixture) -> None:
+    new = load_config(None, ["algo.edge.kl_weight=0.3", "algo.gate.enabled=true", "algo.perplexity.transform=tanh"])
+    from crl_train.config import io
+
+    io._warned.clear()  # each old key is warned about once per process
+    with caplog.at_level("WARNING", logger="crl_train.config.io"):
+        old = load_config(None, ["algo.edge_lambda=0.3", "algo.gate=true", "algo.perplexity_bonus=tanh"])
+    assert "config key algo.edge_lambda is deprecated: it is algo.edge.kl_weight now" in caplog.text
+    assert old == new and new.algo.edge.kl_weight == 0.3 and new.algo.gate.enabled
+    assert old.algo.edge_lambda == 0.3 and old.algo.perplexity_bonus == "tanh"  # old attribute names read through
+    with pytest.raises(ConfigError, match="algo.edge_lambda and algo.edge.kl_weight are both given"):
+        load_config(None, ["algo.edge_lambda=0.3", "algo.edge.kl_weight=0.2"])
+    with pytest.raises(ConfigError, match=r"algo.edge.kl_estimator: expected one of 'topk', 'sampled'"):
+        load_config(None, ["algo.edge.kl_estimator=exact"])
+    with pytest.raises(AttributeError, match="no attribute 'edge_lambd'"):
+        _ = new.algo.edge_lambd
+
+
+def test_a_choice_is_checked_from_its_annotation_on_direct_construction_too() -> None:
+    from crl_train.config import EdgeConfig, PerplexityConfig
+    from crl_train.service import ServiceOptions
+
+    with pytest.raises(ConfigError, match=r"algo.edge.kl_estimator: expected one of 'topk', 'sampled', got 'x'"):
+        EdgeConfig(kl_estimator="x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"algo.perplexity.transform: expected one of 'off', 'relative'"):
+        PerplexityConfig(transform="cube")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"ServiceOptions.entry_reward: expected one of 'direct', 'relative'"):
+        ServiceOptions(entry_reward="other")  # type: ignore[arg-type]

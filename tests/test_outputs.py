@@ -128,3 +128,33 @@ def test_a_damaged_checkpoint_dir_is_an_error_naming_the_previous_one(tmp_path: 
         outputs.find_checkpoint(tmp_path)
     (tmp_path / "fresh").mkdir()
     assert outputs.find_checkpoint(tmp_path / "fresh") is None
+
+
+def test_service_columns_come_from_the_service_stats_dataclass() -> None:
+    import dataclasses
+
+    from crl_train.service.service import STATS_COLUMNS, row_columns
+    from crl_train.service.track import COLUMN, TrackStats
+
+    marked = [f.name for f in dataclasses.fields(TrackStats) if COLUMN in f.metadata]
+    cols = row_columns()
+    assert set(cols.values()) == set(STATS_COLUMNS) | set(marked)
+    assert cols["track_errors"] == "errors" and "errors" not in cols  # a mark may rename its column
+    assert set(cols) <= set(METRIC_FIELDS) and "returned" not in METRIC_FIELDS  # unmarked counters stay out
+
+
+def test_the_service_actor_resumes_from_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    from crl_train.service.checkpoint import begin_checkpoint
+    from crl_train.service.ray_actor import newest_checkpoint
+
+    assert newest_checkpoint(tmp_path) is None
+    commit_checkpoint(tmp_path, begin_checkpoint(tmp_path), {"service": {"last_ended": 3}})
+    commit_checkpoint(tmp_path, begin_checkpoint(tmp_path), {"service": {"last_ended": 5}})
+    assert (tmp_path / "checkpoint.old" / "state.json").is_file()  # the writer keeps the previous one
+    # a kill between the writer's two renames: no checkpoint/, the newest is checkpoint.tmp/
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.tmp")
+    found = newest_checkpoint(tmp_path)
+    assert found is not None and found[0].name == "checkpoint.tmp" and found[1]["service"]["last_ended"] == 5
+    (tmp_path / "checkpoint.tmp" / "state.json").write_text("{cut")
+    found = newest_checkpoint(tmp_path)
+    assert found is not None and found[0].name == "checkpoint.old"
