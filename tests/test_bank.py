@@ -511,3 +511,46 @@ def test_non_finite_or_empty_entry_fields_are_refused(tmp_path: Path) -> None:
     (tmp_path / "nan.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=r"nan.jsonl:1: field 'utility' must be a finite number, got nan"):
         ExperienceBank(None, DIM).import_jsonl(tmp_path / "nan.jsonl")
+
+
+# ------------------------------------------------------------------ copies of one text share one vector
+
+def nudged(v: np.ndarray, k: int) -> np.ndarray:
+    """``v`` one ulp apart in component ``k``: the same text embedded in another batch."""
+    out = v.copy()
+    out[k] = np.nextafter(out[k], np.float32(2.0))
+    return out
+
+
+def test_copies_of_one_text_are_stored_with_the_vector_it_has() -> None:
+    bank = ExperienceBank(None, DIM)
+    v = vec("hug the left wall")
+    a = bank.add("hug the left wall", v)
+    b, c = bank.apply_batch([PendingAdd("hug the left wall", nudged(v, 0), 0), PendingAdd("go east", vec("go east"), 0)])
+    d = bank.apply_batch([PendingAdd("go east", nudged(vec("go east"), 1), 0),
+                          PendingAdd("go east", nudged(vec("go east"), 2), 0)])[0]
+    assert np.array_equal(got(bank, b).embedding, v) and np.array_equal(got(bank, d).embedding, got(bank, c).embedding)
+    assert bank._index.keys == 2 and len(bank) == 5
+    # an update to a text the bank holds takes its vector; the holder's deletion leaves the copies theirs
+    bank.update(c, "hug the left wall", nudged(v, 3))
+    bank.delete(a)
+    e = bank.add("hug the left wall", nudged(v, 4))
+    assert all(np.array_equal(got(bank, i).embedding, v) for i in (b, c, e))
+    assert sorted(i for i, _ in bank.search(v, 3)[0]) == [b, c, e]
+
+
+def test_a_bank_written_before_copies_shared_a_vector_opens_with_them_shared(tmp_path: Path) -> None:
+    from crl_gym.experience.store import SQLiteStore
+
+    v = vec("hug the left wall")
+    store = SQLiteStore(tmp_path / "bank.sqlite")
+    store.commit([ExperienceEntry(id=1, text="hug the left wall", embedding=v),
+                  ExperienceEntry(id=2, text="hug the left wall", embedding=nudged(v, 0)),
+                  ExperienceEntry(id=3, text="go east", embedding=vec("go east"))], [], {"next_id": 4, "generation": 1})
+    store.close()
+    bank = ExperienceBank(tmp_path, DIM)
+    try:
+        assert np.array_equal(got(bank, 2).embedding, v) and bank._index.keys == 2
+        assert sorted(i for i, _ in bank.search(v, 2)[0]) == [1, 2]
+    finally:
+        bank.close()

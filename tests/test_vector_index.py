@@ -109,3 +109,63 @@ def test_loaded_vectors_are_compared_with_the_database(tmp_path: Path) -> None:
 def test_docstring_examples_run() -> None:
     result = doctest.testmod(vector_index)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ------------------------------------------------------------------ one key per distinct vector
+
+def test_ids_of_one_vector_share_a_key_and_are_all_found() -> None:
+    index = VectorIndex.build(3, {**VECS, 7: VECS[1].copy(), 5: VECS[1].copy()})
+    assert (len(index), index.keys) == (5, 3)
+    [hits] = index.search(VECS[1][None, :], k=4)
+    assert [i for i, _ in hits] == [1, 5, 7, 3]  # the copies in id order, each with the copy's score
+    assert np.allclose([s for _, s in hits], [1.0, 1.0, 1.0, 2**-0.5], atol=1e-5)
+    assert [i for i, _ in index.search(VECS[1][None, :], k=2)[0]] == [1, 5]  # k ids, not k keys
+
+
+def test_removing_the_key_id_rekeys_its_copies_and_the_last_copy_removes_the_key() -> None:
+    index = VectorIndex.build(3, {**VECS, 5: VECS[1].copy()})
+    index.replace([1], {})  # the key of the copy pair: 5 takes over
+    assert (len(index), index.keys) == (3, 3)
+    assert index.search(VECS[1][None, :], k=1)[0][0][0] == 5
+    index.replace([5], {})
+    assert (len(index), index.keys) == (2, 2)
+    assert [i for i, _ in index.search(VECS[1][None, :], k=3)[0]] == [3, 2]
+    index.replace([], {9: VECS[2].copy()})  # a copy of 2 arriving later
+    index.replace([2], {2: VECS[3].copy()})  # 2 moves to 3's vector: 9 keys 2's old one
+    assert (len(index), index.keys) == (3, 2)
+    assert [i for i, _ in index.search(VECS[3][None, :], k=3)[0]] == [2, 3, 9]
+
+
+def test_random_replaces_agree_with_exact_search() -> None:
+    """Any sequence of replaces: each id is found with its own vector's score (checked by brute force)."""
+    rng = np.random.default_rng(0)
+    pool = [unit(*rng.normal(size=3)) for _ in range(6)]  # few vectors: many ids share each
+    index, truth = VectorIndex.build(3, {}), {}
+    for _ in range(300):
+        remove = [int(i) for i in rng.choice(list(truth), size=min(len(truth), int(rng.integers(0, 3))), replace=False)]
+        add = {int(i): pool[int(rng.integers(len(pool)))].copy() for i in rng.integers(1, 40, size=int(rng.integers(0, 4)))}
+        index.replace(remove, add)
+        for i in remove:
+            truth.pop(i)
+        truth.update(add)
+        assert (len(index), index.keys) == (len(truth), len({v.tobytes() for v in truth.values()}))
+    q = unit(1, 2, 3)
+    [hits] = index.search(q[None, :], k=len(truth))
+    assert sorted(i for i, _ in hits) == sorted(truth)
+    assert all(abs(s - float(truth[i] @ q)) < 1e-5 for i, s in hits)
+
+
+def test_an_index_with_copies_reopens_without_a_rebuild_and_an_old_one_is_rebuilt(tmp_path: Path) -> None:
+    rows = {**VECS, 5: VECS[1].copy()}
+    VectorIndex.build(3, rows).save(tmp_path, 1, rows)
+    index, why = VectorIndex.open(tmp_path, 3, rows, 1)
+    assert why is None and (len(index), index.keys) == (4, 3)
+    assert [i for i, _ in index.search(VECS[1][None, :], k=2)[0]] == [1, 5]
+    # a file written with a key per id (before copies shared one): it does not match, so it is rebuilt
+    old = VectorIndex.build(3, VECS)
+    old._index.add(np.asarray([5], dtype=np.uint64), VECS[1][None, :])
+    old.save(tmp_path, 1, rows)
+    meta = json.loads((tmp_path / INDEX_META_FILE).read_text())
+    (tmp_path / INDEX_META_FILE).write_text(json.dumps({**meta, "count": 4}))  # it counted usearch keys: ids then
+    index, why = VectorIndex.open(tmp_path, 3, rows, 1)
+    assert why is not None and "does not match" in why and index.keys == 3

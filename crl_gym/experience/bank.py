@@ -46,6 +46,7 @@ import numpy as np
 
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.rwlock import RWLock
+from crl_gym.experience.shared_embeddings import SharedEmbeddings
 from crl_gym.experience.store import BankCorruptError, EntryEvent, SQLiteStore
 from crl_gym.experience.vector_index import INDEX_FILE, INDEX_META_FILE, VectorIndex
 from crl_gym.protocol import ExtractorSample, check_int, finite_float
@@ -184,6 +185,11 @@ class ExperienceBank:
             self._next_id = int(self._store.get_meta("next_id") or 1)
             self._generation = int(self._store.get_meta("generation") or 0)
             self._entries = {e.id: e for e in self._store.load_all(self.dim)}
+            self._texts = SharedEmbeddings()  # copies of one text share its vector: see that module
+            shared = self._texts.load(self._entries)
+            if shared:
+                log.info("%s: %d entries repeat the text of another; they share its vector", self._store.file, len(shared))
+                self._entries.update(shared)
         except BaseException:
             self._store.close()
             raise
@@ -353,8 +359,12 @@ class ExperienceBank:
                 next_id += 1
             if next_id > MAX_ID:
                 raise OverflowError("the bank ran out of ids")
+            upserts = self._texts.share(upserts, self._entries, gone={*dels, *touched})
+            replaced = [self._entries[i] for i in (*touched, *dels)]
             events = self._events(upserts, touched, dels, step, merged)
             self._commit(upserts, dels, next_id, events)
+            self._texts.removed(replaced)
+            self._texts.added(upserts)
             self._last_step = max([self._last_step, *(e.step for e in events)])
             return new_ids
 
@@ -575,7 +585,11 @@ class ExperienceBank:
                 entries.append(e)
         with self.lock.write():
             next_id = max([self._next_id] + [e.id + 1 for e in entries])
+            replaced = [self._entries[e.id] for e in entries if e.id in self._entries]
+            entries = self._texts.share(entries, self._entries, gone={e.id for e in entries})
             self._commit(entries, [], next_id)
+            self._texts.removed(replaced)
+            self._texts.added(entries)
         return len(entries)
 
     def close(self) -> None:

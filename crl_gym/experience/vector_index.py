@@ -8,14 +8,24 @@ reads a byte (a damaged file can crash usearch's loader or answer with the wrong
 and a sample of keys and vectors is compared after loading. Any mismatch rebuilds the index
 from SQLite; :meth:`VectorIndex.open` says *why* so the bank can log and count it.
 
+Ids that hold the very same vector share one usearch key (the smallest of them): an HNSW graph
+loses recall when hundreds of its points lie at distance 0 from each other (their neighbour lists
+fill up with one another, and searches for other points stop finding their way out), and a bank
+whose extractor writes one advice many times holds exactly that. A search answers every id of a
+matched vector, so the index still finds each copy.
+
 >>> import numpy as np
 >>> index = VectorIndex.build(2, {1: np.array([1.0, 0.0], np.float32), 2: np.array([0.0, 1.0], np.float32)})
 >>> [[i for i, _ in hits] for hits in index.search(np.array([[0.2, 0.9]], np.float32), k=2)]
 [[2, 1]]
+>>> index.replace([], {3: np.array([0.0, 1.0], np.float32)})  # a copy of 2: no new key
+>>> len(index), index.keys, [[i for i, _ in hits] for hits in index.search(np.array([[0.2, 0.9]], np.float32), k=3)]
+(3, 2, [[2, 3, 1]])
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -66,21 +76,49 @@ def _usearch() -> Any:
     return Index
 
 
+def vector_key(vector: np.ndarray) -> bytes:
+    """What makes two vectors the same for the index: their f32 bytes (BLAKE2b, 16 bytes)."""
+    return hashlib.blake2b(np.ascontiguousarray(vector, dtype="<f4").tobytes(), digest_size=16).digest()
+
+
 class VectorIndex:
-    """Cosine top-k search over ``{id: unit vector}``; not thread-safe (the bank's lock guards it)."""
+    """Cosine top-k search over ``{id: unit vector}``; not thread-safe (the bank's lock guards it).
+
+    One usearch key per distinct vector: the smallest id holding it (a pure function of the rows,
+    so a saved index can be checked against them). ``len`` counts ids, :attr:`keys` the vectors.
+    """
 
     def __init__(self, dim: int) -> None:
         self.dim = int(dim)
         self._index = _usearch()(ndim=self.dim, metric="cos", dtype="f32")
+        self._group_of: dict[int, bytes] = {}  # id -> its vector's key
+        self._groups: dict[bytes, list[int]] = {}  # vector key -> the ids holding it, sorted
+        self._vector_of: dict[bytes, np.ndarray] = {}  # vector key -> the vector
 
     @classmethod
     def build(cls, dim: int, vectors: Mapping[int, np.ndarray]) -> VectorIndex:
         """A fresh index holding ``vectors`` (``{id: [dim]}``)."""
         index = cls(dim)
-        if vectors:
-            ids = np.fromiter(vectors.keys(), dtype=np.uint64, count=len(vectors))
-            index._index.add(ids, np.stack([vectors[int(i)] for i in ids]))
+        index._group(vectors)
+        if index._groups:
+            keys = np.fromiter((ids[0] for ids in index._groups.values()), dtype=np.uint64, count=len(index._groups))
+            index._index.add(keys, np.stack(list(index._vector_of.values())))
         return index
+
+    def _group(self, vectors: Mapping[int, np.ndarray]) -> None:
+        for i in sorted(vectors):
+            g = vector_key(vectors[i])
+            self._group_of[i] = g
+            if g in self._groups:
+                self._groups[g].append(i)
+            else:
+                self._groups[g] = [i]
+                self._vector_of[g] = vectors[i]
+
+    @property
+    def keys(self) -> int:
+        """Distinct vectors (usearch keys); at most ``len(self)``."""
+        return len(self._index)
 
     @classmethod
     def open(
@@ -106,6 +144,7 @@ class VectorIndex:
         if reason is not None or restored is None:
             return cls.build(dim, vectors), reason
         index = cls(dim)
+        index._group(vectors)
         index._index = restored
         return index, None
 
@@ -129,9 +168,13 @@ class VectorIndex:
     @staticmethod
     def _content_mismatch(restored: Any, ipath: Path, dim: int, vectors: Mapping[int, np.ndarray]) -> str | None:
         """Why a loaded index does not mirror ``vectors`` (size, dim, a sample of keys and vectors)."""
-        if restored is None or restored.ndim != dim or len(restored) != len(vectors):
+        # the keys an index of these rows has: the smallest id of each distinct vector
+        first: dict[bytes, int] = {}
+        for i in sorted(vectors):
+            first.setdefault(vector_key(vectors[i]), i)
+        if restored is None or restored.ndim != dim or len(restored) != len(first):
             return f"{ipath} does not match the database"
-        sample = _sample(sorted(vectors))
+        sample = _sample(sorted(first.values()))
         if sample:
             keys = np.asarray(sample, dtype=np.uint64)
             got = restored.get(keys)
@@ -151,7 +194,7 @@ class VectorIndex:
         ipath, mpath = directory / INDEX_FILE, directory / INDEX_META_FILE
         tmp = ipath.with_suffix(".tmp")
         self._index.save(str(tmp))
-        meta = {"generation": generation, "count": len(self._index), "dim": self.dim,
+        meta = {"generation": generation, "count": len(self), "dim": self.dim,
                 "checksum": file_digest(tmp), "rows": rows_digest(vectors)}
         os.replace(tmp, ipath)
         # a kill between the two replaces leaves a new index with the old checksum: rebuilt on open
@@ -160,14 +203,44 @@ class VectorIndex:
         os.replace(mtmp, mpath)
 
     def replace(self, remove: Sequence[int], add: Mapping[int, np.ndarray]) -> None:
-        """Drop the ``remove`` ids, then add ``add`` (an id in both gets its new vector)."""
-        if remove:
-            self._index.remove(np.asarray(remove, dtype=np.uint64))
-        if add:
-            self._index.add(
-                np.asarray(list(add), dtype=np.uint64),
-                np.stack(list(add.values())),
-            )
+        """Drop the ``remove`` ids, then add ``add`` (an id in both gets its new vector).
+
+        Only vectors whose key changes touch usearch: the first id of a new vector, the last id of
+        a vector leaving, and a vector whose smallest id went (re-keyed to the next one).
+        """
+        before: dict[bytes, int | None] = {}  # each touched vector's usearch key before this call
+        for i in [*remove, *add]:  # an id added again gets its new vector: its old one goes first
+            g = self._group_of.pop(int(i), None)
+            if g is None:
+                continue
+            ids = self._groups[g]
+            before.setdefault(g, ids[0])
+            ids.remove(int(i))
+        for i, v in add.items():
+            i = int(i)
+            g = vector_key(v)
+            self._group_of[i] = g
+            ids = self._groups.setdefault(g, [])
+            before.setdefault(g, ids[0] if ids else None)
+            bisect.insort(ids, i)
+            self._vector_of.setdefault(g, v)
+        drop: list[int] = []
+        put: list[tuple[int, np.ndarray]] = []
+        for g, old in before.items():
+            ids = self._groups[g]
+            new = ids[0] if ids else None
+            if new == old:
+                continue
+            if old is not None:
+                drop.append(old)
+            if new is None:
+                del self._groups[g], self._vector_of[g]
+            else:
+                put.append((new, self._vector_of[g]))
+        if drop:
+            self._index.remove(np.asarray(drop, dtype=np.uint64))
+        if put:
+            self._index.add(np.asarray([k for k, _ in put], dtype=np.uint64), np.stack([v for _, v in put]))
 
     def search(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Top-``k`` ``(id, cosine similarity)`` per row of ``queries`` [n, dim], best first.
@@ -177,12 +250,22 @@ class VectorIndex:
         n = len(queries)
         if len(self._index) == 0 or n == 0:
             return [[] for _ in range(n)]
+        # k keys give at least k ids: a key stands for one id or more
         res = self._index.search(queries, min(k, len(self._index)), threads=1)
         keys = res.keys.reshape(n, -1)
         sims = 1.0 - res.distances.reshape(n, -1)
         # usearch answers a one-row batch with a single Matches (no .counts).
         counts = np.atleast_1d(getattr(res, "counts", len(res.keys)))
-        return [[(int(keys[r, j]), float(sims[r, j])) for j in range(int(counts[r]))] for r in range(n)]
+        out: list[list[tuple[int, float]]] = []
+        for r in range(n):
+            row: list[tuple[int, float]] = []
+            for j in range(int(counts[r])):
+                key, sim = int(keys[r, j]), float(sims[r, j])
+                row.extend((i, sim) for i in self._groups[self._group_of[key]])
+                if len(row) >= k:
+                    break
+            out.append(row[:k])
+        return out
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._group_of)
