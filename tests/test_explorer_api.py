@@ -152,3 +152,42 @@ def test_ui_opens_a_run_dir_read_only_and_shows_its_episodes(tmp_path: Path) -> 
     # what SQLite itself needs to read a WAL database: its (empty) log and shared-memory files
     assert {p.name for p in after if p not in files} <= {"bank.sqlite-wal", "bank.sqlite-shm"}
     assert not (run / "bank" / "bank.sqlite-wal").exists() or (run / "bank" / "bank.sqlite-wal").stat().st_size == 0
+
+
+def test_the_ui_command_serves_a_run_dir(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    bank = ExperienceBank(tmp_path / "run" / "bank", dim=EMB.dim, embedder_name=embedder_name(EMB))
+    bank.add("go east to the stairs", EMB.encode(["go east to the stairs"])[0])
+    bank.close()
+    (tmp_path / "token").write_text(TOKEN)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "crl_gym.cli", "ui", "--bank", str(tmp_path / "run"), "--port", str(port),
+                             "--token-file", str(tmp_path / "token"), "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/health", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.2)
+        assert httpx.get(f"{url}/ui/api/entries").status_code == 401
+        got = httpx.get(f"{url}/ui/api/entries", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        assert [e["text"] for e in got["entries"]] == ["go east to the stairs"]
+        assert httpx.post(f"{url}/apply_ops", json={"ops": []}, headers={"Authorization": f"Bearer {TOKEN}"}).status_code in (404, 405)
+        assert httpx.get(f"{url}/ui/bank").status_code == 200
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    missing = subprocess.run([sys.executable, "-m", "crl_gym.cli", "ui", "--bank", str(tmp_path)], capture_output=True, text=True)
+    assert missing.returncode != 0 and "neither" in missing.stderr

@@ -94,3 +94,33 @@ def test_read_sql_refuses_writes() -> None:
         bank.read_sql("DELETE FROM entries")
     assert len(bank.read_sql("SELECT id FROM entries")) == 1
     bank.close()
+
+
+def test_the_service_logs_each_steps_rbar_as_it_credits() -> None:
+    from crl_gym.protocol import DistillationRequest, Trajectory
+    from crl_train.extractor.oracle import OracleExtractor
+    from crl_train.service import ExperienceService, ServiceOptions
+
+    mgr = ExperienceManager(ExperienceBank(None, dim=EMB.dim), EMB)
+    service = ExperienceService(mgr, OracleExtractor(), ServiceOptions(asynchronous=False, merge_every=0))
+    try:
+        a, b = mgr.apply_ops([AddOp("go north"), AddOp("go east")]).added
+        ref_a, ref_b = mgr.bank.get(a).ref(), mgr.bank.get(b).ref()  # type: ignore[union-attr]
+
+        def req(ref: object, ok: bool, step: int, cond: str = "guided") -> DistillationRequest:
+            return DistillationRequest(task="t", trajectory=Trajectory(), outcome=float(ok), success=ok,
+                                       experience=ref, condition=cond, env_id="e", seed=0, rollout_step=step)  # type: ignore[arg-type]
+        for r in (req(ref_a, True, 0), req(ref_a, False, 0), req(ref_a, True, 0), req(ref_b, False, 0), req(None, True, 0, "free")):
+            service.submit(r)
+        service.end_step(0)
+        service.submit(req(ref_a, True, 1))
+        service.end_step(1)
+        rows = {r[0]: r[1:] for r in mgr.bank.read_sql("SELECT entry_id, episodes, steps, rbar FROM entry_credit")}
+        assert rows[a] == (4, 2, pytest.approx(((1 - 1 + 1) / 3 * 3 + 1) / 4))
+        assert rows[b] == (1, 1, -1.0)
+        events = mgr.bank.read_sql("SELECT entry_id, step, value, n FROM entry_events WHERE kind = 'credit' ORDER BY seq")
+        by_key = {(i, step): (v, n) for i, step, v, n in events}
+        assert len(events) == 3 and by_key[(a, 1)] == (1.0, 1) and by_key[(b, 0)] == (-1.0, 1)
+        assert by_key[(a, 0)][0] == pytest.approx(1 / 3) and by_key[(a, 0)][1] == 3
+    finally:
+        service.close()

@@ -123,8 +123,9 @@ class BankSource:
                    embedder_name=bank.embedder_name, dim=bank.dim, closer=conn.close)
 
     @classmethod
-    def open(cls, directory: str | Path, embedder: Embedder | None = None) -> BankSource:
-        """A bank or run directory, read-only. ``embedder`` defaults to the one the bank records."""
+    def open(cls, directory: str | Path, embedder: Embedder | None = None, *, search: bool = True) -> BankSource:
+        """A bank or run directory, read-only. ``embedder`` defaults to the one the bank records;
+        ``search=False`` loads no vectors (the search page then answers 503)."""
         bank_dir = find_bank(directory)
         conn = open_readonly(bank_dir / DB_FILE)
         try:
@@ -133,6 +134,9 @@ class BankSource:
                 raise BankCorruptError(f"{bank_dir / DB_FILE}: meta.dim is missing")
             dim = int(meta["dim"])
             name = meta.get("embedder")
+            if not search:
+                return cls(_locked(conn), None, bank_dir=bank_dir, read_only=True, embedder_name=name, dim=dim,
+                           closer=conn.close)
             emb = embedder if embedder is not None else load_embedder(name)
             if int(emb.dim) != dim:
                 raise ValueError(f"{bank_dir}: the bank's vectors have dim {dim}, the embedder {name!r} gives {emb.dim}")
