@@ -74,7 +74,7 @@ def strip_think(text: str) -> tuple[str, bool]:
 _FENCE = re.compile(r"```[ \t]*(?:([A-Za-z0-9_+-]+)[ \t]*)?\r?\n(.*?)```", re.DOTALL)
 
 
-def looks_like_op(value: Any) -> bool:
+def looks_like_op(value: object) -> bool:
     if isinstance(value, dict):
         if any(k in value for k in LIST_KEYS) and isinstance(
             next(value[k] for k in LIST_KEYS if k in value), list
@@ -206,7 +206,7 @@ def _embedded(text: str, spans: _Spans, accept: Callable[[Any], bool]) -> Any | 
     not decoded again. When it fails at position ``p``, an inner span holding ``p`` fails there
     too (a JSON value parses the same inside its parent as alone), so it is not decoded: only its
     own inner spans are. Spans deeper than :data:`MAX_JSON_DEPTH` are only looked into. So each
-    character is decoded at most twice.
+    character is decoded about twice at most.
     """
     found: Any = None
     decoded_until = 0
