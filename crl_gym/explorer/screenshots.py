@@ -23,7 +23,15 @@ from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.merge import merge_bank
 from crl_gym.experience.service import RetrievalService
 from crl_gym.explorer.browser import chromium_driver
-from crl_gym.protocol import AddOp, DistillationRequest, ExperienceRef, ExtractorSample, Step, Trajectory, UpdateOp
+from crl_gym.protocol import (
+    AddOp,
+    DistillationRequest,
+    ExperienceRef,
+    ExtractorSample,
+    Step,
+    Trajectory,
+    UpdateOp,
+)
 from crl_gym.server import BackgroundServer
 
 TOKEN = "demo-token"
@@ -41,6 +49,12 @@ ADVICE = [
     "After two bumps into a wall, turn and follow the wall instead.",
     "Descend with '>' as soon as you stand on the stairs.",
 ]
+
+
+def _merge_two(prompts: list[str]) -> list[str]:
+    """A Merge that folds each window's first two entries into one."""
+    return [json.dumps({"E1": "merge", "E2": "merge", "merged": "Follow the wall to the stairs, then press '>'."})
+            for _ in prompts]
 
 
 def demo_run(run_dir: Path, steps: int = 12, seed: int = 0) -> RetrievalService:
@@ -62,8 +76,7 @@ def demo_run(run_dir: Path, steps: int = 12, seed: int = 0) -> RetrievalService:
             target = rng.choice(ids)
             mgr.apply_ops([UpdateOp(target, bank.get(target).text.split(" (")[0] + " Then press '>'.")], step=step)  # type: ignore[union-attr]
         if step % 5 == 4:
-            answer = json.dumps({"E1": "merge", "E2": "merge", "merged": "Follow the wall to the stairs, then press '>'."})
-            merge_bank(bank, emb, lambda ps: [answer for _ in ps], order="similar", step=step)
+            merge_bank(bank, emb, _merge_two, order="similar", step=step)
         credits = []
         for entry_id in rng.sample(bank.ids(), k=min(4, len(bank))):
             outcomes = [rng.random() < 0.35 + 0.04 * step for _ in range(rng.randint(1, 4))]

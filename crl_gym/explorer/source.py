@@ -24,7 +24,7 @@ import numpy as np
 from crl_gym.experience.bank import DB_FILE
 from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.embedders import Embedder, load_embedder
-from crl_gym.experience.store import BankCorruptError, open_readonly, read_entries
+from crl_gym.experience.store import BankCorruptError, open_readonly
 from crl_gym.experience.vector_index import VectorIndex
 
 RUN_FILES = ("trajectories.jsonl", "metrics.jsonl")
@@ -140,14 +140,26 @@ class BankSource:
             emb = embedder if embedder is not None else load_embedder(name)
             if int(emb.dim) != dim:
                 raise ValueError(f"{bank_dir}: the bank's vectors have dim {dim}, the embedder {name!r} gives {emb.dim}")
-            entries = read_entries(conn, dim, bank_dir / DB_FILE)
-            snapshot = _Snapshot(dim, {e.id: e.embedding for e in entries if e.embedding is not None},
-                                 {e.id: (e.retrieval_count, e.last_retrieved) for e in entries})
+            snapshot = _snapshot(conn, dim, bank_dir / DB_FILE)
         except BaseException:
             conn.close()
             raise
         return cls(_locked(conn), Searcher(snapshot, emb, ManagerConfig()), bank_dir=bank_dir, read_only=True,
                    embedder_name=name, dim=dim, closer=conn.close)
+
+
+def _snapshot(conn: sqlite3.Connection, dim: int, file: Path) -> _Snapshot:
+    """The search side of a read-only bank: vectors and retrieval counters only (the texts and
+    provenance stay in SQLite until a page asks)."""
+    vectors: dict[int, np.ndarray] = {}
+    stats: dict[int, tuple[int, float]] = {}
+    for i, blob, count, last in conn.execute("SELECT id, embedding, retrieval_count, last_retrieved FROM entries"):
+        v = np.frombuffer(blob, dtype=np.float32)
+        if v.shape != (dim,):
+            raise BankCorruptError(f"{file}: entry {i} has an embedding of {v.size} floats, expected dim {dim}")
+        vectors[int(i)] = v
+        stats[int(i)] = (int(count), float(last))
+    return _Snapshot(dim, vectors, stats)
 
 
 def _locked(conn: sqlite3.Connection) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
