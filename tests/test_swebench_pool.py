@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -12,8 +13,8 @@ from crl_gym.envs.swebench.sandbox import LABEL, SandboxConfig
 from crl_gym.envs.swebench.testing import require_docker
 
 
-def _ours(client: Any) -> set[str]:
-    return {c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"})}
+def _ours(client: Any, tag: str) -> set[str]:
+    return {c.id for c in client.containers.list(all=True, filters={"label": [f"{LABEL}=1", f"crl.test={tag}"]})}
 
 
 def test_pool_validates_spares() -> None:
@@ -24,8 +25,9 @@ def test_pool_validates_spares() -> None:
 @pytest.mark.docker
 def test_pool_hands_out_fresh_started_sandboxes_and_refills() -> None:
     client = require_docker()
-    cfg = SandboxConfig(mem_limit="256m", pids_limit=64)
-    before = _ours(client)
+    tag = uuid.uuid4().hex  # this test's containers only
+    cfg = SandboxConfig(mem_limit="256m", pids_limit=64, extra_labels={"crl.test": tag})
+    other_cfg = SandboxConfig(mem_limit="512m", pids_limit=64, extra_labels={"crl.test": tag})
     with SandboxPool(client, spares=2) as pool:
         assert pool.prewarm(BASE_IMAGE, cfg) == 2 and len(pool.boot_latencies) == 2
         first = pool.acquire(BASE_IMAGE, cfg)
@@ -41,8 +43,41 @@ def test_pool_hands_out_fresh_started_sandboxes_and_refills() -> None:
         second.close()
         # two replacements were booted behind the hand-outs; a different config gets its own boot
         assert pool.prewarm(BASE_IMAGE, cfg) == 2
-        other = pool.acquire(BASE_IMAGE, SandboxConfig(mem_limit="512m", pids_limit=64))
+        assert len(_ours(client, tag)) == 2  # the two spares; the handed-out ones are removed
+        other = pool.acquire(BASE_IMAGE, other_cfg)
         assert pool.stats["cold"] == 1
         other.close()
-        pool.prewarm(BASE_IMAGE, SandboxConfig(mem_limit="512m", pids_limit=64))
-    assert _ours(client) == before  # close removed every ready container
+        pool.prewarm(BASE_IMAGE, other_cfg)
+    assert _ours(client, tag) == set()  # close removed every ready container
+    with SandboxPool(client, spares=1, refill=False) as manual:  # filled by prewarm only
+        assert manual.prewarm(BASE_IMAGE, cfg) == 1
+        manual.acquire(BASE_IMAGE, cfg).close()
+        assert sum(manual._booting.values()) == 0 and not any(manual._ready.values())  # nothing booted behind
+    assert _ours(client, tag) == set()
+
+
+@pytest.mark.docker
+def test_env_takes_episode_and_grading_containers_from_the_pool(tmp_path: Any) -> None:
+    from crl_gym.envs.swebench.env import SWEBenchEnv
+    from crl_gym.envs.swebench.image import instance_image
+    from crl_gym.envs.swebench.testing import fixing_agent, make_demo_instance
+
+    client = require_docker()
+    instance = make_demo_instance(tmp_path)
+    image = instance_image(client, instance).name
+    try:
+        with SandboxPool(client, spares=1) as pool:
+            env = SWEBenchEnv(tasks=[instance], client=client, pool=pool, max_turns=5)
+            messages: list[dict[str, str]] = [{"role": "user", "content": env.reset(options={"index": 0})[0]}]
+            terminated = truncated = False
+            while not (terminated or truncated):
+                action = fixing_agent(messages)
+                messages.append({"role": "assistant", "content": action})
+                obs, reward, terminated, truncated, info = env.step(action)
+                messages.append({"role": "user", "content": obs})
+            env.close()
+            assert terminated and reward == 1.0 and info["grading"]["resolved"]
+            # one hand-out for the episode, one (fresh) for its grading; the first boots cold
+            assert pool.stats["warm"] + pool.stats["cold"] == 2 and pool.stats["boot_failures"] == 0
+    finally:
+        client.images.remove(image, force=True)

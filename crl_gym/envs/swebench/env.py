@@ -141,7 +141,7 @@ class SWEBenchEnv(TextEnv):
             self.sandbox = self.pool.acquire(self.image.name, cfg)
         else:
             self.sandbox = DockerSandbox(self.image.name, cfg, self.client).start()
-        if self.prestart_grading:
+        if self.prestart_grading and self.pool is None:  # with a pool, grading takes a spare at submit
             self._grader = _start_in_background(DockerSandbox(self.image.name, self._grading_config(), self.client))
         self.editor = Editor(self.sandbox.fs)
         self.turn = 0
@@ -218,7 +218,7 @@ class SWEBenchEnv(TextEnv):
         done, self.sandbox, self.editor = self.sandbox, None, None
         threading.Thread(target=done.close, name="crl-sandbox-close").start()
         grader, self._grader = self._grader, None
-        ready = None
+        ready = self.pool.acquire(self.image.name, self._grading_config()) if self.pool is not None else None
         if grader is not None:
             try:
                 ready = grader.result()

@@ -5,7 +5,9 @@ machine and several seconds when a batch of episodes boots at once on a loaded o
 it is the engine's and the runtime's own work, which no lock of ours serialises. A
 :class:`SandboxPool` moves that work off the episode's critical path: it keeps ``spares`` started
 sandboxes per (image, config), hands one out at :meth:`~SandboxPool.acquire` and boots its
-replacement in the background while the episode runs. A pooled sandbox is fresh: no agent command
+replacement in the background while the episode runs. Sandboxes that differ only in the limits
+the host applies per call (:data:`HOST_SIDE`) share spares, so an episode's and its grading's
+containers come from one supply. A pooled sandbox is fresh: no agent command
 has run in it, and its episode budget starts when it is handed out. Boots run concurrently, each
 in a thread of its own.
 """
@@ -23,18 +25,29 @@ from crl_gym.envs.swebench.sandbox import DockerSandbox, SandboxConfig
 log = logging.getLogger(__name__)
 
 
+HOST_SIDE = ("command_timeout", "max_command_timeout", "episode_timeout", "max_output_chars")
+"""Limits the host applies per call: sandboxes that differ only in these are interchangeable."""
+
+
 def _key(image: str, config: SandboxConfig) -> str:
-    return json.dumps([image, config.__dict__], sort_keys=True, default=str)
+    fields = {k: v for k, v in config.__dict__.items() if k not in HOST_SIDE}
+    return json.dumps([image, fields], sort_keys=True, default=str)
 
 
 class SandboxPool:
-    """Up to ``spares`` started sandboxes per (image, config), refilled in the background."""
+    """Up to ``spares`` started sandboxes per (image, config), refilled in the background.
 
-    def __init__(self, client: Any, spares: int = 1) -> None:
+    ``refill=False``: no boot behind a hand-out; the caller fills the pool with :meth:`prewarm`
+    when boots cost least, e.g. a trainer booting the next batch's containers during its update
+    step, so that no boot competes with the episodes' tool calls.
+    """
+
+    def __init__(self, client: Any, spares: int = 1, *, refill: bool = True) -> None:
         if spares < 0:
             raise ValueError(f"SandboxPool spares must be >= 0, got {spares}")
         self.client = client
         self.spares = spares
+        self.refill = refill
         self._ready: dict[str, list[DockerSandbox]] = {}
         self._booting: dict[str, int] = {}
         self._cond = threading.Condition()
@@ -59,9 +72,11 @@ class SandboxPool:
                 self.boot_latencies.append(sandbox.start_latency)
         else:
             self.stats["warm"] += 1
+        sandbox.config = config  # the same container; the caller's per-call limits
         sandbox.started_at = time.monotonic()  # the episode's budget starts now
         sandbox.start_latency = sandbox.started_at - t0  # what the episode waited
-        self._refill(image, config)
+        if self.refill:
+            self._refill(image, config)
         return sandbox
 
     def prewarm(self, image: str, config: SandboxConfig, n: int | None = None, *, wait: bool = True,
