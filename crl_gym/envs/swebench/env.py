@@ -103,7 +103,8 @@ class SWEBenchEnv(TextEnv):
         self._client = client
         self.prestart_grading = prestart_grading
         """Start the grading container in the background as soon as the episode's is up, so that
-        ``submit`` finds it ready (grading still gets a fresh container; see ``docs/swebench.md``)."""
+        ``submit`` finds it ready (grading still gets a fresh container; see ``docs/swebench.md``).
+        With a ``pool``, ``submit`` takes a fresh spare from it instead."""
         self._grader: Future[DockerSandbox] | None = None
         self.pool = pool
         """Where reset takes its container (:class:`~crl_gym.envs.swebench.pool.SandboxPool`: booted ahead,
