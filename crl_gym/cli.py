@@ -23,7 +23,7 @@ import ipaddress
 import os
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 import uvicorn
@@ -35,8 +35,11 @@ from crl_gym.experience.service import RetrievalService
 from crl_gym.experience.store import BankCorruptError
 from crl_gym.server import BACKLOG, KEEP_ALIVE_S, MAX_BODY_BYTES, check_token, create_app
 
+if TYPE_CHECKING:
+    from crl_gym.experience.manager import ExperienceManager
 
-def build_manager(bank_dir: str | Path, embedder: str | None, persist_interval_s: float | None = None) -> Any:
+
+def build_manager(bank_dir: str | Path, embedder: str | None, persist_interval_s: float | None = None) -> ExperienceManager:
     """Open (or create) the bank in ``bank_dir`` and an ``ExperienceManager`` over it."""
     from crl_gym.experience.bank import ExperienceBank
     from crl_gym.experience.config import ManagerConfig

@@ -3,7 +3,8 @@
 ``RemoteClient.submit`` puts a request in this process's :class:`SubmitOutbox` and returns; a
 sender thread encodes and POSTs batches, retries while the server is unavailable, splits a batch
 the server refuses around the bad request, and appends what it cannot deliver to a spill file
-(:func:`default_spill_path`). At process exit what is left is delivered or spilled.
+(:func:`default_spill_path`, written by :func:`crl_gym.spill.append`). At process exit what is
+left is delivered or spilled.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from crl_gym import spill
 from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable, SubmitUndelivered
 from crl_gym.protocol import DistillationRequest
 
@@ -70,25 +72,6 @@ def default_spill_path(url: str) -> Path:
         except RuntimeError:  # no home directory to be found
             root = Path(tempfile.gettempdir())
     return root / "complementary-rl" / "unsent" / f"requests-{host}-{port}-{os.getpid()}.jsonl"
-
-
-def _append(path: Path, data: bytes) -> None:
-    """Append ``data`` to ``path`` in one locked write, fsynced (other processes may share the file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        try:
-            import fcntl
-
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except ImportError:  # not POSIX: O_APPEND alone
-            pass
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SubmitOutbox:
@@ -270,7 +253,7 @@ class SubmitOutbox:
         path = self.client.spill_file
         n = len(chunk)
         try:
-            _append(path, "".join(e + "\n" for _, e in chunk).encode())
+            spill.append(path, [e for _, e in chunk])
         except OSError as err:
             with self._lock:
                 self.failures += n

@@ -28,7 +28,7 @@ def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
     return spaces.Text(max_length=max_length, min_length=0, charset=TEXT_CHARSET)
 
 
-def lookup_action(index: Mapping[str, T], action: Any) -> T | None:
+def lookup_action(index: Mapping[str, T], action: object) -> T | None:
     """Look ``action`` up in an alias table, exactly first, then case/space/hyphen-normalised.
 
     >>> lookup_action({"pick_up": 7}, " Pick-Up ")
@@ -71,7 +71,7 @@ class TextEnv(gym.Env[str, str]):
             return self._last_obs
         return None
 
-    def invalid_action_observation(self, action: Any, valid: list[str], prefix: str = "") -> str:
+    def invalid_action_observation(self, action: object, valid: list[str], prefix: str = "") -> str:
         """The observation for an action the env cannot take; it lists the valid ones.
 
         The action is echoed shortened and mapped into the charset, so the observation stays

@@ -255,7 +255,7 @@ class MiniHackEnv(TextEnv):
             "invalid_action": invalid,
         }
 
-    def _parse(self, action: Any) -> int | None:
+    def _parse(self, action: object) -> int | None:
         return lookup_action(self._index, action)
 
     def _render_state(self, obs: dict[str, np.ndarray]) -> str:
@@ -304,7 +304,7 @@ class MiniHackEnv(TextEnv):
                 lines[line] = None
         return "Legend:\n" + "\n".join(lines)
 
-    def _outcome(self, end_status: Any) -> str:
+    def _outcome(self, end_status: object) -> str:
         if self._success:
             return "You reached the staircase down. Task complete!"
         if end_status == self._nle.StepStatus.DEATH:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,7 @@ def _check_requirements(env_id: str, spec: EnvSpec) -> None:
             ) from exc
 
 
-def _creator(env_id: str, spec: EnvSpec) -> Any:
+def _creator(env_id: str, spec: EnvSpec) -> Callable[..., gym.Env]:
     def create(**kwargs: Any) -> gym.Env:
         if spec.needs:
             check_arguments(env_id, spec, kwargs)

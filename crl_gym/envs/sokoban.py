@@ -340,7 +340,7 @@ class SokobanEnv(TextEnv):
         truncated = not self._done and self.turn >= self.max_turns
         return self._last_obs, reward, self._done, truncated, self._info(name is None)
 
-    def _parse(self, action: Any) -> str | None:
+    def _parse(self, action: object) -> str | None:
         return lookup_action(self._index, action)
 
     def _observation(self, message: str) -> str:

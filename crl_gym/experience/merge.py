@@ -101,7 +101,7 @@ class MergeDecision:
     discard: list[str] = field(default_factory=list)
 
 
-def _labels(value: Any, where: str) -> list[str]:
+def _labels(value: object, where: str) -> list[str]:
     if not isinstance(value, list):
         raise MergeOutputError(f"{where} must be a list of labels, got {type(value).__name__}")
     out = []
@@ -112,7 +112,7 @@ def _labels(value: Any, where: str) -> list[str]:
     return out
 
 
-def _is_label_form(v: Any, known: set[str]) -> bool:
+def _is_label_form(v: object, known: set[str]) -> bool:
     """The schema's form: ``{"E1": "keep", "E2": "merge", …, "merged": "text"}``."""
     return isinstance(v, dict) and "merged" in v and all(k == "merged" or k.upper() in known for k in v)
 
@@ -143,7 +143,7 @@ def _label_form(obj: dict[str, Any], labels: Sequence[str], max_len: int) -> Mer
 
 
 def parse_merge_decision(
-    text: Any, labels: Sequence[str], *, max_len: int = DEFAULT_MAX_LEN
+    text: object, labels: Sequence[str], *, max_len: int = DEFAULT_MAX_LEN
 ) -> MergeDecision:
     """Read a merge answer; raise :class:`MergeOutputError` for anything not applicable.
 
@@ -171,7 +171,7 @@ def parse_merge_decision(
     if _is_label_form(whole, known):
         return _label_form(whole, labels, max_len)
 
-    def accept(v: Any) -> bool:
+    def accept(v: object) -> bool:
         return _is_label_form(v, known) or (isinstance(v, dict) and any(k in v for k in ("keep", "merge", "discard")))
 
     obj = find_json(answer, accept)

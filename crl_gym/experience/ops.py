@@ -146,7 +146,7 @@ PARSE_STATS = ParseStats()
 # --------------------------------------------------------------------------------------------
 
 
-def _parse_id(value: Any) -> int:
+def _parse_id(value: object) -> int:
     if isinstance(value, bool):
         raise Malformed("bad_id")
     if isinstance(value, str) and _ID.fullmatch(value.strip()):
@@ -198,7 +198,7 @@ def _finish(
 
 
 def _parse(
-    text: Any,
+    text: object,
     *,
     allowed: Collection[int] | None,
     retrieved_id: int | None,
@@ -259,7 +259,7 @@ def _validate(
     return ops
 
 
-def _structured(text: Any, *, allowed: Collection[int] | None, max_len: int, max_ops: int) -> list[ExperienceOp]:
+def _structured(text: object, *, allowed: Collection[int] | None, max_len: int, max_ops: int) -> list[ExperienceOp]:
     if not isinstance(text, str):
         raise Malformed("not_text")
     if not text.strip():
@@ -362,7 +362,7 @@ def parse_structured_ops(
     return _count(ops, text, stats)
 
 
-def _count(ops: list[ExperienceOp], text: Any, stats: ParseStats | None) -> list[ExperienceOp]:
+def _count(ops: list[ExperienceOp], text: object, stats: ParseStats | None) -> list[ExperienceOp]:
     counters = stats if stats is not None else PARSE_STATS
     first_seen = counters.record(ops)
     for op in ops:

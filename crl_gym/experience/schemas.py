@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Literal
 
 TEXT_CHARS = r"[ !#-\[\]-~]"
 """One character of a free-text field: printable ASCII except ``"`` and ``\\`` (no escapes)."""
@@ -102,7 +102,7 @@ def merge_schema(labels: Sequence[str], max_text: int = 2000) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ bounds
 
 
-def _max_len(s: Any) -> int:
+def _max_len(s: Mapping[str, Any] | Literal[False]) -> int:
     """Longest compact JSON text valid under ``s`` (the subset of JSON Schema this module writes)."""
     if s is False:
         return 0

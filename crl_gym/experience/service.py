@@ -43,7 +43,7 @@ from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 log = logging.getLogger(__name__)
 
 
-def ask_manager(manager: Any, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+def ask_manager(manager: ExperienceManager, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
     """Shared ``ask`` logic of every face (``RetrievalService.ask`` calls it).
 
     The manager's ``refiner(query, entry, context) -> (text, ExtractorSample | None)`` rewrites
@@ -51,7 +51,7 @@ def ask_manager(manager: Any, query: str, entry: ExperienceRef, context: str) ->
     empty text also falls back to the raw entry (counted in ``manager``-independent
     :data:`ASK_FALLBACKS`), so a broken extractor never costs the agent its answer.
     """
-    refiner = getattr(manager, "refiner", None)
+    refiner = manager.refiner
     if refiner is None:
         return entry.text, None
     try:

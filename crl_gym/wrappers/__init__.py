@@ -7,21 +7,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import gymnasium as gym
 
 from crl_gym.wrappers.experience import DEFAULT_TEMPLATE, ExperienceWrapper
 from crl_gym.wrappers.search_and_ask import DEFAULT_PATTERN, SearchAndAskWrapper
 
+if TYPE_CHECKING:
+    from crl_gym.clients import ExperienceClient
+
+
+class ExperienceOptions(TypedDict, total=False):
+    """:class:`ExperienceWrapper`'s keyword arguments besides the env and the client."""
+
+    template: str
+    task_key: str
+    default_condition: str
+    env_id: str | None
+    spill_path: str | Path | None
+    max_unsent: int
+
 
 def wrap(
     env: gym.Env,
-    client: Any,
+    client: ExperienceClient,
     *,
     search_and_ask: bool = True,
     max_calls: int = 2,
-    **experience_kwargs: Any,
+    **experience_kwargs: Unpack[ExperienceOptions],
 ) -> ExperienceWrapper:
     """``ExperienceWrapper(SearchAndAskWrapper(env, client, max_calls), client, **experience_kwargs)``.
 

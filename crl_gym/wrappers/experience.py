@@ -58,6 +58,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
+from crl_gym import spill
 from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
@@ -328,14 +329,12 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def _keep(self, request: DistillationRequest) -> None:
         if self.spill_path is not None:
             try:
-                line = json.dumps(request.to_dict(), ensure_ascii=False) + "\n"
+                line = json.dumps(request.to_dict(), ensure_ascii=False)
             except MALFORMED_ERRORS as exc:
                 self._reject(f"request {request.request_id} cannot be spilled ({type(exc).__name__}: {exc})")
                 return
             try:
-                self.spill_path.parent.mkdir(parents=True, exist_ok=True)
-                with self.spill_path.open("a", encoding="utf-8") as f:
-                    f.write(line)
+                spill.append(self.spill_path, [line])
                 return
             except OSError as exc:
                 logger.error("experience: cannot spill request %s to %s (%s); keeping it in memory", request.request_id, self.spill_path, exc)

@@ -84,7 +84,7 @@ def _turns(record: list[Any]) -> zip[tuple[Any, Any, Any, Any]]:
     return zip(record[0:-1:4], record[1::4], record[2::4], record[3::4], strict=True)
 
 
-def _search_call(info: Any) -> tuple[bool, SearchCall | None]:
+def _search_call(info: object) -> tuple[bool, SearchCall | None]:
     """(is a search_and_ask turn, its call) from a turn's info."""
     search = info.get(SEARCH_INFO_KEY) if isinstance(info, dict) else None
     if search is None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -61,6 +61,9 @@ from crl_gym.templates import (
 )
 from crl_gym.wrappers.experience import require_gym_env
 from crl_gym.wrappers.text_actions import Shared, TextFitter, check_template, unshare
+
+if TYPE_CHECKING:
+    from crl_gym.clients import ExperienceClient
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +129,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def __init__(
         self,
         env: gym.Env,
-        client: Any,
+        client: ExperienceClient | Shared[ExperienceClient],
         max_calls: int = 2,
         pattern: str | re.Pattern[str] = DEFAULT_PATTERN,
         answer_template: str = ANSWER_TEMPLATE,
@@ -185,7 +188,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def _warn_if_recorder_inside(env: gym.Env) -> None:
         from crl_gym.wrappers.experience import ExperienceWrapper
 
-        inner: Any = env
+        inner: gym.Env = env
         while isinstance(inner, gym.Wrapper):
             if isinstance(inner, ExperienceWrapper):
                 logger.warning(
@@ -202,7 +205,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._last = (obs, 0.0, False, False, info)
         return obs, info
 
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+    def step(self, action: object) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         if isinstance(action, str) and self._marker in action:
             if self._marker:
                 query = first_query(action)
@@ -217,7 +220,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return out
 
     @property
-    def _last_obs(self) -> Any:
+    def _last_obs(self) -> object:
         return self._last[0]
 
     def _search_and_ask(self, query: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:

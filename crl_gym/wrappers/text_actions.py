@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Any
+from typing import Generic, TypeVar
 
 from gymnasium import spaces
 
@@ -40,7 +40,7 @@ def check_template(template: str, name: str, allowed: tuple[str, ...], required:
     return template
 
 
-def fit_to_space(text: str, space: Any) -> str:
+def fit_to_space(text: str, space: object) -> str:
     """Make ``text`` a member of ``space`` when it is a ``gymnasium.spaces.Text``: characters
     outside its charset become ``?`` and the text is cut to ``max_length``. Other spaces get
     ``text`` unchanged. Used only on text the wrappers write (experience, answers), never on
@@ -65,7 +65,7 @@ class TextFitter:
 
     __slots__ = ("_bad", "_charset", "_max_length", "_replacement")
 
-    def __init__(self, space: Any) -> None:
+    def __init__(self, space: object) -> None:
         self._bad: re.Pattern[str] | None = None
         self._max_length: int | None = None
         self._charset: frozenset[str] = frozenset()
@@ -85,7 +85,7 @@ class TextFitter:
         return text[: self._max_length]
 
 
-def as_text(action: Any) -> str | None:
+def as_text(action: object) -> str | None:
     """The action as ``str`` if it is text (``str`` or ``numpy.str_``), else ``None``."""
     return str(action) if isinstance(action, str) else None
 
@@ -95,7 +95,7 @@ class NotTextError(TypeError):
     text and has no lossless text form; the message names its type."""
 
 
-def to_text(value: Any) -> str:
+def to_text(value: object) -> str:
     """``value`` as the text a distillation request records.
 
     ``str`` (and subclasses such as ``numpy.str_``) as plain ``str``; ``bytes``-like as UTF-8
@@ -121,14 +121,15 @@ def to_text(value: Any) -> str:
         return str(value)
     # numpy scalars and 0-d arrays (or tensors): their one Python value; duck-typed, so this
     # module does not import numpy
-    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
-        item = value.item()
+    item_of = getattr(value, "item", None)
+    if getattr(value, "ndim", None) == 0 and callable(item_of):
+        item = item_of()
         if isinstance(item, (str, bytes, bool, int, float)):
             return to_text(item)
     raise NotTextError(_describe(value) + ", not text")
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     """``None`` / ``a numpy.ndarray of shape (2, 3)`` / ``a mymod.Action``: what a refusal names."""
     if value is None:
         return "None"
@@ -139,7 +140,10 @@ def _describe(value: Any) -> str:
     return f"{article} {name} of shape {tuple(shape)}" if isinstance(shape, tuple) else f"{article} {name}"
 
 
-class Shared:
+T = TypeVar("T")
+
+
+class Shared(Generic[T]):
     """Holds an object that must be shared, not copied, when Gymnasium deep-copies a wrapper's
     recorded constructor arguments (``env.spec``): an experience client is a handle to one
     bank, and may hold locks or sockets that cannot be copied.
@@ -152,16 +156,16 @@ class Shared:
 
     __slots__ = ("obj",)
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: T) -> None:
         self.obj = obj
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Shared:
+    def __deepcopy__(self, memo: dict[int, object]) -> Shared[T]:
         return self
 
     def __repr__(self) -> str:
         return f"Shared({self.obj!r})"
 
 
-def unshare(obj: Any) -> Any:
+def unshare(obj: T | Shared[T]) -> T:
     """``obj.obj`` for a :class:`Shared`, else ``obj`` (wrappers accept both)."""
     return obj.obj if isinstance(obj, Shared) else obj

@@ -402,7 +402,7 @@ class Extractor:
         with self.lock:
             sets = [tuple(int(i) for i in a) for a in d.get("allowed_sets", [])]
 
-            def one(a: Any) -> tuple[int, ...] | None:
+            def one(a: int | list[int] | None) -> tuple[int, ...] | None:
                 if a is None:
                     return None
                 if not isinstance(a, int):

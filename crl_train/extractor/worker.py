@@ -52,7 +52,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.config import ModelConfig
@@ -61,6 +61,9 @@ from crl_train.extractor.oracle import ORACLE_MODEL, OracleExtractor
 from crl_train.policy.base import AllowedRow
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
     from crl_gym.experience.bank import ExperienceBank
 
 log = logging.getLogger(__name__)
@@ -150,7 +153,7 @@ _HANDLERS: dict[str, Any] = {
 }
 
 
-def _serve(conn: Any, spec: ExtractorSpec) -> None:
+def _serve(conn: Connection, spec: ExtractorSpec) -> None:
     """Child main loop: build π_φ, then answer ``(op, args)`` with ``("ok", result)`` / ``("error", tb)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (it checkpoints through us)
     from crl_train.run.affinity import pin_process
@@ -196,7 +199,7 @@ def _serve(conn: Any, spec: ExtractorSpec) -> None:
 # ------------------------------------------------------------------------------------ the parent
 
 
-def _shutdown(proc: Any, conn: Any, timeout: float = 10.0) -> None:
+def _shutdown(proc: BaseProcess, conn: Connection, timeout: float = 10.0) -> None:
     """Stop the child: ask, then terminate, then kill. Safe to call twice (atexit + close)."""
     if proc.is_alive():
         try:
@@ -280,7 +283,7 @@ class ExtractorWorker:
             raise ExtractorError(f"extractor worker: {op!r} failed in the worker process:\n{payload}")
         return payload
 
-    def _die(self, op: str, why: str | None = None) -> Any:
+    def _die(self, op: str, why: str | None = None) -> NoReturn:
         self._mark_dead(op, why)
         raise ExtractorUnavailable(f"extractor worker is gone ({self._dead_reason})")
 
@@ -299,7 +302,7 @@ class ExtractorWorker:
                       op, self._dead_reason)
             _shutdown(self.process, self._conn, timeout=1.0)
 
-    def _call(self, op: str, *args: Any) -> Any:
+    def _call(self, op: str, *args: object) -> Any:
         with self._lock:
             if self._dead_reason is not None:
                 raise ExtractorUnavailable(f"extractor worker is gone ({self._dead_reason})")

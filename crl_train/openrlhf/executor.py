@@ -141,7 +141,7 @@ class EpisodeRuntime:
             from crl_train.service.build import make_raw_env
 
             env = make_raw_env(self.cfg, env_id)
-        if not self.guided:
+        if self.client is None:  # a method without experience (the constructor checks the others have one)
             return env
         from crl_gym.wrappers.experience import ExperienceWrapper
         from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper

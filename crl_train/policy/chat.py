@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ACTION_PATTERN = r"<action>(.*?)</action>"
 """Default ReAct action tag: the action is the text inside the last ``<action>…</action>``."""
@@ -49,7 +52,7 @@ def parse_action(text: str, pattern: str = ACTION_PATTERN) -> str | None:
 class ChatFormatter:
     """Renders messages with ``tokenizer``'s chat template (and extra template kwargs)."""
 
-    def __init__(self, tokenizer: Any, chat_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_kwargs: Mapping[str, Any] | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat_template; "

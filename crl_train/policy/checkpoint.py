@@ -20,9 +20,12 @@ import struct
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 STATE_FILE = "policy_state.pt"
 MODEL_DIR = "model"
@@ -47,7 +50,13 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     return value
 
 
-def write_checkpoint(directory: str | Path, model: Any, tokenizer: Any, state: dict[str, Any]) -> None:
+class Pretrained(Protocol):
+    """What writes a model directory: a transformers model, or a view of one (its adapters apart)."""
+
+    def save_pretrained(self, directory: Path, /) -> object: ...
+
+
+def write_checkpoint(directory: str | Path, model: Pretrained, tokenizer: PreTrainedTokenizerBase, state: dict[str, Any]) -> None:
     """Write ``model/`` and ``policy_state.pt`` into ``directory`` atomically (replacing it)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +160,7 @@ def read_state(directory: str | Path, *, mmap: bool = False) -> dict[str, Any]:
     return state
 
 
-def load_weights(model: Any, directory: str | Path, device: str | torch.device) -> None:
+def load_weights(model: torch.nn.Module, directory: str | Path, device: str | torch.device) -> None:
     """Load ``directory/model/*.safetensors`` into ``model``, strictly.
 
     Raises ``FileNotFoundError`` when the directory is not a checkpoint and ``ValueError`` naming

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,18 +27,21 @@ from .grammar import GrammarState
 from .sampling import sample_tokens, tempered_logprobs
 from .trie import Constraint
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 RowConstraint = Constraint | GrammarState
 """What constrains one row: a trie over actions (stateless, asked with the tokens so far) or a
 grammar's state (advanced token by token)."""
 
 
-def _cache_arg(model: Any) -> str:
+def _cache_arg(model: PreTrainedModel) -> str:
     """Name of the KV-cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _cache_of(out: Any) -> Any:
+def _cache_of(out: object) -> Any:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
@@ -99,8 +102,8 @@ def _row_kv(cache: Any, attn: torch.Tensor, prefill_width: int, i: int, ids: tup
 
 
 def generate_batch(
-    model: Any,
-    tokenizer: Any,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     prompts: list[list[int]],
     tries: Sequence[RowConstraint | None],
     *,
@@ -181,7 +184,7 @@ def generate_batch(
             elif isinstance(trie, GrammarState):
                 trie.advance(tok)
             elif sampling.stop and trie is None:
-                cut = _stop_cut(tokenizer.decode(tokens[i], skip_special_tokens=True), sampling.stop)
+                cut = _stop_cut(str(tokenizer.decode(tokens[i], skip_special_tokens=True)), sampling.stop)
                 if cut is not None:
                     finish[i], texts[i] = "stop", cut
         if all(f is not None for f in finish):
@@ -205,7 +208,7 @@ def generate_batch(
         text = texts[i]
         if text is None:
             action = trie.action_of(tokens[i]) if trie is not None and finish[i] == "stop" else None
-            text = action if action is not None else tokenizer.decode(tokens[i], skip_special_tokens=True)
+            text = action if action is not None else str(tokenizer.decode(tokens[i], skip_special_tokens=True))
         gens.append(
             Generation(
                 prompt_ids=prompts[i],

@@ -40,10 +40,14 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import llguidance
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +112,7 @@ class GrammarEngine:
         eos_token_id: the EOS that ends an answer (the tokenizer's; vLLM's guidance backend uses the same).
     """
 
-    def __init__(self, tokenizer: Any, *, vocab_size: int, eos_token_id: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, eos_token_id: int) -> None:
         llg = _llguidance()
         self._llg = llg
         self.vocab_size = int(vocab_size)
@@ -202,7 +206,7 @@ class GrammarState:
 
     engine: GrammarEngine
     grammar: JsonGrammar
-    matcher: Any
+    matcher: llguidance.LLMatcher
     position: int = 0
     reasoned: bool = False
     """A ``reasoning_end`` row: True once the reasoning-end token was sampled."""
@@ -259,8 +263,7 @@ class GrammarState:
             body = body[:-1]
         if self.grammar.think_tokens:
             body = body[self.grammar.think_tokens :]
-        text: str = self.engine.tokenizer.decode(body, skip_special_tokens=True)
-        return text
+        return str(self.engine.tokenizer.decode(body, skip_special_tokens=True))
 
 
 __all__ = ["GrammarEngine", "GrammarState", "JsonGrammar"]

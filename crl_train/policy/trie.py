@@ -31,9 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -61,7 +64,7 @@ class ActionTrie:
         return trie
 
     @classmethod
-    def from_actions(cls, actions: Iterable[str], tokenizer: Any, eos_token_id: int | None = None) -> ActionTrie:
+    def from_actions(cls, actions: Iterable[str], tokenizer: PreTrainedTokenizerBase, eos_token_id: int | None = None) -> ActionTrie:
         """Tokenise each action on its own (no special tokens) with ``tokenizer``.
 
         ``eos_token_id`` defaults to ``tokenizer.eos_token_id``. Empty / whitespace-only actions

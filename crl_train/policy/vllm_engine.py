@@ -35,11 +35,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import FinishReason, Generation, SamplingConfig
+from .base import AllowedRow, FinishReason, Generation, SamplingConfig
+from .grammar import JsonGrammar
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ STRUCTURED_BACKEND = "guidance"
 """vLLM's structured-output backend: llguidance, the same engine as the ``hf`` backend's grammars."""
 
 
-def structured_outputs_kwargs(grammar: Any) -> dict[str, Any]:
+def structured_outputs_kwargs(grammar: JsonGrammar) -> dict[str, Any]:
     """Keyword arguments for ``vllm.sampling_params.StructuredOutputsParams`` of a ``JsonGrammar``
     row (its ``json`` field takes the schema; ``x-guidance`` inside it carries the options)."""
     if getattr(grammar, "think_tokens", 0):
@@ -177,7 +181,7 @@ class WorkerExtension:
         return len(weights)
 
 
-def _local_model(llm: Any) -> Any | None:
+def _local_model(llm: object) -> Any | None:
     """The in-process torch model behind ``llm`` (V1 single-process or V0), or None."""
     chains = (
         ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),
@@ -200,7 +204,7 @@ class VLLMGenerator:
     def __init__(
         self,
         model_path: str,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         sampling: SamplingConfig | None = None,
         dtype: str = "bfloat16",
@@ -262,7 +266,7 @@ class VLLMGenerator:
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
-        allowed: Sequence[Any | None] | None = None,
+        allowed: Sequence[AllowedRow] | None = None,
         *,
         sampling: SamplingConfig | None = None,
     ) -> list[Generation]:
@@ -271,7 +275,8 @@ class VLLMGenerator:
         rows = list(allowed) if allowed is not None else [None] * len(prompts)
         if len(rows) != len(prompts):
             raise ValueError(f"generate: allowed has {len(rows)} entries for {len(prompts)} prompts")
-        if any(a is not None and not hasattr(a, "schema_dict") for a in rows):
+        grammars = [a if isinstance(a, JsonGrammar) else None for a in rows]
+        if any(a is not None and g is None for a, g in zip(rows, grammars, strict=True)):
             raise ValueError("constrained decoding with action lists or tries (allowed=...) is supported by the hf "
                              "backend only; vLLM takes JSON grammars")
         import vllm
@@ -280,12 +285,12 @@ class VLLMGenerator:
         cfg = sampling or self.sampling
         kw = sampling_params_kwargs(cfg, max_new_tokens, self.eos_token_ids)
         params: Any
-        if all(a is None for a in rows):
+        if all(g is None for g in grammars):
             params = vllm.SamplingParams(**kw)
         else:  # one SamplingParams per prompt: each grammar row carries its own schema
-            params = [vllm.SamplingParams(**kw) if a is None else
-                      vllm.SamplingParams(**kw, structured_outputs=StructuredOutputsParams(**structured_outputs_kwargs(a)))
-                      for a in rows]
+            params = [vllm.SamplingParams(**kw) if g is None else
+                      vllm.SamplingParams(**kw, structured_outputs=StructuredOutputsParams(**structured_outputs_kwargs(g)))
+                      for g in grammars]
         outputs = self.llm.generate(token_prompts(prompts), sampling_params=params, use_tqdm=False)
         return [to_generation(o, p) for o, p in zip(outputs, prompts, strict=True)]
 

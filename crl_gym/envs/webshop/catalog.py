@@ -63,14 +63,14 @@ def _find(data_dir: Path, pattern: str, required: bool) -> Path | None:
     return hits[0]
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise WebShopDataError(f"cannot read WebShop data file {path}: {exc}") from exc
 
 
-def parse_pricing(pricing: Any) -> tuple[list[float], str]:
+def parse_pricing(pricing: object) -> tuple[list[float], str]:
     """``"$12.99"`` -> ``([12.99], "$12.99")``; ``"$10.00 - $20.00"`` -> a range; empty -> $100.
 
     >>> parse_pricing("$10.00 - $20.50")
@@ -130,7 +130,7 @@ def _price_upper(price: float, rng: random.Random) -> tuple[float, str]:
     return NO_PRICE_LIMIT, ""
 
 
-def _goal(p: dict[str, Any], text: str, attributes: list[str], options: Any, upper: float) -> dict[str, Any]:
+def _goal(p: dict[str, Any], text: str, attributes: list[str], options: object, upper: float) -> dict[str, Any]:
     return {
         "asin": p["asin"], "category": p["category"], "query": p["query"], "name": p["name"],
         "product_category": p["product_category"], "instruction_text": text,
