@@ -50,6 +50,8 @@ from crl_gym.outbox import SUBMIT_BUFFER, Rejected, SubmitOutbox, default_spill_
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, op_to_dict
 
 if TYPE_CHECKING:
+    import httpx
+
     from crl_gym.experience.manager import ExperienceManager
     from crl_gym.experience.service import RetrievalService
 
@@ -115,7 +117,7 @@ class ExperienceClient(Protocol):
         ...
 
 
-def as_service(target: Any) -> RetrievalService:
+def as_service(target: object) -> RetrievalService:
     """``target`` itself when it is a service; a bare ``ExperienceManager`` wrapped in a
     :class:`~crl_gym.experience.service.RetrievalService` (old callers pass a manager)."""
     from crl_gym.experience.manager import ExperienceManager
@@ -322,7 +324,7 @@ class RemoteClient:
         self.max_buffered = int(max_buffered)
         self.spill_path = Path(spill_path) if spill_path is not None else None
         self.retries, self.retry_backoff_s = int(retries), float(retry_backoff_s)
-        self._http: Any = None
+        self._http: httpx.Client | None = None
         self._pid = -1
         self._lock = threading.Lock()
         self.malformed_requests = 0
@@ -395,7 +397,7 @@ class RemoteClient:
         """Of :attr:`submit_failures`, those the spill file could not take either (logged by id)."""
         return self._here()[1].lost
 
-    def _client(self) -> Any:
+    def _client(self) -> httpx.Client:
         if self._http is None or self._pid != os.getpid():
             with self._lock:
                 if self._http is None or self._pid != os.getpid():
@@ -408,7 +410,7 @@ class RemoteClient:
                     self._pid = os.getpid()
         return self._http
 
-    def _call(self, method: str, path: str, payload: Any = None, extra_wait: float = 0.0, body: bytes | None = None) -> Any:
+    def _call(self, method: str, path: str, payload: object = None, extra_wait: float = 0.0, body: bytes | None = None) -> Any:
         import httpx
 
         content = body if body is not None else None if payload is None else json.dumps(payload, ensure_ascii=False).encode()
@@ -520,7 +522,7 @@ class RemoteClient:
         self._http = None
 
 
-def _detail(resp: Any) -> str:
+def _detail(resp: httpx.Response) -> str:
     """The server's error message: FastAPI's ``detail`` (a string, or pydantic's error list)."""
     try:
         detail = resp.json().get("detail")

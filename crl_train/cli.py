@@ -6,12 +6,16 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
+
+if TYPE_CHECKING:
+    from crl_train.run.trainer import Trainer
 
 log = logging.getLogger("crl_train")
 
@@ -159,7 +163,7 @@ def _eval_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Any:
+def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Trainer:
     from crl_train.policy.factory import GeneratorUnavailable
     from crl_train.run.trainer import Trainer
 
@@ -170,7 +174,7 @@ def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Any:
 
 
 def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] = (True, False),
-                 env_factory: Any = None) -> dict[str, Any]:
+                 env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """:func:`crl_train.run.evaluate.evaluate_dir`, a vLLM generator that cannot start reported as a usage error."""
     from crl_train.policy.factory import GeneratorUnavailable
     from crl_train.run.evaluate import evaluate_dir as run_eval

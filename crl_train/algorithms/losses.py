@@ -69,7 +69,7 @@ def clip_surrogate_loss(
     *,
     clip_eps: float = 0.2,
     ratio_level: RatioLevel = "token",
-    **context: Any,
+    **context: torch.Tensor,
 ) -> tuple[torch.Tensor, Metrics]:
     """−Σ_k w_k · L_clip(ρ_k, Â_k), the split-subgroup GRPO objective of Eq. 5 (no KL).
 
@@ -143,7 +143,7 @@ def cispo_loss(
     *,
     eps_low: float = 0.1,
     eps_high: float = 0.1,
-    **context: Any,
+    **context: torch.Tensor,
 ) -> tuple[torch.Tensor, Metrics]:
     """Eq. 3 (CISPO), negated: −Σ_i Σ_t sg(clip(ρ_it, 1−ε_low, 1+ε_high)) Â_i log π_φ(m_it) / Σ_i |m_i|.
 
@@ -235,7 +235,7 @@ def reverse_kl_support_loss(
     support_logprobs: torch.Tensor | None = None,
     teacher_support: torch.Tensor | None = None,
     coef: float = 1.0,
-    **context: Any,
+    **context: torch.Tensor,
 ) -> tuple[torch.Tensor, Metrics]:
     """EDGE's top-k reverse KL from the log-probs of a per-position support (the registered form).
 
@@ -300,7 +300,7 @@ def reverse_kl_sampled_loss(
     *,
     teacher: torch.Tensor | None = None,
     coef: float = 1.0,
-    **context: Any,
+    **context: torch.Tensor,
 ) -> tuple[torch.Tensor, Metrics]:
     """KL(π_s ‖ sg π_t) on the student's own sampled tokens, from per-token log-probs only.
 
@@ -345,7 +345,7 @@ def self_distill_nll_loss(
     mask: torch.Tensor,
     *,
     coef: float = 1.0,
-    **context: Any,
+    **context: torch.Tensor,
 ) -> tuple[torch.Tensor, Metrics]:
     """Self-distillation: coef · mean next-token NLL over the kept (agent) tokens.
 

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from crl_train.algorithms import FREE, GUIDED
+
+if TYPE_CHECKING:
+    from crl_train.methods import Method
 
 GUIDED_KEY = "crl_guided"
 VALID_KEY = "crl_valid"
@@ -81,9 +84,9 @@ class SplitSubgroupAdvantageMixin:
 
     strategy: Any
     kl_ctl: Any
-    crl_method: Any = None
+    crl_method: Method | None = None
 
-    def _crl_method(self) -> Any:
+    def _crl_method(self) -> Method:
         if self.crl_method is None:
             from crl_train.methods import make_method
             from crl_train.openrlhf.settings import load_settings

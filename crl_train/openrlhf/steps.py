@@ -19,6 +19,7 @@ A service that cannot be reached costs the step's credit (logged), never the act
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -92,7 +93,7 @@ class ServiceStepMixin:
         return out
 
 
-def rollout_metrics(samples: Any) -> dict[str, float]:
+def rollout_metrics(samples: Iterable[object] | None) -> dict[str, float]:
     """Success of the guided and the free episodes of a rollout batch (``info["crl_*"]`` of each sample)."""
     guided: list[float] = []
     success: list[float] = []

@@ -57,7 +57,7 @@ class ConditionAssigner:
         self._seen: defaultdict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
 
-    def assign(self, label: Any) -> str:
+    def assign(self, label: object) -> str:
         key = label if isinstance(label, str) else json.dumps(label, sort_keys=True, default=str)
         with self._lock:
             n = self._seen[key]

@@ -467,7 +467,7 @@ class Policy(Protocol):
         ...
 
     def train_step(
-        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: Any
+        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: object
     ) -> dict[str, float]:
         """Forward, loss, backward, grad clip, one optimizer step; returns metrics.
 

@@ -376,7 +376,7 @@ class HFPolicy:
         return 1.0
 
     def accumulate_gradients(
-        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: Any
+        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: object
     ) -> tuple[bool, float, dict[str, float]]:
         """Backward over ``batch`` micro-batch by micro-batch, each loss weighted by ``loss_scale``
         (``None``: ``OptimConfig.loss_scale``) so the summed gradient equals the full-batch one.
@@ -425,7 +425,7 @@ class HFPolicy:
         return True, loss_total, metrics
 
     def train_step(
-        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: Any
+        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: object
     ) -> dict[str, float]:
         """One AdamW step over ``batch`` with gradient accumulation over micro-batches.
 

@@ -88,7 +88,7 @@ def train_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrai
 
 
 def build_tiny_model(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerFast,
     hidden: int = 64,
     layers: int = 2,
     heads: int = 4,
@@ -161,7 +161,7 @@ def gather_env_texts(
     return texts
 
 
-def _info_texts(obs: Any, info: dict[str, Any]) -> list[str]:
+def _info_texts(obs: object, info: dict[str, Any]) -> list[str]:
     out = [str(obs)]
     if info.get("task"):
         out.append(str(info["task"]))
@@ -177,7 +177,7 @@ def build_tiny_policy(
     sampling: SamplingConfig | None = None,
     optim: OptimConfig | None = None,
     seed: int = 0,
-    **model_kw: Any,
+    **model_kw: int,
 ) -> HFPolicy:
     """Tokenizer + random model + :class:`HFPolicy`, named :data:`TINY_MODEL_NAME`."""
     from .hf import HFPolicy

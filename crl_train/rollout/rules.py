@@ -25,7 +25,7 @@ MAX_OBS_CHARS = 4000
 CUT_REASONS: tuple[str, ...] = ("turn_cap", "context_truncated")
 """Why the trainer ends an episode its env did not: the turn cap, or a next turn that would not fit."""
 
-def user_text(obs: Any, admissible: Sequence[str], *, constrained: bool = False,
+def user_text(obs: object, admissible: Sequence[str], *, constrained: bool = False,
               max_obs_chars: int = MAX_OBS_CHARS) -> str:
     """The user turn of an observation: shortened to ``max_obs_chars``, followed by the admissible
     actions unless decoding is constrained to them (then the trie shows them instead)."""

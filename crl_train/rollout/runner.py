@@ -164,10 +164,10 @@ class RolloutRunner:
     def _system(self) -> str:
         return SYSTEM_CONSTRAINED if self.constrained else SYSTEM_REACT
 
-    def _user_text(self, obs: str, admissible: Sequence[str]) -> str:
+    def _user_text(self, obs: object, admissible: Sequence[str]) -> str:
         return user_text(obs, admissible, constrained=self.constrained, max_obs_chars=self.max_obs_chars)
 
-    def _start(self, ep: Episode, obs: Any, info: dict[str, Any]) -> None:
+    def _start(self, ep: Episode, obs: object, info: dict[str, Any]) -> None:
         ep.task = str(info.get("task") or obs)
         ep.admissible = list(info.get("admissible_actions") or [])
         exp = info.get("experience")

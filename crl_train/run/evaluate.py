@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def evaluate_run(trainer: Trainer, episodes: int, modes: tuple[bool, ...] = (Tru
 
 
 def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] = (True, False),
-                 env_factory: Any = None) -> dict[str, Any]:
+                 env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """``crl-eval``: the run's checkpoint on held-out seeds. The run is left as it was: retrieval
     counts, pending requests and the index change on a copy of ``bank/``, deleted afterwards."""
     with tempfile.TemporaryDirectory(prefix="crl_eval_") as tmp:

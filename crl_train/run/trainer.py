@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
 from crl_train.policy.base import LossTerm, TrainBatch
 from crl_train.policy.checkpoint import CheckpointError, verify_checkpoint
+from crl_train.policy.factory import GeneratorFactory
 from crl_train.rollout.runner import Episode
 from crl_train.rollout.tasks import task_seeds
 from crl_train.run.build import Run, build_run
@@ -60,7 +62,8 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
-                 env_factory: Any = None, generator_factory: Any = None, read_only: bool = False,
+                 env_factory: Callable[[str], Any] | None = None, generator_factory: GeneratorFactory | None = None,
+                 read_only: bool = False,
                  eval_bank_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
