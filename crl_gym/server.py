@@ -108,6 +108,8 @@ def renderable(value: Any) -> Any:
 
 
 ID = Annotated[int, Field(ge=0, lt=2**64)]
+STEP_LIMIT = 2**63
+"""Steps are stored as SQLite INTEGERs (signed 64-bit): a larger one is refused at the boundary."""
 Clean = BeforeValidator(lambda v: clean_text(v) if isinstance(v, str) else v)  # before: pydantic refuses them
 Text = Annotated[str, Field(max_length=MAX_TEXT), Clean]
 
@@ -147,7 +149,7 @@ class GetRequestsBody(BaseModel):
 
 
 class EndStepBody(BaseModel):
-    step: int = Field(ge=0, strict=True)
+    step: int = Field(ge=0, lt=STEP_LIMIT, strict=True)
     bonus: dict[Annotated[str, Clean], Annotated[float, Field(allow_inf_nan=False)]] | None = Field(default=None, max_length=16 * MAX_BATCH)
 
 
@@ -179,7 +181,7 @@ OpBody = Annotated[AddOpBody | UpdateOpBody | DeleteOpBody | ReturnOpBody, Field
 
 class ApplyOpsBody(BaseModel):
     ops: list[OpBody] = Field(max_length=MAX_BATCH)
-    step: int | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0, lt=STEP_LIMIT)
 
 
 def _json(payload: Any) -> Response:
@@ -459,7 +461,11 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
     @router.post("/apply_ops")
     def apply_ops(body: ApplyOpsBody) -> Response:
         ops = [op_from_dict(op.model_dump()) for op in body.ops]
-        return _json(_jsonable(svc.apply_ops(ops, step=body.step)))
+        try:
+            result = svc.apply_ops(ops, step=body.step)
+        except ValueError as exc:  # the bank refused an op's content (a text the embedder maps to zero)
+            raise HTTPException(status_code=422, detail=f"ops: {exc}") from exc
+        return _json(_jsonable(result))
 
     app.include_router(open_routes)
     app.include_router(router)

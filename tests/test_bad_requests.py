@@ -250,3 +250,16 @@ def test_a_starlette_http_exception_keeps_its_status() -> None:
     app.include_router(router)
     r = TestClient(app).post("/t", json={})
     assert r.status_code == 418 and r.json()["detail"] == "teapot"
+
+
+def test_an_op_the_bank_refuses_is_422_and_writes_nothing(served: tuple[str, ExperienceManager]) -> None:
+    # the hashing embedder (dim 32) maps "aij" to the zero vector (its features cancel), which the bank refuses
+    url, manager = served
+    before = len(manager.bank)
+    r = raw(url, "/apply_ops", b'{"ops": [{"kind": "add", "text": "a real tip"}, {"kind": "add", "text": "aij"}]}')
+    assert r.status_code == 422 and r.json()["detail"].startswith("ops: "), r.text
+    assert len(manager.bank) == before  # atomic: the good op of the batch was not written either
+    r = raw(url, "/end_step", b'{"step": 9223372036854775808}')  # steps are signed 64-bit in the bank
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "step"]
+    r = raw(url, "/apply_ops", b'{"ops": [{"kind": "add", "text": "tip"}], "step": 9223372036854775808}')
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "step"]

@@ -157,6 +157,10 @@ def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
             "rbar": rbar, "provenance": provenance}
 
 
+MAX_TIMELINE_SPAN = 100_000
+"""Most steps the timeline fills in between its first and last logged step."""
+
+
 def timeline(src: BankSource) -> dict[str, Any]:
     """The bank over training, one value per step from the first to the last logged:
     ``steps``, ``bank_size`` (at the end of the step), ``adds``, ``updates``, ``merges`` (entries a
@@ -178,7 +182,9 @@ def timeline(src: BankSource) -> dict[str, Any]:
                                                  "mean_rbar", "credited_episodes")}
     if counts:
         size = 0
-        for step in range(min(counts), max(counts) + 1):
+        lo, hi = min(counts), max(counts)
+        # every step in between, unless the span is absurd (a step of 10**18 written once): then the logged ones
+        for step in (range(lo, hi + 1) if hi - lo <= MAX_TIMELINE_SPAN else sorted(counts)):
             row = counts.get(step, {})
             adds, removed = int(row.get("add", 0)), int(sum(row.get(k, 0) for k in REMOVED))
             size += adds - removed

@@ -98,9 +98,9 @@ def mount_explorer(app: FastAPI, source: BankSource, dependencies: list[Depends]
                 page: Annotated[int, Query(ge=1, le=10**9)] = 1,
                 per_page: Annotated[int, Query(ge=1, le=MAX_PER_PAGE)] = 50,
                 q: Annotated[str, Query(max_length=MAX_QUERY)] = "",
-                min_retrievals: Annotated[int, Query(ge=0)] = 0,
-                step_min: Annotated[int | None, Query()] = None,
-                step_max: Annotated[int | None, Query()] = None,
+                min_retrievals: Annotated[int, Query(ge=0, lt=2**63)] = 0,  # SQLite INTEGER: signed 64-bit
+                step_min: Annotated[int | None, Query(ge=-(2**63), lt=2**63)] = None,
+                step_max: Annotated[int | None, Query(ge=-(2**63), lt=2**63)] = None,
                 credited: bool = False) -> Response:
         try:
             pq = PageQuery(sort, order, page, per_page, q, min_retrievals, step_min, step_max, credited)
