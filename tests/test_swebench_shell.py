@@ -165,3 +165,26 @@ def test_the_exec_shell_is_kept_for_comparison(client: Any) -> None:
 def test_shell_mode_is_validated() -> None:
     with pytest.raises(ValueError, match="shell"):
         SandboxConfig(shell="tty")
+
+
+@pytest.mark.docker
+def test_the_env_tells_the_agent_when_its_shell_was_restarted(client: Any, tmp_path: Any) -> None:
+    from crl_gym.envs.swebench.env import SWEBenchEnv
+    from crl_gym.envs.swebench.image import instance_image
+    from crl_gym.envs.swebench.testing import make_demo_instance
+    from crl_gym.envs.swebench.tools import format_tool_call
+
+    instance = make_demo_instance(tmp_path)
+    env = SWEBenchEnv(tasks=[instance], client=client, max_turns=5, prestart_grading=False)
+    try:
+        env.reset(options={"index": 0})
+        assert env.sandbox is not None
+        code, _, _ = env.sandbox._run(["sh", "-c", f"kill -KILL {_server_pid(env.sandbox)}"], user="0", timeout=10)
+        assert code == 0
+        obs, _, terminated, truncated, info = env.step(format_tool_call("execute_bash", command="echo hi"))
+        assert "was restarted" in obs and info["shell_restarted"] and not (terminated or truncated)
+        obs, *_, info = env.step(format_tool_call("execute_bash", command="echo again"))
+        assert obs.startswith("again\n") and "shell_restarted" not in info
+    finally:
+        env.close()
+        client.images.remove(instance_image(client, instance).name, force=True)

@@ -162,6 +162,7 @@ class SWEBenchEnv(TextEnv):
                                 "turn": self.turn}
         reward, terminated, truncated = 0.0, False, False
         t0 = time.monotonic()
+        restarts = self.sandbox.shell_restarts
         try:
             call = parse_tool_call(action)
             info["tool"] = call.name
@@ -185,6 +186,7 @@ class SWEBenchEnv(TextEnv):
                 notices = self.sandbox.take_notices()
                 if notices:
                     obs += "\n" + " ".join(notices)
+                if self.sandbox.shell_restarts != restarts:
                     info["shell_restarted"] = True
         except ToolCallError as exc:
             self.stats["malformed_calls"] += 1

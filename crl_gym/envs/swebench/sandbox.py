@@ -13,12 +13,15 @@ and the directory of the commands' output files are size-capped tmpfs volumes (t
 copied in from the image at start), so nothing a command writes reaches the host's disk.
 Container logs are off and core dumps are 0.
 
-A command runs as ``timeout -k 2 T bash -c CMD`` inside the container with its output sent to
-a size-capped file, so a hang, a flood of output or a fork bomb ends at its limit. When it
-returns, every process of the agent's uid is killed (``kill -KILL -1``), so nothing it started
-outlives it, whether it left the process group (``setsid``, a double fork) or not. If even that
-fails, the host-side deadline kills the agent's processes and, as the last resort, restarts the
-container (its work tree is copied in again from the image).
+Commands reach the container through one persistent shell per container (``shell="persistent"``,
+the default; :mod:`~crl_gym.envs.swebench.shell`): a root server started with the container runs
+each command as the agent's uid with its output in a size-capped file and its time limit, then
+kills every process of the agent's uid, so nothing a command started outlives it, whether it left
+the process group (``setsid``, a double fork) or not. A dead or hung server is replaced and the
+episode told. ``shell="exec"`` keeps the former path: ``timeout -k 2 T bash -c CMD`` in a fresh
+``docker exec`` per command, then ``kill -KILL -1`` as the agent's uid. If even that fails, the
+host-side deadline kills the agent's processes and, as the last resort, restarts the container
+(its work tree is copied in again from the image).
 
 The engine client and reaping live in :mod:`~crl_gym.envs.swebench.docker_engine`, the editor's
 file system in :mod:`~crl_gym.envs.swebench.container_fs`; both are re-exported here.
