@@ -46,7 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
@@ -58,6 +58,13 @@ from crl_train.config import TrainConfig
 from crl_train.openrlhf.tasks import ConditionAssigner, TaskLabel
 from crl_train.policy.chat import ChatFormatter, parse_action
 from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+    from transformers import PreTrainedTokenizerBase
+
+    from crl_gym.clients import ExperienceClient
+    from crl_train.openrlhf.settings import ClusterSettings
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +91,8 @@ class EpisodeRuntime:
         env_threads: threads that run env calls.
     """
 
-    def __init__(self, cfg: TrainConfig, client: Any = None, *, env_factory: Callable[[str], Any] | None = None,
-                 tokenizer: Any = None, env_threads: int = 128) -> None:
+    def __init__(self, cfg: TrainConfig, client: ExperienceClient | None = None, *, env_factory: Callable[[str], Any] | None = None,
+                 tokenizer: PreTrainedTokenizerBase | None = None, env_threads: int = 128) -> None:
         from crl_train.methods import make_method
 
         self.cfg = cfg
@@ -98,14 +105,14 @@ class EpisodeRuntime:
         self._raw_env = env_factory
         self.tokenizer = tokenizer
         self._chats: dict[int, ChatFormatter] = {}
-        self._pool: defaultdict[str, list[Any]] = defaultdict(list)
+        self._pool: defaultdict[str, list[gym.Env]] = defaultdict(list)
         self._pool_lock = threading.Lock()
         self.threads = ThreadPoolExecutor(max_workers=max(1, env_threads), thread_name_prefix="crl-env")
         self.counters: dict[str, int] = dict.fromkeys(
             ("episodes", "env_errors", "turn_caps", "context_truncations", "submit_failures"), 0)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EpisodeRuntime:
+    def from_settings(cls, settings: ClusterSettings) -> EpisodeRuntime:
         """The runtime of a process started by the launcher (the service is the named Ray actor)."""
         from crl_train.methods import make_method
         from crl_train.service.ray_actor import RayServiceClient
@@ -119,21 +126,21 @@ class EpisodeRuntime:
         """``fn(*args, **kwargs)`` in the env thread pool, awaited (the event loop keeps generating)."""
         return await asyncio.get_running_loop().run_in_executor(self.threads, partial(fn, *args, **kwargs))
 
-    def chat(self, tokenizer: Any) -> ChatFormatter:
+    def chat(self, tokenizer: PreTrainedTokenizerBase) -> ChatFormatter:
         key = id(tokenizer)
         if key not in self._chats:
             think = self.cfg.actor.enable_thinking
             self._chats[key] = ChatFormatter(tokenizer, None if think is None else {"enable_thinking": think})
         return self._chats[key]
 
-    def load_tokenizer(self) -> Any:
+    def load_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.actor.model, trust_remote_code=True)
         return self.tokenizer
 
-    def make_env(self, env_id: str) -> Any:
+    def make_env(self, env_id: str) -> gym.Env:
         """A raw env, wrapped for experience when the method uses it."""
         if self._raw_env is not None:
             env = self._raw_env(env_id)
@@ -150,14 +157,14 @@ class EpisodeRuntime:
             env = SearchAndAskWrapper(env, self.client, max_calls=self.cfg.experience.max_search_calls)
         return ExperienceWrapper(env, self.client, env_id=env_id)
 
-    def acquire_env(self, env_id: str) -> Any:
+    def acquire_env(self, env_id: str) -> gym.Env:
         with self._pool_lock:
             free = self._pool[env_id]
             if free:
                 return free.pop()
         return self.make_env(env_id)
 
-    def release_env(self, env_id: str, env: Any, *, broken: bool = False) -> None:
+    def release_env(self, env_id: str, env: gym.Env, *, broken: bool = False) -> None:
         if broken:  # an env that raised may be in any state: never reuse it
             try:
                 env.close()
@@ -437,11 +444,11 @@ class AgentExecutor(MultiTurnAgentExecutor):
                 "rollout_log_probs": logprobs, "truncated": truncated, "extra_logs": inst.extra_logs()}
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
-def _eos_ids(tokenizer: Any) -> set[int]:
+def _eos_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
         return set()
