@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,6 +98,7 @@ def test_an_incomplete_cache_directory_is_set_aside_and_rebuilt(tmp_path: Path, 
 _KILLED_CONVERSION = """
 import sys, time
 from pathlib import Path
+from typing import Any
 from crl_train.policy import packaged
 def slow(gguf, out, **kw):
     out.mkdir()
@@ -169,3 +171,54 @@ def test_the_converted_model_loads_as_a_policy_and_writes_english(smol_dir: Path
     words = [w.strip(".,!?;:\"'").lower() for w in gen.text.split()]
     assert len(words) >= 5 and sum(w.isalpha() for w in words) >= 0.8 * len(words), gen.text
     assert torch.isfinite(torch.tensor(gen.logprobs)).all()
+
+
+COMMON = frozenset("a an the to of in on is are be it its not no and or you your if for with at by this that "
+                   "yet true false was will can move go".split())
+"""Function words: random-token text (what a random-initialised model writes) holds none of them."""
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,!?;:()[]\"'").replace("'", "").lower() for w in text.split() if w.strip(".,!?;:()[]\"'")]
+
+
+def _english(texts: list[str]) -> bool:
+    """Mostly alphabetic words in every text, and function words of English among them."""
+    words = [_words(t) for t in texts]
+    flat = [w for ws in words for w in ws]
+    return (all(ws and sum(w.isalpha() for w in ws) >= 0.7 * len(ws) for ws in words)
+            and any(w in COMMON for w in flat))
+
+
+@pytest.mark.slow
+def test_one_training_step_with_smollm2_as_extractor_writes_english(smol_dir: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small preset end to end for one step, its extractor SmolLM2 from the freshly converted cache:
+    every request distilled, every answer valid JSON of its schema, and the text of its ops English."""
+    from crl_train.config import load_config
+    from crl_train.extractor.model import Extractor
+    from crl_train.run.trainer import Trainer
+
+    monkeypatch.setenv(CACHE_ENV, str(smol_dir.parent))
+    cfg = load_config("small", ["train.steps=1", "env.tasks_per_step=1", "env.group_size=2", "train.eval_episodes=0"])
+    assert cfg.extractor.model == "smollm2-135m" and cfg.extractor.lora_rank == 16
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    try:
+        extractor = trainer.c.service.extractor
+        assert isinstance(extractor, Extractor) and extractor.policy.name.startswith("SmolLM2-135M-Instruct")
+        answers: list[Any] = []
+        distill = extractor.distill
+
+        def spy(requests: Any) -> Any:
+            out = distill(requests)
+            answers.extend(out)
+            return out
+
+        monkeypatch.setattr(extractor, "distill", spy)
+        final = trainer.run()
+    finally:
+        trainer.close()
+    assert final["distilled"] == 2 and final["malformed"] == 0 and len(answers) == 2
+    texts = [getattr(op, "text", None) or getattr(op, "reason", "") for _, ops in answers for op in ops]
+    assert texts and _english(texts), texts
+    assert all(s.token_ids and len(s.logprobs) == len(s.token_ids) for s, _ in answers)

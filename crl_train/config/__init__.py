@@ -369,6 +369,9 @@ class ExperienceConfig:
     """offline_exp: a ``trajectories.jsonl`` of a prior run (distilled once) or a bank ``.jsonl`` export."""
     max_prompt_chars: int = 6000
     """Longest distillation prompt in characters (the trajectory is shortened to fit)."""
+    max_entry_chars: int | None = None
+    """Longest entry text (and refined advice) the extractor's answer schemas allow; it also bounds
+    a structured answer's token budget. None: 64 for the tiny extractor, 2000 otherwise."""
 
     def __post_init__(self) -> None:
         check_choices(self, "experience")
@@ -381,6 +384,8 @@ class ExperienceConfig:
         for name in ("max_search_calls", "distill_batch", "actor_threads", "extractor_threads", "max_prompt_chars"):
             if getattr(self, name) < (0 if name == "max_search_calls" else 1):
                 raise ConfigError(f"experience.{name} is out of range: {getattr(self, name)}")
+        if self.max_entry_chars is not None and self.max_entry_chars < 1:
+            raise ConfigError(f"experience.max_entry_chars must be >= 1 or null, got {self.max_entry_chars}")
         for name in ("actor_cpus", "extractor_cpus"):
             cpus = getattr(self, name)
             if cpus is not None and (not cpus or min(cpus) < 0):
@@ -462,9 +467,22 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     return result
 
 
+def preset_path(path: str | Path | None) -> Path:
+    """``path``, or the packaged preset it names (``small`` → ``crl_train/configs/small.yaml``) when
+    no such file exists; None: the tiny preset."""
+    if path is None:
+        return PACKAGED_CONFIGS / "tiny.yaml"
+    p = Path(path)
+    packaged = PACKAGED_CONFIGS / f"{p.name}.yaml"
+    if not p.exists() and p.suffix == "" and p.name == str(path) and packaged.is_file():
+        return packaged
+    return p
+
+
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """YAML file (default: the packaged ``tiny.yaml``) + ``key=value`` overrides → TrainConfig."""
-    data = read_yaml(path if path is not None else PACKAGED_CONFIGS / "tiny.yaml")
+    """YAML file or packaged preset name (default: the packaged ``tiny.yaml``) + ``key=value``
+    overrides → TrainConfig."""
+    data = read_yaml(preset_path(path))
     for text in overrides:
         key, value = parse_override(text)
         set_path(data, key, value)
@@ -477,5 +495,5 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> None:
 
 __all__ = ["ConfigError", "EnvConfig", "ModelConfig", "AlgoConfig", "EdgeConfig", "GateConfig", "PerplexityConfig",
            "ExperienceConfig", "RunConfig", "TrainConfig",
-           "METHOD_NAMES", "PACKAGED_CONFIGS", "config_from_dict", "config_to_dict", "dump_config", "load_config",
+           "METHOD_NAMES", "PACKAGED_CONFIGS", "preset_path", "config_from_dict", "config_to_dict", "dump_config", "load_config",
            "parse_override", "read_yaml"]

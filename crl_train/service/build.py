@@ -79,7 +79,9 @@ def extractor_spec(cfg: TrainConfig, texts: list[str] | None, *, checkpoint: Pat
         options={"max_new_tokens": cfg.extractor.max_new_tokens, "max_context_tokens": cfg.extractor.max_context_tokens,
                  "max_prompt_chars": cfg.experience.max_prompt_chars, "constrained": cfg.extractor.constrained,
                  "think_tokens": cfg.extractor.think_tokens, "eps_low": cfg.algo.cispo_eps_low,
-                 "eps_high": cfg.algo.cispo_eps_high, "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha})
+                 "eps_high": cfg.algo.cispo_eps_high, "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha,
+                 # None leaves the worker's default (the tiny extractor's short entries)
+                 **({} if cfg.experience.max_entry_chars is None else {"max_entry_chars": cfg.experience.max_entry_chars})})
 
 
 def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
