@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,9 @@ class _Snapshot:
     """Search side of a bank opened read-only: its vectors in an in-memory usearch index, and the
     retrieval counters as stored (the bank-like part :func:`crl_gym.explorer.search.preview` uses)."""
 
-    def __init__(self, dim: int, vectors: Mapping[int, np.ndarray], stats: dict[int, tuple[int, float]]) -> None:
-        self.dim = dim
-        self._index = VectorIndex.build(dim, vectors)
+    def __init__(self, index: VectorIndex, stats: dict[int, tuple[int, float]]) -> None:
+        self.dim = index.dim
+        self._index = index
         self._stats = stats
 
     def search(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
@@ -140,7 +140,7 @@ class BankSource:
             emb = embedder if embedder is not None else load_embedder(name)
             if int(emb.dim) != dim:
                 raise ValueError(f"{bank_dir}: the bank's vectors have dim {dim}, the embedder {name!r} gives {emb.dim}")
-            snapshot = _snapshot(conn, dim, bank_dir / DB_FILE)
+            snapshot = _snapshot(conn, dim, bank_dir, int(meta.get("generation", 0)))
         except BaseException:
             conn.close()
             raise
@@ -148,9 +148,11 @@ class BankSource:
                    embedder_name=name, dim=dim, closer=conn.close)
 
 
-def _snapshot(conn: sqlite3.Connection, dim: int, file: Path) -> _Snapshot:
+def _snapshot(conn: sqlite3.Connection, dim: int, bank_dir: Path, generation: int) -> _Snapshot:
     """The search side of a read-only bank: vectors and retrieval counters only (the texts and
-    provenance stay in SQLite until a page asks)."""
+    provenance stay in SQLite until a page asks), and the bank's saved index when it is the one
+    for these rows (checked as the bank itself checks it; else one built in memory, never saved)."""
+    file = bank_dir / DB_FILE
     vectors: dict[int, np.ndarray] = {}
     stats: dict[int, tuple[int, float]] = {}
     for i, blob, count, last in conn.execute("SELECT id, embedding, retrieval_count, last_retrieved FROM entries"):
@@ -159,7 +161,8 @@ def _snapshot(conn: sqlite3.Connection, dim: int, file: Path) -> _Snapshot:
             raise BankCorruptError(f"{file}: entry {i} has an embedding of {v.size} floats, expected dim {dim}")
         vectors[int(i)] = v
         stats[int(i)] = (int(count), float(last))
-    return _Snapshot(dim, vectors, stats)
+    index, _ = VectorIndex.open(bank_dir, dim, vectors, generation)
+    return _Snapshot(index, stats)
 
 
 def _locked(conn: sqlite3.Connection) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
