@@ -191,3 +191,10 @@ def test_the_ui_command_serves_a_run_dir(tmp_path: Path) -> None:
         assert proc.wait(30) == 0
     missing = subprocess.run([sys.executable, "-m", "crl_gym.cli", "ui", "--bank", str(tmp_path)], capture_output=True, text=True)
     assert missing.returncode != 0 and "neither" in missing.stderr
+
+
+def test_out_of_range_filters_are_422s(served) -> None:
+    client, _, _ = served
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for qs in ("step_min=99999999999999999999", "min_retrievals=-1", "per_page=1000", "page=0", "order=up"):
+        assert client.get(f"/ui/api/entries?{qs}", headers=auth).status_code == 422, qs
