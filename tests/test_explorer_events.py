@@ -61,10 +61,13 @@ def test_credits_fold_into_rbar_over_every_episode(tmp_path: Path) -> None:
     bank = ExperienceBank(tmp_path / "bank", dim=EMB.dim)
     i = bank.add("x y", EMB.encode(["x y"])[0])
     assert bank.record_credits(0, [(i, 1.0, 2)]) == 1
-    bank.record_credits(1, [(i, -1.0, 1), (i + 5, 0.5, 4)])  # an id merged away meanwhile is kept too
+    bank.record_credits(1, [(i, -1.0, 1), (i + 5, 0.5, 4)])  # an id gone meanwhile: logged, not folded
     rows = dict((r[0], r[1:]) for r in bank.read_sql("SELECT entry_id, reward_sum, episodes, steps, last_step, rbar FROM entry_credit"))
-    assert rows[i] == (1.0, 3, 2, 1, 1.0 / 3)
-    assert rows[i + 5] == (2.0, 4, 1, 1, 0.5)
+    assert rows == {i: (1.0, 3, 2, 1, 1.0 / 3)}
+    assert bank.read_sql("SELECT step, value, n FROM entry_events WHERE kind='credit' AND entry_id=?", [i + 5]) == [(1, 0.5, 4)]
+    bank.delete(i)  # its folded r̄(m) goes with it; its credit events stay
+    assert bank.read_sql("SELECT count(*) FROM entry_credit") == [(0,)]
+    assert len(bank.read_sql("SELECT 1 FROM entry_events WHERE kind='credit' AND entry_id=?", [i])) == 2
     assert bank.read_sql("SELECT step, value, n FROM entry_events WHERE kind='credit' AND entry_id=?", [i]) == [(0, 1.0, 2), (1, -1.0, 1)]
     bank.close()
 

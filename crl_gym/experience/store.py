@@ -44,8 +44,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # What an entry went through, for the explorer (crl_gym/explorer). Added beside the entries with
 # IF NOT EXISTS, so a bank written before them opens as it was and gains them on its next write
-# open. ``entry_credit`` folds the ``credit`` events per entry: r̄(m) over every credited episode
-# (its sum and count), kept as a row so the bank view can sort by it at 100k entries.
+# open. ``entry_credit`` folds the ``credit`` events per entry in the bank: r̄(m) over every credited
+# episode (its sum and count), kept as a row so the bank view can sort by it at 100k entries; a
+# deleted entry's row goes with it (its events keep its credits). ``entries_id`` is a narrow copy of
+# the id order: a page deep in id order walks it instead of the wide rows.
 _EVENTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS entry_events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -69,6 +71,7 @@ CREATE TABLE IF NOT EXISTS entry_credit (
 );
 CREATE INDEX IF NOT EXISTS entry_credit_rbar ON entry_credit(rbar);
 CREATE INDEX IF NOT EXISTS entry_credit_episodes ON entry_credit(episodes);
+CREATE INDEX IF NOT EXISTS entries_id ON entries(id);
 CREATE INDEX IF NOT EXISTS entries_created_step ON entries(created_step);
 CREATE INDEX IF NOT EXISTS entries_retrieval_count ON entries(retrieval_count);
 CREATE INDEX IF NOT EXISTS entries_train_count ON entries(train_count);
@@ -306,7 +309,9 @@ class SQLiteStore:
                 f"INSERT OR REPLACE INTO entries({_COLUMNS}) VALUES ({','.join('?' * 13)})",
                 [_row(e) for e in upserts],
             )
-            c.executemany("DELETE FROM entries WHERE id=?", [(i,) for i in deletes])
+            dels = [(i,) for i in deletes]
+            c.executemany("DELETE FROM entries WHERE id=?", dels)
+            c.executemany("DELETE FROM entry_credit WHERE entry_id=?", dels)
             for k, v in meta.items():
                 self.set_meta(k, v)
             _insert_events(c, events)
@@ -317,14 +322,15 @@ class SQLiteStore:
         return 0 if row is None or row[0] is None else int(row[0])
 
     def record_credits(self, step: int, credits: Iterable[tuple[int, float, int]]) -> int:
-        """One ``credit`` event per ``(entry id, r̄(m) of the step, episodes)`` and the entry's running
-        r̄(m) over all its credited episodes, in one transaction; returns how many."""
+        """One ``credit`` event per ``(entry id, r̄(m) of the step, episodes)`` and, for an entry still in
+        the bank, its running r̄(m) over all its credited episodes, in one transaction; returns how many."""
         rows = [(int(i), float(v), int(n)) for i, v, n in credits]
         with self._transaction() as c:
             _insert_events(c, [EntryEvent(i, step, "credit", value=v, n=n) for i, v, n in rows])
             c.executemany(
                 "INSERT INTO entry_credit(entry_id, reward_sum, episodes, steps, last_step, rbar) "
-                "VALUES (?1, ?2 * ?3, ?3, 1, ?4, ?2) ON CONFLICT(entry_id) DO UPDATE SET "
+                "SELECT ?1, ?2 * ?3, ?3, 1, ?4, ?2 WHERE EXISTS (SELECT 1 FROM entries WHERE id = ?1) "
+                "ON CONFLICT(entry_id) DO UPDATE SET "
                 "reward_sum = reward_sum + excluded.reward_sum, episodes = episodes + excluded.episodes, "
                 "steps = steps + 1, last_step = max(last_step, excluded.last_step), "
                 "rbar = (reward_sum + excluded.reward_sum) / max(1, episodes + excluded.episodes)",

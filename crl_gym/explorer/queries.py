@@ -83,16 +83,21 @@ def entries_page(src: BankSource, pq: PageQuery) -> dict[str, Any]:
     if pq.step_max is not None:
         where.append("e.created_step <= ?")
         params.append(pq.step_max)
+    on_entries = bool(where)  # filters on the entries' own columns
+    credit = _credit_table(src)
     if pq.credited:
-        where.append("c.episodes > 0")
+        where.append(f"EXISTS (SELECT 1 FROM {credit} c WHERE c.entry_id = e.id)")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
-    join = f" LEFT JOIN {_credit_table(src)} c ON c.entry_id = e.id" if (pq.credited or pq.sort in ("rbar", "episodes")) else ""
     direction = "DESC" if pq.order == "desc" else "ASC"
-    total = int(src.query(f"SELECT count(*) FROM entries e{join}{clause}", params)[0][0])
     offset = (pq.page - 1) * pq.per_page
-    ids = [int(r[0]) for r in src.query(
-        f"SELECT e.id FROM entries e{join}{clause} ORDER BY {SORTS[pq.sort]} {direction}, e.id {direction} LIMIT ? OFFSET ?",
-        [*params, pq.per_page, offset])]
+    if pq.sort in ("rbar", "episodes") and not on_entries:
+        total, ids = _credit_order(src, pq, credit, direction, offset)
+    else:
+        join = f" LEFT JOIN {credit} c ON c.entry_id = e.id" if pq.sort in ("rbar", "episodes") else ""
+        total = int(src.query(f"SELECT count(*) FROM entries e{clause}", params)[0][0])
+        ids = [int(r[0]) for r in src.query(
+            f"SELECT e.id FROM entries e{join}{clause} ORDER BY {SORTS[pq.sort]} {direction}, e.id {direction} "
+            f"LIMIT ? OFFSET ?", [*params, pq.per_page, offset])]
     rows = {}
     if ids:
         marks = ",".join("?" * len(ids))
@@ -112,6 +117,39 @@ def entries_page(src: BankSource, pq: PageQuery) -> dict[str, Any]:
     return {"total": total, "page": pq.page, "pages": max(1, -(-total // pq.per_page)), "per_page": pq.per_page,
             "sort": pq.sort, "order": pq.order, "entries": [rows[i] for i in ids if i in rows],
             "has_utility": has_utility}
+
+
+def _credit_order(src: BankSource, pq: PageQuery, credit: str, direction: str, offset: int) -> tuple[int, list[int]]:
+    """A page in r̄(m) / episodes order without a join: the credited entries walk ``entry_credit``'s
+    index, the others (no value: first ascending, last descending, as SQLite orders NULLs) the id
+    index; ``entry_credit`` holds only entries in the bank."""
+    col = "rbar" if pq.sort == "rbar" else "episodes"
+    credited = int(src.query(f"SELECT count(*) FROM {credit}")[0][0])
+    others = 0 if pq.credited else int(src.query("SELECT count(*) FROM entries")[0][0]) - credited
+
+    def part_credited(skip: int, take: int) -> list[int]:
+        return [int(r[0]) for r in src.query(
+            f"SELECT entry_id FROM {credit} ORDER BY {col} {direction}, entry_id {direction} LIMIT ? OFFSET ?",
+            [take, skip])] if take > 0 else []
+
+    def part_others(skip: int, take: int) -> list[int]:
+        return [int(r[0]) for r in src.query(
+            f"SELECT e.id FROM entries e WHERE NOT EXISTS (SELECT 1 FROM {credit} c WHERE c.entry_id = e.id) "
+            f"ORDER BY e.id {direction} LIMIT ? OFFSET ?", [take, skip])] if take > 0 and others > 0 else []
+
+    parts = [(credited, part_credited), (others, part_others)]
+    if direction == "ASC":
+        parts.reverse()
+    ids: list[int] = []
+    skip, take = offset, pq.per_page
+    for size, part in parts:
+        if skip >= size:
+            skip -= size
+            continue
+        got = part(skip, take)
+        ids += got
+        skip, take = 0, take - len(got)
+    return credited + others, ids
 
 
 def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
@@ -148,10 +186,10 @@ def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
         if not any(ev["kind"] == "add" for ev in events):  # written before the event log
             events.insert(0, {"seq": 0, "step": entry["created_step"], "kind": "add", "version": 0, "value": None,
                               "n": None, "detail": {"derived": "created_step"}, "text": texts[0]})
-    credit = src.query(f"SELECT reward_sum, episodes, steps, last_step, rbar FROM {_credit_table(src)} "
-                       f"WHERE entry_id = ?", [entry_id])
-    rbar = ({"rbar": float(credit[0][4]), "episodes": int(credit[0][1]), "steps": int(credit[0][2]),
-             "last_step": int(credit[0][3])} if credit else None)
+    credits = [e for e in events if e["kind"] == "credit" and e["n"]]  # the fold of entry_credit, deleted entries too
+    episodes = sum(int(e["n"]) for e in credits)
+    rbar = ({"rbar": sum(float(e["value"]) * int(e["n"]) for e in credits) / episodes, "episodes": episodes,
+             "steps": len({e["step"] for e in credits}), "last_step": max(e["step"] for e in credits)} if episodes else None)
     return {"entry": entry, "events": [e for e in events if e["kind"] != "credit"],
             "credits": [{"step": e["step"], "rbar": e["value"], "episodes": e["n"]} for e in events if e["kind"] == "credit"],
             "rbar": rbar, "provenance": provenance}
