@@ -10,12 +10,19 @@ cache); it is reported as ``cold_mean_ms`` and the ``rounds`` after it are the w
 (tasks recur every training step, so that is the steady state). Bank embeddings are cached
 on disk (``--cache-dir``) because computing 10,000 of them dominates the run time.
 
+After the model and the bank are loaded, the start-up heap is frozen (``gc.freeze``), as
+``crl-experience serve`` and ``bench/service.py`` do: otherwise a full cyclic collection walks
+torch's ~5·10^5 objects (0.25-1 s on this machine) in whichever warm round it falls, and that one
+pause is the p99. ``--no-gc-freeze`` measures without it; each level reports the collections that
+ran during its warm rounds (``gc_full``: count and longest pause of generation-2 collections).
+
     python bench/retrieval.py --json      # last line: one JSON object
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -116,6 +123,8 @@ def main() -> None:
     ap.add_argument("--embedder", default=None, help="default: bundled all-MiniLM-L6-v2")
     ap.add_argument("--cache-dir", type=Path,
                     default=Path.home() / ".cache" / "complementary-rl" / "bench")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave the start-up heap to the cyclic collector (see the module docstring)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="ManagerConfig override, e.g. --set adaptive_batching=False")
     args = ap.parse_args()
@@ -127,18 +136,34 @@ def main() -> None:
         k, _, v = kv.partition("=")
         overrides[k] = json.loads(v.lower() if v in ("True", "False") else v)
     cfg = ManagerConfig(**overrides)
+    if not args.no_gc_freeze:
+        gc.collect()
+        gc.freeze()
     result: dict[str, Any] = {"entries": len(bank), "k_group": K, "embedder": repr(emb),
-                              "config": overrides, "cpus": os.cpu_count(), "levels": {}}
+                              "config": overrides, "cpus": os.cpu_count(), "gc_freeze": not args.no_gc_freeze,
+                              "load_average_start": round(os.getloadavg()[0], 2), "levels": {}}
+    pauses: list[float] = []
+    started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                pauses.append(time.perf_counter() - started[0])
     for n in args.concurrency:
         queries = [t for t in task_texts(n // K) for _ in range(K)]
         mgr = ExperienceManager(bank, emb, cfg)
         cold, wall = run_round(n, mgr.search, queries)
         lat, walls = [], []
         before = mgr.stats()
+        pauses.clear()
+        gc.callbacks.append(on_gc)
         for _ in range(args.rounds):
             lt, wall = run_round(n, mgr.search, queries)
             lat += lt
             walls.append(wall)
+        gc.callbacks.remove(on_gc)
         st = mgr.stats()
         mgr.close()
         looked = (st["cache_hits"] + st["cache_misses"]) - (before["cache_hits"] + before["cache_misses"])
@@ -149,6 +174,8 @@ def main() -> None:
         row["mean_batch"] = round((st["requests"] - before["requests"])
                                   / max(1, st["batches"] - before["batches"]), 1)
         row["cold_mean_ms"] = round(statistics.fmean(cold) * 1000, 2)
+        row["round_p99_ms"] = [summary(lat[i * n:(i + 1) * n], [1.0])["p99_ms"] for i in range(args.rounds)]
+        row["gc_full"] = {"count": len(pauses), "max_ms": round(max(pauses, default=0.0) * 1000, 1)}
 
         def naive(q: str) -> None:
             bank.search(emb.encode([q]), 1)
@@ -165,6 +192,7 @@ def main() -> None:
         result["levels"][str(n)] = row
         print(f"{n:5d} searchers: {row}", file=sys.stderr)
     result["runtime_s"] = round(time.perf_counter() - t_start, 1)
+    result["load_average_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 
