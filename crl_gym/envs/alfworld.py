@@ -22,9 +22,13 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crl_gym.envs.textworld_env import TextWorldEnv
+
+if TYPE_CHECKING:
+    import textworld
+    from textworld.core import Environment, GameState
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +160,14 @@ class ALFWorldEnv(TextWorldEnv):
             expert_plan=expert_plan, cache_size=cache_size,
         )
 
-    def _request_infos(self) -> Any:
+    def _request_infos(self) -> textworld.EnvInfos:
         import textworld
 
         return textworld.EnvInfos(
             won=True, admissible_commands=True, extras=["gamefile"], policy_commands=self.expert_plan
         )
 
-    def _load(self, path: Path) -> Any:
+    def _load(self, path: Path) -> Environment:
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv
 
@@ -172,7 +176,7 @@ class ALFWorldEnv(TextWorldEnv):
         env.load(str(path))
         return env
 
-    def _task_of(self, state: Any, first_obs: str) -> str:
+    def _task_of(self, state: GameState, first_obs: str) -> str:
         marker = "Your task is to:"
         if marker in first_obs:
             return first_obs.split(marker, 1)[1].strip()

@@ -20,10 +20,14 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
 from crl_gym.envs.registry import TEXTWORLD_USAGE, MissingEnvArgumentError
+
+if TYPE_CHECKING:
+    import textworld
+    from textworld.core import Environment, GameState
 
 GAME_SUFFIXES: tuple[str, ...] = (".z8", ".ulx", ".json", ".tw-pddl")
 RewardMode = Literal["success", "score"]
@@ -107,7 +111,7 @@ class TextWorldEnv(TextEnv):
         self._view = ""
 
     # -- hooks for subclasses -------------------------------------------------------------
-    def _request_infos(self) -> Any:
+    def _request_infos(self) -> textworld.EnvInfos:
         import textworld
 
         return textworld.EnvInfos(
@@ -115,7 +119,7 @@ class TextWorldEnv(TextEnv):
             objective=True, policy_commands=self.expert_plan,
         )
 
-    def _load(self, path: Path) -> Any:
+    def _load(self, path: Path) -> Environment:
         """Return a textworld ``Environment`` with ``path`` loaded."""
         import textworld
 
@@ -125,7 +129,7 @@ class TextWorldEnv(TextEnv):
             warnings.filterwarnings("ignore", message=".*is not fully supported.*")
             return textworld.start(str(path), request_infos=self._request_infos())
 
-    def _task_of(self, state: Any, first_obs: str) -> str:
+    def _task_of(self, state: GameState, first_obs: str) -> str:
         return clean_feedback(str(state.get("objective") or "")) or first_obs
 
     def _terminal_reward(self, won: bool, ended: bool) -> float:
@@ -133,7 +137,7 @@ class TextWorldEnv(TextEnv):
         return 0.0
 
     # -- gym API -------------------------------------------------------------------------
-    def _get_game(self, path: Path) -> Any:
+    def _get_game(self, path: Path) -> Environment:
         if path in self._games:
             self._games.move_to_end(path)
             return self._games[path]

@@ -37,7 +37,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -98,7 +98,7 @@ def same_embedder(a: str, b: str) -> bool:
     return a == b or a.rstrip("/").rsplit("/", 1)[-1] == b.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _entry_text(text: Any, what: str) -> str:
+def _entry_text(text: object, what: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{what}: text must be a non-empty string, got {text!r:.80}")
     return text
@@ -478,7 +478,8 @@ class ExperienceBank:
         return iter(snapshot)
 
     # -- statistics (not part of atomic batches; persisted immediately) -----------------------
-    def _bump(self, sql: str, ids: Iterable[int], fn: Any, persist: bool = True) -> int:
+    def _bump(self, sql: str, ids: Iterable[int], fn: Callable[[ExperienceEntry], tuple[Any, ...]],
+              persist: bool = True) -> int:
         # The read lock keeps writers out: an update copies the counters of the entry it
         # replaces, so a concurrent increment on the old object would be lost.
         with self.lock.read(), self._db_lock:

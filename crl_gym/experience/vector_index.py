@@ -31,9 +31,12 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from usearch.index import Index
 
 INDEX_FILE, INDEX_META_FILE = "index.usearch", "index.json"
 SAMPLE_SIZE = 16
@@ -133,7 +136,7 @@ class VectorIndex:
         ipath, mpath = directory / INDEX_FILE, directory / INDEX_META_FILE
         if not ipath.exists():
             return cls.build(dim, vectors), (f"{ipath} is missing" if vectors else None)
-        restored: Any = None
+        restored: Index | None = None
         try:
             reason = cls._mismatch(ipath, mpath, dim, vectors, generation)
             if reason is None:
@@ -166,7 +169,7 @@ class VectorIndex:
         return None
 
     @staticmethod
-    def _content_mismatch(restored: Any, ipath: Path, dim: int, vectors: Mapping[int, np.ndarray]) -> str | None:
+    def _content_mismatch(restored: Index | None, ipath: Path, dim: int, vectors: Mapping[int, np.ndarray]) -> str | None:
         """Why a loaded index does not mirror ``vectors`` (size, dim, a sample of keys and vectors)."""
         # the keys an index of these rows has: the smallest id of each distinct vector
         first: dict[bytes, int] = {}

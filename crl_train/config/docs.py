@@ -109,7 +109,7 @@ def field_docs(cls: type) -> dict[str, str]:
 # ----------------------------------------------------------------------------- types
 
 
-def type_name(tp: Any) -> str:
+def type_name(tp: object) -> str:
     """An annotation in words (the vocabulary of the config errors).
 
     >>> type_name(tuple[str, ...]), type_name(int | None), type_name(Literal["a", "b"])
@@ -134,7 +134,7 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _section_class(tp: Any) -> type | None:
+def _section_class(tp: object) -> type | None:
     """The dataclass inside annotation ``tp`` (``X`` or ``X | None``), else None."""
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return tp
@@ -157,7 +157,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _default_instance(cls: type) -> Any:
+def _default_instance(cls: type) -> object:
     try:
         return cls()
     except Exception as exc:  # noqa: BLE001 - a class without full defaults: fall back per field
@@ -183,7 +183,7 @@ def config_reference(cls: type = TrainConfig) -> list[ConfigKey]:
     return out
 
 
-def _walk(cls: type, default: Any, prefix: str, out: list[ConfigKey]) -> None:
+def _walk(cls: type, default: object, prefix: str, out: list[ConfigKey]) -> None:
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -205,7 +205,7 @@ def undocumented_keys(cls: type = TrainConfig) -> list[str]:
 # ----------------------------------------------------------------------------- YAML with comments
 
 
-def _flow(value: Any) -> str:
+def _flow(value: object) -> str:
     """``value`` as one line of flow YAML (``[a, b]``, ``{k: 1}``, ``null``, ``'quoted: text'``)."""
     text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10**6)
     lines = text.splitlines()

@@ -19,9 +19,12 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import yaml
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class _NotFinite(ConfigError):
     """A float value that is NaN or infinite (kept through a union: ``float | None`` names it)."""
 
 
-def _type_name(tp: Any) -> str:
+def _type_name(tp: object) -> str:
     if tp is type(None):
         return "null"
     origin = typing.get_origin(tp)
@@ -112,7 +115,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
-def _finite(number: float, value: Any, key: str) -> float:
+def _finite(number: float, value: object, key: str) -> float:
     """A float field's value, refused when NaN or ±inf (YAML's ``.nan``/``.inf``, or ``1e999``): a
     NaN learning rate or clip range trains nothing and says nothing, so it never enters a config."""
     if not math.isfinite(number):
@@ -173,7 +176,7 @@ def _move_renamed(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict[st
     return out, used
 
 
-def renamed_attribute(obj: Any, name: str) -> Any:
+def renamed_attribute(obj: object, name: str) -> Any:
     """An old attribute name of a config (``cfg.algo.edge_lambda``) read through its section
     (``cfg.algo.edge.kl_weight``); ``AttributeError`` for any other missing name."""
     path = _renamed(type(obj)).get(name)
@@ -213,7 +216,7 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'config'}: {exc}") from None
 
 
-def _choices(tp: Any) -> tuple[Any, ...] | None:
+def _choices(tp: object) -> tuple[Any, ...] | None:
     """The values a ``Literal`` annotation (or ``Literal | None``) allows; None for any other type."""
     if typing.get_origin(tp) is Literal:
         return typing.get_args(tp)
@@ -224,7 +227,7 @@ def _choices(tp: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def check_choices(obj: Any, prefix: str = "") -> None:
+def check_choices(obj: DataclassInstance, prefix: str = "") -> None:
     """Every ``Literal`` field of dataclass ``obj`` holds one of its values: the one check of every
     choice, read from the type hints (a ``__post_init__`` calls it), so a choice is stated once, in
     its annotation. A bad value raises :class:`ConfigError` naming the field and the accepted values.
@@ -249,7 +252,7 @@ def check_choices(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"{key}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
 
 
-def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(data: dict[str, Any], dotted: str, value: object) -> None:
     parts = dotted.split(".")
     node = data
     for p in parts[:-1]:

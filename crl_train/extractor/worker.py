@@ -265,7 +265,7 @@ class ExtractorWorker:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def _recv(self, op: str, timeout: float | None) -> Any:
+    def _recv(self, op: str, timeout: float | None) -> object:
         waited = 0.0
         while not self._conn.poll(self.poll_s):
             waited += self.poll_s

@@ -41,7 +41,7 @@ from .base import (
     TrainBatch,
 )
 from .chat import ChatFormatter
-from .checkpoint import MODEL_DIR, load_weights, read_state, resolve_dtype, write_checkpoint
+from .checkpoint import MODEL_DIR, Pretrained, load_weights, read_state, resolve_dtype, write_checkpoint
 from .generate import RowConstraint, RowKV, generate_batch
 from .grammar import GrammarEngine, JsonGrammar
 from .lora import (
@@ -508,7 +508,7 @@ class HFPolicy:
         }
         # with LoRA: model/ holds the frozen base (HF layout) and adapter/ the adapters; the view has
         # the one method the writer calls (save_pretrained), not a model's type
-        saved: Any = CheckpointView(self.model) if is_lora(self.model) else self.model
+        saved: Pretrained = CheckpointView(self.model) if is_lora(self.model) else self.model
         write_checkpoint(directory, saved, self.tokenizer, state)
 
     def load(self, directory: str | Path) -> None:

@@ -29,9 +29,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ADAPTER_DIR = "adapter"
 """A LoRA checkpoint's adapter directory (beside ``model/``, which holds the base)."""
@@ -85,7 +88,7 @@ def _peft() -> Any:
     return peft
 
 
-def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
+def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
     from peft.tuners.lora import LoraLayer
 
     for name, module in model.named_modules():
@@ -114,12 +117,12 @@ def apply_lora(model: Any, spec: LoraSpec) -> Any:
     return model
 
 
-def is_lora(model: Any) -> bool:
+def is_lora(model: torch.nn.Module) -> bool:
     """True when ``apply_lora`` put adapters into ``model``."""
     return lora_spec(model) is not None
 
 
-def lora_spec(model: Any) -> LoraSpec | None:
+def lora_spec(model: torch.nn.Module) -> LoraSpec | None:
     """The spec ``apply_lora`` gave ``model`` (None when it has no adapters)."""
     spec = getattr(model, "_crl_lora", None)
     return spec if isinstance(spec, LoraSpec) else None
@@ -129,12 +132,12 @@ def _base_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The base model's tensors under its own names (adapters left out)."""
     return {_base_name(k): v for k, v in model.state_dict().items() if "lora_" not in k}
 
 
-def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Only the adapters' tensors (peft's names, adapter name removed)."""
     from peft import get_peft_model_state_dict
 
@@ -142,7 +145,7 @@ def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Base + adapter deltas under the base's names, computed without touching the model."""
     out = base_state_dict(model)
     for name, layer in _lora_layers(model):
@@ -153,12 +156,12 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def named_weights(model: Any) -> list[tuple[str, torch.Tensor]]:
+def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """What a generator serving ``model`` loads: its merged weights when it has adapters, else its state dict."""
     return list((merged_state_dict(model) if is_lora(model) else model.state_dict()).items())
 
 
-def save_adapter(model: Any, directory: str | Path) -> None:
+def save_adapter(model: torch.nn.Module, directory: str | Path) -> None:
     """Write the adapters (safetensors) and their spec (JSON) into ``directory``."""
     from safetensors.torch import save_file
 
@@ -179,7 +182,7 @@ def read_adapter_spec(directory: str | Path) -> LoraSpec:
         raise ValueError(f"{path}: not a LoRA spec ({type(exc).__name__}: {exc})") from exc
 
 
-def load_adapter(model: Any, directory: str | Path, device: str | torch.device = "cpu") -> None:
+def load_adapter(model: torch.nn.Module, directory: str | Path, device: str | torch.device = "cpu") -> None:
     """Load ``save_adapter``'s tensors into ``model`` (which has the same spec applied), strictly."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -202,7 +205,7 @@ class CheckpointView:
     and the adapters in the sibling ``adapter/``, both inside the writer's temporary directory, so
     the checkpoint stays atomic."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
 
     def save_pretrained(self, directory: str | Path) -> None:
@@ -216,7 +219,7 @@ def checkpoint_adapter_spec(directory: str | Path) -> LoraSpec | None:
     return read_adapter_spec(d) if d.is_dir() else None
 
 
-def load_checkpoint_weights(model: Any, directory: str | Path, device: str | torch.device) -> None:
+def load_checkpoint_weights(model: torch.nn.Module, directory: str | Path, device: str | torch.device) -> None:
     """Load a LoRA checkpoint (``model/`` base, ``adapter/``) into an adapted ``model``, strictly:
     a base tensor the model lacks, or a base parameter the files lack (tied ``lm_head`` excepted), is an error."""
     from safetensors.torch import load_file

@@ -37,6 +37,8 @@ from crl_train.policy.chat import parse_action
 from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
 
 if TYPE_CHECKING:
+    import gymnasium as gym
+
     from crl_gym.clients import ExperienceClient
 
 log = logging.getLogger(__name__)
@@ -280,7 +282,7 @@ class RolloutRunner:
                     self.submit_failures += 1
                     log.warning("submit of a cut episode failed: %s", exc)
 
-    def _reset(self, ep: Episode, env: Any, options: dict[str, Any] | None) -> None:
+    def _reset(self, ep: Episode, env: gym.Env, options: dict[str, Any] | None) -> None:
         try:
             obs, info = env.reset(seed=ep.seed, options=options)
         except Exception as exc:  # noqa: BLE001 - see module docstring

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from crl_train.rollout.runner import RolloutRunner
 from crl_train.run.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.service import ExperienceService, ServiceOptions, start_service
 from crl_train.service.build import make_raw_env, tokenizer_texts
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +137,7 @@ def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], 
     if not method.guided:
         return raw_env
 
-    def make_env(env_id: str) -> Any:
+    def make_env(env_id: str) -> gym.Env:
         from crl_gym.wrappers.experience import ExperienceWrapper
         from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
 

@@ -43,6 +43,8 @@ from crl_train.service.checkpoint import commit_checkpoint as commit_checkpoint
 from crl_train.service.service import row_columns
 
 if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
     from crl_train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -259,7 +261,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, purge_step: int | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
-        self.tb: Any = None
+        self.tb: SummaryWriter | None = None
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -358,7 +360,7 @@ def save_run_config(cfg: TrainConfig, run_dir: Path, resume_step: int | None) ->
     atomic_write_text(path, text)
 
 
-def _diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+def _diff(a: object, b: object, prefix: str = "") -> list[tuple[str, Any, Any]]:
     if isinstance(a, dict) and isinstance(b, dict):
         out: list[tuple[str, Any, Any]] = []
         for k in list(a) + [k for k in b if k not in a]:

@@ -11,7 +11,10 @@ import logging
 import os
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ class DockerUnavailableError(RuntimeError):
     """No Docker engine answers; the message says how to start one."""
 
 
-def docker_client(timeout: int = 120) -> Any:
+def docker_client(timeout: int = 120) -> DockerClient:
     """A ``docker.DockerClient`` that answered a ping, or :class:`DockerUnavailableError`."""
     import docker
 
@@ -60,7 +63,7 @@ def _owner_alive(owner: str) -> bool:
     return True
 
 
-def reap(client: Any, *, everything: bool = False) -> int:
+def reap(client: DockerClient, *, everything: bool = False) -> int:
     """Remove sandbox containers whose owner process is gone (all of them with ``everything``).
 
     Their tmpfs volumes go with them; a labelled volume left without a container (its owner died
@@ -86,7 +89,7 @@ def reap(client: Any, *, everything: bool = False) -> int:
     return removed
 
 
-def reap_once(client: Any) -> None:
+def reap_once(client: DockerClient) -> None:
     """:func:`reap` once per process (the first sandbox start pays for it)."""
     global _REAPED
     with _REAP_LOCK:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swebench.harness.constants import (
     END_TEST_OUTPUT,
@@ -34,6 +34,9 @@ from swebench.harness.utils import make_test_spec
 from swebench.types import TestSpec
 
 from crl_gym.envs.swebench.sandbox import DockerSandbox, SandboxConfig
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 PATCH_FILE = "/tmp/patch.diff"
 HEREDOC = "EOF_114329324912"  # swebench's own heredoc delimiter for test patches
@@ -153,7 +156,7 @@ def grading_config(config: SandboxConfig | None, timeout: float) -> SandboxConfi
                             "max_command_timeout": timeout})
 
 
-def grade_patch(instance: dict[str, Any], patch: str, image: str, *, client: Any,
+def grade_patch(instance: dict[str, Any], patch: str, image: str, *, client: DockerClient,
                 config: SandboxConfig | None = None, timeout: float = 900.0,
                 sandbox: DockerSandbox | None = None) -> GradeResult:
     """Apply ``patch`` and the test patch in a FRESH container and grade with swebench.

@@ -21,7 +21,10 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 # Keep in step with .ci/docker.sh (tests/test_swebench_sandbox.py checks they agree).
 BASE_IMAGE = os.environ.get("CRL_SWE_BASE_IMAGE", "crl/swe-base:bookworm-v1")
@@ -47,7 +50,7 @@ class ImageChoice:
     chown_workdir: bool = False
 
 
-def image_exists(client: Any, name: str) -> bool:
+def image_exists(client: DockerClient, name: str) -> bool:
     import docker
 
     try:
@@ -57,7 +60,7 @@ def image_exists(client: Any, name: str) -> bool:
         return False
 
 
-def ensure_base_image(client: Any, name: str = BASE_IMAGE) -> str:
+def ensure_base_image(client: DockerClient, name: str = BASE_IMAGE) -> str:
     """The base image's name, or :class:`ImageError` saying how to build it."""
     if not image_exists(client, name):
         raise ImageError(
@@ -130,7 +133,7 @@ def _lock_for(tag: str) -> threading.Lock:
         return _BUILD_LOCKS.setdefault(tag, threading.Lock())
 
 
-def build_instance_image(client: Any, instance: dict[str, Any], source: str | Path, base: str = BASE_IMAGE) -> str:
+def build_instance_image(client: DockerClient, instance: dict[str, Any], source: str | Path, base: str = BASE_IMAGE) -> str:
     """Build (or reuse) ``crl/swe-instance:<hash>``: the base image plus the repository."""
     from crl_gym.envs.swebench.sandbox import DockerSandbox, SandboxConfig
 
@@ -159,7 +162,7 @@ def build_instance_image(client: Any, instance: dict[str, Any], source: str | Pa
     return tag
 
 
-def instance_image(client: Any, instance: dict[str, Any]) -> ImageChoice:
+def instance_image(client: DockerClient, instance: dict[str, Any]) -> ImageChoice:
     """The image an instance's episode and grading containers start from (see module doc)."""
     for name in sweb_image_candidates(instance):
         if image_exists(client, name):
@@ -173,7 +176,7 @@ def instance_image(client: Any, instance: dict[str, Any]) -> ImageChoice:
     return ImageChoice(build_instance_image(client, instance, source), "built")
 
 
-def remove_instance_images(client: Any) -> int:
+def remove_instance_images(client: DockerClient) -> int:
     """Remove every image built by :func:`build_instance_image`; returns how many."""
     removed = 0
     for image in client.images.list(filters={"label": f"{IMAGE_LABEL}=1"}):

@@ -18,9 +18,12 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from crl_gym.envs.swebench.sandbox import DockerSandbox, SandboxConfig
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class SandboxPool:
     step, so that no boot competes with the episodes' tool calls.
     """
 
-    def __init__(self, client: Any, spares: int = 1, *, refill: bool = True) -> None:
+    def __init__(self, client: DockerClient, spares: int = 1, *, refill: bool = True) -> None:
         if spares < 0:
             raise ValueError(f"SandboxPool spares must be >= 0, got {spares}")
         self.client = client

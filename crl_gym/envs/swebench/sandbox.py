@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 # The engine helpers and ContainerFS are re-exported: callers import them from here.
 from crl_gym.envs.swebench.container_fs import STAGE_DIR, ContainerFS
@@ -56,6 +56,9 @@ from crl_gym.envs.swebench.docker_engine import (
 from crl_gym.envs.swebench.shell import _PYTHON, PersistentShell, ShellDiedError
 from crl_gym.envs.swebench.tools import truncate_output
 from crl_gym.envs.swebench.worktree import image_tree
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +229,7 @@ def _tmpfs_volume(target: str, size: str, labels: dict[str, str], owner: tuple[i
                  driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": opts}))
 
 
-def _remove_quietly(container: Any) -> None:
+def _remove_quietly(container: Container) -> None:
     """Remove a container; one already gone (or left to the reaper) is no error."""
     try:
         container.remove(force=True)

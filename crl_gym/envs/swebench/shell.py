@@ -22,7 +22,10 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ class ShellDiedError(RuntimeError):
 class PersistentShell:
     """One server process inside one container, and the socket to it."""
 
-    def __init__(self, client: Any, container_id: str, uid: int, gid: int, stage_dir: str) -> None:
+    def __init__(self, client: DockerClient, container_id: str, uid: int, gid: int, stage_dir: str) -> None:
         self.client = client
         self.container_id = container_id
         self.uid, self.gid, self.stage_dir = uid, gid, stage_dir

@@ -15,9 +15,12 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crl_gym.envs.swebench.tools import format_tool_call
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 OPS = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n"
 OLD_TESTS = "from calc.ops import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
@@ -94,7 +97,7 @@ def wrong_agent(messages: list[dict[str, str]]) -> str:
     ])
 
 
-def require_docker() -> Any:
+def require_docker() -> DockerClient:
     """A Docker client with the base image, or skip (locally) / fail (``CI`` set) with the reason."""
     import pytest
 

@@ -16,7 +16,10 @@ import tarfile
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 CACHE_MAX_BYTES = 64 * 1024 * 1024
 """Largest tree kept in memory (per image); the demo repository is a few hundred KiB."""
@@ -43,7 +46,7 @@ def first_member(chunks: Iterator[bytes]) -> tuple[tarfile.TarInfo | None, Itera
     return info, itertools.chain([head], chunks)
 
 
-def _read(client: Any, image: str, workdir: str, labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
+def _read(client: DockerClient, image: str, workdir: str, labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
     """Stream the tree through a created container; ``(container, tree's own entry, stream)``."""
     import docker
 
@@ -57,7 +60,7 @@ def _read(client: Any, image: str, workdir: str, labels: dict[str, str]) -> tupl
     return source, info, tree
 
 
-def image_tree(client: Any, image: str, workdir: str,
+def image_tree(client: DockerClient, image: str, workdir: str,
                labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
     """``(container to remove or None, the tree's own entry, the tar stream or None)`` for ``image``.
 
