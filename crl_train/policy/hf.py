@@ -41,7 +41,14 @@ from .base import (
     TrainBatch,
 )
 from .chat import ChatFormatter
-from .checkpoint import MODEL_DIR, Pretrained, load_weights, read_state, resolve_dtype, write_checkpoint
+from .checkpoint import (
+    MODEL_DIR,
+    Pretrained,
+    load_weights,
+    read_state,
+    resolve_dtype,
+    write_checkpoint,
+)
 from .generate import RowConstraint, RowKV, generate_batch
 from .grammar import GrammarEngine, JsonGrammar
 from .lora import (
