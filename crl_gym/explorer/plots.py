@@ -11,7 +11,7 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 
-WIDTH, HEIGHT = 560, 220
+WIDTH, HEIGHT = 660, 220
 PAD_L, PAD_R, PAD_T, PAD_B = 52, 12, 28, 30
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 
@@ -81,7 +81,7 @@ def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[fl
                 ET.SubElement(svg, "circle", cx=cx, cy=cy, r="2.5", fill=colour)
             elif pts:
                 ET.SubElement(svg, "polyline", points=" ".join(pts), fill="none", stroke=colour, attrib={"stroke-width": "2"})
-        lx = PAD_L + 200 + n * 110
+        lx = WIDTH - PAD_R - 110 * (len(series) - n)  # legends right-aligned, clear of the title
         ET.SubElement(svg, "rect", x=str(lx), y="9", width="10", height="10", fill=colour)
         ET.SubElement(svg, "text", x=str(lx + 14), y="18", attrib=label).text = name
     return ET.tostring(svg, encoding="unicode")
