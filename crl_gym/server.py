@@ -44,6 +44,7 @@ from pydantic import BaseModel, BeforeValidator, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crl_gym.clients import as_service
+from crl_gym.experience.isolation import run_isolated
 from crl_gym.experience.service import RetrievalService, StepOrderError
 from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
@@ -224,21 +225,10 @@ class SearchCoalescer:
             job = self._pool.submit(self._search_batch, [q for q, _ in batch])
             job.add_done_callback(partial(self._wake, loop, batch))
 
-    def _search_batch(self, queries: list[str]) -> list[ExperienceRef | None | Exception]:
-        """One ``search_many`` for the batch; if it fails, each query alone, so that one bad
-        query fails only its own caller and the others still get their answers."""
-        try:
-            return list(self.service.search_many(queries))
-        except Exception as exc:  # noqa: BLE001 - narrowed down per query below
-            if len(queries) == 1:
-                return [exc]
-        out: list[ExperienceRef | None | Exception] = []
-        for q in queries:
-            try:
-                out.append(self.service.search_many([q])[0])
-            except Exception as exc:  # noqa: BLE001 - handed to that query's caller
-                out.append(exc)
-        return out
+    def _search_batch(self, queries: list[str]) -> list[ExperienceRef | None | BaseException]:
+        """One ``search_many`` for the batch, each query alone if it fails (:func:`run_isolated`),
+        so that one bad query fails only its own caller."""
+        return run_isolated(self.service.search_many, queries)
 
     def _wake(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
         loop.call_soon_threadsafe(self._done, loop, batch, job)  # runs in the search thread
@@ -252,7 +242,7 @@ class SearchCoalescer:
                 continue
             if exc is not None:
                 fut.set_exception(exc)
-            elif isinstance(ref, Exception):
+            elif isinstance(ref, BaseException):
                 fut.set_exception(ref)
             else:
                 fut.set_result(ref)

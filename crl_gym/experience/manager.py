@@ -40,6 +40,7 @@ from crl_gym.experience.distill_queue import DistillQueue
 from crl_gym.experience.diversify import rerank
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
+from crl_gym.experience.isolation import run_isolated
 from crl_gym.protocol import (
     AddOp,
     DeleteOp,
@@ -201,24 +202,18 @@ class ExperienceManager:
                 self.bank.flush_stats()
 
     def _retrieve_isolated(self, batch: list[_Request]) -> None:
-        """``_retrieve`` the batch; if it fails, each request alone, so one bad query (one the
-        embedder chokes on, say) fails only its own caller and the others get their answers."""
-        try:
-            self._retrieve(batch)
-            return
-        except BaseException as exc:  # noqa: BLE001 - never leave a caller hanging
-            if len(batch) == 1:
-                log.exception("search failed")
+        """``_retrieve`` the batch, each request alone if it fails (:func:`run_isolated`), so one
+        bad query (one the embedder chokes on, say) fails only its own caller."""
+        def run(reqs: list[_Request]) -> list[list[ExperienceEntry]]:
+            self._retrieve(reqs)
+            return [r.result for r in reqs]
+
+        # BaseException: whatever happens, every caller gets an answer or an error, never a hang
+        for r, out in zip(batch, run_isolated(run, batch, catch=BaseException), strict=True):
+            if isinstance(out, BaseException):
+                log.error("search of %.60r failed", r.query, exc_info=out)
                 self._counters["errors"] += 1
-                batch[0].error = exc
-                return
-        for r in batch:
-            try:
-                self._retrieve([r])
-            except BaseException as exc:  # noqa: BLE001 - handed to that caller
-                log.exception("search of %.60r failed", r.query)
-                self._counters["errors"] += 1
-                r.error = exc
+                r.error = out
 
     def _embed(self, texts: Sequence[str]) -> tuple[dict[str, np.ndarray], int]:
         """Vectors of the distinct ``texts`` via the LRU cache; returns (vectors, cache hits)."""
