@@ -126,13 +126,13 @@ def row_columns() -> dict[str, str]:
     return out
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
+def _object(value: object, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
 
 
-def _items(value: Any, what: str) -> list[Any]:
+def _items(value: object, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise ValueError(f"{what} must be a list, got {type(value).__name__}")
     return value
@@ -172,7 +172,7 @@ def _check_track_state(d: dict[str, Any], what: str) -> None:
                 raise ValueError(f"{at}[{j}] refers to allowed set {ref}, but the state holds {len(sets)} sets")
 
 
-def check_service_state(d: Any, what: str = "service") -> None:
+def check_service_state(d: object, what: str = "service") -> None:
     """Refuse a malformed :meth:`ExperienceService.state` before any of it is applied: ``ValueError``
     naming the key (``service.track.buffer[3].reward must be a finite number, got nan``).
 
