@@ -54,7 +54,7 @@ import json
 import logging
 from collections import deque
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 import gymnasium as gym
 
@@ -70,6 +70,9 @@ from crl_gym.wrappers.text_actions import (
     to_text,
     unshare,
 )
+
+if TYPE_CHECKING:
+    from crl_gym.clients import ExperienceClient
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ def _malformed(exc: BaseException) -> bool:
     return isinstance(exc, MALFORMED_ERRORS) and not isinstance(exc, PermissionError)
 
 
-def require_gym_env(env: Any, wrapper: str) -> None:
+def require_gym_env(env: object, wrapper: str) -> None:
     """Refuse anything but a ``gymnasium.Env`` with a ``TypeError`` that names the adapter to use
     (gymnasium's own check is an ``assert`` that names none, and vanishes under ``python -O``)."""
     if isinstance(env, gym.Env):
@@ -148,7 +151,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def __init__(
         self,
         env: gym.Env,
-        client: Any,
+        client: ExperienceClient | Shared[ExperienceClient],
         template: str = DEFAULT_TEMPLATE,
         task_key: str = "task",
         default_condition: str = "free",
@@ -260,7 +263,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return condition, prefetched, has_prefetched, rollout_step, env_options
 
     # ------------------------------------------------------------------- step
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+    def step(self, action: object) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = out = self.env.step(action)
         records = self._records
         if records is not None:  # None: no episode open (step after the end without reset)
@@ -380,7 +383,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         logger.warning("experience: %s (episode continues)", message)
 
 
-def _task_text(value: Any) -> str:
+def _task_text(value: object) -> str:
     """The task (``info[task_key]`` or the first observation) as text, ``str()`` when it has no
     text form (a first observation without one also refuses the request at episode end)."""
     try:
@@ -397,8 +400,8 @@ def _request_meta(options: dict[str, Any] | None) -> dict[str, Any] | None:
     return dict(meta) if meta else None
 
 
-def _rollout_step(value: Any) -> int:
+def _rollout_step(value: object) -> int:
     """``options["rollout_step"]`` as an ``int`` (numpy integers too); bad values are named."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise TypeError(f'options["rollout_step"] must be an int or None, got {type(value).__name__}')
     return int(value.__index__())
