@@ -312,7 +312,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         """Submit ``request`` after any older unsent ones, in order.
 
         On failure the request is kept: appended to ``spill_path`` when one is set (a durable
-        file to import later, e.g. the bank's ``pending_requests.jsonl``), else queued in
+        file to import later, e.g. a training run's ``unsent_requests.jsonl``), else queued in
         memory and retried at the next episode end or by :meth:`retry_unsent`.
         """
         if self.unsent and self.retry_unsent() > 0:

@@ -23,6 +23,7 @@ from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
 from crl_train.rollout.runner import RolloutRunner
 from crl_train.run.affinity import CpuSplit, available_cpus, pin_process, split_cpus
+from crl_train.run.unsent import unsent_path
 from crl_train.service import ExperienceService, ServiceOptions, start_service
 from crl_train.service.build import make_raw_env, tokenizer_texts
 
@@ -82,7 +83,9 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
               env_factory: Callable[[str], Any] | None = None, generator_factory: GeneratorFactory | None = None,
               bank_dir: Path | None = None) -> Run:
     """Everything a run needs. ``env_factory(env_id)`` replaces ``crl_gym.envs.make`` (tests, custom envs);
-    ``generator_factory`` replaces the vLLM generator for the actor; ``bank_dir`` replaces ``run_dir/bank``."""
+    ``generator_factory`` replaces the vLLM generator for the actor; ``bank_dir`` replaces ``run_dir/bank``
+    (a read-only evaluation's copy: its wrappers then spill nowhere in ``run_dir``, they keep what their
+    client refuses in memory)."""
     raw_env = env_factory or (lambda env_id: make_raw_env(cfg, env_id))
     options = method.service_options()
     torch.manual_seed(cfg.seed)
@@ -122,7 +125,8 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
         raise
     actor, before = built[0], pinned[0]
     client = LocalClient(service)
-    runner = RolloutRunner(actor, _env_maker(cfg, method, raw_env, client, bank_dir or run_dir / "bank"),
+    unsent = unsent_path(run_dir) if bank_dir is None else None
+    runner = RolloutRunner(actor, _env_maker(cfg, method, raw_env, client, unsent),
                            client=client if method.guided else None, group_size=cfg.env.group_size,
                            max_turns=cfg.env.max_turns, max_new_tokens=cfg.actor.max_new_tokens,
                            max_context_tokens=cfg.actor.max_context_tokens, constrained=cfg.actor.constrained,
@@ -132,8 +136,9 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
 
 
 def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], client: LocalClient,
-               bank_dir: Path) -> Callable[[str], Any]:
-    """Envs as the method sees them: guided methods get the experience wrappers around each."""
+               unsent: Path | None) -> Callable[[str], Any]:
+    """Envs as the method sees them: guided methods get the experience wrappers around each, which
+    spill what their client refuses to ``unsent`` (client side: not the bank directory)."""
     if not method.guided:
         return raw_env
 
@@ -144,6 +149,6 @@ def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], 
         env = raw_env(env_id)
         if cfg.experience.search_and_ask:
             env = SearchAndAskWrapper(env, client, max_calls=cfg.experience.max_search_calls)
-        return ExperienceWrapper(env, client, env_id=env_id, spill_path=bank_dir / "unsent_requests.jsonl")
+        return ExperienceWrapper(env, client, env_id=env_id, spill_path=unsent)
 
     return make_env

@@ -47,6 +47,7 @@ from crl_train.run.outputs import (
     settle_checkpoint,
     trim_run_outputs,
 )
+from crl_train.run.unsent import deliver_unsent, unsent_paths
 from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class Trainer:
                     settle_checkpoint(self.run_dir, ckpt)
                     trim_run_outputs(self.run_dir, ckpt.step)
                 save_run_config(cfg, self.run_dir, self.start_step if resume else None)
+                # what the wrappers of an earlier start could not submit (this run dir's, or an older run's bank dir's)
+                deliver_unsent(self.c.service, unsent_paths(self.run_dir, self.run_dir / "bank"))
             self.metrics = None if read_only else MetricsWriter(self.run_dir, purge_step=self.start_step if resume else None)
         except BaseException:
             self.c.close()  # the extractor's process, the bank's lock
