@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from crl_gym.errors import ExperienceAuthError as ExperienceAuthError
 from crl_gym.errors import ExperienceUnavailable as ExperienceUnavailable
 from crl_gym.errors import SubmitUndelivered as SubmitUndelivered
+from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.service import (
     ASK_FALLBACKS as ASK_FALLBACKS,  # re-exported: the wrappers' callers read it here
 )
@@ -218,17 +218,21 @@ class Combiner:
     def __init__(self, send: Callable[[list[Any]], list[Any]], max_batch: int = 1024, max_inflight: int = 2) -> None:
         self._send = send
         self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
-        self._lock = threading.Lock()
-        self._waiting: deque[_Slot] = deque()
-        self._inflight = 0
+        self._line: BatchLine[_Slot] = BatchLine(self.max_batch, max_inflight=self.max_inflight)
+
+    @property
+    def waiting(self) -> int:
+        """Calls queued behind the batches on the wire."""
+        return self._line.waiting
+
+    @property
+    def inflight(self) -> int:
+        """Batches on the wire."""
+        return self._line.inflight
 
     def __call__(self, item: Any) -> Any:
         slot = _Slot(item)
-        with self._lock:
-            self._waiting.append(slot)
-            if self._inflight < self.max_inflight:
-                self._inflight += 1
-                slot.batch = self._take()
+        slot.batch = self._line.offer(slot)
         if slot.batch is None:
             slot.wake.acquire()  # answered, or handed a batch to send (which holds this slot first)
         if slot.batch is not None:
@@ -238,24 +242,15 @@ class Combiner:
             raise slot.error
         return slot.result
 
-    def _take(self) -> list[_Slot]:
-        return [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
-
     def _run(self, batch: list[_Slot], own: _Slot) -> None:
-        try:
-            results = self._send([s.item for s in batch])
-            for s, r in zip(batch, results, strict=True):
-                if isinstance(r, BaseException):
-                    s.error = r
-                else:
-                    s.result = r
-        except BaseException as exc:  # noqa: BLE001 - handed to every caller of the batch
-            for s in batch:
-                s.error = exc
-        with self._lock:
-            nxt = self._take() if self._waiting else None
-            if nxt is None:
-                self._inflight -= 1
+        # not isolated: retrying each call alone would send one request per caller to a server that is down
+        results = answer(self._send, [s.item for s in batch], isolate=False, catch=BaseException)
+        for s, r in zip(batch, results, strict=True):
+            if isinstance(r, BaseException):
+                s.error = r
+            else:
+                s.result = r
+        nxt = self._line.finish()
         if nxt is not None:
             nxt[0].batch = nxt
             nxt[0].wake.release()

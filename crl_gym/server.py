@@ -27,7 +27,6 @@ import json
 import logging
 import re
 import secrets
-from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -44,7 +43,7 @@ from pydantic import BaseModel, BeforeValidator, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crl_gym.clients import as_service
-from crl_gym.experience.isolation import run_isolated
+from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.service import RetrievalService, StepOrderError
 from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
@@ -203,38 +202,36 @@ class SearchCoalescer:
     def __init__(self, service: RetrievalService, max_batch: int = 1024, max_inflight: int = 2) -> None:
         self.service = service
         self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
-        self._waiting: deque[tuple[str, asyncio.Future[ExperienceRef | None]]] = deque()
-        self._inflight = 0
+        self._line: BatchLine[tuple[str, asyncio.Future[ExperienceRef | None]]] = BatchLine(
+            self.max_batch, max_inflight=self.max_inflight)
         self._scheduled = False
         self._pool = ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="crl-http-search")
 
     async def search(self, query: str) -> ExperienceRef | None:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[ExperienceRef | None] = loop.create_future()
-        self._waiting.append((query, fut))
-        if not self._scheduled and self._inflight < self.max_inflight:
+        self._line.put((query, fut))
+        if not self._scheduled and self._line.inflight < self.max_inflight:
             self._scheduled = True  # dispatch after this loop pass: calls read in it join the batch
             loop.call_soon(self._dispatch, loop)
         return await fut
 
     def _dispatch(self, loop: asyncio.AbstractEventLoop) -> None:
         self._scheduled = False
-        while self._waiting and self._inflight < self.max_inflight:
-            batch = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
-            self._inflight += 1
+        while (batch := self._line.start()) is not None:
             job = self._pool.submit(self._search_batch, [q for q, _ in batch])
             job.add_done_callback(partial(self._wake, loop, batch))
 
     def _search_batch(self, queries: list[str]) -> list[ExperienceRef | None | BaseException]:
-        """One ``search_many`` for the batch, each query alone if it fails (:func:`run_isolated`),
-        so that one bad query fails only its own caller."""
-        return run_isolated(self.service.search_many, queries)
+        """One ``search_many`` for the batch, each query alone if it fails (:func:`answer`,
+        isolated), so that one bad query fails only its own caller."""
+        return answer(self.service.search_many, queries, isolate=True)
 
     def _wake(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
         loop.call_soon_threadsafe(self._done, loop, batch, job)  # runs in the search thread
 
     def _done(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
-        self._inflight -= 1
+        self._line.release()
         exc = job.exception()
         refs = job.result() if exc is None else [None] * len(batch)
         for (_, fut), ref in zip(batch, refs, strict=True):
@@ -246,7 +243,7 @@ class SearchCoalescer:
                 fut.set_exception(ref)
             else:
                 fut.set_result(ref)
-        if self._waiting:
+        if self._line.waiting:
             self._dispatch(loop)
 
     def close(self) -> None:

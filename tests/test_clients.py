@@ -351,7 +351,7 @@ def test_combiner_batches_concurrent_calls_and_answers_each_caller() -> None:
     for t in threads[1:]:
         t.start()
     deadline = time.monotonic() + 10
-    while len(combiner._waiting) < 9 and time.monotonic() < deadline:  # all nine queued behind the first
+    while combiner.waiting < 9 and time.monotonic() < deadline:  # all nine queued behind the first
         time.sleep(0.005)
     release.set()
     for t in threads:
@@ -359,7 +359,7 @@ def test_combiner_batches_concurrent_calls_and_answers_each_caller() -> None:
     assert results == {i: ("bad 7" if i == 7 else i * 10) for i in range(10)}  # each caller its own answer
     assert batches[0] == [0] and [len(b) for b in batches[1:]] == [4, 4, 1]  # FIFO, at most max_batch
     assert sorted(i for b in batches for i in b) == list(range(10))  # every call sent exactly once
-    assert combiner._inflight == 0 and not combiner._waiting
+    assert combiner.inflight == 0 and combiner.waiting == 0
 
 
 def test_combiner_hands_a_failed_send_to_every_caller_of_the_batch() -> None:
@@ -370,7 +370,7 @@ def test_combiner_hands_a_failed_send_to_every_caller_of_the_batch() -> None:
     for i in range(3):  # the failure does not leave a batch counted on the wire
         with pytest.raises(ExperienceUnavailable, match=r"down \(1\)"):
             combiner(i)
-        assert combiner._inflight == 0 and not combiner._waiting
+        assert combiner.inflight == 0 and combiner.waiting == 0
 
 
 def test_get_requests_skips_and_counts_a_malformed_request(caplog: pytest.LogCaptureFixture) -> None:

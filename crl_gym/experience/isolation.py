@@ -1,8 +1,9 @@
 """One bad query fails only its own caller: the fallback of every batcher that shares a search.
 
 The manager's batch workers and the HTTP server's ``/search`` coalescer both run many callers'
-queries as one call. If that call raises, :func:`run_isolated` runs each query alone, so a query
-the embedder chokes on fails its own caller and the others still get their answers.
+queries as one call (:func:`crl_gym.experience.batching.answer`, isolated). If that call raises,
+:func:`run_isolated` runs each query alone, so a query the embedder chokes on fails its own caller
+and the others still get their answers.
 
 >>> def square_all(xs):
 ...     if any(x < 0 for x in xs):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from queue import SimpleQueue
@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from crl_gym.experience.bank import ExperienceBank, PendingAdd, PendingUpdate
+from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.distill_queue import DistillQueue
 from crl_gym.experience.diversify import rerank
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
-from crl_gym.experience.isolation import run_isolated
 from crl_gym.protocol import (
     AddOp,
     DeleteOp,
@@ -119,9 +119,9 @@ class ExperienceManager:
         self._last_flush = time.monotonic()
         spill = None if bank.path is None else bank.path / SPILL_FILE
         self.queue = DistillQueue(self.config.queue_size, spill)
-        self._pending: deque[_Request] = deque()
-        self._cv = threading.Condition(threading.Lock())
-        self._closed = False
+        cfg = self.config
+        self._line: BatchLine[_Request] = BatchLine(cfg.max_batch_size, batch_size=cfg.batch_size,
+                                                    max_wait_s=cfg.max_wait_ms / 1000.0, adaptive=cfg.adaptive_batching)
         self._work: list[SimpleQueue[list[_Request] | None]] = [
             SimpleQueue() for _ in range(self.config.num_workers)]
         self._threads = [threading.Thread(target=self._batch_loop, name="crl-batcher", daemon=True)]
@@ -140,12 +140,8 @@ class ExperienceManager:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         req = _Request(self._cap(query), int(k))
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("ExperienceManager is closed")
-            self._pending.append(req)
-            if len(self._pending) == 1 or len(self._pending) == self.config.batch_size:
-                self._cv.notify()
+        if not self._line.put(req):
+            raise RuntimeError("ExperienceManager is closed")
         if not req.done.acquire(timeout=timeout):
             raise TimeoutError(f"search for {query[:60]!r} got no answer within {timeout} s")
         if req.error is not None:
@@ -168,23 +164,8 @@ class ExperienceManager:
         return query[: self.config.max_query_chars]
 
     def _batch_loop(self) -> None:
-        cfg, rr = self.config, 0
-        wait_s = cfg.max_wait_ms / 1000.0
-        while True:
-            with self._cv:
-                while not self._pending and not self._closed:
-                    self._cv.wait()
-                if not self._pending:
-                    break  # closed and drained
-                if len(self._pending) < cfg.batch_size and not self._closed:
-                    deadline = time.monotonic() + wait_s
-                    while len(self._pending) < cfg.batch_size:
-                        left = deadline - time.monotonic()
-                        if left <= 0 or not self._cv.wait(left):
-                            break
-                n = len(self._pending) if cfg.adaptive_batching else cfg.batch_size
-                n = min(n, cfg.max_batch_size, len(self._pending))
-                batch = [self._pending.popleft() for _ in range(n)]
+        rr = 0
+        while (batch := self._line.next_batch()) is not None:  # None: closed and drained
             self._work[rr].put(batch)
             rr = (rr + 1) % len(self._work)
         for q in self._work:
@@ -202,14 +183,14 @@ class ExperienceManager:
                 self.bank.flush_stats()
 
     def _retrieve_isolated(self, batch: list[_Request]) -> None:
-        """``_retrieve`` the batch, each request alone if it fails (:func:`run_isolated`), so one
-        bad query (one the embedder chokes on, say) fails only its own caller."""
+        """``_retrieve`` the batch, each request alone if it fails (:func:`answer`, isolated), so
+        one bad query (one the embedder chokes on, say) fails only its own caller."""
         def run(reqs: list[_Request]) -> list[list[ExperienceEntry]]:
             self._retrieve(reqs)
             return [r.result for r in reqs]
 
         # BaseException: whatever happens, every caller gets an answer or an error, never a hang
-        for r, out in zip(batch, run_isolated(run, batch, catch=BaseException), strict=True):
+        for r, out in zip(batch, answer(run, batch, isolate=True, catch=BaseException), strict=True):
             if isinstance(out, BaseException):
                 log.error("search of %.60r failed", r.query, exc_info=out)
                 self._counters["errors"] += 1
@@ -449,11 +430,8 @@ class ExperienceManager:
 
     def close(self) -> None:
         """Answer waiting searches, stop the threads, persist counters and the queue."""
-        with self._cv:
-            if self._closed:
-                return
-            self._closed = True
-            self._cv.notify_all()
+        if not self._line.close():
+            return
         self._stop_persist.set()
         for t in self._threads:
             t.join()
