@@ -187,7 +187,9 @@ def test_loopback_hosts_and_token_sources(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_serve_extractor_without_crl_train_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "crl_train.service", None)  # makes the import fail
+    # makes the import fail, also when an earlier test already imported the module the command loads
+    monkeypatch.setitem(sys.modules, "crl_train.service", None)
+    monkeypatch.setitem(sys.modules, "crl_train.serve", None)
     result = CliRunner().invoke(cli, ["serve", "--bank", str(tmp_path / "bank"), "--extractor", "tiny"])
     assert result.exit_code == 1 and "--extractor needs the crl_train package" in result.output
 
