@@ -84,6 +84,9 @@ def vector_key(vector: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(vector, dtype="<f4").tobytes(), digest_size=16).digest()
 
 
+EXACT_SEARCH_BELOW = 2048
+"""Indexes with fewer distinct vectors than this are searched exactly (a scan), larger ones by HNSW."""
+
 class VectorIndex:
     """Cosine top-k search over ``{id: unit vector}``; not thread-safe (the bank's lock guards it).
 
@@ -254,7 +257,11 @@ class VectorIndex:
         if len(self._index) == 0 or n == 0:
             return [[] for _ in range(n)]
         # k keys give at least k ids: a key stands for one id or more
-        res = self._index.search(queries, min(k, len(self._index)), threads=1)
+        # A small index is scanned: the scan never misses, where HNSW's approximate walk can skip the
+        # exact match of a small, clustered bank; at 2,000 keys it costs 2.7 ms a 16-query batch (the
+        # walk 1.8 ms), at 500 less than the walk.
+        exact = len(self._index) < EXACT_SEARCH_BELOW
+        res = self._index.search(queries, min(k, len(self._index)), threads=1, exact=exact)
         keys = res.keys.reshape(n, -1)
         sims = 1.0 - res.distances.reshape(n, -1)
         # usearch answers a one-row batch with a single Matches (no .counts).
