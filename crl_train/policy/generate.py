@@ -11,6 +11,20 @@ of a tiny model's rollout time). A row given a :class:`RowKV` whose ids are a pr
 starts from those keys/values and encodes only the new tokens; rows of one batch may have different
 cached lengths (the attention mask has holes between a row's cached part and its new part; position
 ids count only real tokens, so every token sees what it would see without the cache).
+
+**A batch's common prefix encoded once.** Prompts of one batch often start alike: the chat
+template's system part and a task's fixed instructions (the extractor's distillation prompts are
+mostly that). With ``share_prefix=N`` a batch whose rows have no cache of their own and whose
+prompts share at least N leading tokens runs the model over that prefix once, at batch 1, and
+gives every row those keys/values as its cache: the prefill then encodes only each row's suffix.
+The suffixes are left-padded *after* the prefix (``[prefix][pad…][suffix]``): the attention mask
+is 0 on the padding and the position ids count real tokens only, so each row computes what it
+would without sharing (equal up to float rounding; ``tests/test_prefix_sharing.py``).
+
+>>> shared_prefix_len([[1, 2, 3, 4], [1, 2, 3, 9, 9], [1, 2, 3]], min_tokens=2)
+2
+>>> shared_prefix_len([[1, 2, 3, 4], [7, 2, 3, 4]], min_tokens=1)
+0
 """
 
 from __future__ import annotations
@@ -93,6 +107,30 @@ def _past_cache(past: Sequence[RowKV | None], device: torch.device) -> tuple[Any
     return DynamicCache(ddp_cache_data=layers), mask
 
 
+def shared_prefix_len(prompts: Sequence[Sequence[int]], min_tokens: int) -> int:
+    """Length of the longest common token prefix of ``prompts``, capped to leave every prompt at
+    least one token of its own (the last prompt token's logits start the answer); 0 when that is
+    below ``min_tokens`` (too short to be worth a forward pass of its own), ``min_tokens`` < 1, or
+    fewer than two prompts."""
+    if min_tokens < 1 or len(prompts) < 2:
+        return 0
+    cap = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < cap and all(p[n] == first[n] for p in prompts[1:]):
+        n += 1
+    return n if n >= min_tokens else 0
+
+
+def _prefix_kv(model: PreTrainedModel, prefix: Sequence[int], device: torch.device) -> RowKV:
+    """Keys/values of ``prefix`` from one batch-1 forward pass (what every sharing row starts from)."""
+    ids = torch.tensor([list(prefix)], dtype=torch.long, device=device)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=True)
+    cache = _cache_of(out)
+    return RowKV(tuple(int(t) for t in prefix), [(layer.keys[0], layer.values[0]) for layer in cache.layers])
+
+
 def _row_kv(cache: Any, attn: torch.Tensor, prefill_width: int, i: int, ids: tuple[int, ...], fed_new: int) -> RowKV:
     """Row ``i``'s real positions in ``cache``: its prefill columns, then ``fed_new`` generated tokens."""
     cols = torch.cat([attn[i, :prefill_width].nonzero().squeeze(-1),
@@ -115,16 +153,24 @@ def generate_batch(
     generator: torch.Generator | None = None,
     past: Sequence[RowKV | None] | None = None,
     keep_kv: bool = False,
+    share_prefix: int = 0,
 ) -> tuple[list[Generation], list[RowKV] | None]:
     """Sample one response per prompt. Constrained rows follow their trie (or grammar) and end with its EOS.
 
     ``past[i]``: cached keys/values of a prefix of ``prompts[i]`` (see the module docstring; a row
     whose cache is not a prefix of its prompt is encoded in full). ``keep_kv``: also return each
     row's keys/values of ``prompt + response[:-1]`` (every token fed to the model), for its next turn.
+    ``share_prefix``: when no row has a usable ``past``, encode the prompts' common prefix once if
+    it is at least this many tokens (0 = never; module docstring).
     """
     n = len(prompts)
-    rows_past = [p if p is not None and p.prefix_of(prompts[i]) else None
-                 for i, p in enumerate(past or [None] * n)]
+    rows_past: list[RowKV | None] = [p if p is not None and p.prefix_of(prompts[i]) else None
+                                     for i, p in enumerate(past or [None] * n)]
+    if all(p is None for p in rows_past):
+        shared = shared_prefix_len(prompts, share_prefix)
+        if shared:
+            common = _prefix_kv(model, prompts[0][:shared], device)
+            rows_past = [common] * n
     new_parts = [prompts[i][len(p.ids):] if p is not None else prompts[i] for i, p in enumerate(rows_past)]
     width = max(len(p) for p in new_parts)
     ids = torch.full((n, width), pad_token_id, dtype=torch.long)

@@ -68,6 +68,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SHARE_PREFIX_TOKENS = 16
+"""Default ``HFPolicy.share_prefix``: a shorter common prefix saves less than its own forward pass costs."""
+
 
 class HFPolicy:
     """A causal LM + tokenizer + lazily created AdamW. See :class:`crl_train.policy.base.Policy`."""
@@ -106,6 +109,9 @@ class HFPolicy:
         self.prefix_cache = False
         """Keep each ``cache_key``'s keys/values between ``generate`` calls (see ``generate``)."""
         self._kv: dict[Hashable, RowKV] = {}
+        self.share_prefix = SHARE_PREFIX_TOKENS
+        """A batch's common prompt prefix of at least this many tokens is encoded once, at batch 1,
+        for all its rows (``generate.py``; 0 = off): the extractor's prompts share their instructions."""
         self.generator: Generator | None = None
         """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar requests; see attach_generator."""
         self._grammar_engine: GrammarEngine | None = None
@@ -255,6 +261,7 @@ class HFPolicy:
                 eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                 device=self.device, generator=generator,
                 past=[self._kv.get(k) for k in chunk] if chunk is not None else None, keep_kv=chunk is not None,
+                share_prefix=self.share_prefix,
             )
             out.extend(gens)
             if chunk is not None and kept is not None:
@@ -555,4 +562,4 @@ class HFPolicy:
 
 
 # resolve_dtype lives in .checkpoint and is re-exported: callers import it from here.
-__all__ = ["HFPolicy", "resolve_dtype"]
+__all__ = ["SHARE_PREFIX_TOKENS", "HFPolicy", "resolve_dtype"]
