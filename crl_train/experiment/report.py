@@ -20,6 +20,14 @@ from typing import Any
 
 import yaml
 
+from crl_train.experiment.fifths import (
+    PARTS,
+    fifths_tables,
+    headline,
+    is_recall,
+    new_entry_verdicts,
+    part_of,
+)
 from crl_train.experiment.information import gap_table, secret_table
 from crl_train.experiment.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 from crl_train.experiment.suite import Suite, record_dir
@@ -174,6 +182,49 @@ def bank_snapshot(cell_dir: Path, top: int = 10) -> list[str]:
     return rows
 
 
+def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: int = 3) -> list[str]:
+    """A few of the entries written in each fifth of training (evenly spaced through the fifth), as
+    first written; with ``recall``, whether each holds its task's secret."""
+    from crl_train.run.new_entries import read_new_entries
+
+    rows: list[tuple[dict[str, Any], bool | None]] = (
+        [(r, held) for r, held in new_entry_verdicts(cell_dir)] if recall else [(r, None) for r in read_new_entries(cell_dir)])
+    if not rows:
+        return []
+    by_part: dict[int, list[tuple[dict[str, Any], bool | None]]] = defaultdict(list)
+    for r, held in rows:
+        by_part[part_of(int(r["step"]), steps)].append((r, held))
+    out = [f"New entries as first written ({len(rows)} in all; {per_part} per fifth, evenly spaced):", "",
+           "| fifth | step | entry | holds the secret | text |", "| --- | --- | --- | --- | --- |"]
+    for p in range(PARTS):
+        got = by_part.get(p, [])
+        picks = [got[i * len(got) // per_part] for i in range(min(per_part, len(got)))]
+        for r, held in picks:
+            text = str(r.get("text", "")).replace("|", "\\|").replace("\n", " ")[:160]
+            mark = "n/a" if held is None else "yes" if held else "no"
+            out.append(f"| {p + 1} | {r['step']} | {r.get('id')} | {mark} | {text} |")
+    return out
+
+
+def cells_table(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
+    """Per cell: steps, CISPO updates of the extractor, entries written, final bank size, training time."""
+    from crl_train.run.new_entries import read_new_entries
+    from crl_train.run.outputs import read_metrics
+
+    lines = ["## Cells", "", "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or "
+             "weightless extractor); entries written: lines of the cell's `new_entries.jsonl`.", "",
+             "| cell | steps | extractor updates | entries written | final bank | training time (s) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        d = record_dir(out, r)
+        rows = read_metrics(d / "metrics.jsonl") if (d / "metrics.jsonl").exists() else []
+        last = rows[-1] if rows else {}
+        seconds = sum(float(x.get("step_time_s") or 0.0) for x in rows)
+        lines.append(f"| {r['method']} seed {r['seed']} | {r.get('steps', 'n/a')} | {last.get('extractor_updates', 'n/a')} | "
+                     f"{len(read_new_entries(d))} | {last.get('bank_size', 'n/a')} | {seconds:.0f} |")
+    return [*lines, ""]
+
+
 def _bank_sizes(cell_dir: Path) -> str:
     from crl_train.run.outputs import read_metrics
 
@@ -214,12 +265,14 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
              f"{len(records)} cells: methods {', '.join(suite.methods)}{variants} × "
              f"seeds {', '.join(map(str, suite.seeds))} × "
              f"{len(suite.envs)} env mixture(s); {suite.eval_episodes} held-out episodes per mode and cell.", "",
+             *_headline(records, out, suite.pairs),
              "## Final success", "",
              f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without experience "
              "minus grpo's on the same seeds (paired t); internalisation = success without / with experience "
              "(bootstrap over seeds; 1 means the actor keeps all its gain without the bank).", "",
              *results_table(records, suite.rows), "", *gap_table(records, suite.rows, out),
-             *secret_table(records, suite.rows, out), "## Learning curves", ""]
+             *secret_table(records, suite.rows, out), *fifths_tables(records, suite.rows, out, suite.pairs),
+             *cells_table(records, out), "## Learning curves", ""]
     lines += [f"![{p}]({p})" for p in plots]
     lines += ["", "## The final bank (seed of the first cell of each experience method)", ""]
     for m in suite.rows:
@@ -227,7 +280,8 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
         if first is None or "with_experience" not in first["eval"]:
             continue
         cell = record_dir(out, first)
-        lines += [f"### {m} (seed {first['seed']})", "", f"Bank size: {_bank_sizes(cell)}.", "", *bank_snapshot(cell), ""]
+        lines += [f"### {m} (seed {first['seed']})", "", f"Bank size: {_bank_sizes(cell)}.", "", *bank_snapshot(cell), "",
+                  *new_entries_sample(cell, int(first["steps"]), recall=is_recall(records)), ""]
     lines += ["## Provenance", "", *provenance(), "", "The suite:", "", "```yaml",
               yaml.safe_dump(_plain(suite), sort_keys=False).strip(), "```", ""]
     for m in suite.rows:
@@ -240,6 +294,16 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def _headline(records: Sequence[dict[str, Any]], out: Path, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    lines = headline(records, out, pairs)
+    if not lines:
+        return []
+    what = "share of new entries holding their task's secret, " if is_recall(records) else ""
+    return ["## Headline: the last fifth of training", "",
+            f"The paired differences of the tables per fifth of training ({what}r̄(m) of the entries retrieved, "
+            f"guided success) in their last fifth, {int(LEVEL * 100)} % paired t interval over seeds:", "", *lines, ""]
 
 
 def _plain(suite: Suite) -> dict[str, Any]:

@@ -79,6 +79,9 @@ class Suite:
     """Ray resources of one cell (``--ray``): ``num_cpus``, ``num_gpus``."""
     description: str = ""
     """What the suite reproduces (a figure or table of the papers)."""
+    contrasts: tuple[tuple[str, str], ...] = ()
+    """Paired differences ``a − b`` (rows of the suite, over the same seeds) of the report's tables per
+    fifth of training; empty: complementary − static_online when the suite has both."""
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHOD_NAMES]
@@ -100,6 +103,18 @@ class Suite:
             if not isinstance(v, Variant) or v.method not in METHOD_NAMES:
                 raise ConfigError(f"variants.{name}: needs method, one of {', '.join(METHOD_NAMES)}, "
                                   f"got {getattr(v, 'method', v)!r}")
+
+        for pair in self.contrasts:
+            if len(pair) != 2 or pair[0] == pair[1] or not all(x in self.rows for x in pair):
+                raise ConfigError(f"contrasts: each is [a, b], two different rows of the suite ({', '.join(self.rows)}), "
+                                  f"got {list(pair)}")
+
+    @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """The contrasts the report shows (see ``contrasts``)."""
+        if self.contrasts:
+            return tuple((a, b) for a, b in self.contrasts)
+        return (("complementary", "static_online"),) if {"complementary", "static_online"} <= set(self.rows) else ()
 
     @property
     def rows(self) -> tuple[str, ...]:

@@ -26,10 +26,11 @@ from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
 from crl_train.policy.base import LossTerm, TrainBatch
 from crl_train.policy.checkpoint import CheckpointError, verify_checkpoint
-from crl_train.policy.factory import GeneratorFactory
+from crl_train.policy.factory import GeneratorFactory, trains
 from crl_train.rollout.runner import Episode
 from crl_train.rollout.tasks import task_seeds
 from crl_train.run.build import Run, build_run
+from crl_train.run.new_entries import NewEntryLog
 from crl_train.run.outputs import (
     CKPT,
     STATE,
@@ -70,6 +71,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.method: Method = make_method(cfg)
+        self.trains_actor = self.method.trains_actor and trains(cfg.actor)
+        """The actor is updated: the method trains it and it has weights (the reader has none)."""
         self.progress = progress
         self.read_only = read_only
         self.start_step = 0
@@ -100,6 +103,7 @@ class Trainer:
                 # what the wrappers of an earlier start could not submit (this run dir's, or an older run's bank dir's)
                 deliver_unsent(self.c.service, unsent_paths(self.run_dir, self.run_dir / "bank"))
             self.metrics = None if read_only else MetricsWriter(self.run_dir, purge_step=self.start_step if resume else None)
+            self.new_entries = None if read_only else NewEntryLog(self.c.service.manager.bank, self.run_dir)
         except BaseException:
             self.c.close()  # the extractor's process, the bank's lock
             raise
@@ -157,16 +161,19 @@ class Trainer:
         t2 = time.perf_counter()
         self._write_trajectories(eps)
         c.client.end_step(t, bonus or None)                                                  # the service credits step t
+        if self.new_entries is not None:
+            self.new_entries.record()                      # what the extractor wrote, before an Update rewrites it
         t3 = time.perf_counter()
         row.update(self._row(rollout, adv, t3 - t0, t1 - t0, t2 - t1))                       # log
         return make_row(self.fields, row)
 
     def _update(self, rollout: Rollout, adv: torch.Tensor) -> dict[str, Any]:
         """One actor step on the RL loss over the method's train mask plus the method's own terms
-        (EDGE's distillation, self-distillation), all under the same weights; a frozen actor has none."""
+        (EDGE's distillation, self-distillation), all under the same weights; a frozen actor (or one
+        without weights, the reader) has none."""
         method, actor, algo = self.method, self.c.actor, self.cfg.algo
         terms: list[LossTerm] = []
-        idx = [i for i, keep in enumerate(method.train_mask(rollout).tolist()) if keep] if method.trains_actor else []
+        idx = [i for i, keep in enumerate(method.train_mask(rollout).tolist()) if keep] if self.trains_actor else []
         if idx:
             g, cond = rollout.group[idx], rollout.condition[idx]
             w = sequence_weights(g, cond if method.guided else None)
