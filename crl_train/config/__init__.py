@@ -79,7 +79,10 @@ class ModelConfig:
     a ``.gguf`` file (the same way), or an HF id / local path.
     Extractor only: ``oracle``, no model at all: each successful episode's actions, verbatim, become
     one entry and failures write nothing; it is never trained (``crl_train.extractor.oracle``: a
-    reference line for a diagnostic env such as ``crl/Recall-v0``, never a default)."""
+    reference line for a diagnostic env such as ``crl/Recall-v0``, never a default).
+    Actor only: ``reader``, no model at all: it plays the actions its experience names (else a
+    seeded random admissible one) and is never trained (``crl_train.policy.reader``: with it an
+    entry's reward says only whether the entry is right; never a default)."""
     device: str = "cpu"
     """torch device."""
     dtype: str = "auto"
@@ -450,6 +453,18 @@ class TrainConfig:
             raise ConfigError(f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
                               "constrained answers take reasoning tokens")
         if self.extractor.constrained and not self.extractor.structured:
+        if self.extractor.model == "reader":
+            raise ConfigError("extractor.model: 'reader' is an actor, not an extractor (use it as actor.model)")
+        if self.actor.model == "reader":
+            # the reader has no distribution to distil, judge with or measure the entropy of
+            needs = [what for what, on in (("method: edge", self.method == "edge"),
+                                           ("algo.self_distill", self.algo.self_distill),
+                                           ("algo.gate.enabled", self.algo.gate.enabled),
+                                           ("algo.perplexity.transform", self.algo.perplexity.transform != "off"))
+                     if on]
+            if needs:
+                raise ConfigError(f"actor.model: 'reader' is a script without weights; {', '.join(needs)} needs a "
+                                  "model actor")
             raise ConfigError("extractor.constrained=true (a model that cannot write an answer on its own) needs "
                               "extractor.structured=true: its answers are generated under their schemas")
         if self.method == "offline_exp" and not self.experience.offline_source:

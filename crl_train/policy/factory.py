@@ -1,4 +1,5 @@
-"""Build a policy from a :class:`~crl_train.config.ModelConfig`: the tiny preset, an HF model, a vLLM generator.
+"""Build a policy from a :class:`~crl_train.config.ModelConfig`: the tiny preset, an HF model, a vLLM generator,
+or the scripted reader actor (``model: reader``, no weights: :mod:`crl_train.policy.reader`).
 
 One place for every model the project trains (the actor, the extractor in this process or in its
 worker process), so both are built the same way.
@@ -14,6 +15,7 @@ import torch
 
 from crl_train.config import ModelConfig
 from crl_train.policy.base import Generator, LossScale, OptimConfig, Policy, SamplingConfig
+from crl_train.policy.reader import READER_MODEL
 
 if TYPE_CHECKING:
     from crl_train.policy.hf import HFPolicy
@@ -58,6 +60,16 @@ def vllm_generator(policy: HFPolicy, mc: ModelConfig, seed: int) -> Generator:
                              seed=seed)
 
 
+def trains(mc: ModelConfig) -> bool:
+    """Whether the model of ``mc`` has weights a trainer updates: False for the scripted reader
+    actor (the trainer consults this once and then builds no actor objective).
+
+    >>> trains(ModelConfig(model="tiny")), trains(ModelConfig(model="reader"))
+    (True, False)
+    """
+    return mc.model != READER_MODEL
+
+
 def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
                  checkpoint: Path | None, generator_factory: GeneratorFactory | None = None,
                  role: PolicyRole | None = None) -> Policy:
@@ -66,6 +78,12 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossSc
     ``role`` (:data:`PolicyRole`) says whether an inexact generator is acceptable: only for the
     ``"actor"``; an extractor, or a caller that does not say, needs exact engine log-probs.
     """
+    if mc.model == READER_MODEL:  # no weights and no generator: a seeded script (crl_train.policy.reader)
+        from crl_train.policy.reader import ReaderPolicy
+
+        if checkpoint is not None:
+            return ReaderPolicy.from_checkpoint(checkpoint)
+        return ReaderPolicy(seed=seed)
     policy = _build_hf_policy(mc, texts, loss_scale=loss_scale, seed=seed, checkpoint=checkpoint)
     policy.prefix_cache = mc.prefix_cache
     if mc.generator == "vllm":
