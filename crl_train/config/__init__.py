@@ -449,10 +449,6 @@ class TrainConfig:
             raise ConfigError(f"method: unknown method {self.method!r}; accepted: {', '.join(METHOD_NAMES)}")
         if self.actor.model == "oracle":
             raise ConfigError("actor.model: 'oracle' is an extractor, not an actor (use it as extractor.model)")
-        if self.actor.think_tokens:
-            raise ConfigError(f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
-                              "constrained answers take reasoning tokens")
-        if self.extractor.constrained and not self.extractor.structured:
         if self.extractor.model == "reader":
             raise ConfigError("extractor.model: 'reader' is an actor, not an extractor (use it as actor.model)")
         if self.actor.model == "reader":
@@ -465,6 +461,10 @@ class TrainConfig:
             if needs:
                 raise ConfigError(f"actor.model: 'reader' is a script without weights; {', '.join(needs)} needs a "
                                   "model actor")
+        if self.actor.think_tokens:
+            raise ConfigError(f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
+                              "constrained answers take reasoning tokens")
+        if self.extractor.constrained and not self.extractor.structured:
             raise ConfigError("extractor.constrained=true (a model that cannot write an answer on its own) needs "
                               "extractor.structured=true: its answers are generated under their schemas")
         if self.method == "offline_exp" and not self.experience.offline_source:
