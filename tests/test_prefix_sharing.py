@@ -188,3 +188,15 @@ def test_the_packaged_smollm2_gives_the_same_answers_with_a_shared_prefix() -> N
     greedy = SamplingConfig(temperature=0.7, greedy=True)
     (plain, _), (shared, _) = _both(policy, prompts, 10, allowed=[grammar, None, grammar], sampling=greedy)
     _assert_same(plain, shared)
+
+
+def test_the_config_switch_turns_sharing_off() -> None:
+    from crl_train.config import ModelConfig
+    from crl_train.policy.factory import build_policy
+
+    texts = [INSTRUCTIONS, *SUFFIXES]
+    on = build_policy(ModelConfig(model="tiny", tiny_vocab_size=300), texts, loss_scale="tokens", seed=0, checkpoint=None)
+    off = build_policy(ModelConfig(model="tiny", tiny_vocab_size=300, share_prefix=False), texts, loss_scale="tokens",
+                       seed=0, checkpoint=None)
+    assert isinstance(on, HFPolicy) and isinstance(off, HFPolicy)
+    assert (on.share_prefix, off.share_prefix) == (SHARE_PREFIX_TOKENS, 0)

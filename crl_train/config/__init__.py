@@ -112,6 +112,10 @@ class ModelConfig:
     its new tokens instead of the whole conversation (attention over it grows as T²). Costs one KV
     cache per live episode in memory (small for the tiny preset; large for a 7B model on GPU,
     where ``generator: vllm`` caches prefixes itself)."""
+    share_prefix: bool = True
+    """``hf`` generation: encode a batch's common prompt prefix (the chat template's system part, a
+    task's fixed instructions) once at batch 1 and only each row's own suffix after it; the answers
+    and their log-probs are the same (``crl_train.policy.generate``). False encodes every prompt whole."""
     think_tokens: int = 0
     """Constrained, structured extractor only: free reasoning tokens it samples before its
     structured distillation answer (stands in for a thinking model's reasoning, trained on but

@@ -86,6 +86,8 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossSc
         return ReaderPolicy(seed=seed)
     policy = _build_hf_policy(mc, texts, loss_scale=loss_scale, seed=seed, checkpoint=checkpoint)
     policy.prefix_cache = mc.prefix_cache
+    if not mc.share_prefix:
+        policy.share_prefix = 0
     if mc.generator == "vllm":
         gen = (generator_factory or vllm_generator)(policy, mc, seed)
         if role != "actor" and not gen.logprobs_exact:
