@@ -204,20 +204,31 @@ def table_rows(per_method: dict[str, dict[int, Parts]], methods: Sequence[str],
             continue
         cells = []
         for p in range(parts):
-            both = [(da[s][p], db[s][p]) for s in common if da[s][p] is not None and db[s][p] is not None]
-            cells.append(paired_difference([x for x, _ in both], [y for _, y in both]).text() if both else "n/a")
+            xs, ys = _paired(da, db, p)
+            cells.append(paired_difference(xs, ys).text() if xs else "n/a")
         if all(c == "n/a" for c in cells):
             continue
         rows.append(f"| **{a} − {b}** (paired) | {len(common)} | " + " | ".join(cells) + " |")
     return rows
 
 
+def _paired(da: dict[int, Parts], db: dict[int, Parts], part: int) -> tuple[list[float], list[float]]:
+    """The values of span ``part`` of the seeds where both a and b have one, in seed order."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for s in sorted(set(da) & set(db)):
+        x, y = da[s][part], db[s][part]
+        if x is not None and y is not None:
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
 def last_part_contrast(per_method: dict[str, dict[int, Parts]], a: str, b: str) -> tuple[str, bool | None]:
     """The paired difference a − b in the last span as text, and whether its interval excludes 0
     (None: no interval, fewer than two seeds with both values)."""
     da, db = per_method.get(a, {}), per_method.get(b, {})
-    both = [(da[s][-1], db[s][-1]) for s in sorted(set(da) & set(db)) if da[s][-1] is not None and db[s][-1] is not None]
-    iv = paired_difference([x for x, _ in both], [y for _, y in both])
+    iv = paired_difference(*_paired(da, db, -1))
     if iv.low is None or iv.high is None:
         return iv.text(), None
     return iv.text(), iv.low > 0 or iv.high < 0
