@@ -273,6 +273,21 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return out  # the env's own tuple: no repacking on the common turn
 
     # ------------------------------------------------------------ episode end
+    def end_episode(self) -> DistillationRequest | None:
+        """End the open episode without a step, for a caller that stops before the env ends it
+        (a TRL rollout whose model stopped calling the action tool): its request is built and
+        submitted as at a truncation, with the last step's ``success`` (``False`` when it has none).
+
+        Returns the request; ``None`` when no episode is open or its record was refused.
+        """
+        records = self._records
+        if records is None:
+            return None
+        last = records[-2] if len(records) > 1 and isinstance(records[-2], dict) else {}
+        info = self._finish({"success": bool(last.get("success", False)), "ended_by_caller": True})
+        request: DistillationRequest | None = info["distillation_request"]
+        return request
+
     def _finish(self, info: dict[str, Any]) -> dict[str, Any]:
         records = self._records or [self._initial_obs]
         self._records = None

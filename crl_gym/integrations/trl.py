@@ -1,0 +1,326 @@
+"""Our wrapped text envs as TRL 1.16 environments: ``GRPOTrainer(environment_factory=...)``.
+
+TRL's multi-turn contract (``trl/trainer/grpo_trainer.py``, ``GRPOTrainer.__init__`` and
+``_generate_and_score_completions``): ``environment_factory()`` builds one instance per rollout
+(pooled and reused); ``reset(**row)`` gets the dataset row and returns text appended to the last
+user message; every public method of the class other than ``reset`` / ``get_reward`` is a tool,
+described to the model by its type hints and Google-style docstring; ``get_reward()`` is called
+once per finished rollout and its float is the rollout's reward.
+
+:class:`TRLExperience` is what the envs of one run share (the client, how to make the env, the
+open rollout step); its :meth:`~TRLExperience.environment_factory` makes :class:`ExperienceEnv`
+instances, each a Gymnasium text env under ``ExperienceWrapper`` (and ``SearchAndAskWrapper``
+when asked: :class:`SearchAndAskEnv` adds the ``search_and_ask`` tool). The env's action is the
+``take_action`` tool. :meth:`~TRLExperience.callback` is a ``TrainerCallback`` that closes each
+TRL optimizer step with ``client.end_step``.
+
+Guided or free comes from the row's ``experience`` column: ``"guided"`` or ``"free"`` for every
+generation of the row, or ``"split"`` (the default when the column is absent) for the paper's
+half guided, half free, which ``crl_train.integrations.trl.ComplementaryGRPOTrainer`` resolves
+per generation before ``reset`` sees the row (TRL's own trainer cannot: a row's generations get
+identical rows, so ``reset`` refuses ``"split"``). The row's ``seed`` seeds the env's reset, so
+all generations of one row play the same task: one rollout group.
+
+>>> from crl_gym.clients import LocalClient
+>>> from crl_gym.experience.bank import ExperienceBank
+>>> from crl_gym.experience.embedders import HashingEmbedder
+>>> from crl_gym.experience.manager import ExperienceManager
+>>> from crl_gym.experience.service import RetrievalService
+>>> from crl_gym.protocol import AddOp
+>>> from crl_gym.wrappers.examples import CorridorEnv
+>>> service = RetrievalService(ExperienceManager(ExperienceBank(None, dim=64), HashingEmbedder(64)))
+>>> client = LocalClient(service)
+>>> _ = client.apply_ops([AddOp("Walk east until the exit.")])
+>>> session = TRLExperience(client, lambda: CorridorEnv(length=1))
+>>> env = session.environment_factory()
+>>> print(env.reset(prompt=[], seed=0, experience="guided"))
+Experience from similar tasks (use it if it helps):
+Walk east until the exit.
+<BLANKLINE>
+You are at cell 0 of a corridor; the exit is at cell 1, to the east.
+Admissible actions: east, west
+>>> print(env.take_action("east"))
+You are at cell 1 of a corridor; the exit is at cell 1, to the east.
+The episode is over: success.
+>>> env.get_reward(), env.condition, service.stats()["queue_depth"]
+(1.0, 'guided', 1)
+>>> client.end_step(0)["step"]
+0
+>>> client.close()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from crl_gym.protocol import CONDITIONS, DistillationRequest
+from crl_gym.wrappers.experience import ExperienceWrapper
+from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
+
+try:  # transformers is in the [train] extra; the callback subclasses its TrainerCallback
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "crl_gym.integrations.trl needs transformers and trl: pip install 'complementary-rl[train]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from crl_gym.clients import ExperienceClient
+
+logger = logging.getLogger(__name__)
+
+SPLIT = "split"
+"""Row value of ``experience``: half of the row's generations guided, half free (the trainer decides which)."""
+EXPERIENCE_VALUES: tuple[str, ...] = (*CONDITIONS, SPLIT)
+REWARDS = ("success", "return")
+DEFAULT_INSTRUCTION = (
+    "You play a text game. Each turn, call the take_action tool with exactly one of the admissible "
+    "actions. Use any experience you are shown."
+)
+"""The system message :func:`dataset_rows` puts in each prompt."""
+OVER = "The episode is over: {outcome}."
+
+
+def dataset_rows(
+    seeds: list[int], *, experience: str = SPLIT, instruction: str = DEFAULT_INSTRUCTION,
+) -> list[dict[str, Any]]:
+    """One TRL dataset row per seed: a conversational ``prompt`` whose user turn ``reset`` fills
+    with the first observation, the ``seed``, and ``experience`` (``"split"``, ``"guided"`` or ``"free"``).
+
+    >>> dataset_rows([3], experience="free")[0]["prompt"][1]
+    {'role': 'user', 'content': ''}
+    >>> dataset_rows([3])[0]["seed"], dataset_rows([3])[0]["experience"]
+    (3, 'split')
+    """
+    if experience not in EXPERIENCE_VALUES:
+        raise ValueError(f"experience must be one of {EXPERIENCE_VALUES}, got {experience!r}")
+    return [
+        {"prompt": [{"role": "system", "content": instruction}, {"role": "user", "content": ""}],
+         "seed": int(seed), "experience": experience}
+        for seed in seeds
+    ]
+
+
+class TRLExperience:
+    """What the TRL environments of one run share.
+
+    Args:
+        client: the experience service (``RemoteClient`` to ``crl-experience serve``, or ``LocalClient``).
+        make_env: a Gymnasium env id (made with ``gym.make(make_env, **env_kwargs)``) or a
+            callable returning a new text env.
+        env_kwargs: keyword arguments of ``gym.make`` for an id.
+        search_and_ask: also wrap in ``SearchAndAskWrapper`` and offer its ``search_and_ask`` tool.
+        max_calls: ``search_and_ask`` calls per episode.
+        reward: ``"success"`` (1.0 when the episode succeeded, else 0.0: the paper's R) or
+            ``"return"`` (the sum of the env's rewards).
+        spill_path: where the wrappers keep requests the client could not take (``ExperienceWrapper``).
+
+    ``step`` is the open rollout step: the TRL optimizer step being generated (set by
+    :meth:`callback` at each step's start); every episode's request carries it, and the callback's
+    ``end_step(t)`` at the end of step ``t`` credits the entries those episodes used.
+    """
+
+    def __init__(
+        self,
+        client: ExperienceClient,
+        make_env: str | Callable[[], gym.Env],
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        search_and_ask: bool = False,
+        max_calls: int = 2,
+        reward: str = "success",
+        spill_path: str | Path | None = None,
+    ) -> None:
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        if not isinstance(make_env, str) and not callable(make_env):
+            raise TypeError(f"make_env must be an env id or a callable, got {type(make_env).__name__}")
+        self.client = client
+        self._make = make_env
+        self._env_kwargs = dict(env_kwargs or {})
+        self.search_and_ask = search_and_ask
+        self.max_calls = max_calls
+        self.reward = reward
+        self.spill_path = spill_path
+        self.step = 0
+        self.ended: list[dict[str, Any]] = []
+        """What each ``end_step`` answered, in order (``step``, ``credited``, ...)."""
+        self.envs_made = 0
+
+    def make_env(self) -> gym.Env:
+        """A new base env (before the wrappers)."""
+        if isinstance(self._make, str):
+            return gym.make(self._make, **self._env_kwargs)
+        return self._make()
+
+    def environment_factory(self) -> ExperienceEnv:
+        """A new rollout env: pass this method as ``GRPOTrainer(environment_factory=...)``."""
+        self.envs_made += 1
+        return SearchAndAskEnv(self) if self.search_and_ask else ExperienceEnv(self)
+
+    def end_step(self, step: int) -> dict[str, Any]:
+        """``client.end_step(step)``: the service credits every entry used in ``step``."""
+        result = self.client.end_step(step)
+        self.ended.append(result)
+        return result
+
+    def callback(self) -> EndStepCallback:
+        """The ``TrainerCallback`` that keeps ``step`` and calls :meth:`end_step` once per optimizer step."""
+        return EndStepCallback(self)
+
+
+class EndStepCallback(TrainerCallback):
+    """Sets the open rollout step at each TRL optimizer step's start; ends it at its end.
+
+    ``on_step_begin`` runs before the step's first micro-batch, where GRPOTrainer generates (its
+    ``_prepare_inputs``), so the episodes of step ``t`` carry ``rollout_step = t``;
+    ``on_step_end`` runs after the optimizer step (``state.global_step`` is then ``t + 1``).
+    """
+
+    def __init__(self, session: TRLExperience) -> None:
+        self.session = session
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
+        self.session.step = int(state.global_step)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        result = self.session.end_step(int(state.global_step) - 1)
+        logger.info("experience: step %d ended: %s", state.global_step - 1, result)
+
+
+class ExperienceEnv:
+    """One TRL rollout: a wrapped text env whose action is the ``take_action`` tool.
+
+    Public methods are TRL tools; everything else is private or a property on purpose.
+    """
+
+    def __init__(self, session: TRLExperience) -> None:
+        self._session = session
+        base = session.make_env()
+        inner = SearchAndAskWrapper(base, session.client, max_calls=session.max_calls) if session.search_and_ask else base
+        self._wrapper = ExperienceWrapper(inner, session.client, spill_path=session.spill_path)
+        self._open = False
+        self._return = 0.0
+        self._success = False
+        self._condition = "free"
+        self._request: DistillationRequest | None = None
+        self._turns = 0
+
+    # ------------------------------------------------------------------ TRL's contract
+    def reset(self, **row: Any) -> str:
+        """Start an episode for one generation of ``row`` (TRL passes the dataset row's columns)."""
+        experience = row.get("experience", SPLIT)
+        if experience == SPLIT:
+            raise ValueError(
+                "row says experience='split' (or has no 'experience' column): the per-generation split is made by "
+                "crl_train.integrations.trl.ComplementaryGRPOTrainer; with TRL's own GRPOTrainer give each row "
+                "experience='guided' or 'free' (one row of each per task gives TRL's per-row groups the two halves)"
+            )
+        if experience not in CONDITIONS:
+            raise ValueError(f"row's experience must be one of {EXPERIENCE_VALUES}, got {experience!r}")
+        seed = row.get("seed")
+        if seed is not None and type(seed) is not int:
+            seed = int(seed)
+        if self._open:  # TRL reuses instances: an episode left open (no get_reward) still gets distilled
+            self._end()
+        obs, info = self._wrapper.reset(
+            seed=seed, options={"experience": experience, "rollout_step": self._session.step})
+        self._open = True
+        self._return = 0.0
+        self._success = False
+        self._condition = str(experience)
+        self._request = None
+        self._turns = 0
+        return _with_actions(obs, info)
+
+    def take_action(self, action: str) -> str:
+        """Take one action in the environment (one turn of the episode).
+
+        Args:
+            action: The action to take, written exactly as one of the admissible actions.
+
+        Returns:
+            The next observation, or the outcome once the episode is over.
+        """
+        if not self._open:
+            return OVER.format(outcome="success" if self._success else "failure")
+        return self._step(str(action))
+
+    def get_reward(self) -> float:
+        """The rollout's reward; ends the episode (as truncated) when the model stopped before the env did."""
+        if self._open:
+            self._end()
+        if self._session.reward == "success":
+            return 1.0 if self._success else 0.0
+        return self._return
+
+    # ------------------------------------------------------------------ what the trainer reads
+    @property
+    def condition(self) -> str:
+        """``"guided"`` or ``"free"``: the condition the episode ran under (its request's, once ended)."""
+        return self._request.condition if self._request is not None else self._condition
+
+    @property
+    def request(self) -> DistillationRequest | None:
+        """The episode's distillation request once it ended (``None`` before, or when refused)."""
+        return self._request
+
+    @property
+    def turns(self) -> int:
+        """Env steps taken by the episode (``search_and_ask`` calls included)."""
+        return self._turns
+
+    # ------------------------------------------------------------------ internals
+    def _step(self, action: str) -> str:
+        obs, reward, terminated, truncated, info = self._wrapper.step(action)
+        self._turns += 1
+        self._return += float(reward)
+        if not (terminated or truncated):
+            return _with_actions(obs, info)
+        self._open = False
+        self._success = bool(info.get("success", False))
+        self._request = info.get("distillation_request")
+        return f"{obs}\n{OVER.format(outcome='success' if self._success else 'failure')}"
+
+    def _end(self) -> None:
+        self._open = False
+        self._request = self._wrapper.end_episode()
+
+
+class SearchAndAskEnv(ExperienceEnv):
+    """:class:`ExperienceEnv` with the ``search_and_ask`` tool (``SearchAndAskWrapper`` underneath)."""
+
+    def search_and_ask(self, query: str) -> str:
+        """Ask the experience bank for advice when stuck; does not take a turn in the environment.
+
+        Args:
+            query: What you are stuck on, in a sentence.
+
+        Returns:
+            The advice found for the query, followed by the current observation.
+        """
+        if not self._open:
+            return OVER.format(outcome="success" if self._success else "failure")
+        return self._step(f"search_and_ask[{query}]")
+
+
+def _with_actions(obs: object, info: Mapping[str, Any]) -> str:
+    """The observation, with the admissible actions named when the env lists them."""
+    text = obs if isinstance(obs, str) else str(obs)
+    actions = info.get("admissible_actions")
+    if actions:
+        text = f"{text}\nAdmissible actions: {', '.join(str(a) for a in actions)}"
+    return text
+
+
+__all__ = [
+    "DEFAULT_INSTRUCTION", "EXPERIENCE_VALUES", "SPLIT", "EndStepCallback", "ExperienceEnv",
+    "SearchAndAskEnv", "TRLExperience", "dataset_rows",
+]
