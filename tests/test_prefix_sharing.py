@@ -18,7 +18,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from crl_gym.experience.schemas import ops_schema  # noqa: E402
+from crl_gym.experience.schemas import max_answer_chars, ops_schema  # noqa: E402
 from crl_train.policy.base import Generation, SamplingConfig, TokenSequence, TrainBatch  # noqa: E402
 from crl_train.policy.generate import shared_prefix_len  # noqa: E402
 from crl_train.policy.grammar import JsonGrammar  # noqa: E402
@@ -200,3 +200,35 @@ def test_the_config_switch_turns_sharing_off() -> None:
                        seed=0, checkpoint=None)
     assert isinstance(on, HFPolicy) and isinstance(off, HFPolicy)
     assert (on.share_prefix, off.share_prefix) == (SHARE_PREFIX_TOKENS, 0)
+
+
+def test_stopped_rows_leave_the_batch_and_each_row_is_what_it_would_be_alone(llama: HFPolicy) -> None:
+    """Grammar rows close their JSON and stop while free rows run to the budget: the batch shrinks
+    (later steps feed only the rows still writing), and every row's tokens and log-probs are those
+    of the same prompt generated on its own."""
+    prompts = _prompts(llama)
+    schema = ops_schema((), max_ops=1, max_text=4)
+    grammar = JsonGrammar.from_schema(schema)
+    rows: list[Any] = [grammar, None, grammar, None]
+    greedy = SamplingConfig(temperature=0.7, greedy=True)
+    new = max_answer_chars(schema) + 8  # a token is at least a character: the grammar rows stop before the end
+    llama.prefix_cache = True  # each row's keys/values are kept as it leaves the batch
+    try:
+        with _Fed(llama) as fed:
+            batched = llama.generate(prompts, new, allowed=rows, sampling=greedy, cache_keys=list(range(4)))
+        kv = dict(llama._kv)
+        assert [g.finish_reason for g in batched] == ["stop", "length", "stop", "length"]
+        steps = [shape[0] for shape in fed.shapes[2:]]  # after the shared prefix and the suffixes' prefill
+        assert steps == sorted(steps, reverse=True) and steps[0] == 4 and steps[-1] == 2
+        # the budget's last token is never fed: prefix + prefill + (new - 1) decoding steps
+        assert len(fed.shapes) == 2 + new - 1
+        for key, (p, a, g) in enumerate(zip(prompts, rows, batched, strict=True)):
+            llama.release_cache()
+            (alone,) = llama.generate([p], new, allowed=[a], sampling=greedy, cache_keys=["alone"])
+            _assert_same([alone], [g])
+            assert kv[key].ids == llama._kv["alone"].ids == tuple(p) + tuple(g.token_ids[:-1])
+            for (k0, v0), (k1, v1) in zip(kv[key].layers, llama._kv["alone"].layers, strict=True):
+                assert torch.allclose(k0, k1, atol=1e-5) and torch.allclose(v0, v1, atol=1e-5)
+    finally:
+        llama.prefix_cache = False
+        llama.release_cache()

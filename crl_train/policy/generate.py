@@ -21,6 +21,11 @@ The suffixes are left-padded *after* the prefix (``[prefix][pad…][suffix]``): 
 is 0 on the padding and the position ids count real tokens only, so each row computes what it
 would without sharing (equal up to float rounding; ``tests/test_prefix_sharing.py``).
 
+**Stopped rows leave the batch.** A batch runs until its longest answer ends; a row that has
+stopped is dropped from the cache (``Cache.batch_select_indices``) and from every later decoding
+step, so each step costs the rows still writing. Only the last position's logits are computed
+(``logits_to_keep``), and the budget's last token is never fed (nothing reads its keys/values).
+
 >>> shared_prefix_len([[1, 2, 3, 4], [1, 2, 3, 9, 9], [1, 2, 3]], min_tokens=2)
 2
 >>> shared_prefix_len([[1, 2, 3, 4], [7, 2, 3, 4]], min_tokens=1)
@@ -53,6 +58,13 @@ def _cache_arg(model: PreTrainedModel) -> str:
     """Name of the KV-cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def _last_logits_only(model: PreTrainedModel) -> dict[str, int]:
+    """``logits_to_keep=1`` where the model takes it: generation reads only the last position's
+    logits, and a prefill's full [n, T, V] logits cost a fifth of a small model's compute (its
+    vocabulary projection) and n·T·V floats of memory."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def _cache_of(out: object) -> Any:
@@ -126,7 +138,8 @@ def _prefix_kv(model: PreTrainedModel, prefix: Sequence[int], device: torch.devi
     """Keys/values of ``prefix`` from one batch-1 forward pass (what every sharing row starts from)."""
     ids = torch.tensor([list(prefix)], dtype=torch.long, device=device)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=True)
+                position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=True,
+                **_last_logits_only(model))
     cache = _cache_of(out)
     return RowKV(tuple(int(t) for t in prefix), [(layer.keys[0], layer.values[0]) for layer in cache.layers])
 
@@ -195,14 +208,19 @@ def generate_batch(
     finish: list[FinishReason | None] = [None] * n
     texts: list[str | None] = [None] * n
 
+    # live[j]: the row that batch position j holds; a row leaves the batch when it stops
+    live = list(range(n))
+    kept: list[RowKV | None] = [None] * n
+    last_only = _last_logits_only(model)
+    extra.update(last_only)
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, **extra)
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         logits = out.logits[:, -1, :]
         allowed: list[tuple[int, ...] | None] = []
         masks: list[tuple[int, ...] | torch.Tensor | None] = []
-        for i in range(n):
+        for i in live:
             trie = tries[i]
-            if trie is None or finish[i] is not None:
+            if trie is None:
                 allowed.append(None)
                 masks.append(None)
             elif isinstance(trie, GrammarState):
@@ -216,14 +234,11 @@ def generate_batch(
         nxt = sample_tokens(lp, top_p=sampling.top_p, greedy=sampling.greedy, generator=generator)
         chosen = lp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
         nxt_list = nxt.tolist()
-        for i in range(n):
-            if finish[i] is not None:
-                nxt_list[i] = pad_token_id  # keeps the batch shape; never recorded
-                continue
-            tok = int(nxt_list[i])
+        for j, i in enumerate(live):
+            tok = int(nxt_list[j])
             tokens[i].append(tok)
-            logps[i].append(float(chosen[i]))
-            allowed_log[i].append(allowed[i])
+            logps[i].append(float(chosen[j]))
+            allowed_log[i].append(allowed[j])
             trie = tries[i]
             if tok in eos or (trie is not None and tok == trie.eos_token_id):
                 finish[i] = "stop"
@@ -233,21 +248,33 @@ def generate_batch(
                 cut = _stop_cut(str(tokenizer.decode(tokens[i], skip_special_tokens=True)), sampling.stop)
                 if cut is not None:
                     finish[i], texts[i] = "stop", cut
-        if all(f is not None for f in finish):
-            break
-        step_ids = torch.tensor(nxt_list, dtype=torch.long, device=device)[:, None]
-        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
+        last = step == max_new_tokens - 1
+        stay = [j for j, i in enumerate(live) if finish[i] is None]
+        cache = _cache_of(out)
+        if keep_kv:  # a leaving row's keys/values: every token fed so far (its last one never is)
+            for j, i in enumerate(live):
+                if last or finish[i] is not None:
+                    kept[i] = _row_kv(cache, attn, prefill_width, j, tuple(prompts[i]) + tuple(tokens[i][:-1]),
+                                      len(tokens[i]) - 1)
+        if last or not stay:
+            break  # the last tokens are never fed: nothing reads their keys/values
+        if len(stay) < len(live):
+            # stopped rows leave the batch: every later step costs only the rows still writing
+            keep = torch.tensor(stay, dtype=torch.long, device=device)
+            cache.batch_select_indices(keep)
+            attn, positions, nxt = attn[keep], positions[keep], nxt[keep]
+            live = [live[j] for j in stay]
+        attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype, device=device)], dim=1)
         positions = positions[:, -1:] + 1
         out = model(
-            input_ids=step_ids, attention_mask=attn, position_ids=positions, use_cache=True,
-            **{cache_arg: _cache_of(out)},
+            input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=positions, use_cache=True,
+            **{cache_arg: cache}, **last_only,
         )
 
-    kept = None
+    rows_kv = None
     if keep_kv:
-        cache = _cache_of(out)
-        kept = [_row_kv(cache, attn, prefill_width, i, tuple(prompts[i]) + tuple(tokens[i][:-1]), len(tokens[i]) - 1)
-                for i in range(n)]
+        rows_kv = [k for k in kept if k is not None]
+        assert len(rows_kv) == n  # every row left the batch once, with its keys/values
     gens = []
     for i in range(n):
         trie = tries[i]
@@ -265,4 +292,4 @@ def generate_batch(
                 allowed=allowed_log[i] if trie is not None else None,
             )
         )
-    return gens, kept
+    return gens, rows_kv
