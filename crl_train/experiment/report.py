@@ -265,7 +265,7 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
              f"{len(records)} cells: methods {', '.join(suite.methods)}{variants} × "
              f"seeds {', '.join(map(str, suite.seeds))} × "
              f"{len(suite.envs)} env mixture(s); {suite.eval_episodes} held-out episodes per mode and cell.", "",
-             *_headline(records, out, suite.pairs),
+             *_reading(suite), *_headline(records, out, suite.pairs),
              "## Final success", "",
              f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without experience "
              "minus grpo's on the same seeds (paired t); internalisation = success without / with experience "
@@ -294,6 +294,13 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def _reading(suite: Suite) -> list[str]:
+    """The suite's ``reading`` file (what the run shows, written after it), if it has one."""
+    if suite.reading is None or not Path(suite.reading).is_file():
+        return []
+    return [Path(suite.reading).read_text(encoding="utf-8").strip(), ""]
 
 
 def _headline(records: Sequence[dict[str, Any]], out: Path, pairs: Sequence[tuple[str, str]]) -> list[str]:

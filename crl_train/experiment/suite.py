@@ -79,6 +79,9 @@ class Suite:
     """Ray resources of one cell (``--ray``): ``num_cpus``, ``num_gpus``."""
     description: str = ""
     """What the suite reproduces (a figure or table of the papers)."""
+    reading: str | None = None
+    """A Markdown file (relative to the suite file) the report opens with: what the run shows and what
+    it cannot, written after reading the tables; absent or None: the report opens with the tables."""
     contrasts: tuple[tuple[str, str], ...] = ()
     """Paired differences ``a − b`` (rows of the suite, over the same seeds) of the report's tables per
     fifth of training; empty: complementary − static_online when the suite has both."""
@@ -158,10 +161,12 @@ def suite_from_dict(data: dict[str, Any]) -> Suite:
 
 
 def load_suite(path: Path) -> Suite:
-    """A suite file; its ``config`` path is resolved against the file's folder."""
+    """A suite file; its ``config`` and ``reading`` paths are resolved against the file's folder."""
     suite = suite_from_dict(read_yaml(path))
-    if suite.config is not None and not Path(suite.config).is_absolute():
-        suite = Suite(**{**suite.__dict__, "config": str((path.parent / suite.config).resolve())})
+    for key in ("config", "reading"):
+        value = getattr(suite, key)
+        if value is not None and not Path(value).is_absolute():
+            suite = Suite(**{**suite.__dict__, key: str((path.parent / value).resolve())})
     return suite
 
 
