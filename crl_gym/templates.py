@@ -100,10 +100,14 @@ SEARCH_NO_RESULT = "No stored experience matches \"{query}\". Continue with your
 # The extractor: distillation (crl_gym.experience.prompts.build_distillation_prompt)
 # --------------------------------------------------------------------------------------------
 
-DISTILLATION_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
-The agent (the actor) just finished one episode. Your job is to maintain a shared bank of short,
-reusable pieces of experience that make the actor succeed more often in later episodes. You are
-rewarded when the entries you write help the actor succeed.
+ENTRY_CONTRACT = """An entry has at most {max_entry_chars} characters, no double quotes or backslashes, and is either
+- a fact about one task, for when it comes again: the task's name and what won or lost it, such as the winning actions in order; or
+- a lesson for other tasks too: when X, do Y."""
+"""What an entry may record, the same for every method and extractor: a fact about a task that will recur, or a transferable lesson (docs/experience.md, "The entry contract"); ``{max_entry_chars}``."""
+
+DISTILLATION_TEMPLATE = """You write the experience bank of an agent: before a task it reads the entry that best matches it, and you are rewarded when it then succeeds.
+""" + ENTRY_CONTRACT + """
+Answer with a JSON list of 1 to {max_ops} operations and nothing else, shaped like [{"op":"add","text":"<task name>: <the fact or lesson>"}], or [{"op":"return","reason":"<why>"}] to add nothing.
 
 ## Task
 {task}
@@ -111,62 +115,27 @@ rewarded when the entries you write help the actor succeed.
 ## Outcome
 {outcome}
 
-## Experience the actor was given
+## Entry the actor was given
 {experience}
 
 ## Trajectory
-{trajectory}
-
-## What to do
-Think it through first:
-- Why did the episode succeed or fail? Which decisions mattered, which were mistakes, where
-  did the actor waste actions or get stuck?
-- {influence_question}
-- Is there a lesson here that would change what the actor does next time, on this task or on
-  similar ones?
-
-Then answer with a JSON list of operations, and nothing after it:
-- {"op":"add","text":"..."} adds a new entry.
-{update_rule}
-- {"op":"return","reason":"..."} changes nothing; use it when the episode teaches nothing
-  new or the lesson is already covered.
-
-Rules for entry text: one to three plain sentences (no double quotes, no backslashes), an
-instruction the actor can act on (when X, do Y because Z); general enough to transfer to other
-episodes of the task (no coordinates, seeds or one-off details); never copy the trajectory. Use
-at most {max_ops} operations.
-
-Example answer:
-```json
-[{"op":"add","text":"When the key is visible, pick it up before heading to the door; the door cannot be opened without it."}]
-```"""
-"""The extractor's prompt for one finished episode R = (τ, g, o, m); answer: ``schemas.ops_schema``, read by ``parse_structured_ops`` / ``parse_ops``."""
+{trajectory}"""
+"""The extractor's prompt for one finished episode R = (τ, g, o, m): fixed instructions and contract first, the episode's parts last (a batch shares the instructions as its prefix); answer: ``schemas.ops_schema``, read by ``parse_structured_ops`` / ``parse_ops``."""
 
 UPDATE_RULE_GUIDED = (
-    '- {"op":"update","id":{id},"text":"..."} rewrites the entry the actor was given '
-    "(id {id}) when it was wrong, misleading or incomplete; write the whole new text. It can only be "
-    "the first operation."
+    'If it was wrong, misleading or incomplete, rewrite it with {"op":"update","id":{id},"text":"..."} '
+    "(the whole new text); an update can only be the first operation."
 )
-"""``{update_rule}`` of a guided episode: the given entry ``{id}`` may be rewritten."""
+"""Follows a guided episode's entry in ``{experience}``: the given entry ``{id}`` may be rewritten."""
 
-UPDATE_RULE_FREE = (
-    "- (No entry was given in this episode, so there is nothing to update; do not use \"update\".)"
-)
-"""``{update_rule}`` of a free episode: there is no entry to update."""
+UPDATE_RULE_FREE = "There is nothing to update."
+"""Follows ``NO_EXPERIENCE`` in a free episode's ``{experience}``: there is no entry to update."""
 
 NO_EXPERIENCE = "None: this episode ran without retrieved experience."
 """``{experience}`` of a free episode."""
 
-GIVEN_ENTRY_TEMPLATE = "Entry id {id} (version {version}):\n{text}"
-"""``{experience}`` of a guided episode: the entry it was given; ``{id}``, ``{version}``, ``{text}``."""
-
-INFLUENCE_QUESTION_FREE = ("No experience was given: what would the actor have needed to know at the "
-                           "start?")
-"""``{influence_question}`` of a free episode."""
-
-INFLUENCE_QUESTION_GUIDED = ("How did the given entry influence the actor? Did it follow the advice, "
-                             "did the advice help, was it irrelevant, wrong or too vague?")
-"""``{influence_question}`` of a guided episode."""
+GIVEN_ENTRY_TEMPLATE = "Entry id {id} (version {version}):\n{text}\n{update_rule}"
+"""``{experience}`` of a guided episode: the entry it was given and how to rewrite it; ``{id}``, ``{version}``, ``{text}``, ``{update_rule}``."""
 
 OUTCOME_TEMPLATE = "{verdict}: episode return {outcome} after {turns} actions."
 """``{outcome}`` of the distillation prompt; ``{verdict}`` (SUCCESS / FAILURE), ``{outcome}`` (signed), ``{turns}``."""
@@ -251,8 +220,8 @@ WEBSHOP_SEARCH_ACTION = "search[<query>]"
 REFLECTION_TEMPLATE = """You are the experience extractor of a reinforcement-learning agent.
 The actor keeps failing one kind of task ({category}): it succeeded in {successes} of {episodes}
 episodes of it in the last training step. Compare what went wrong with what worked, and write up to
-{max_entries} new entries for the shared experience bank: short, actionable advice that would make
-the actor succeed on this kind of task.
+{max_entries} new entries for the shared experience bank that would make the actor succeed on this kind of task.
+""" + ENTRY_CONTRACT + """
 
 ## Failed episodes
 {failures}
@@ -268,8 +237,8 @@ NO_SUCCESSFUL_EPISODE = "(none in this step)"
 """What the reflection prompt shows when no episode of the category succeeded."""
 
 __all__ = [
-    "DISTILLATION_TEMPLATE", "EMPTY_TRAJECTORY", "EXPERIENCE_TEMPLATE", "GATE_REFINE_TEMPLATE", "GATE_TEMPLATE", "GIVEN_ENTRY_TEMPLATE",
-    "GUIDED_OBSERVATION_TEMPLATE", "INFLUENCE_QUESTION_FREE", "INFLUENCE_QUESTION_GUIDED", "MERGE_TEMPLATE",
+    "DISTILLATION_TEMPLATE", "EMPTY_TRAJECTORY", "ENTRY_CONTRACT", "EXPERIENCE_TEMPLATE", "GATE_REFINE_TEMPLATE", "GATE_TEMPLATE", "GIVEN_ENTRY_TEMPLATE",
+    "GUIDED_OBSERVATION_TEMPLATE", "MERGE_TEMPLATE",
     "NO_EXPERIENCE", "OMITTED_TURNS_TEMPLATE", "OUTCOME_TEMPLATE", "REFINEMENT_TEMPLATE", "REFLECTION_TEMPLATE", "NO_SUCCESSFUL_EPISODE", "SEARCH_ACTION",
     "SEARCH_AND_ASK_ANSWER_TEMPLATE", "SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE", "SEARCH_AND_ASK_ERROR_TEMPLATE",
     "SEARCH_AND_ASK_NO_ENTRY_TEMPLATE", "SEARCH_AND_ASK_OVER_CAP_TEMPLATE", "SEARCH_AND_ASK_TOOL",

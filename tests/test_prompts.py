@@ -28,7 +28,15 @@ from crl_gym.experience.prompts import (
     truncate_middle,
 )
 from crl_gym.experience.schemas import merge_schema, ops_schema
-from crl_gym.protocol import AddOp, DistillationRequest, ExperienceRef, Step, Trajectory, UpdateOp
+from crl_gym.protocol import (
+    AddOp,
+    DistillationRequest,
+    ExperienceRef,
+    ReturnOp,
+    Step,
+    Trajectory,
+    UpdateOp,
+)
 
 BRACES = "{task} {0} {} {{x}} } { {experience!r} %s $name"
 
@@ -134,12 +142,14 @@ def test_distillation_prompt_respects_max_chars() -> None:
 def test_distillation_example_answer_parses_to_an_add() -> None:
     # The example in the prompt must be valid input of parse_ops and of the schema (format, grammar
     # and parser agree).
-    example = DISTILLATION_TEMPLATE[DISTILLATION_TEMPLATE.rindex("```json"):]
-    ops = parse_ops("<think>ok</think>" + example, allowed_update_ids=set(), stats=ParseStats())
-    assert len(ops) == 1 and isinstance(ops[0], AddOp)
-    body = example.removeprefix("```json\n").removesuffix("\n```")
-    jsonschema.validate(json.loads(body), ops_schema(set()))
-    assert parse_structured_ops(body, allowed_update_ids=set(), stats=ParseStats()) == ops
+    # The examples show an answer's shape (an add, a return), not a lesson a model could echo.
+    examples = re.findall(r"\[\{.*?\}\]", DISTILLATION_TEMPLATE)
+    assert len(examples) == 2
+    for body, kind in zip(examples, (AddOp, ReturnOp), strict=True):
+        ops = parse_ops("<think>ok</think>" + body, allowed_update_ids=set(), stats=ParseStats())
+        assert len(ops) == 1 and isinstance(ops[0], kind)
+        jsonschema.validate(json.loads(body), ops_schema(set()))
+        assert parse_structured_ops(body, allowed_update_ids=set(), stats=ParseStats()) == ops
 
 
 def test_distillation_answer_in_documented_format_round_trips() -> None:

@@ -25,15 +25,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crl_gym.experience.ops import MAX_INPUT_CHARS, clean_text, strip_think
+from crl_gym.experience.ops import DEFAULT_MAX_LEN, MAX_INPUT_CHARS, clean_text, strip_think
+from crl_gym.experience.schemas import MAX_OPS
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
 from crl_gym.templates import (
     DISTILLATION_TEMPLATE,
     EMPTY_TRAJECTORY,
     EXPERIENCE_TEMPLATE,
     GIVEN_ENTRY_TEMPLATE,
-    INFLUENCE_QUESTION_FREE,
-    INFLUENCE_QUESTION_GUIDED,
     MERGE_TEMPLATE,
     NO_EXPERIENCE,
     NO_SUCCESSFUL_EPISODE,
@@ -172,45 +171,63 @@ def _render_outcome(request: DistillationRequest) -> str:
 
 
 def build_distillation_prompt(
-    request: DistillationRequest, max_chars: int = 12000, *, max_ops: int = 3
+    request: DistillationRequest, max_chars: int = 12000, *, max_ops: int = MAX_OPS,
+    max_entry_chars: int = DEFAULT_MAX_LEN,
 ) -> str:
     """The prompt that asks the extractor to distil ``request`` into Add / Update / Return ops.
 
-    The trajectory is shrunk to keep the whole prompt near ``max_chars`` characters. Parse the
-    answer with ``parse_ops(text, allowed_update_ids=distillation_update_ids(request))``.
+    The entry contract comes first and is the same for every request with the same ``max_ops`` and
+    ``max_entry_chars`` (the bounds of the answer's schema, ``schemas.ops_schema``); the episode's
+    task, outcome, given entry and trajectory follow it, so requests batched together share all
+    the instructions as their common prefix. The trajectory is shrunk to keep the whole prompt near
+    ``max_chars`` characters. Parse the answer with
+    ``parse_ops(text, allowed_update_ids=distillation_update_ids(request))``.
 
     >>> from crl_gym.protocol import Trajectory, Step
     >>> r = DistillationRequest(task="reach > {fast}", trajectory=Trajectory(
     ...     steps=[Step("@ . >", "east", 1.0)]), outcome=1.0, success=True, experience=None)
     >>> p = build_distillation_prompt(r)
-    >>> "reach > {fast}" in p and '"op": "update"' not in p
+    >>> "reach > {fast}" in p and '"op":"update"' not in p
+    True
+    >>> p.startswith(distillation_instructions()) and p.index("reach > {fast}") >= len(distillation_instructions())
     True
     """
+    if max_ops < 1 or max_entry_chars < 1:
+        raise ValueError(f"build_distillation_prompt: max_ops and max_entry_chars must be >= 1, got {max_ops}, "
+                         f"{max_entry_chars}")
     m = request.experience
     if m is None:
-        experience = NO_EXPERIENCE
-        influence = INFLUENCE_QUESTION_FREE
-        update_rule = fill(UPDATE_RULE_FREE)
+        experience = f"{NO_EXPERIENCE} {UPDATE_RULE_FREE}"
     else:
-        experience = fill(GIVEN_ENTRY_TEMPLATE, id=m.id, version=m.version, text=truncate_middle(m.text, 2000))
-        influence = INFLUENCE_QUESTION_GUIDED
-        update_rule = fill(UPDATE_RULE_GUIDED, id=m.id)
+        experience = fill(GIVEN_ENTRY_TEMPLATE, id=m.id, version=m.version, text=truncate_middle(m.text, 2000),
+                          update_rule=fill(UPDATE_RULE_GUIDED, id=m.id))
     task = truncate_middle(request.task.strip(), 2000)
-    frame = fill(DISTILLATION_TEMPLATE, task=task, outcome=_render_outcome(request),
-                 experience=experience, influence_question=influence,
-                 update_rule=update_rule, max_ops=max_ops, trajectory="")
+    parts = {"task": task, "outcome": _render_outcome(request), "experience": experience,
+             "max_ops": max_ops, "max_entry_chars": max_entry_chars}
+    frame = fill(DISTILLATION_TEMPLATE, **parts, trajectory="")
     traj = render_trajectory(request.trajectory, max(500, max_chars - len(frame)))
-    return fill(DISTILLATION_TEMPLATE, task=task, outcome=_render_outcome(request),
-                  experience=experience, influence_question=influence,
-                  update_rule=update_rule, max_ops=max_ops, trajectory=traj)
+    return fill(DISTILLATION_TEMPLATE, **parts, trajectory=traj)
+
+
+def distillation_instructions(*, max_ops: int = MAX_OPS, max_entry_chars: int = DEFAULT_MAX_LEN) -> str:
+    """The fixed part of every distillation prompt with these bounds: the entry contract and the
+    answer format, everything before the first of the episode's own parts.
+
+    >>> distillation_instructions().rstrip().endswith("## Task")
+    True
+    """
+    head = DISTILLATION_TEMPLATE[:DISTILLATION_TEMPLATE.index("{task}")]
+    return fill(head, max_ops=max_ops, max_entry_chars=max_entry_chars)
 
 
 def build_reflection_prompt(category: str, failures: Sequence[DistillationRequest],
                             successes: Sequence[DistillationRequest], *, max_entries: int = 3,
-                            max_chars: int = 12000, max_episodes: int = 3) -> str:
+                            max_chars: int = 12000, max_episodes: int = 3,
+                            max_entry_chars: int = DEFAULT_MAX_LEN) -> str:
     """EDGE's reflection: contrast a low-success category's failed and successful episodes of one
     step (at most ``max_episodes`` of each, their trajectories shrunk to keep the prompt near
-    ``max_chars``) and ask for up to ``max_entries`` new entries.
+    ``max_chars``) and ask for up to ``max_entries`` new entries under the entry contract (the same
+    as distillation's, ``max_entry_chars`` its schema's bound).
 
     >>> from crl_gym.protocol import Trajectory, Step
     >>> bad = DistillationRequest(task="pick up the key", trajectory=Trajectory(steps=[Step("a key", "north", 0.0)]),
@@ -226,7 +243,7 @@ def build_reflection_prompt(category: str, failures: Sequence[DistillationReques
         return "\n\n".join(f"Task: {truncate_middle(r.task.strip(), 500)}\n{_render_outcome(r)}\n"
                            f"{render_trajectory(r.trajectory, per)}" for r in reqs)
 
-    return fill(REFLECTION_TEMPLATE, category=category, successes=len(successes),
+    return fill(REFLECTION_TEMPLATE, category=category, successes=len(successes), max_entry_chars=max_entry_chars,
                 episodes=len(failures) + len(successes), max_entries=max_entries,
                 failures=episodes(fail), successes_text=episodes(win) if win else NO_SUCCESSFUL_EPISODE)
 
@@ -337,6 +354,6 @@ def build_merge_prompt(items: Sequence[MergeItem]) -> str:
 __all__ = [
     "DISTILLATION_TEMPLATE", "EXPERIENCE_TEMPLATE", "MERGE_TEMPLATE", "REFINEMENT_TEMPLATE", "SEARCH_AND_ASK_TOOL",
     "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "MergeItem", "build_distillation_prompt", "build_merge_prompt",
-    "build_refinement_prompt", "distillation_update_ids", "extract_refined_advice", "fill", "render_experience",
+    "build_refinement_prompt", "distillation_instructions", "distillation_update_ids", "extract_refined_advice", "fill", "render_experience",
     "render_merge_item", "render_search_answer", "render_trajectory", "truncate_middle",
 ]

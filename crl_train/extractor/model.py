@@ -266,7 +266,8 @@ class Extractor:
 
     def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One batched generation over ``requests``; each answer parsed into ops (never raises)."""
-        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars, max_ops=MAX_OPS) for r in requests]
+        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars, max_ops=MAX_OPS,
+                                             max_entry_chars=self.max_entry_chars) for r in requests]
         targets = [distillation_update_ids(r) for r in requests]
         if not self.structured:
             samples = self.generate(prompts, None)
@@ -292,7 +293,7 @@ class Extractor:
         """EDGE's reflection on a low-success category: up to ``max_entries`` new entries (Adds only;
         a Return when the episodes teach nothing), from its failed and successful episodes."""
         prompt = build_reflection_prompt(category, failures, successes, max_entries=max_entries,
-                                         max_chars=self.max_prompt_chars)
+                                         max_chars=self.max_prompt_chars, max_entry_chars=self.max_entry_chars)
         if self.structured:
             grammar = self._grammar(ops_schema((), max_ops=max_entries, max_text=self.max_entry_chars), self.think_tokens)
             (s,) = self._structured([prompt], [grammar])
