@@ -10,9 +10,15 @@ the share the preset gives each model on 2 cores):
   constrained one took. The two alternate for ``--repeats`` passes; the best of each is kept (a
   burst of load from other processes only ever slows a pass down).
 * ``mask_us_per_token``: llguidance's mask alone, per token, replaying the constrained answers.
-* ``distill``: ``Extractor.distill`` of 8 requests in one batched call against 8 one-at-a-time
-  calls (generated tokens per second), and the prompt lengths in tokens (bounded by
-  ``experience.max_prompt_chars``).
+* ``distill``: ``Extractor.distill`` of 8 requests in one batched call (the batch's common prompt
+  prefix encoded once: ``HFPolicy.share_prefix``, the default) against 8 one-at-a-time calls
+  (generated tokens per second), and, in the same run, the batched call without prefix sharing
+  (``batched_no_share_*``), so each part's share of the gain shows; the prompt lengths in tokens
+  (bounded by ``experience.max_prompt_chars``) and the shared prefix's. Sampled at the preset's
+  temperature the three ways write different answers of different lengths (``answer_tokens_mean``),
+  which moves tokens/s; ``greedy`` repeats the comparison with greedy answers, the same every way
+  (``same_answers``), so its speed-ups are ratios of time alone. ``--distill-threads 2`` also
+  times the greedy batched call with a second torch thread (``batched_threads_greedy``).
 * ``cispo_update_s``: one CISPO update of the LoRA extractor over 64 of those samples.
 * ``actor_update_s``: one actor update over a step's 8 episodes: the tiny actor (the preset's) and
   SmolLM2 with LoRA r = 16 on sequences of the same token length.
@@ -24,11 +30,13 @@ time. The machine's load average is printed with the figures (a shared machine s
 the ratios less).
 
     python bench/small.py --json            # last line: one JSON object
+    python bench/small.py --json --sections distill --distill-threads 2   # the distillation only
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -47,6 +55,7 @@ from crl_train.algorithms import LOSSES  # noqa: E402
 from crl_train.config import load_config  # noqa: E402
 from crl_train.extractor.model import BufferItem, Extractor  # noqa: E402
 from crl_train.policy.base import Generation, OptimConfig, SamplingConfig, TokenSequence, TrainBatch  # noqa: E402
+from crl_train.policy.generate import shared_prefix_len  # noqa: E402
 from crl_train.policy.grammar import JsonGrammar  # noqa: E402
 from crl_train.policy.hf import HFPolicy  # noqa: E402
 from crl_train.policy.lora import LoraSpec  # noqa: E402
@@ -54,6 +63,7 @@ from crl_train.policy.packaged import display_name, resolve_model  # noqa: E402
 
 TARGET_CONSTRAINED_OVER_FREE = 1.15
 TARGET_BATCH_SPEEDUP = 4.0
+SECTIONS = ("generation", "mask", "distill", "cispo", "actor", "steps")
 NAMES = ["amber falcon", "coral heron", "bold lynx", "quiet otter", "brisk crane", "pale wolf", "dusty owl", "red fox"]
 
 
@@ -108,22 +118,76 @@ def bench_mask(policy: HFPolicy, prompt: list[int], grammar: JsonGrammar) -> flo
     return (time.perf_counter() - t0) / tokens * 1e6
 
 
-def bench_distill(ext: Extractor, n: int) -> tuple[dict[str, Any], list[Any]]:
+def _timed_distill(ext: Extractor, reqs: list[DistillationRequest], *, share: bool = True,
+                   threads: int | None = None) -> tuple[float, int, list[Any]]:
+    """Seconds, generated tokens and results of one batched ``distill`` (``threads``: torch's pool
+    for this call only)."""
+    policy = ext.policy
+    assert isinstance(policy, HFPolicy)
+    before_share, before_threads = policy.share_prefix, torch.get_num_threads()
+    policy.share_prefix = before_share if share else 0
+    torch.set_num_threads(threads or before_threads)
+    try:
+        t0 = time.perf_counter()
+        got = ext.distill(reqs)
+        dt = time.perf_counter() - t0
+    finally:
+        policy.share_prefix = before_share
+        torch.set_num_threads(before_threads)
+    return dt, sum(len(s.token_ids) for s, _ in got), got
+
+
+def _three_ways(ext: Extractor, reqs: list[DistillationRequest]) -> tuple[dict[str, Any], list[list[Any]]]:
+    """One at a time, batched without prefix sharing, batched with it (in that order)."""
+    ts, ns, single = 0.0, 0, []
+    for r in reqs:  # one at a time: a batch of one has no common prefix to share
+        dt, k, got = _timed_distill(ext, [r])
+        ts, ns = ts + dt, ns + k
+        single.extend(got)
+    tu, nu, unshared = _timed_distill(ext, reqs, share=False)
+    tb, nb, batched = _timed_distill(ext, reqs)
+    n, one = len(reqs), ns / ts
+    return {"batched_s": round(tb, 2), "batched_tokens_per_s": round(nb / tb, 2), "one_at_a_time_s": round(ts, 2),
+            "one_at_a_time_tokens_per_s": round(one, 2), "speedup": round((nb / tb) / one, 2),
+            "batched_no_share_s": round(tu, 2), "batched_no_share_tokens_per_s": round(nu / tu, 2),
+            "speedup_no_share": round((nu / tu) / one, 2),
+            "answer_tokens_mean": {"batched": round(nb / n, 1), "no_share": round(nu / n, 1),
+                                   "one_at_a_time": round(ns / n, 1)}}, [batched, unshared, single]
+
+
+def bench_distill(ext: Extractor, n: int, extra_threads: list[int], greedy: bool) -> tuple[dict[str, Any], list[Any]]:
+    """Sampled at the preset's temperature (the answers, so their lengths, differ between the three
+    ways), then greedy (the same answers every way: the ratio is one of time alone)."""
     reqs = _requests(n)
-    t0 = time.perf_counter()
-    batched = ext.distill(reqs)
-    tb = time.perf_counter() - t0
-    nb = sum(len(s.token_ids) for s, _ in batched)
-    t0 = time.perf_counter()
-    single = [x for r in reqs for x in ext.distill([r])]
-    ts = time.perf_counter() - t0
-    ns = sum(len(s.token_ids) for s, _ in single)
-    prompt_tokens = [len(s.prompt_token_ids) for s, _ in batched]
-    return {"requests": n, "batched_s": round(tb, 2), "batched_tokens_per_s": round(nb / tb, 2),
-            "one_at_a_time_s": round(ts, 2), "one_at_a_time_tokens_per_s": round(ns / ts, 2),
-            "speedup": round((nb / tb) / (ns / ts), 2), "prompt_tokens_mean": round(sum(prompt_tokens) / n, 1),
-            "prompt_tokens_max": max(prompt_tokens),
-            "example_answer": batched[0][0].response[:200]}, batched + single
+    out: dict[str, Any] = {"requests": n, "threads": torch.get_num_threads()}
+    sampled, (batched, unshared, single) = _three_ways(ext, reqs)
+    out.update(sampled)
+    prompts = [s.prompt_token_ids for s, _ in batched]
+    prompt_tokens = [len(p) for p in prompts]
+    out.update({"shared_prefix_tokens": shared_prefix_len(prompts, 1),
+                "prompt_tokens_mean": round(sum(prompt_tokens) / n, 1), "prompt_tokens_max": max(prompt_tokens),
+                "example_answer": batched[0][0].response[:200]})
+    samples = batched + unshared + single
+    if not (greedy or extra_threads):
+        return out, samples
+    policy = ext.policy
+    assert isinstance(policy, HFPolicy)
+    sampling = policy.sampling
+    policy.sampling = dataclasses.replace(sampling, greedy=True)
+    try:
+        if greedy:
+            out["greedy"], ways = _three_ways(ext, reqs)
+            out["greedy"]["same_answers"] = all(len({w[i][0].response for w in ways}) == 1 for i in range(n))
+            samples += ways[0]
+        more = {}
+        for k in extra_threads:  # greedy: the same answers as the one-thread batch above
+            tk, nk, _ = _timed_distill(ext, reqs, threads=k)
+            more[str(k)] = {"batched_s": round(tk, 2), "batched_tokens_per_s": round(nk / tk, 2)}
+        if more:
+            out["batched_threads_greedy"] = more
+    finally:
+        policy.sampling = sampling
+    return out, samples
 
 
 def bench_cispo(ext: Extractor, samples: list[Any], n: int) -> float:
@@ -185,8 +249,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--cispo-samples", type=int, default=64, help="samples of the CISPO update (paper: 64)")
     ap.add_argument("--steps", type=int, default=1, help="training steps per env for step_time_s (0 skips them)")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="override of the preset for the steps")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every figure (the preset's share: 1)")
+    ap.add_argument("--distill-threads", default="",
+                    help="comma list: also time the batched distillation with these thread counts (e.g. 2)")
+    ap.add_argument("--no-greedy-distill", dest="greedy_distill", action="store_false",
+                    help="skip the distillation comparison with greedy answers (the same answers every way)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma list of the sections to run (default all: {','.join(SECTIONS)})")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    sections = {x.strip() for x in args.sections.split(",") if x.strip()}
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown --sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    extra_threads = [int(x) for x in args.distill_threads.split(",") if x.strip()]
+    if args.threads < 1 or any(k < 1 for k in extra_threads):
+        ap.error("--threads and --distill-threads take counts >= 1")
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     load_before = os.getloadavg()[0]
     cfg = load_config("small")
@@ -208,27 +286,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     grammar = JsonGrammar.from_schema(ops_schema((), max_ops=MAX_OPS, max_text=cfg.experience.max_entry_chars or 160))
     out: dict[str, Any] = {"model": smol.name, "vocab": len(smol.tokenizer), "threads": torch.get_num_threads(),
                            "resolve_s": round(resolve_s, 2), "load_avg_start": round(load_before, 2)}
-    out["generation"] = bench_generation(smol, prompt, grammar, args.repeats, args.new_tokens)
-    out["mask_us_per_token"] = round(bench_mask(smol, prompt, grammar), 1)
-    out["distill"], samples = bench_distill(ext, 8)
-    out["cispo_update_s"] = {"samples": args.cispo_samples,
-                             "seconds": round(bench_cispo(ext, samples, args.cispo_samples), 2)}
-    from crl_train.policy.tiny import build_tiny_policy
+    out["distill_prompt_tokens"] = len(prompt)
+    if "generation" in sections:
+        out["generation"] = bench_generation(smol, prompt, grammar, args.repeats, args.new_tokens)
+    if "mask" in sections:
+        out["mask_us_per_token"] = round(bench_mask(smol, prompt, grammar), 1)
+    samples: list[Any] = []
+    if "distill" in sections or "cispo" in sections:
+        out["distill"], samples = bench_distill(ext, 8, extra_threads, args.greedy_distill)
+    if "cispo" in sections:
+        out["cispo_update_s"] = {"samples": args.cispo_samples, "threads": torch.get_num_threads(),
+                                 "seconds": round(bench_cispo(ext, samples, args.cispo_samples), 2)}
+    if "actor" in sections:
+        from crl_train.policy.tiny import build_tiny_policy
 
-    tiny = build_tiny_policy(["Task amber falcon: east west"] * 4, vocab_size=cfg.actor.tiny_vocab_size,
-                             hidden=cfg.actor.tiny_hidden, layers=cfg.actor.tiny_layers,
-                             optim=OptimConfig(lr=cfg.actor.lr, loss_scale="samples"))
-    out["actor_update_s"] = {"sequences": 8, "tokens_each": 160, **bench_actor_update(smol, tiny, 150, 10)}
+        tiny = build_tiny_policy(["Task amber falcon: east west"] * 4, vocab_size=cfg.actor.tiny_vocab_size,
+                                 hidden=cfg.actor.tiny_hidden, layers=cfg.actor.tiny_layers,
+                                 optim=OptimConfig(lr=cfg.actor.lr, loss_scale="samples"))
+        out["actor_update_s"] = {"sequences": 8, "tokens_each": 160, **bench_actor_update(smol, tiny, 150, 10)}
     del smol, ext
-    if args.steps:
+    if args.steps and "steps" in sections:
         out["step_time_s"] = {env: bench_steps(env, args.steps, args.extra)
                               for env in ("crl/Recall-v0", "crl/MiniHack-Room-5x5-v0")}
     out["load_avg_end"] = round(os.getloadavg()[0], 2)
-    ratio = out["generation"]["b8"]["constrained_over_free"]
     out["targets"] = {"constrained_over_free_b8": TARGET_CONSTRAINED_OVER_FREE,
                       "batched_distill_speedup": TARGET_BATCH_SPEEDUP}
-    out["meets_targets"] = bool(ratio <= TARGET_CONSTRAINED_OVER_FREE
-                                and out["distill"]["speedup"] >= TARGET_BATCH_SPEEDUP)
+    # both figures measured in this run, or no verdict
+    ratio = out.get("generation", {}).get("b8", {}).get("constrained_over_free")
+    speedup = out.get("distill", {}).get("speedup")
+    out["meets_targets"] = (None if ratio is None or speedup is None else
+                            bool(ratio <= TARGET_CONSTRAINED_OVER_FREE and speedup >= TARGET_BATCH_SPEEDUP))
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
     return out
 
