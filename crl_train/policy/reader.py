@@ -33,7 +33,9 @@ over its tokens as the conditional share of the admissible actions that start wi
 far (they sum to log(1/n)). They are honest but never used: nothing trains the reader.
 
 Tokens: a byte-level tokenizer with ChatML turns and no merges (every string round-trips
-exactly, and no env texts are needed to build it).
+exactly, and no env texts are needed to build it). An episode's context is then counted one token
+per byte: on envs with long observations raise ``actor.max_context_tokens`` (the reader's cost
+does not grow with it), or the runner ends long episodes as context-truncated failures.
 
 >>> reader = ReaderPolicy(seed=0)
 >>> prompt = reader.apply_chat([{"role": "user", "content":
