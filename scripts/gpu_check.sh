@@ -12,6 +12,10 @@
 #    the engine built from the policy's weights, LLM.generate with token log-probs (tokens/s, and
 #    how far its log-probs are from HFPolicy.logprobs on the same sequences), a weight sync after one
 #    update (collective_rpc or the in-process load_weights path) and generation after it.
+# 3. TRL with vLLM (examples/trl_grpo.py --vllm, < 5 minutes), skipped with a note when vLLM does not
+#    import: TRL's GRPOTrainer with use_vllm=True (colocate) for two steps on SmolLM2 through the
+#    crl_gym.integrations.trl adapter against crl-experience serve --extractor tiny; the one TRL path
+#    that cannot run on CPU (trl/generation/vllm_generation.py raises ImportError without vLLM).
 # One JSON object per line on stdout; anything that fails exits non-zero with the error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +25,7 @@ if [[ -z "$PY" ]]; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec timeout 480 "$PY" - <<'PYEOF'
+timeout 480 "$PY" - <<'PYEOF'
 import importlib.util
 import inspect
 import json
@@ -157,3 +161,8 @@ after = gen.generate(vprompts[:8], 32)
 emit(check="vllm_sync", ok=gen.syncs >= 2 and all(len(o.token_ids) > 0 for o in after), syncs=gen.syncs,
      update_and_sync_s=round(sync_s, 3))
 PYEOF
+if "$PY" -c "import vllm, trl" 2>/dev/null; then
+  timeout 300 "$PY" examples/trl_grpo.py --steps 2 --vllm | tail -n 1
+else
+  echo '{"check": "trl_vllm", "ok": true, "skipped": "vllm or trl does not import"}'
+fi

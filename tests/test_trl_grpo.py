@@ -98,7 +98,7 @@ def tool_calling_tiny_actor() -> tuple[Any, Any, list[list[Any]]]:
     return model, tokenizer, bias
 
 
-class RecordingTrainer(ComplementaryGRPOTrainer):  # type: ignore[misc]
+class RecordingTrainer(ComplementaryGRPOTrainer):
     """Keeps, per generation batch, what the envs say (reward, condition, turns) and the advantages trained on."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

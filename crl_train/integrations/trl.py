@@ -117,7 +117,7 @@ class SplitBatch:
     advantages: torch.Tensor
 
 
-class ComplementaryGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl has no type information
+class ComplementaryGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages are Complementary RL's split-subgroup ones (module docstring).
 
     Args:
@@ -148,8 +148,11 @@ class ComplementaryGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl has no
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        mode = "train" if self.model.training else "eval"
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        mode = "train" if getattr(self.model, "training", False) else "eval"
+        count = self.num_generations if mode == "train" else self.num_generations_eval
+        if count is None:
+            raise ValueError("GRPOConfig.num_generations is not set")
+        num_generations = int(count)
         offset = self.accelerator.process_index * len(inputs)
         positions = [(offset + i) % num_generations for i in range(len(inputs))]
         conditions = split_conditions([x.get("experience") for x in inputs], positions, num_generations)
