@@ -78,3 +78,16 @@ def test_a_suite_with_the_oracle_reports_every_new_entry_holding_its_secret(tmp_
 def test_small_suites_name_their_command(name: str) -> None:
     text = (EXPERIMENTS / f"{name}.yaml").read_text()
     assert f"crl-experiment --suite experiments/{name}.yaml" in text
+
+
+def test_a_suite_reading_opens_its_report(tmp_path: Path) -> None:
+    from crl_train.experiment.report import write_report
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "reading.md").write_text("## What this run shows\n\nNothing yet.\n")
+    (tmp_path / "s.yaml").write_text("name: s\nmethods: [grpo]\nseeds: [0]\nreading: notes/reading.md\n")
+    suite = load_suite(tmp_path / "s.yaml")
+    assert suite.reading == str((tmp_path / "notes" / "reading.md").resolve())
+    (tmp_path / "out").mkdir()
+    report = write_report(suite, tmp_path / "out", []).read_text()
+    assert report.index("## What this run shows") < report.index("## Final success")
