@@ -180,3 +180,14 @@ def test_trl_advantages_leave_an_unscorable_episode_out() -> None:
     valid = torch.tensor([True, False, True, True])
     a = trl_advantages(r, torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 1, 1]), valid=valid)
     assert a.tolist() == pytest.approx([0.0, 0.0, 1.0, -1.0], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_the_library_imports_without_trl() -> None:
+    # TRL (and transformers' Trainer) load only with the integration modules themselves
+    import subprocess
+    import sys
+    code = ("import sys, crl_gym, crl_train, crl_gym.integrations, crl_train.integrations, crl_gym.wrappers; "
+            "loaded = sorted(m for m in sys.modules if m == 'trl' or m.startswith('trl.')); "
+            "assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,7 +12,8 @@ response template, runs them on the env, and takes the env's reward.
 Asserted: the env was driven by parsed tool calls, two optimizer steps ran and each ended its
 rollout step on the service, the service distilled and credited (``/stats``), and the advantages
 the trainer trained on equal ``split_subgroup_advantages`` of the envs' rewards with the guided /
-free halves the envs ran (not TRL's pooled group normalisation).
+free halves the envs ran (not TRL's pooled group normalisation); an evaluation afterwards sends
+its episodes as held out (``rollout_step`` -1).
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
             gradient_accumulation_steps=1, num_generations=GENERATIONS, max_completion_length=192,
             max_tool_calling_iterations=3, learning_rate=1e-3, logging_steps=1, report_to="none",
             save_strategy="no", use_cpu=True, seed=0, generation_kwargs={"sequence_bias": bias},
+            per_device_eval_batch_size=2 * GENERATIONS,
             **PAPER_SETTINGS,
         )
         trainer = RecordingTrainer(
@@ -153,7 +155,7 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
         assert trainer.state.global_step == 2
         assert [r["step"] for r in session.ended] == [0, 1]
         assert len(trainer.batches) == 2
-        for batch in trainer.batches:
+        for batch in list(trainer.batches):
             assert sum(batch["turns"]) > 0, "no tool call was parsed and run"
             assert all(r is not None for r in batch["requests"]), "every episode is submitted"
             conds = batch["conditions"]
@@ -172,6 +174,11 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
             assert trainer.last_split is not None
         steps = {r.rollout_step for b in trainer.batches for r in b["requests"]}
         assert steps == {0, 1}
+        # held-out evaluation: its episodes reach the service with rollout_step -1 (never credited)
+        trainer.evaluate(eval_dataset=Dataset.from_list(dataset_rows([0, 1])))
+        assert len(trainer.batches) == 3 and len(session.ended) == 2
+        assert {r.rollout_step for r in trainer.batches[-1]["requests"]} == {-1}
+        assert session.step == 1
 
         stats = client.stats()
         deadline = time.monotonic() + 120

@@ -123,12 +123,14 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
     Args:
         *args, **kwargs: ``GRPOTrainer``'s.
         experience: a :class:`crl_gym.integrations.trl.TRLExperience`: its ``environment_factory``
-            is used when none is given, and its end-step callback is added.
+            is used when none is given, and its end-step callback is added; evaluation episodes
+            (``trainer.evaluate()``) carry ``rollout_step = -1``, which the service never credits.
 
     ``last_split`` holds the latest generation batch's :class:`SplitBatch`.
     """
 
     def __init__(self, *args: Any, experience: TRLExperience | None = None, **kwargs: Any) -> None:
+        self._crl_session = experience
         if experience is not None:
             kwargs.setdefault("environment_factory", experience.environment_factory)
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), experience.callback()]
@@ -158,7 +160,14 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
         conditions = split_conditions([x.get("experience") for x in inputs], positions, num_generations)
         rows = [{**x, "experience": c} for x, c in zip(inputs, conditions, strict=True)]
         self._crl_rewards = None
-        output: dict[str, Any] = super()._generate_and_score_completions(rows)
+        session, open_step = self._crl_session, None
+        if session is not None and mode == "eval":  # held-out episodes: a negative step is never credited
+            open_step, session.step = session.step, -1
+        try:
+            output: dict[str, Any] = super()._generate_and_score_completions(rows)
+        finally:
+            if session is not None and open_step is not None:
+                session.step = open_step
         if self._crl_rewards is None:
             raise RuntimeError("GRPOTrainer computed no rewards for the batch (its _calculate_rewards was not called)")
         device = self.accelerator.device
