@@ -14,8 +14,8 @@
 #    update (collective_rpc or the in-process load_weights path) and generation after it.
 # 3. TRL with vLLM (examples/trl_grpo.py --vllm, < 5 minutes), skipped with a note when vLLM does not
 #    import: TRL's GRPOTrainer with use_vllm=True (colocate) for two steps on SmolLM2 through the
-#    crl_gym.integrations.trl adapter against crl-experience serve --extractor tiny; the one TRL path
-#    that cannot run on CPU (trl/generation/vllm_generation.py raises ImportError without vLLM).
+#    crl_gym.integrations.trl adapter against crl-experience serve --extractor tiny; the TRL path the
+#    CPU tests cannot run (trl/generation/vllm_generation.py raises ImportError without vLLM).
 # One JSON object per line on stdout; anything that fails exits non-zero with the error.
 set -euo pipefail
 cd "$(dirname "$0")/.."

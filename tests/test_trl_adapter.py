@@ -8,27 +8,24 @@ import math
 
 import pytest
 import torch
+from transformers import TrainerControl, TrainerState, TrainingArguments
 
-pytest.importorskip("trl")
-
-from transformers import TrainerControl, TrainerState, TrainingArguments  # noqa: E402
-
-from crl_gym.clients import LocalClient  # noqa: E402
-from crl_gym.experience.bank import ExperienceBank  # noqa: E402
-from crl_gym.experience.embedders import HashingEmbedder  # noqa: E402
-from crl_gym.experience.manager import ExperienceManager  # noqa: E402
-from crl_gym.experience.service import RetrievalService  # noqa: E402
-from crl_gym.integrations.trl import (  # noqa: E402
+from crl_gym.clients import LocalClient
+from crl_gym.experience.bank import ExperienceBank
+from crl_gym.experience.embedders import HashingEmbedder
+from crl_gym.experience.manager import ExperienceManager
+from crl_gym.experience.service import RetrievalService
+from crl_gym.integrations.trl import (
     ExperienceEnv,
     SearchAndAskEnv,
     TRLExperience,
     dataset_rows,
 )
-from crl_gym.protocol import AddOp  # noqa: E402
-from crl_gym.wrappers.examples import CorridorEnv  # noqa: E402
-from crl_gym.wrappers.experience import ExperienceWrapper  # noqa: E402
-from crl_train.algorithms import split_subgroup_advantages  # noqa: E402
-from crl_train.integrations.trl import split_conditions, trl_advantages  # noqa: E402
+from crl_gym.protocol import AddOp
+from crl_gym.wrappers.examples import CorridorEnv
+from crl_gym.wrappers.experience import ExperienceWrapper
+from crl_train.algorithms import split_subgroup_advantages
+from crl_train.integrations.trl import split_conditions, trl_advantages
 
 
 @pytest.fixture

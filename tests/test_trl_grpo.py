@@ -31,7 +31,6 @@ import pytest
 import torch
 import yaml
 
-pytest.importorskip("trl")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from datasets import Dataset  # noqa: E402
