@@ -107,7 +107,7 @@ ENTRY_CONTRACT = """An entry has at most {max_entry_chars} characters, no double
 
 DISTILLATION_TEMPLATE = """You write the experience bank of an agent: before a task it reads the entry that best matches it, and you are rewarded when it then succeeds.
 """ + ENTRY_CONTRACT + """
-Answer with a JSON list of 1 to {max_ops} operations and nothing else, shaped like [{"op":"add","text":"<task name>: <the fact or lesson>"}], or [{"op":"return","reason":"<why>"}] to add nothing.
+Answer with a JSON list of 1 to {max_ops} operations and nothing else, shaped like [{"op":"add","text":"Task name: the fact or the lesson."}], or [{"op":"return","reason":"nothing new"}] to add nothing.
 
 ## Task
 {task}

@@ -89,7 +89,7 @@ def test_the_common_token_prefix_of_two_chat_prompts_covers_the_instructions() -
 
 
 def test_the_instructions_are_short() -> None:
-    # 164 SmolLM2 tokens at max_entry_chars=160 (docs/experience.md); the previous prompt's fixed
+    # 162 SmolLM2 tokens at max_entry_chars=160 (docs/experience.md); the previous prompt's fixed
     # text was 1,465 characters (381 tokens for a free episode, 421 for a guided one)
     for chars in (64, 160, DEFAULT_MAX_LEN):
         assert len(distillation_instructions(max_entry_chars=chars)) <= 700
