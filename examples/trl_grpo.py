@@ -11,8 +11,11 @@ ChatML, which renders no tools, and Qwen2.5's is ChatML with tools (same ``<|im_
 guided by a retrieved entry, half free (``experience: split`` rows, ``ComplementaryGRPOTrainer``);
 every episode goes to the service, which distils it, credits the entries a step used once the step
 ends, and trains the extractor with CISPO. The service's stats are printed at the end (one JSON line).
-A 135M model rarely writes a well-formed tool call: an episode it leaves open ends as a failure
-when TRL asks for its reward, and is distilled like any other.
+A 135M model rarely writes a well-formed tool call of its own, so by default each assistant turn
+starts with the call's opening (``<tool_call>{"name": "take_action", "arguments": {"action": "``,
+written by the chat template's generation prompt, not trained on): the model writes the action and
+closes the call, or fails to, and an episode it leaves open ends as a failure when TRL asks for its
+reward, distilled like any other (``--no-prefill``: the plain Qwen2.5 template).
 """
 
 from __future__ import annotations
@@ -36,10 +39,20 @@ from crl_gym.clients import RemoteClient  # noqa: E402
 from crl_gym.integrations.trl import TRLExperience, dataset_rows  # noqa: E402
 
 STATS_KEYS = ("bank_size", "submitted", "steps_ended", "distilled", "credited", "extractor_updates", "merges")
+CALL_OPEN = '<tool_call>\n{"name": "take_action", "arguments": {"action": "'
 INSTRUCTION = (
     "You play a text game. Each turn, call the take_action tool with exactly one of the admissible actions, "
     'for example:\n<tool_call>\n{"name": "take_action", "arguments": {"action": "north"}}\n</tool_call>'
 )
+
+
+def prefilled_template(template: str) -> str:
+    """``template`` (TRL's Qwen2.5 chat template) with :data:`CALL_OPEN` after its generation prompt."""
+    end = "{{- '<|im_start|>assistant\\n' }}\n{%- endif %}"
+    if template.count(end) != 1:
+        raise RuntimeError("TRL's Qwen2.5 chat template has changed: cannot open the call in it (use --no-prefill)")
+    opening = CALL_OPEN.replace("\n", "\\n").replace('"', '\\"')
+    return template.replace(end, "{{- '<|im_start|>assistant\\n" + opening + "' }}\n{%- endif %}")
 
 
 def _free_port() -> int:
@@ -77,14 +90,19 @@ def train(client: RemoteClient, args: argparse.Namespace, out: Path) -> dict[str
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
-    from trl.chat_template_utils import qwen2_5_chat_template
+    from trl.chat_template_utils import qwen2_5_chat_template, qwen3_template
 
     from crl_train.integrations.trl import PAPER_SETTINGS, ComplementaryGRPOTrainer
     from crl_train.policy.packaged import resolve_model
 
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = qwen2_5_chat_template
+    if args.prefill:
+        tokenizer.chat_template = prefilled_template(qwen2_5_chat_template)
+        # the parser TRL's add_response_schema gives the Qwen2.5 template; it reads the prompt's opening too
+        tokenizer.response_template = qwen3_template
+    else:
+        tokenizer.chat_template = qwen2_5_chat_template
     model = AutoModelForCausalLM.from_pretrained(path)
     env_kwargs = {"num_tasks": args.tasks, "length": 2, "num_actions": 2}
     session = TRLExperience(client, "crl/Recall-v0", env_kwargs=env_kwargs)
@@ -119,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m", help="actor: smollm2-135m, a GGUF path or a model dir")
     parser.add_argument("--generations", type=int, default=4, help="generations per prompt (half guided)")
     parser.add_argument("--tasks", type=int, default=4, help="Recall tasks (one dataset row each)")
-    parser.add_argument("--max-completion-length", type=int, default=64)
+    parser.add_argument("--max-completion-length", type=int, default=96,
+                        help="tokens per completion, tool answers included")
+    parser.add_argument("--no-prefill", dest="prefill", action="store_false",
+                        help="let the model open its tool calls itself (plain Qwen2.5 template)")
     parser.add_argument("--vllm", action="store_true", help="generate with vLLM on the GPU (TRL use_vllm, colocate)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="crl-trl-") as tmp:
