@@ -198,7 +198,7 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
            "| fifth | step | entry | holds the secret | text |", "| --- | --- | --- | --- | --- |"]
     for p in range(PARTS):
         got = by_part.get(p, [])
-        picks = [got[i * len(got) // per_part] for i in range(min(per_part, len(got)))]
+        picks = got if len(got) <= per_part else [got[i * len(got) // per_part] for i in range(per_part)]
         for r, held in picks:
             text = str(r.get("text", "")).replace("|", "\\|").replace("\n", " ")[:160]
             mark = "n/a" if held is None else "yes" if held else "no"
