@@ -195,14 +195,15 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
     for r, held in rows:
         by_part[part_of(int(r["step"]), steps)].append((r, held))
     out = [f"New entries as first written ({len(rows)} in all; {per_part} per fifth, evenly spaced):", "",
-           "| fifth | step | entry | holds the secret | text |", "| --- | --- | --- | --- | --- |"]
+           "| fifth | step | entry |" + (" holds the secret |" if recall else "") + " text |",
+           "| --- | --- | --- |" + (" --- |" if recall else "") + " --- |"]
     for p in range(PARTS):
         got = by_part.get(p, [])
         picks = got if len(got) <= per_part else [got[i * len(got) // per_part] for i in range(per_part)]
         for r, held in picks:
             text = str(r.get("text", "")).replace("|", "\\|").replace("\n", " ")[:160]
-            mark = "n/a" if held is None else "yes" if held else "no"
-            out.append(f"| {p + 1} | {r['step']} | {r.get('id')} | {mark} | {text} |")
+            mark = "" if held is None else f" {'yes' if held else 'no'} |"
+            out.append(f"| {p + 1} | {r['step']} | {r.get('id')} |{mark} {text} |")
     return out
 
 
