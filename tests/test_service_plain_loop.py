@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import yaml
+from _servers import free_port, wait_healthy
 
 import crl_gym  # noqa: F401  (registers the crl/ envs)
 from crl_gym.clients import RemoteClient
@@ -28,24 +28,6 @@ from crl_gym.wrappers.experience import ExperienceWrapper
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(client: RemoteClient, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"server exited early with {proc.returncode}"
-        try:
-            if client.health()["status"] == "ok":
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.5)
-    raise AssertionError("crl-experience serve did not answer /health in time")
-
-
 def test_plain_gym_loop_drives_the_served_extractor(tmp_path: Path) -> None:
     # the tiny preset, with a small B_φ so that a few steps reach a CISPO update
     preset = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny.yaml").read_text())
@@ -53,14 +35,14 @@ def test_plain_gym_loop_drives_the_served_extractor(tmp_path: Path) -> None:
     preset["experience"].update({"distill_linger_s": 0.1, "seed_entries": []})
     config = tmp_path / "extractor.yaml"
     config.write_text(yaml.safe_dump(preset))
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "crl_gym.cli", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
            "--extractor", str(config)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     client = RemoteClient(url, timeout=60)
     try:
-        _wait_healthy(client, proc)
+        wait_healthy(client, proc)
         client.apply_ops([AddOp("Find the staircase down (>) on the map and walk towards it.")])
         size0 = client.stats()["bank_size"]
         envs = [ExperienceWrapper(gym.make("crl/MiniHack-Room-5x5-v0", max_turns=8), client) for _ in range(4)]

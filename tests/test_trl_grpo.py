@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import yaml
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+from _servers import free_port, wait_healthy  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AddedToken  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
@@ -55,24 +55,6 @@ ACTIONS = ("north", "east")
 CALL_OPEN = '<tool_call>\n{"name": "take_action", "arguments": {"action": "'
 CALL_CLOSE = '"}}\n</tool_call>'
 GENERATIONS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(client: RemoteClient, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"server exited early with {proc.returncode}"
-        try:
-            if client.health()["status"] == "ok":
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.5)
-    raise AssertionError("crl-experience serve did not answer /health in time")
 
 
 def tool_calling_tiny_actor() -> tuple[Any, Any, list[list[Any]]]:
@@ -125,7 +107,7 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
     preset["experience"].update({"distill_linger_s": 0.1, "seed_entries": []})
     config = tmp_path / "extractor.yaml"
     config.write_text(yaml.safe_dump(preset))
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "crl_gym.cli", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
            "--extractor", str(config)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -133,7 +115,7 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
     client = RemoteClient(f"http://127.0.0.1:{port}", timeout=60)
     try:
         model, tokenizer, bias = tool_calling_tiny_actor()  # built while the server starts
-        _wait_healthy(client, proc)
+        wait_healthy(client, proc)
         client.apply_ops([AddOp(f"In task {task_name(i)} play {' then '.join(task_secret(i, 2, 2))}.")
                           for i in range(4)])
         session = TRLExperience(client, "crl/Recall-v0", env_kwargs=ENV_KWARGS)
