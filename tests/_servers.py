@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
@@ -27,3 +28,15 @@ def wait_healthy(client: RemoteClient, proc: subprocess.Popen[bytes], timeout: f
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(0.5)
     raise AssertionError("crl-experience serve did not answer /health in time")
+
+
+def stop_server(proc: subprocess.Popen[bytes], client: RemoteClient) -> bytes:
+    """SIGTERM the server (SIGKILL after 60 s), close ``client``; returns the server's stderr."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    client.close()
+    return err or b""

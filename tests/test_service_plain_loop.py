@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import yaml
-from _servers import free_port, wait_healthy
+from _servers import free_port, stop_server, wait_healthy
 
 import crl_gym  # noqa: F401  (registers the crl/ envs)
 from crl_gym.clients import RemoteClient
@@ -70,11 +69,5 @@ def test_plain_gym_loop_drives_the_served_extractor(tmp_path: Path) -> None:
         for env in envs:
             env.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        client.close()
+        err = stop_server(proc, client)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]

@@ -19,7 +19,6 @@ its episodes as held out (``rollout_step`` -1).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ import yaml
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from _servers import free_port, wait_healthy  # noqa: E402
+from _servers import free_port, stop_server, wait_healthy  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AddedToken  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
@@ -168,11 +167,5 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
             stats = client.stats()
         assert stats["distilled"] > 0 and stats["credited"] > 0, stats
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        client.close()
+        err = stop_server(proc, client)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
