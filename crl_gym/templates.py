@@ -122,6 +122,25 @@ Answer with a JSON list of 1 to {max_ops} operations and nothing else, shaped li
 {trajectory}"""
 """The extractor's prompt for one finished episode R = (τ, g, o, m): fixed instructions and contract first, the episode's parts last (a batch shares the instructions as its prefix); answer: ``schemas.ops_schema``, read by ``parse_structured_ops`` / ``parse_ops``."""
 
+ANSWER_SHAPE = '[{"op":"add","text":"Task name: the fact or the lesson."}]'
+"""The answer's shape as ``DISTILLATION_TEMPLATE`` shows it (the action slot's prompt replaces it)."""
+
+ACTION_SLOT_SHAPE = '[{"op":"add","actions":["the action to play"],"text":"Task name: the fact or the lesson."}]'
+"""The answer's shape under the action slot (``experience.action_slot``): the chosen actions come before the text."""
+
+ACTION_SLOT_RULE = "actions: up to {action_slot} actions to play in order, from the episode's admissible actions."
+"""The one sentence the action slot adds after the answer's shape line; ``{action_slot}``."""
+
+DISTILLATION_SLOT_TEMPLATE = DISTILLATION_TEMPLATE.replace(ANSWER_SHAPE, ACTION_SLOT_SHAPE, 1).replace(
+    "to add nothing.\n", "to add nothing.\n" + ACTION_SLOT_RULE + "\n", 1)
+"""``DISTILLATION_TEMPLATE`` with the action slot (docs/experience.md, "The action slot"): its shape line names ``actions`` and ``ACTION_SLOT_RULE`` follows; instructions still first; distillation only."""
+
+UPDATE_RULE_GUIDED_SLOT = (
+    'If it was wrong, misleading or incomplete, rewrite it with {"op":"update","id":{id},"actions":[...],"text":"..."} '
+    "(the whole new text); an update can only be the first operation."
+)
+"""``UPDATE_RULE_GUIDED`` under the action slot: an update chooses its actions too."""
+
 UPDATE_RULE_GUIDED = (
     'If it was wrong, misleading or incomplete, rewrite it with {"op":"update","id":{id},"text":"..."} '
     "(the whole new text); an update can only be the first operation."
@@ -237,6 +256,7 @@ NO_SUCCESSFUL_EPISODE = "(none in this step)"
 """What the reflection prompt shows when no episode of the category succeeded."""
 
 __all__ = [
+    "ACTION_SLOT_RULE", "ACTION_SLOT_SHAPE", "ANSWER_SHAPE", "DISTILLATION_SLOT_TEMPLATE", "UPDATE_RULE_GUIDED_SLOT",
     "DISTILLATION_TEMPLATE", "EMPTY_TRAJECTORY", "ENTRY_CONTRACT", "EXPERIENCE_TEMPLATE", "GATE_REFINE_TEMPLATE", "GATE_TEMPLATE", "GIVEN_ENTRY_TEMPLATE",
     "GUIDED_OBSERVATION_TEMPLATE", "MERGE_TEMPLATE",
     "NO_EXPERIENCE", "OMITTED_TURNS_TEMPLATE", "OUTCOME_TEMPLATE", "REFINEMENT_TEMPLATE", "REFLECTION_TEMPLATE", "NO_SUCCESSFUL_EPISODE", "SEARCH_ACTION",

@@ -299,6 +299,7 @@ def ops_from_json(value: Any) -> list[dict[str, Any] | Malformed]:
             "id": body.get("id", body.get("entry_id")),
             "tags": tags,
             "reason": body.get("reason", ""),
+            **({"actions": body["actions"]} if "actions" in body else {}),  # the action slot (ops.slot_text)
         })
     return out
 

@@ -20,6 +20,12 @@ Anything malformed becomes ``ReturnOp(reason=..., malformed=True)``: the reason 
 :class:`ParseStats` and logged. ``parse_ops`` never raises. Finding the answer and reading its two
 forms is :mod:`crl_gym.experience.op_forms`; this module validates the ops and counts failures.
 
+**The action slot** (``experience.action_slot``): an add or update may carry ``"actions"``, a list of
+the actions to play; its entry is then :func:`slot_text` — ``Play north, then south. <text>`` — so a
+reader of the entry meets the chosen actions first. An ``actions`` value that is not a list of
+1 … :data:`~crl_gym.experience.schemas.MAX_ACTION_SLOT` plain strings is a counted malformed op
+(``bad_actions``); without the field an op reads as before.
+
 Those forms are for unconstrained text (an API model, a user's own extractor). An answer written
 under the grammar of :func:`crl_gym.experience.schemas.ops_schema` is read by
 :func:`parse_structured_ops`: the JSON list and nothing else, no fallback form, the same
@@ -58,6 +64,7 @@ from crl_gym.experience.op_forms import (
     ops_from_lines,
     strip_think,
 )
+from crl_gym.experience.schemas import MAX_ACTION_SLOT, MAX_SLOT_ACTION_CHARS
 from crl_gym.protocol import AddOp, DeleteOp, ExperienceOp, ReturnOp, UpdateOp
 
 logger = logging.getLogger(__name__)
@@ -70,7 +77,7 @@ MAX_INPUT_CHARS = 200_000
 
 __all__ = [
     "DEFAULT_MAX_LEN", "MAX_INPUT_CHARS", "PARSE_STATS", "ParseStats", "clean_text", "find_json", "parse_ops",
-    "parse_structured_ops", "strip_think",
+    "parse_structured_ops", "slot_text", "strip_think",
 ]
 
 _UNSTORABLE = re.compile("[\\ud800-\\udfff\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f]")
@@ -146,6 +153,25 @@ PARSE_STATS = ParseStats()
 # --------------------------------------------------------------------------------------------
 
 
+def slot_text(actions: Iterable[str], text: str) -> str:
+    """An entry of the action slot: the chosen actions first, in order, then the text.
+
+    >>> slot_text(["north", "south"], "Task amber badger: the secret.")
+    'Play north, then south. Task amber badger: the secret.'
+    """
+    return f"Play {', then '.join(actions)}. {text}"
+
+
+def _slot_actions(value: object) -> list[str]:
+    """The ``actions`` of a slot op: 1 … MAX_ACTION_SLOT non-empty plain strings, else ``bad_actions``."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_ACTION_SLOT:
+        raise Malformed("bad_actions")
+    out = [clean_text(a).strip() if isinstance(a, str) else "" for a in value]
+    if not all(0 < len(a) <= MAX_SLOT_ACTION_CHARS for a in out):
+        raise Malformed("bad_actions")
+    return out
+
+
 def _parse_id(value: object) -> int:
     if isinstance(value, bool):
         raise Malformed("bad_id")
@@ -181,6 +207,8 @@ def _finish(
         raise Malformed("empty_text")
     if len(text) > max_len:
         raise Malformed("text_too_long")
+    if "actions" in raw:  # the action slot: max_len bounds the text, the actions come on top
+        text = slot_text(_slot_actions(raw["actions"]), text)
     if kind == "add":
         raw_tags = raw.get("tags", ())
         tags = tuple(t for t in (clean_text(str(x)).strip()[:64] for x in (raw_tags if isinstance(raw_tags, list | tuple) else ())) if t)
@@ -280,7 +308,7 @@ def _structured(text: object, *, allowed: Collection[int] | None, max_len: int, 
             raws.append(Malformed("not_the_schema"))
             continue
         raws.append({"kind": kind, "text": item.get("text"), "id": item.get("id"), "tags": [],
-                     "reason": item.get("reason", "")})
+                     "reason": item.get("reason", ""), **({"actions": item["actions"]} if "actions" in item else {})})
     return _validate(raws, allowed=allowed, retrieved_id=None, allow_delete=False, max_len=max_len, max_ops=max_ops)
 
 
@@ -342,7 +370,7 @@ def parse_structured_ops(
 
     Only the schema's form is read (after a thinking model's reasoning): a compact JSON list of
     ``{"op": "add", "text"}`` / ``{"op": "update", "id", "text"}`` / ``{"op": "return",
-    "reason"}``. The grammar makes every such answer valid; the validation is still the one of
+    "reason"}``, an add or update with ``"actions"`` before its text under an action slot. The grammar makes every such answer valid; the validation is still the one of
     :func:`parse_ops`, so an answer that is not (cut short, or from a model run without the
     grammar) is a counted malformed Return.
 
@@ -350,6 +378,8 @@ def parse_structured_ops(
     [UpdateOp(id=7, text='Go round.', kind='update')]
     >>> parse_structured_ops('ADD: Go round.', stats=ParseStats())
     [ReturnOp(reason='not_the_schema', malformed=True, kind='return')]
+    >>> parse_structured_ops('[{"op":"add","actions":["east"],"text":"Go round."}]', stats=ParseStats())
+    [AddOp(text='Play east. Go round.', tags=(), kind='add')]
     """
     allowed = None if allowed_update_ids is None else frozenset(allowed_update_ids)
     try:

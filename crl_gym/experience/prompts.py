@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crl_gym.experience.ops import DEFAULT_MAX_LEN, MAX_INPUT_CHARS, clean_text, strip_think
-from crl_gym.experience.schemas import MAX_OPS
+from crl_gym.experience.schemas import MAX_ACTION_SLOT, MAX_OPS, MAX_SLOT_ACTIONS, slot_action
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
 from crl_gym.templates import (
+    DISTILLATION_SLOT_TEMPLATE,
     DISTILLATION_TEMPLATE,
     EMPTY_TRAJECTORY,
     EXPERIENCE_TEMPLATE,
@@ -47,6 +48,7 @@ from crl_gym.templates import (
     STEP_TEMPLATE,
     UPDATE_RULE_FREE,
     UPDATE_RULE_GUIDED,
+    UPDATE_RULE_GUIDED_SLOT,
 )
 
 # Old private names, kept for importers.
@@ -172,7 +174,7 @@ def _render_outcome(request: DistillationRequest) -> str:
 
 def build_distillation_prompt(
     request: DistillationRequest, max_chars: int = 12000, *, max_ops: int = MAX_OPS,
-    max_entry_chars: int = DEFAULT_MAX_LEN,
+    max_entry_chars: int = DEFAULT_MAX_LEN, action_slot: int = 0,
 ) -> str:
     """The prompt that asks the extractor to distil ``request`` into Add / Update / Return ops.
 
@@ -182,6 +184,10 @@ def build_distillation_prompt(
     the instructions as their common prefix. The trajectory is shrunk to keep the whole prompt near
     ``max_chars`` characters. Parse the answer with
     ``parse_ops(text, allowed_update_ids=distillation_update_ids(request))``.
+
+    ``action_slot`` N > 0 (``experience.action_slot``) asks for the action slot: the answer's shape
+    names its ``actions`` field, up to N of the episode's admissible actions
+    (:func:`distillation_slot_actions`; give 0 for a request that has none, whose schema has no slot).
 
     >>> from crl_gym.protocol import Trajectory, Step
     >>> r = DistillationRequest(task="reach > {fast}", trajectory=Trajectory(
@@ -195,29 +201,63 @@ def build_distillation_prompt(
     if max_ops < 1 or max_entry_chars < 1:
         raise ValueError(f"build_distillation_prompt: max_ops and max_entry_chars must be >= 1, got {max_ops}, "
                          f"{max_entry_chars}")
+    template = _distillation_template(action_slot)
     m = request.experience
     if m is None:
         experience = f"{NO_EXPERIENCE} {UPDATE_RULE_FREE}"
     else:
+        rule = UPDATE_RULE_GUIDED_SLOT if action_slot else UPDATE_RULE_GUIDED
         experience = fill(GIVEN_ENTRY_TEMPLATE, id=m.id, version=m.version, text=truncate_middle(m.text, 2000),
-                          update_rule=fill(UPDATE_RULE_GUIDED, id=m.id))
+                          update_rule=fill(rule, id=m.id))
     task = truncate_middle(request.task.strip(), 2000)
     parts = {"task": task, "outcome": _render_outcome(request), "experience": experience,
-             "max_ops": max_ops, "max_entry_chars": max_entry_chars}
-    frame = fill(DISTILLATION_TEMPLATE, **parts, trajectory="")
+             "max_ops": max_ops, "max_entry_chars": max_entry_chars, "action_slot": action_slot}
+    frame = fill(template, **parts, trajectory="")
     traj = render_trajectory(request.trajectory, max(500, max_chars - len(frame)))
-    return fill(DISTILLATION_TEMPLATE, **parts, trajectory=traj)
+    return fill(template, **parts, trajectory=traj)
 
 
-def distillation_instructions(*, max_ops: int = MAX_OPS, max_entry_chars: int = DEFAULT_MAX_LEN) -> str:
+def _distillation_template(action_slot: int) -> str:
+    if not 0 <= action_slot <= MAX_ACTION_SLOT:
+        raise ValueError(f"distillation prompt: action_slot must be in [0, {MAX_ACTION_SLOT}], got {action_slot}")
+    return DISTILLATION_SLOT_TEMPLATE if action_slot else DISTILLATION_TEMPLATE
+
+
+def distillation_instructions(*, max_ops: int = MAX_OPS, max_entry_chars: int = DEFAULT_MAX_LEN,
+                              action_slot: int = 0) -> str:
     """The fixed part of every distillation prompt with these bounds: the entry contract and the
     answer format, everything before the first of the episode's own parts.
 
     >>> distillation_instructions().rstrip().endswith("## Task")
     True
+    >>> "up to 2 actions" in distillation_instructions(action_slot=2)
+    True
     """
-    head = DISTILLATION_TEMPLATE[:DISTILLATION_TEMPLATE.index("{task}")]
-    return fill(head, max_ops=max_ops, max_entry_chars=max_entry_chars)
+    template = _distillation_template(action_slot)
+    head = template[:template.index("{task}")]
+    return fill(head, max_ops=max_ops, max_entry_chars=max_entry_chars, action_slot=action_slot)
+
+
+def distillation_slot_actions(request: DistillationRequest) -> tuple[str, ...]:
+    """The actions an action slot may choose for ``request``: the union, in first-seen order, of
+    ``info["admissible_actions"]`` over the trajectory's env steps. A value that is not a list (or
+    tuple) is ignored, and so is an item the grammar cannot write (``schemas.slot_action``: not a
+    plain string); at most ``MAX_SLOT_ACTIONS`` are kept. Empty: the env lists no actions.
+
+    >>> from crl_gym.protocol import Trajectory, Step
+    >>> steps = [Step("a", "east", 0.0, {"admissible_actions": ["east", "west"]}),
+    ...          Step("b", "west", 0.0, {"admissible_actions": ("west", "north", 7)})]
+    >>> r = DistillationRequest(task="t", trajectory=Trajectory(steps=steps), outcome=0.0, success=False,
+    ...                         experience=None)
+    >>> distillation_slot_actions(r)
+    ('east', 'west', 'north')
+    """
+    seen: dict[str, None] = {}
+    for step in request.trajectory.steps:
+        value = step.info.get("admissible_actions") if step.kind == "env" and isinstance(step.info, dict) else None
+        if isinstance(value, list | tuple):
+            seen.update((a, None) for a in value if slot_action(a))
+    return tuple(seen)[:MAX_SLOT_ACTIONS]
 
 
 def build_reflection_prompt(category: str, failures: Sequence[DistillationRequest],
@@ -354,6 +394,6 @@ def build_merge_prompt(items: Sequence[MergeItem]) -> str:
 __all__ = [
     "DISTILLATION_TEMPLATE", "EXPERIENCE_TEMPLATE", "MERGE_TEMPLATE", "REFINEMENT_TEMPLATE", "SEARCH_AND_ASK_TOOL",
     "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "MergeItem", "build_distillation_prompt", "build_merge_prompt",
-    "build_refinement_prompt", "distillation_instructions", "distillation_update_ids", "extract_refined_advice", "fill", "render_experience",
+    "build_refinement_prompt", "distillation_instructions", "distillation_slot_actions", "distillation_update_ids", "extract_refined_advice", "fill", "render_experience",
     "render_merge_item", "render_search_answer", "render_trajectory", "truncate_middle",
 ]

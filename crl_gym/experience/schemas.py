@@ -8,7 +8,9 @@ the grammar lets a model write, the reader turns into ops or a merge decision wi
 
 * :func:`ops_schema` — distillation: a JSON list of 1 … ``max_ops`` ops, ``add`` / ``update`` /
   ``return``. An update may only be the first op and only target the ids given (the retrieved
-  entry), so one answer never edits an entry twice.
+  entry), so one answer never edits an entry twice. With an **action slot** (``slot_actions``,
+  ``slot_size`` N > 0: ``experience.action_slot``) each add and update first chooses 1 … N
+  ``"actions"`` among the episode's admissible actions (an ``enum``), then writes its text.
 * :func:`refinement_schema` — ``search_and_ask``: ``{"advice": "..."}``.
 * :func:`merge_schema` — one Merge window: an object with one key per window label, in window
   order (so every label is decided exactly once, by construction), valued ``keep``, ``merge`` or
@@ -51,6 +53,13 @@ MAX_OPS = 3
 """Ops in one distillation answer (the prompt's ``{max_ops}``)."""
 MAX_REASON_CHARS = 60
 """Longest ``return`` reason."""
+MAX_ACTION_SLOT = 8
+"""Most actions one slot may hold (``experience.action_slot``'s upper bound)."""
+MAX_SLOT_ACTIONS = 128
+"""Most distinct actions a slot's ``enum`` lists (the first seen are kept): a bound on the grammar."""
+MAX_SLOT_ACTION_CHARS = 100
+"""Longest action a slot lists; a longer one (a free-text command) is left out of the ``enum``."""
+_SLOT_ACTION = re.compile(f"{FIRST_CHAR}{TEXT_CHARS}{{0,{MAX_SLOT_ACTION_CHARS - 1}}}")
 
 
 def text_schema(max_chars: int) -> dict[str, Any]:
@@ -65,18 +74,61 @@ def _op(kind: str, **fields: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
+def slot_action(value: object) -> bool:
+    """Whether ``value`` can be one of a slot's actions: a string the grammar writes without escapes
+    (printable ASCII, no ``"`` or ``\\``, a visible first character), at most
+    :data:`MAX_SLOT_ACTION_CHARS` long.
+
+    >>> slot_action("north"), slot_action(' north'), slot_action(3)
+    (True, False, False)
+    """
+    return isinstance(value, str) and _SLOT_ACTION.fullmatch(value) is not None
+
+
+def slot_schema(actions: Sequence[str], size: int) -> dict[str, Any]:
+    """The ``"actions"`` field of an action slot: 1 … ``size`` items, each one of ``actions``.
+
+    >>> slot_schema(["north", "east"], 2)
+    {'type': 'array', 'items': {'enum': ['north', 'east']}, 'minItems': 1, 'maxItems': 2}
+    """
+    if not 1 <= size <= MAX_ACTION_SLOT:
+        raise ValueError(f"slot_schema: size must be in [1, {MAX_ACTION_SLOT}], got {size}")
+    actions = list(actions)
+    bad = [a for a in actions if not slot_action(a)]
+    if not actions or bad or len(set(actions)) != len(actions) or len(actions) > MAX_SLOT_ACTIONS:
+        raise ValueError(f"slot_schema: actions must be 1 to {MAX_SLOT_ACTIONS} distinct plain strings "
+                         f"(printable ASCII, no quotes or backslashes, at most {MAX_SLOT_ACTION_CHARS} characters), "
+                         f"got {actions!r}")
+    return {"type": "array", "items": {"enum": actions}, "minItems": 1, "maxItems": size}
+
+
 def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text: int = 2000,
-               max_reason: int = MAX_REASON_CHARS) -> dict[str, Any]:
-    """The distillation answer: 1 … ``max_ops`` ops; an update (of one of ``update_ids``) only first."""
+               max_reason: int = MAX_REASON_CHARS, slot_actions: Sequence[str] = (),
+               slot_size: int = 0) -> dict[str, Any]:
+    """The distillation answer: 1 … ``max_ops`` ops; an update (of one of ``update_ids``) only first.
+
+    With ``slot_size`` N > 0 and some ``slot_actions``, every add and update has a required
+    ``"actions"`` field before its ``"text"`` (:func:`slot_schema`); without actions (an env that
+    lists none) the schema has no slot.
+
+    >>> s = ops_schema(set(), max_ops=1, max_text=8, max_reason=1, slot_actions=["north", "east"], slot_size=1)
+    >>> list(s["prefixItems"][0]["anyOf"][0]["properties"])
+    ['op', 'actions', 'text']
+    >>> max_answer_chars(s) == len('[{"op":"add","actions":["north"],"text":"abcdefgh"}]')
+    True
+    """
     if max_ops < 1:
         raise ValueError(f"ops_schema: max_ops must be >= 1, got {max_ops}")
-    add = _op("add", text=text_schema(max_text))
+    if not 0 <= slot_size <= MAX_ACTION_SLOT:
+        raise ValueError(f"ops_schema: slot_size must be in [0, {MAX_ACTION_SLOT}], got {slot_size}")
+    slot: dict[str, Any] = {"actions": slot_schema(slot_actions, slot_size)} if slot_size and slot_actions else {}
+    add = _op("add", **slot, text=text_schema(max_text))
     ret = _op("return", reason=text_schema(max_reason))
     ids = sorted({int(i) for i in update_ids})
     first: list[dict[str, Any]] = [add, ret]
     if ids:
         target = {"const": ids[0]} if len(ids) == 1 else {"enum": ids}
-        first.insert(1, _op("update", id=target, text=text_schema(max_text)))
+        first.insert(1, _op("update", id=target, **slot, text=text_schema(max_text)))
     schema: dict[str, Any] = {"type": "array", "prefixItems": [{"anyOf": first}], "minItems": 1, "maxItems": max_ops}
     schema["items"] = {"anyOf": [add, ret]} if max_ops > 1 else False
     return {**schema, "x-guidance": dict(GUIDANCE_OPTIONS)}
@@ -160,5 +212,7 @@ def example_answers(n_labels: int = 40, max_ids: int = 32) -> list[str]:
     return out
 
 
-__all__ = ["FIRST_CHAR", "GUIDANCE_OPTIONS", "LABEL", "MAX_OPS", "MAX_REASON_CHARS", "MERGE_ACTIONS", "TEXT_CHARS",
-           "example_answers", "max_answer_chars", "merge_schema", "ops_schema", "refinement_schema", "text_schema"]
+__all__ = ["FIRST_CHAR", "GUIDANCE_OPTIONS", "LABEL", "MAX_ACTION_SLOT", "MAX_OPS", "MAX_REASON_CHARS",
+           "MAX_SLOT_ACTIONS", "MAX_SLOT_ACTION_CHARS", "MERGE_ACTIONS", "TEXT_CHARS", "example_answers",
+           "max_answer_chars", "merge_schema", "ops_schema", "refinement_schema", "slot_action", "slot_schema",
+           "text_schema"]

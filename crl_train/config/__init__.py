@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import yaml
 
 from crl_gym.experience.config import ManagerConfig
+from crl_gym.experience.schemas import MAX_ACTION_SLOT
 from crl_train.config.io import (
     ConfigError,
     build_dataclass,
@@ -379,6 +380,12 @@ class ExperienceConfig:
     max_entry_chars: int | None = None
     """Longest entry text (and refined advice) the extractor's answer schemas allow; it also bounds
     a structured answer's token budget. None: 64 for the tiny extractor, 2000 otherwise."""
+    action_slot: int = 0
+    """The action slot (docs/experience.md, "The action slot"): N > 0 makes each distillation answer's add /
+    update first choose 1 to N of its episode's admissible actions (an enum of the grammar, the union of
+    ``info["admissible_actions"]`` over its steps), and its entry reads ``Play a, then b. <text>``. For a
+    small extractor that names no action on its own. 0 = off (at most 8). Distillation only (not refinement,
+    merge or EDGE's reflection); an experience setting: keep it the same for every method of a comparison."""
 
     def __post_init__(self) -> None:
         check_choices(self, "experience")
@@ -393,6 +400,9 @@ class ExperienceConfig:
                 raise ConfigError(f"experience.{name} is out of range: {getattr(self, name)}")
         if self.max_entry_chars is not None and self.max_entry_chars < 1:
             raise ConfigError(f"experience.max_entry_chars must be >= 1 or null, got {self.max_entry_chars}")
+        if not 0 <= self.action_slot <= MAX_ACTION_SLOT:
+            raise ConfigError(f"experience.action_slot must be in [0, {MAX_ACTION_SLOT}] (0 = off), got "
+                              f"{self.action_slot}")
         for name in ("actor_cpus", "extractor_cpus"):
             cpus = getattr(self, name)
             if cpus is not None and (not cpus or min(cpus) < 0):

@@ -28,6 +28,12 @@ extractor samples N free tokens (any token but EOS) before its structured answer
 costs what a thinking model's would and is trained on by CISPO, while entries keep their
 realistic length. Distillation only: refinement answers while the actor waits for it, and a merge
 is one long answer already.
+
+**The action slot (``action_slot=N``).** Each distillation answer's add / update first chooses 1 … N
+of its episode's admissible actions (``schemas.ops_schema``'s slot; the prompt names the field),
+and its entry reads ``Play a, then b. <text>``. A request whose trajectory lists no admissible
+actions gets the schema and prompt without a slot (counted in ``slotless_requests``, logged once).
+Distillation only: refinement, merge and EDGE's reflection are unchanged.
 """
 
 from __future__ import annotations
@@ -47,10 +53,12 @@ from crl_gym.experience.prompts import (
     build_distillation_prompt,
     build_refinement_prompt,
     build_reflection_prompt,
+    distillation_slot_actions,
     distillation_update_ids,
     extract_refined_advice,
 )
 from crl_gym.experience.schemas import (
+    MAX_ACTION_SLOT,
     MAX_OPS,
     max_answer_chars,
     merge_schema,
@@ -158,6 +166,8 @@ class Extractor:
             ``structured`` (kept so configs that say ``extractor.constrained`` keep their meaning).
         think_tokens: free reasoning tokens before a structured distillation answer (tiny preset).
         max_entry_chars: longest entry text (and refined advice) a schema allows.
+        action_slot: N > 0: a distillation answer chooses up to N of its episode's admissible
+            actions before each entry's text (see the module docstring); 0 = off.
         thinking: whether the model reasons before answering (``</think>``); None = detect it.
     """
 
@@ -172,6 +182,7 @@ class Extractor:
         constrained: bool = False,
         think_tokens: int = 0,
         max_entry_chars: int = DEFAULT_MAX_LEN,
+        action_slot: int = 0,
         thinking: bool | None = None,
         eps_low: float = AlgoConfig.cispo_eps_low,
         eps_high: float = AlgoConfig.cispo_eps_high,
@@ -190,6 +201,11 @@ class Extractor:
                              "(the free tokens precede a structured answer; a free-text model reasons on its own)")
         if max_entry_chars < 1:
             raise ValueError(f"Extractor: max_entry_chars must be >= 1, got {max_entry_chars}")
+        if not 0 <= action_slot <= MAX_ACTION_SLOT:
+            raise ValueError(f"Extractor: action_slot must be in [0, {MAX_ACTION_SLOT}], got {action_slot}")
+        self.action_slot = action_slot
+        self.slotless_requests = 0
+        """Distillation requests with the slot on whose trajectory listed no admissible actions (no slot)."""
         self.structured = structured
         self.constrained = constrained
         self.think_tokens = think_tokens
@@ -266,17 +282,33 @@ class Extractor:
 
     def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One batched generation over ``requests``; each answer parsed into ops (never raises)."""
+        slots = [self._slot_actions(r) for r in requests]
         prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars, max_ops=MAX_OPS,
-                                             max_entry_chars=self.max_entry_chars) for r in requests]
+                                             max_entry_chars=self.max_entry_chars,
+                                             action_slot=self.action_slot if a else 0)
+                   for r, a in zip(requests, slots, strict=True)]
         targets = [distillation_update_ids(r) for r in requests]
         if not self.structured:
             samples = self.generate(prompts, None)
             return [(s, parse_ops(s.response, allowed_update_ids=t)) for s, t in zip(samples, targets, strict=True)]
-        grammars = [self._grammar(ops_schema(t, max_ops=MAX_OPS, max_text=self.max_entry_chars), self.think_tokens)
-                    for t in targets]
+        grammars = [self._grammar(ops_schema(t, max_ops=MAX_OPS, max_text=self.max_entry_chars, slot_actions=a,
+                                             slot_size=self.action_slot if a else 0), self.think_tokens)
+                    for t, a in zip(targets, slots, strict=True)]
         samples = self._structured(prompts, grammars)
         return [(s, parse_structured_ops(s.response, allowed_update_ids=t, max_len=self.max_entry_chars, max_ops=MAX_OPS))
                 for s, t in zip(samples, targets, strict=True)]
+
+    def _slot_actions(self, request: DistillationRequest) -> tuple[str, ...]:
+        """The slot's actions for ``request`` (none when the slot is off or its env lists none)."""
+        if not self.action_slot:
+            return ()
+        actions = distillation_slot_actions(request)
+        if not actions:
+            if self.slotless_requests == 0:
+                log.info("action slot: a distillation request lists no admissible actions; it is distilled without "
+                         "a slot (counted in Extractor.slotless_requests)")
+            self.slotless_requests += 1
+        return actions
 
     def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
         """The manager's ``refiner``: rewrite ``entry`` for the actor's query (entry m itself when
