@@ -240,7 +240,7 @@ def test_cispo_recomputes_the_sampled_logprobs_of_slot_samples(slot_run: Any) ->
     assert ext.version == version + 1 and metrics["samples"] == 2.0 and metrics["reward_mean"] == 0.5
 
 
-# ------------------------------------------------------------------------------------ config
+# ------------------------------------------------------------------------------------ config and suite
 
 
 def test_the_config_key_is_validated_and_reaches_the_extractor() -> None:
@@ -252,3 +252,20 @@ def test_the_config_key_is_validated_and_reaches_the_extractor() -> None:
             load_config(None, [f"experience.action_slot={bad}"])
     with pytest.raises(ValueError, match="action_slot"):
         Extractor(tiny_policy(1), action_slot=9)
+
+
+def test_the_slot_suite_is_small_recall_extractor_with_the_slot_on_every_row() -> None:
+    from pathlib import Path
+
+    from crl_train.experiment.suite import cell_config, cells, load_suite
+
+    experiments = Path(__file__).resolve().parents[1] / "experiments"
+    slot, base = (load_suite(experiments / f"{n}.yaml") for n in ("small_recall_slot", "small_recall_extractor"))
+    assert slot.name == "small_recall_slot" and slot.rows == base.rows and slot.seeds == base.seeds
+    assert slot.reading is not None and slot.reading.endswith("docs/results/small_recall_slot/reading.md")
+    text = (experiments / "small_recall_slot.yaml").read_text()
+    assert "crl-experiment --suite experiments/small_recall_slot.yaml --out runs/suite_small_recall_slot" in text
+    for c, b in zip(cells(slot), cells(base), strict=True):
+        cfg, ref = cell_config(slot, c), cell_config(base, b)
+        assert cfg.experience.action_slot == 1 and ref.experience.action_slot == 0
+        assert cfg.extractor == ref.extractor and cfg.env == ref.env and cfg.method == ref.method

@@ -90,7 +90,7 @@ class ExtractorSpec:
     checkpoint: str | None = None
     """A ``Policy.save`` directory to rebuild π_φ from (resume)."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of :class:`~crl_train.extractor.Extractor` (max_new_tokens, think_tokens, …);
+    """Keyword arguments of :class:`~crl_train.extractor.Extractor` (max_new_tokens, think_tokens, action_slot, …);
     ``structured`` defaults to ``model.structured``, ``max_entry_chars`` to :data:`TINY_ENTRY_CHARS`
     for the tiny preset."""
     num_threads: int = 1
