@@ -35,8 +35,8 @@ test: $(STAMP)
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check crl_gym crl_train bench tests
-	$(VENV)/bin/mypy crl_gym crl_train
+	$(VENV)/bin/ruff check crl_gym crl_train bench scripts tests
+	$(VENV)/bin/mypy crl_gym crl_train scripts
 
 bench: $(STAMP)
 	$(PY) bench/retrieval.py --json
