@@ -91,3 +91,22 @@ def test_a_suite_reading_opens_its_report(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     report = write_report(suite, tmp_path / "out", []).read_text()
     assert report.index("## What this run shows") < report.index("## Final success")
+
+
+@pytest.mark.parametrize(("name", "changed"), [
+    ("small_recall_slot_long", {"train.steps": (30, 15)}),
+    ("small_recall_slot_lr", {"extractor.lr": (0.001, 0.0001)}),
+])
+def test_slot_follow_ups_change_one_setting(name: str, changed: dict[str, tuple[float, float]]) -> None:
+    follow_up, slot = (load_suite(EXPERIMENTS / f"{n}.yaml") for n in (name, "small_recall_slot"))
+    assert follow_up.rows == slot.rows and follow_up.seeds == slot.seeds
+    assert follow_up.reading is not None and follow_up.reading.endswith(f"docs/results/{name}/reading.md")
+    assert f"crl-experiment --suite experiments/{name}.yaml --out runs/suite_{name}" in (EXPERIMENTS / f"{name}.yaml").read_text()
+    (key, (new, old)), = changed.items()
+    section, field = key.split(".")
+    for c, s in zip(cells(follow_up), cells(slot), strict=True):
+        cfg, ref = cell_config(follow_up, c), cell_config(slot, s)
+        assert getattr(getattr(cfg, section), field) == new and getattr(getattr(ref, section), field) == old
+        assert cfg.experience == ref.experience and cfg.env == ref.env and cfg.method == ref.method
+        if key != "extractor.lr":
+            assert cfg.extractor == ref.extractor
