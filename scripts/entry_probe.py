@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from crl_gym.protocol import AddOp, DistillationRequest, ReturnOp, Step, Traject
 from crl_train.config import TrainConfig, load_config
 from crl_train.experiment.stats import wilson
 from crl_train.extractor.worker import build_extractor
+from crl_train.policy.reader import named_actions
 from crl_train.service.build import extractor_spec
 
 SAMPLES_SHOWN = 4
@@ -90,7 +90,7 @@ def entry_texts(ops: list[Any]) -> list[str]:
 def probe(cfg: TrainConfig, requests: list[DistillationRequest], batch: int) -> dict[str, Any]:
     """Distil ``requests`` with the extractor ``cfg`` describes; count what its entries hold."""
     length, num_actions = int(cfg.env.kwargs.get("length", 1)), int(cfg.env.kwargs.get("num_actions", 2))
-    words = re.compile(r"\b(" + "|".join(ACTION_WORDS[:num_actions]) + r")\b", re.IGNORECASE)
+    actions = ACTION_WORDS[:num_actions]
     secret_seed = int(cfg.env.kwargs.get("secret_seed", 0))
 
     def secret(text: str, task: str) -> bool:
@@ -104,16 +104,16 @@ def probe(cfg: TrainConfig, requests: list[DistillationRequest], batch: int) -> 
         chunk = requests[i:i + batch]
         for request, (_, ops) in zip(chunk, extractor.distill(chunk), strict=True):
             texts = entry_texts(ops)
-            named = [words.findall(t) for t in texts]
+            named = [named_actions(t, actions) for t in texts]
             rows.append({
                 "task": request.task,
                 "success": request.success,
                 "entries": texts,
                 "holds_secret": any(secret(t, request.task) for t in texts),
-                # what the reader plays: the first L action words an entry names, in reading order
+                # what the reader plays: the first L admissible actions an entry names, in reading order
                 "reader_plays_secret": any(len(n) >= length and secret(" ".join(n[:length]), request.task) for n in named),
                 "names_action": any(named),
-                "first_listed": any(n and n[0].lower() == ACTION_WORDS[0] for n in named),
+                "first_listed": any(n and n[0] == actions[0] for n in named),
                 "returned": not texts and any(isinstance(op, ReturnOp) for op in ops),
             })
     seconds = time.perf_counter() - start
