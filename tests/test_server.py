@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _servers import free_port
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
@@ -207,12 +207,6 @@ def test_python_m_crl_gym_server_still_runs_the_command() -> None:
                          timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
     assert "--bank" in out.stdout and "--token-file" in out.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[Any], deadline_s: float = 60.0) -> None:
