@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 # the errors are re-exported: callers catch them from here
 from crl_gym.errors import ExperienceAuthError as ExperienceAuthError
 from crl_gym.errors import ExperienceUnavailable as ExperienceUnavailable
+from crl_gym.errors import ProcessBoundaryError as ProcessBoundaryError
+from crl_gym.errors import RequestTooLarge as RequestTooLarge
 from crl_gym.errors import SubmitUndelivered as SubmitUndelivered
 from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.service import (
@@ -46,6 +48,7 @@ from crl_gym.experience.service import (
 )
 from crl_gym.experience.service import StepOrderError
 from crl_gym.experience.service import ask_manager as ask_manager
+from crl_gym.limits import MAX_BATCH, MAX_BODY_BYTES, MAX_QUERY_CHARS, MAX_TEXT, check_request_size
 from crl_gym.outbox import SUBMIT_BUFFER, Rejected, SubmitOutbox, default_spill_path
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, op_to_dict
 
@@ -145,48 +148,83 @@ class LocalClient:
             ``crl_train.service.ExperienceService``), or an ``ExperienceManager``, which is
             wrapped in a ``RetrievalService`` of its own. :meth:`close` closes neither: they
             belong to the caller.
+        max_request_bytes: ``submit`` refuses a request whose text is larger
+            (:class:`RequestTooLarge`), as a :class:`RemoteClient` to a server of this body limit does.
+
+    **One process only.** The service and its bank live in the process that made the client.
+    Used from another one (a worker forked or spawned by ``AsyncVectorEnv``), every call raises
+    :class:`ProcessBoundaryError` naming :class:`RemoteClient`, and pickling it (what a spawned
+    worker needs) raises the same: serve the bank (``crl-experience serve`` or
+    :class:`~crl_gym.server.BackgroundServer`) and give the workers a ``RemoteClient``.
     """
 
-    def __init__(self, target: RetrievalService | ExperienceManager) -> None:
+    def __init__(self, target: RetrievalService | ExperienceManager, *, max_request_bytes: int = MAX_BODY_BYTES) -> None:
         self.service = as_service(target)
+        self.max_request_bytes = int(max_request_bytes)
+        self._pid = os.getpid()
+
+    def _svc(self) -> RetrievalService:
+        if os.getpid() != self._pid:
+            raise ProcessBoundaryError(_process_boundary_message(self._pid))
+        return self.service
+
+    def check_process(self) -> None:
+        """Raise :class:`ProcessBoundaryError` when called from another process than the client's."""
+        self._svc()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise ProcessBoundaryError(_process_boundary_message(self._pid, pickled=True))
 
     @property
     def manager(self) -> ExperienceManager:
         """The service's manager (older callers reach the bank through it)."""
-        return self.service.manager
+        return self._svc().manager
 
     def search(self, query: str) -> ExperienceRef | None:
-        return self.service.search(query)
+        return self._svc().search(query)
 
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
-        return self.service.search_many(list(queries))
+        return self._svc().search_many(list(queries))
 
     def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        return self.service.ask(query, entry, context)
+        return self._svc().ask(str(query)[:MAX_TEXT], entry, str(context)[:MAX_TEXT])
 
     def submit(self, request: DistillationRequest) -> None:
-        self.service.submit(request)
+        service = self._svc()
+        if isinstance(request, DistillationRequest):
+            check_request_size(request, self.max_request_bytes)
+        service.submit(request)
 
     def flush(self, timeout: float | None = None) -> None:
         """Nothing to wait for: :meth:`submit` hands each request to the service before it returns."""
+        self._svc()
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
-        return self.service.get_requests(max_n, timeout)
+        return self._svc().get_requests(max_n, timeout)
 
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
-        return self.service.end_step(check_step(step), bonus)
+        return self._svc().end_step(check_step(step), bonus)
 
     def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
-        return self.service.apply_ops(list(ops), step=step)
+        return self._svc().apply_ops(list(ops), step=step)
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.service.stats())
+        return dict(self._svc().stats())
 
     def health(self) -> dict[str, Any]:
-        return dict(self.service.health())
+        return dict(self._svc().health())
 
     def close(self) -> None:
         """Nothing to release: the service (and its manager) belong to the caller."""
+
+
+def _process_boundary_message(pid: int, *, pickled: bool = False) -> str:
+    where = ("cannot be pickled for another process" if pickled else
+             f"was made in process {pid} and is used in process {os.getpid()}")
+    return (f"LocalClient {where} (a forked or spawned worker, e.g. of AsyncVectorEnv): its service and "
+            f"bank live in the process that made it, so nothing would reach them. Serve the bank "
+            f"(crl-experience serve, or crl_gym.server.BackgroundServer(service)) and give the workers "
+            f"crl_gym.clients.RemoteClient(url) instead")
 
 
 class _Slot:
@@ -272,6 +310,11 @@ class RemoteClient:
             :func:`~crl_gym.outbox.default_spill_path` (one file per process, under ``~/.cache/complementary-rl/unsent``).
         retries / retry_backoff_s: how often a ``POST /submit`` is retried while the server is
             unavailable (transport error, 5xx), waiting ``retry_backoff_s`` × 2^k between tries.
+        max_query_chars: queries are shortened to this many characters before they are sent (the
+            server's manager shortens them to its own ``max_query_chars`` too: keep both equal).
+        max_request_bytes: the server's ``--max-body-bytes``: ``submit`` refuses a request whose
+            text is larger (:class:`RequestTooLarge`), and the sender spills one that encodes larger.
+            See :mod:`crl_gym.limits`.
 
     **Submit does not wait for the server.** :meth:`submit` checks its argument, puts the request
     (not yet encoded) in this process's buffer and returns; a sender thread encodes the buffered
@@ -304,7 +347,8 @@ class RemoteClient:
 
     def __init__(self, url: str, timeout: float = 10.0, token: str | None = None, *,
                  max_buffered: int = SUBMIT_BUFFER, spill_path: str | Path | None = None,
-                 retries: int = 5, retry_backoff_s: float = 0.25) -> None:
+                 retries: int = 5, retry_backoff_s: float = 0.25, max_query_chars: int = MAX_QUERY_CHARS,
+                 max_request_bytes: int = MAX_BODY_BYTES) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if timeout <= 0:
@@ -319,6 +363,9 @@ class RemoteClient:
         self.max_buffered = int(max_buffered)
         self.spill_path = Path(spill_path) if spill_path is not None else None
         self.retries, self.retry_backoff_s = int(retries), float(retry_backoff_s)
+        if max_query_chars < 1 or max_request_bytes < 1:
+            raise ValueError(f"max_query_chars and max_request_bytes must be >= 1, got {max_query_chars} and {max_request_bytes}")
+        self.max_query_chars, self.max_request_bytes = int(max_query_chars), int(max_request_bytes)
         self._http: httpx.Client | None = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -345,13 +392,16 @@ class RemoteClient:
     # them after pickling (and after forking).
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "timeout": self.timeout, "token": self.token, "max_buffered": self.max_buffered,
-                "spill_path": self.spill_path, "retries": self.retries, "retry_backoff_s": self.retry_backoff_s}
+                "spill_path": self.spill_path, "retries": self.retries, "retry_backoff_s": self.retry_backoff_s,
+                "max_query_chars": self.max_query_chars, "max_request_bytes": self.max_request_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # "" keeps __init__ from reading the environment: the pickled token (or None) is the one.
         self.__init__(state["url"], state["timeout"], "", max_buffered=state.get("max_buffered", SUBMIT_BUFFER),  # type: ignore[misc]
                       spill_path=state.get("spill_path"), retries=state.get("retries", 5),
-                      retry_backoff_s=state.get("retry_backoff_s", 0.25))
+                      retry_backoff_s=state.get("retry_backoff_s", 0.25),
+                      max_query_chars=state.get("max_query_chars", MAX_QUERY_CHARS),
+                      max_request_bytes=state.get("max_request_bytes", MAX_BODY_BYTES))
         self.token = state.get("token")
 
     def __repr__(self) -> str:  # never print the token
@@ -434,20 +484,26 @@ class RemoteClient:
         return self._search_many(queries)
 
     def _search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
-        out = self._call("POST", "/search_many", {"queries": queries})["entries"]
-        return [ExperienceRef.from_dict(d) for d in out]
+        # calls of at most MAX_BATCH queries (and ~1 M characters): the server refuses larger ones
+        per_call = max(1, min(MAX_BATCH, (1 << 20) // self.max_query_chars))
+        refs: list[ExperienceRef | None] = []
+        for i in range(0, len(queries), per_call):
+            out = self._call("POST", "/search_many", {"queries": queries[i:i + per_call]})["entries"]
+            refs += [ExperienceRef.from_dict(d) for d in out]
+        return refs
 
     def search(self, query: str) -> ExperienceRef | None:
-        result: ExperienceRef | None = self._here()[0](str(query))
+        result: ExperienceRef | None = self._here()[0](str(query)[: self.max_query_chars])
         return result
 
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         if not queries:
             return []
-        return self._search_many([str(q) for q in queries])
+        return self._search_many([str(q)[: self.max_query_chars] for q in queries])
 
     def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        out = self._call("POST", "/ask", {"query": query, "entry": entry.to_dict(), "context": context})
+        body = {"query": str(query)[:MAX_TEXT], "entry": entry.to_dict(), "context": str(context)[:MAX_TEXT]}
+        out = self._call("POST", "/ask", body)
         return str(out["answer"]), out.get("provenance")
 
     def submit(self, request: DistillationRequest) -> None:
@@ -459,6 +515,7 @@ class RemoteClient:
         # sender encodes it, e.g. the one an AsyncVectorEnv worker pickles to the trainer, must
         # carry the id the server gets (credit bonuses are keyed by it).
         _ = request.request_id
+        check_request_size(request, self.max_request_bytes)  # it could never be delivered: say so now
         self._here()[1].put(request)
 
     def flush(self, timeout: float | None = None) -> None:

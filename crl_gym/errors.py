@@ -29,3 +29,14 @@ class SubmitUndelivered(ExperienceUnavailable):
         super().__init__(message)
         self.spill_path = spill_path
         self.count = count
+
+
+class ProcessBoundaryError(RuntimeError):
+    """An in-process client (:class:`~crl_gym.clients.LocalClient`) was used from another process
+    than the one that made it (a forked or spawned worker, e.g. of ``AsyncVectorEnv``): its service
+    lives in the parent, so nothing would reach it. The wrappers raise it instead of running free."""
+
+
+class RequestTooLarge(ValueError):
+    """A distillation request larger than the server's body limit: refused at ``submit``
+    (it can never be delivered as it is; a ``ValueError``, so the wrappers count it as rejected)."""

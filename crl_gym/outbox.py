@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from crl_gym import spill
-from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable, SubmitUndelivered
+from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable, RequestTooLarge, SubmitUndelivered
 from crl_gym.protocol import DistillationRequest
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ SUBMIT_BATCH = 256
 SUBMIT_BATCH_CHARS = 1 << 20
 """Most characters of encoded requests in one ``POST /submit``: even all-4-byte UTF-8 stays under
 the server's default body limit of 4 MiB (a bigger body would be refused unread)."""
+_ENVELOPE_BYTES = 64
+"""Bytes of the ``{"requests":[...]}`` body around one request, with room to spare."""
 SENDER_IDLE_S = 5.0
 """Seconds the sender thread waits for work before it ends (the next ``submit`` starts another)."""
 _BAD_INDEX = re.compile(r"^requests\[(\d+)\]")
@@ -172,13 +174,22 @@ class SubmitOutbox:
             self._done.notify_all()
 
     def _encode(self, batch: list[DistillationRequest]) -> list[tuple[DistillationRequest, str]]:
-        """Each request as its JSON text; one that cannot be encoded is rejected here."""
+        """Each request as its JSON text; one that cannot be encoded is rejected here, one that
+        encodes above the server's body limit is spilled (it is whole: only the server is too small)."""
         out = []
+        limit = self.client.max_request_bytes - _ENVELOPE_BYTES
         for req in batch:
             try:
-                out.append((req, json.dumps(req.to_dict(), ensure_ascii=False)))
+                text = json.dumps(req.to_dict(), ensure_ascii=False)
             except Exception as exc:  # noqa: BLE001 - this request's fault: it alone is dropped
                 self._reject(req, f"it cannot be encoded ({type(exc).__name__}: {exc})")
+                continue
+            if len(text) > limit // 4 and (size := len(text.encode("utf-8", "surrogatepass"))) > limit:
+                self._undeliverable([(req, text)], RequestTooLarge(
+                    f"request {req.request_id} encodes to {size} bytes, above the body limit of "
+                    f"{self.client.max_request_bytes} bytes (the server's --max-body-bytes)"))
+                continue
+            out.append((req, text))
         return out
 
     def _send(self, encoded: list[tuple[DistillationRequest, str]]) -> None:
@@ -186,8 +197,9 @@ class SubmitOutbox:
         try:
             chunk: list[tuple[DistillationRequest, str]] = []
             size = 0
+            cap = min(SUBMIT_BATCH_CHARS, self.client.max_request_bytes // 4)  # 4 bytes per char at most
             for item in encoded:
-                if chunk and size + len(item[1]) > SUBMIT_BATCH_CHARS:
+                if chunk and size + len(item[1]) > cap:
                     self._deliver(chunk)
                     chunk, size = [], 0
                 chunk.append(item)

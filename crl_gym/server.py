@@ -11,7 +11,8 @@ Routes (JSON): ``POST /search {query}`` → ``{entry}``, ``POST /search_many {qu
 ``{requests}``, ``POST /end_step {step, bonus}`` → ``{step, ended, requests, credited}`` (409 for a
 step already ended), ``POST /apply_ops {ops, step}`` → ``{added, added_ids, updated, deleted,
 returned, malformed}``, ``GET /stats``, ``GET /health``. A malformed body is answered 422 naming
-the field, a body above ``--max-body-bytes`` 413 before it is parsed; lone surrogates in texts are
+the field, a body above ``--max-body-bytes`` 413 before it is parsed (the limits, and how the
+clients keep within them, are in :mod:`crl_gym.limits`); lone surrogates in texts are
 replaced by U+FFFD, and a query that fails in a coalesced batch fails only its own caller. With a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
 (else 401).
 
@@ -47,16 +48,11 @@ from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.service import RetrievalService, StepOrderError
 from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
+from crl_gym.limits import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT
 from crl_gym.protocol import DistillationRequest, ExperienceRef, _jsonable, op_from_dict
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCH = 4096
-"""Most queries / requests / ops accepted in one call (bounded memory per request)."""
-MAX_TEXT = 1_000_000
-"""Longest query, context or entry text accepted, in characters."""
-MAX_BODY_BYTES = 4 * 1024 * 1024
-"""Default largest request body, in bytes (``--max-body-bytes``); a larger one is answered 413 unread."""
 KEEP_ALIVE_S = 75
 """Idle seconds a client connection is kept (clients keep one per concurrent caller)."""
 MAX_JSON_DEPTH = 64

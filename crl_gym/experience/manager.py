@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from crl_gym.errors import ExperienceUnavailable
 from crl_gym.experience.bank import ExperienceBank, PendingAdd, PendingUpdate
 from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.config import ManagerConfig
@@ -270,10 +271,24 @@ class ExperienceManager:
 
     # -- distillation queue --------------------------------------------------------------------
     def submit(self, request: DistillationRequest) -> None:
-        """Enqueue a finished episode for distillation; never blocks, never drops."""
+        """Enqueue a finished episode for distillation; never blocks, never drops.
+
+        A request the queue cannot take now (the manager is closed, the spill file cannot be
+        written: a full disk) raises :class:`~crl_gym.errors.ExperienceUnavailable`, an outage:
+        the caller keeps the request and retries, as it would for a server that is down."""
         if not isinstance(request, DistillationRequest):
             raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
-        self.queue.put(request)
+        if self._line.closed:
+            raise ExperienceUnavailable("ExperienceManager is closed: the request was not queued (keep it and submit it again)")
+        try:
+            self.queue.put(request)
+        except ValueError as exc:  # closed by another thread between the check and the put
+            if not self._line.closed:
+                raise
+            raise ExperienceUnavailable("ExperienceManager is closed: the request was not queued (keep it and submit it again)") from exc
+        except OSError as exc:
+            raise ExperienceUnavailable(f"the distillation queue could not store the request ({type(exc).__name__}: {exc}); "
+                                        f"keep it and submit it again") from exc
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
         """Up to ``max_n`` oldest requests (FIFO), waiting up to ``timeout`` s for the first."""

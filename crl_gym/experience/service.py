@@ -195,8 +195,8 @@ class RetrievalService:
         """Record ``request`` in its rollout step and queue it for distillation (never blocks)."""
         if not isinstance(request, DistillationRequest):
             raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
+        self.manager.submit(request)  # first: one it cannot take (an outage) is kept and retried by the caller
         self.ledger.record(request)
-        self.manager.submit(request)
         self.counters["submitted"] += 1
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:

@@ -28,6 +28,8 @@ class ExperienceOptions(TypedDict, total=False):
     env_id: str | None
     spill_path: str | Path | None
     max_unsent: int
+    success_reward: float
+    max_entry_chars: int
 
 
 def wrap(

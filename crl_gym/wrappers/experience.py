@@ -59,16 +59,25 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 import gymnasium as gym
 
 from crl_gym import spill
+from crl_gym.errors import ProcessBoundaryError
 from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
+from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD, episode_success, warn_if_guessed
 from crl_gym.wrappers.text_actions import (
     NotTextError,
     Shared,
-    TextFitter,
     check_template,
     to_text,
     unshare,
+)
+from crl_gym.wrappers.text_spaces import (
+    DEFAULT_MAX_ENTRY_CHARS,
+    OWN_ENV_DOC,
+    EntryFitter,
+    gem_adaptable,
+    guided_space,
+    require_text_spaces,
 )
 
 if TYPE_CHECKING:
@@ -91,8 +100,17 @@ request's, and the request must survive until it is fixed."""
 
 
 def _malformed(exc: BaseException) -> bool:
-    """Whether ``exc`` from ``client.submit`` rejects the request itself (see :data:`MALFORMED_ERRORS`)."""
+    """Whether ``exc`` from ``client.submit`` rejects the request itself (see :data:`MALFORMED_ERRORS`).
+    A client used across a process boundary is neither: it is raised (see :func:`_reraise_misuse`)."""
+    _reraise_misuse(exc)
     return isinstance(exc, MALFORMED_ERRORS) and not isinstance(exc, PermissionError)
+
+
+def _reraise_misuse(exc: BaseException) -> None:
+    """Raise ``exc`` when it is a :class:`ProcessBoundaryError` (a ``LocalClient`` in a worker
+    process): running on free would hide a setup that never reaches the service."""
+    if isinstance(exc, ProcessBoundaryError):
+        raise exc
 
 
 def require_gym_env(env: object, wrapper: str) -> None:
@@ -116,11 +134,12 @@ def require_gym_env(env: object, wrapper: str) -> None:
     elif root == "gym":
         hint = (f"it is an env of the old 'gym' package: convert it with shimmy "
                 f"(gymnasium.make('GymV26Environment-v0', env=obj)), or adapt it with {gem}")
-    elif callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
-        hint = (f"an object with reset(seed) -> (obs, info) and step(action) -> (obs, reward, terminated, "
-                f"truncated, info) can be adapted with {gem}")
+    elif gem_adaptable(env):
+        hint = (f"if its reset(seed=...) returns (obs, info) and step(action) returns (obs, reward, terminated, "
+                f"truncated, info) with text, adapt it with {gem}; otherwise write a small gymnasium.Env adapter "
+                f"({OWN_ENV_DOC})")
     else:
-        hint = "wrap a Gymnasium env with text observations and actions (see crl_gym.envs for adapters)"
+        hint = f"write a small gymnasium.Env adapter with text observations and actions around it ({OWN_ENV_DOC})"
     raise TypeError(f"{wrapper} wraps a gymnasium.Env, got {name}; {hint}")
 
 
@@ -138,10 +157,15 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         default_condition: condition of a ``reset`` without ``options["experience"]`` (``"free"``
             keeps ``check_env``'s determinism check valid; a vector env can set it per copy with
             ``set_attr("default_condition", [...])``).
-        env_id: recorded in each request (defaults to the env spec's id).
+        env_id: recorded in each request (defaults to the env spec's id, else the env's class name).
         spill_path: JSONL file where requests the client could not take are appended (in
             addition to being retried at the next episode end); ``None`` keeps them in memory.
         max_unsent: most requests kept in memory for retry (older ones are spilled or logged).
+        success_reward: without ``info["success"]`` on the last step, an episode is a success
+            when its return reaches this (see :mod:`crl_gym.wrappers.success`).
+        max_entry_chars: longest entry text a guided observation shows; a ``Text`` observation
+            space is widened by the template and this many characters (:func:`guided_space`),
+            so the env's own observation is never cut or altered.
 
     A client that is down never costs an episode: the episode runs free, ``info``
     gets ``"experience_error"``, and the request is kept and retried later. A malformed
@@ -158,23 +182,32 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env_id: str | None = None,
         spill_path: str | Path | None = None,
         max_unsent: int = 10_000,
+        success_reward: float = DEFAULT_SUCCESS_REWARD,
+        max_entry_chars: int = DEFAULT_MAX_ENTRY_CHARS,
     ) -> None:
         # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
         gym.utils.RecordConstructorArgs.__init__(
             self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
-            env_id=env_id, spill_path=spill_path, max_unsent=max_unsent,
+            env_id=env_id, spill_path=spill_path, max_unsent=max_unsent, success_reward=success_reward,
+            max_entry_chars=max_entry_chars,
         )
         require_gym_env(env, "ExperienceWrapper")
+        require_text_spaces(env, "ExperienceWrapper")
         gym.Wrapper.__init__(self, env)
+        if max_entry_chars < 1:
+            raise ValueError(f"max_entry_chars must be >= 1, got {max_entry_chars}")
         if default_condition not in CONDITIONS:
             raise ValueError(f"default_condition must be one of {CONDITIONS}, got {default_condition!r}")
         if max_unsent < 1:
             raise ValueError(f"max_unsent must be >= 1, got {max_unsent}")
         self.client = unshare(client)
+        # a LocalClient used in a worker process raises here, at the first reset (not hours later)
+        self._check_process = getattr(self.client, "check_process", None)
         self.template = check_template(template, "template", ("experience", "observation"), ("experience", "observation"))
         self.task_key = task_key
         self.default_condition = default_condition
-        self.env_id = env_id if env_id is not None else (env.spec.id if env.spec is not None else "")
+        self.env_id = env_id if env_id is not None else (env.spec.id if env.spec is not None else type(env.unwrapped).__name__)
+        self.success_reward = float(success_reward)
         self.spill_path = Path(spill_path) if spill_path is not None else None
         self.unsent: deque[DistillationRequest] = deque()
         self.max_unsent = max_unsent
@@ -188,7 +221,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # tuple leaves no new GC-tracked object per step (a tuple or Step per step would make
         # the cyclic GC walk a trainer's whole heap more often).
         self._records: list[Any] | None = None
-        self._fit = TextFitter(self.observation_space)
+        # The env's observation goes into a guided one as it is: only the entry is fitted, and the
+        # space is widened to hold both.
+        self.observation_space = guided_space(env.observation_space, self.template, max_entry_chars)  # type: ignore[assignment]
+        self._fit_entry = EntryFitter(self.observation_space, max_entry_chars)
         self._task = ""
         self._initial_obs = ""
         self._experience: ExperienceRef | None = None
@@ -200,6 +236,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if self._check_process is not None:
+            self._check_process()
         condition, prefetched, has_prefetched, rollout_step, env_options = self._parse_options(options)
         obs, info = self.env.reset(seed=seed, options=env_options)
         task = info.get(self.task_key)
@@ -223,12 +261,13 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 try:
                     experience = self.client.search(self._task)
                 except Exception as exc:  # noqa: BLE001 - a down client must not cost the episode
+                    _reraise_misuse(exc)
                     self._note_error("search", exc)
                     condition = "free"  # nothing was shown: the episode really is free
         self._condition = condition
         self._experience = experience
         if experience is not None:
-            obs = self._fit(self.template.format(experience=experience.text, observation=obs))
+            obs = self.template.format(experience=self._fit_entry(experience.text), observation=obs)
             # a literal dict: dataclasses.asdict costs ~10 µs, a fifth of the per-episode budget
             info["experience"] = {"id": experience.id, "text": experience.text, "version": experience.version}
         else:
@@ -291,7 +330,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def _finish(self, info: dict[str, Any]) -> dict[str, Any]:
         records = self._records or [self._initial_obs]
         self._records = None
-        success = info.get("success")
+        declared = info.get("success")
+        rewards = records[2::4]
+        warn_if_guessed(self.env_id, declared, rewards, self.success_reward)
+        success = episode_success(declared, rewards, self.success_reward)
         # Text is checked here, once per episode, not per step: a request that cannot be
         # serialised must never reach the client, where it would be retried forever.
         problem = text_record(records)
@@ -305,7 +347,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     condition=self._condition,  # type: ignore[arg-type]  # validated in _parse_options
                     env_id=self.env_id,
                     seed=self._seed,
-                    success=bool(success) if success is not None else None,
+                    success=success,
                     # the search failed: the extractor should know the episode ran free
                     meta={**(self._meta or {}), "experience_error": list(self._errors)} if self._errors else self._meta,
                     rollout_step=self._rollout_step,
@@ -384,6 +426,24 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self.unsent.popleft()
             self.episodes_submitted += 1
         return len(self.unsent)
+
+    def flush_experience(self, timeout: float | None = None) -> dict[str, Any]:
+        """Retry the requests kept here, then wait until the client has delivered every request
+        submitted in this process (``client.flush``). A vector env calls it in each of its copies
+        before the driver closes the step (``envs.call("flush_experience")``, or
+        :func:`crl_gym.wrappers.vector.end_step`), so no episode of the step reaches the service
+        after its ``end_step``. Returns ``{"kept": requests still kept here, "undelivered": the
+        flush error's message or None}``: the error is reported, not raised, so that it does not
+        end an ``AsyncVectorEnv`` worker (the requests it names are in the client's spill file).
+        """
+        kept = self.retry_unsent()
+        try:
+            self.client.flush(timeout)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, who decides
+            _reraise_misuse(exc)
+            logger.error("experience: flush failed: %s: %s", type(exc).__name__, exc)
+            return {"kept": kept, "undelivered": f"{type(exc).__name__}: {exc}"}
+        return {"kept": kept, "undelivered": None}
 
     def _reject(self, message: str) -> None:
         """Drop a request that can never be taken as it is: counted, logged, shown in ``info``."""

@@ -12,7 +12,8 @@ and the rest of the action is ignored. With the default pattern brackets inside 
 (``search_and_ask[what does [x] mean?]`` asks ``what does [x] mean?``). A query longer than
 ``max_query_chars`` (default 500) is cut to that length before it is searched and echoed. When
 the observation space is a ``Text`` space, the answer observation fits it by shortening the
-echoed query first and then the answer: the current observation is never cut off.
+echoed query first and then the answer: the current observation is never cut off, nor changed
+(only the query and the answer are fitted to the space's charset).
 
 Every intercepted turn carries ``info["search_and_ask"] = {"status", "query", "call",
 "calls_left"}`` where ``call`` is a :class:`~crl_gym.protocol.SearchCall` (``None`` when
@@ -59,7 +60,8 @@ from crl_gym.templates import (
     SEARCH_AND_ASK_NO_ENTRY_TEMPLATE,
     SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
 )
-from crl_gym.wrappers.experience import require_gym_env
+from crl_gym.wrappers.experience import _reraise_misuse, require_gym_env
+from crl_gym.wrappers.text_spaces import require_text_spaces
 from crl_gym.wrappers.text_actions import Shared, TextFitter, check_template, unshare
 
 if TYPE_CHECKING:
@@ -145,6 +147,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             empty_query_template=empty_query_template, error_template=error_template, max_query_chars=max_query_chars,
         )
         require_gym_env(env, "SearchAndAskWrapper")
+        require_text_spaces(env, "SearchAndAskWrapper")
         gym.Wrapper.__init__(self, env)
         if max_calls < 0:
             raise ValueError(f"max_calls must be >= 0, got {max_calls}")
@@ -265,24 +268,27 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         """The observation of a call, fitted to a ``Text`` space by shortening the echoed query,
         then the answer; the current observation is kept whole."""
         obs, calls = self._last_obs, self.max_calls
+        # the wrapper's own text is fitted to the charset; the env's observation never is
+        query, answer = self._fit(query), self._fit(answer)
         text = template.format(query=query, answer=answer, observation=obs, max_calls=calls)
         limit = self._max_length
         if limit is None or len(text) <= limit:
-            return self._fit(text)
+            return text
         room = limit - len(template.format(query="", answer="", observation=obs, max_calls=calls))
         if room < 0:  # not even the template's own words fit beside the observation
-            return self._fit(str(obs))
+            return str(obs)
         n_query, n_answer = template.count("{query}"), template.count("{answer}")
         if n_query:
             query = query[: max(0, room - n_answer * len(answer)) // n_query]
         if n_answer:
             answer = answer[: max(0, room - n_query * len(query)) // n_answer]
-        return self._fit(template.format(query=query, answer=answer, observation=obs, max_calls=calls))
+        return template.format(query=query, answer=answer, observation=obs, max_calls=calls)
 
     def _retrieve_and_ask(self, query: str, turn: int) -> tuple[str, SearchCall | None]:
         try:
             entry = self.client.search(query)
         except Exception as exc:  # noqa: BLE001 - a down client costs the answer, not the episode
+            _reraise_misuse(exc)
             self._error("search", exc)
             return "error", None
         if entry is None:
@@ -290,6 +296,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         try:
             answer, provenance = self.client.ask(query, entry, str(self._last_obs))
         except Exception as exc:  # noqa: BLE001 - the raw entry is still a useful answer
+            _reraise_misuse(exc)
             self._error("ask", exc)
             answer, provenance = entry.text, None
         refined = provenance is not None or answer != entry.text

@@ -1,0 +1,50 @@
+"""Closing a rollout step over a vector env whose copies submit from their own processes.
+
+Each ``AsyncVectorEnv`` worker holds its own :class:`~crl_gym.clients.RemoteClient`, whose
+``submit`` only buffers: a request may still be on its way when the driver calls
+``client.end_step(t)``, and a request that arrives after its step ended is late, never credited.
+:func:`end_step` is the barrier: it has every copy flush (``flush_experience`` of each copy's
+:class:`~crl_gym.wrappers.ExperienceWrapper`, run inside the worker) and only then closes the step.
+
+>>> from crl_gym.clients import LocalClient
+>>> from crl_gym.experience.bank import ExperienceBank
+>>> from crl_gym.experience.embedders import HashingEmbedder
+>>> from crl_gym.experience.manager import ExperienceManager
+>>> from crl_gym.wrappers import ExperienceWrapper
+>>> from crl_gym.wrappers.examples import CorridorEnv
+>>> from gymnasium.vector import SyncVectorEnv
+>>> client = LocalClient(ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32)))
+>>> envs = SyncVectorEnv([lambda: ExperienceWrapper(CorridorEnv(length=1), client)] * 2)
+>>> _ = envs.reset(seed=0, options={"rollout_step": 0}); _ = envs.step(["east", "east"])
+>>> end_step(envs, client, 0)["requests"]
+2
+>>> client.service.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import gymnasium as gym
+
+from crl_gym.clients import ExperienceClient
+
+
+def flush_workers(envs: gym.vector.VectorEnv | Iterable[gym.Env], timeout: float | None = None) -> list[dict[str, Any]]:
+    """Run ``flush_experience(timeout)`` in every copy (in its own process for an
+    ``AsyncVectorEnv``); one ``{"kept", "undelivered"}`` report per copy."""
+    if isinstance(envs, gym.vector.VectorEnv):
+        return list(envs.call("flush_experience", timeout))
+    return [env.get_wrapper_attr("flush_experience")(timeout) for env in envs]
+
+
+def end_step(envs: gym.vector.VectorEnv | Iterable[gym.Env], client: ExperienceClient, step: int,
+             bonus: dict[str, float] | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """:func:`flush_workers`, then ``client.end_step(step, bonus)``; the answer gains ``"workers"``
+    (the per-copy reports). A copy that reports undelivered requests (they are in its client's
+    spill file) does not stop the step from closing: the answer says so, and it is logged."""
+    reports = flush_workers(envs, timeout)
+    result = dict(client.end_step(step, bonus))
+    result["workers"] = reports
+    return result
