@@ -7,7 +7,7 @@ the service (``--extractor``, from the optional ``crl_train``), where the token 
 how uvicorn runs and stops (SIGINT / SIGTERM close the service, then exit 0).
 
     crl-experience serve --bank DIR --port 8765 [--host H] [--embedder hashing:384]
-        [--extractor tiny|CONFIG.yaml] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]
+        [--extractor tiny|CONFIG.yaml [--merge-seeded]] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]
     crl-experience ui --bank DIR [--port 8766] [--host H] [--token-file FILE]   (the explorer alone, read-only)
 
 The service serves the bank explorer at ``/ui`` (:mod:`crl_gym.explorer`, docs/explorer.md).
@@ -109,6 +109,9 @@ def cli() -> None:
 @click.option("--embedder", default=None, help="'default' (bundled MiniLM), 'hashing:DIM', or a sentence-transformers id/path.")
 @click.option("--extractor", default=None,
               help="Run the extractor's learning loop in the service: 'tiny' or a crl-train YAML config (needs crl_train).")
+@click.option("--merge-seeded", is_flag=True, default=False,
+              help="With --extractor: let the Merge merge, rewrite or discard entries written without an extractor "
+                   "sample (your own AddOps). By default they are kept as written.")
 @click.option("--token-file", default=None, type=click.Path(exists=True, dir_okay=False),
               help=f"File holding the bearer token clients must send (default: ${TOKEN_ENV}).")
 @click.option("--max-body-bytes", default=MAX_BODY_BYTES, show_default=True, type=click.IntRange(1),
@@ -117,15 +120,15 @@ def cli() -> None:
               help="Seconds between checkpoints of the queued requests to the bank dir (a SIGKILL loses at most "
                    "this window; default 0.5; 0: only on shutdown).")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: str | None, token_file: str | None,
-          max_body_bytes: int, persist_interval_s: float | None, log_level: str) -> None:
+def serve(bank_dir: str, port: int, host: str, embedder: str | None, extractor: str | None, merge_seeded: bool,
+          token_file: str | None, max_body_bytes: int, persist_interval_s: float | None, log_level: str) -> None:
     """Serve the experience bank in BANK over HTTP for RemoteClient."""
     token = resolve_token(token_file)
     if token is None and not is_loopback(host):
         raise click.UsageError(
             f"refusing to bind {host} without a token: anyone who can reach it could read and rewrite the bank. "
             f"Pass --token-file FILE or set {TOKEN_ENV}, or bind 127.0.0.1.")
-    service = _build_service(bank_dir, embedder, extractor, persist_interval_s)
+    service = _build_service(bank_dir, embedder, extractor, persist_interval_s, merge_seeded=merge_seeded)
     # The embedder (torch, transformers) leaves ~10^6 long-lived objects; a full collection
     # walks them all (~250 ms here) in the middle of whatever requests are in flight. Frozen,
     # they are skipped: collections only see what the server allocates from now on.
@@ -181,7 +184,7 @@ def ui(bank_dir: str, port: int, host: str, embedder: str | None, token_file: st
 
 
 def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,
-                   persist_interval_s: float | None = None) -> RetrievalService:
+                   persist_interval_s: float | None = None, *, merge_seeded: bool = False) -> RetrievalService:
     if extractor is None:
         try:
             return RetrievalService(build_manager(bank_dir, embedder, persist_interval_s))
@@ -194,7 +197,7 @@ def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,
         raise click.ClickException(
             f"--extractor needs the crl_train package (pip install 'complementary-rl[train]'): {exc}") from exc
     try:
-        service: RetrievalService = build_served_service(Path(bank_dir), extractor, embedder)
+        service: RetrievalService = build_served_service(Path(bank_dir), extractor, embedder, merge_seeded=merge_seeded)
         return service
     except (ValueError, FileNotFoundError, BankCorruptError, BankLockedError) as exc:
         raise click.ClickException(f"--extractor {extractor}: {exc}") from exc

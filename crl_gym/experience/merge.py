@@ -245,6 +245,15 @@ class MergeReport:
     """Groups or discards skipped because a source changed during the merge."""
     oversize: int = 0
     """Entries too long to fit any window (kept unchanged)."""
+    protected: int = 0
+    """Entries left out of the merge by its ``protect`` rule (kept unchanged)."""
+
+
+def is_seeded(entry: ExperienceEntry) -> bool:
+    """Whether ``entry`` was written without an extractor sample (``provenance is None``): added by
+    a user or a config (``apply_ops`` / ``AddOp`` from a client, ``bank.add``), never rewritten by
+    the extractor since. A service merges such entries only when told to (``merge_seeded``)."""
+    return entry.provenance is None
 
 
 def _similarity_order(bank: ExperienceBank, entries: list[ExperienceEntry], k: int) -> list[int]:
@@ -281,6 +290,7 @@ def merge_bank(
     carry_fraction: float = 0.5,
     order: Literal["similar", "id"] = "similar",
     max_len: int = DEFAULT_MAX_LEN,
+    protect: Callable[[ExperienceEntry], bool] | None = None,
 ) -> MergeReport:
     """Merge the bank with ``generate`` (the extractor); all or nothing.
 
@@ -295,12 +305,17 @@ def merge_bank(
         carry_fraction: share of the window budget that carried-over results may take.
         order: ``similar`` walks neighbours together; ``id`` walks in id order.
         max_len: longest accepted merged text, in characters.
+        protect: entries for which it returns True are left out of the walk: never shown to the
+            generator, never merged, rewritten or discarded (e.g. :func:`is_seeded`: the entries a
+            user wrote). Counted in ``MergeReport.protected``.
     """
     if not 0.0 <= carry_fraction < 1.0:
         raise ValueError(f"carry_fraction must be in [0, 1), got {carry_fraction}")
     report = MergeReport(step=step)
-    snapshot = {e.id: e for e in bank}  # one consistent read
-    report.entries_before = len(snapshot)
+    everything = list(bank)  # one consistent read
+    snapshot = {e.id: e for e in everything if protect is None or not protect(e)}
+    report.entries_before = len(everything)
+    report.protected = len(everything) - len(snapshot)
     overhead = count_tokens(build_merge_prompt([]))
     if token_budget <= overhead:
         raise ValueError(f"token_budget={token_budget} leaves no room: the instructions alone "

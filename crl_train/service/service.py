@@ -95,6 +95,10 @@ class ServiceOptions:
     """Merge the bank every this many ended steps (paper: 5; 0 disables). Only while distilling."""
     merge_token_budget: int = 6000
     """Tokens per Merge window prompt."""
+    merge_seeded: bool = False
+    """Whether Merge may merge, rewrite or discard entries written without an extractor sample (a
+    user's ``AddOp``s, a config's seed entries: ``crl_gym.experience.merge.is_seeded``). False keeps
+    them as written (``crl-experience serve`` without ``--merge-seeded``); a training run sets True."""
     distill_batch: int = 8
     """Requests per distillation generate call."""
     distill_linger_s: float = 2.0
@@ -232,6 +236,7 @@ class ExperienceService(RetrievalService):
                                          # a weightless extractor (the oracle) has nothing for CISPO
                                          train=options.train and extractor.trainable, distill=options.distill,
                                          merge_token_budget=options.merge_token_budget,
+                                         merge_seeded=options.merge_seeded,
                                          asynchronous=options.asynchronous)
             self.track.actor_step = last_ended + 1
             if options.refine:

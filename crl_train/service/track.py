@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
-from crl_gym.experience.merge import merge_bank
+from crl_gym.experience.merge import is_seeded, merge_bank
 from crl_gym.protocol import DistillationRequest, ExtractorSample
 from crl_train.extractor import BufferItem, ExtractorBackend, ExtractorUnavailable
 
@@ -117,6 +117,7 @@ class BackgroundTrack:
         train: bool = True,
         distill: bool = True,
         merge_token_budget: int = 6000,
+        merge_seeded: bool = False,
         asynchronous: bool = True,
         num_threads: int = 1,
     ) -> None:
@@ -128,6 +129,7 @@ class BackgroundTrack:
         self.train = train
         self.distill_on = distill
         self.merge_token_budget = merge_token_budget
+        self.merge_seeded = merge_seeded
         self.asynchronous = asynchronous
         self.num_threads = num_threads
         self.buffer: list[BufferItem] = []
@@ -314,7 +316,8 @@ class BackgroundTrack:
             return
         try:
             report = merge_bank(self.manager.bank, self.manager.embedder, self.extractor.merge_generate,
-                                token_budget=self.merge_token_budget, count_tokens=self.extractor.count_tokens, step=step)
+                                token_budget=self.merge_token_budget, count_tokens=self.extractor.count_tokens, step=step,
+                                protect=None if self.merge_seeded else is_seeded)
         except ExtractorUnavailable:
             self.stats.skipped_merges += 1
             return
