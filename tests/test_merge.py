@@ -317,3 +317,63 @@ def test_docstring_examples_run() -> None:
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ------------------------------------------------------------------ a user's own (seeded) entries
+
+
+def _discard_everything(prompts: list[str]) -> list[str]:
+    """A merge answer that discards every entry of the window (what an untrained extractor may write)."""
+    return [json.dumps({"discard": list(p.labels)}) for p in prompts]  # type: ignore[attr-defined]
+
+
+def _seeded_and_distilled() -> tuple[ExperienceBank, list[int], list[int]]:
+    bank, distilled = make_bank(["go east at the fork", "west is a dead end"])
+    seeded = [bank.add(t, EMB.encode([t])[0]) for t in ("Always read the whole board first.", "Answer with one number.")]
+    return bank, seeded, distilled
+
+
+def test_merge_leaves_protected_entries_alone() -> None:
+    from crl_gym.experience.merge import is_seeded
+
+    bank, seeded, distilled = _seeded_and_distilled()
+    report = merge_bank(bank, EMB, _discard_everything, order="id", protect=is_seeded)
+    assert report.ok and report.protected == 2 and sorted(report.deleted) == sorted(distilled)
+    assert sorted(e.id for e in bank) == sorted(seeded)
+    assert not any("Always read" in p or "one number" in p for p in report.prompts)  # never even shown
+
+
+class _DiscardingExtractor:
+    """The extractor side a BackgroundTrack's merge uses, answering like an untrained extractor."""
+
+    alive = True
+    trainable = False
+
+    def count_tokens(self, text: str) -> int:
+        return approx_tokens(text)
+
+    def merge_generate(self, prompts: list[str]) -> list[str]:
+        return _discard_everything(prompts)
+
+
+@pytest.mark.parametrize("merge_seeded", [False, True])
+def test_a_service_merges_a_users_entries_only_when_told(merge_seeded: bool) -> None:
+    from crl_gym.experience.manager import ExperienceManager
+    from crl_train.service.track import BackgroundTrack
+
+    bank, seeded, _ = _seeded_and_distilled()
+    manager = ExperienceManager(bank, EMB)
+    track = BackgroundTrack(manager, _DiscardingExtractor(), asynchronous=False, merge_seeded=merge_seeded)  # type: ignore[arg-type]
+    track._merge(step=5)
+    assert track.stats.merges == 1
+    assert sorted(e.id for e in bank) == ([] if merge_seeded else sorted(seeded))
+    manager.close()
+
+
+def test_the_served_extractor_keeps_a_users_entries_and_training_runs_merge_them() -> None:
+    from crl_train.config import load_config
+    from crl_train.service.build import service_options
+    from crl_train.service.service import ServiceOptions
+
+    assert ServiceOptions().merge_seeded is False  # crl-experience serve --extractor, without --merge-seeded
+    assert service_options(load_config(None, [])).merge_seeded is True  # a crl-train run's own seed entries
