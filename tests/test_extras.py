@@ -29,3 +29,10 @@ def test_the_gem_extra_pins_gem_llm_and_says_why() -> None:
 
 def test_make_install_still_installs_the_gem_extra_for_ci() -> None:
     assert '".[train,envs,swe,gem,dev]"' in (ROOT / "Makefile").read_text()
+
+
+def test_the_readme_says_what_the_tiny_extractor_can_and_cannot_write() -> None:
+    readme = (ROOT / "README.md").read_text()
+    said = readme[readme.index("What `--extractor tiny` can and cannot write"):]
+    said = said[: said.index("\n\n")]
+    assert "cannot write advice" in said and "--merge-seeded" in said and "never merged" in said
