@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from crl_gym import spill
-from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable, RequestTooLarge, SubmitUndelivered
+from crl_gym.errors import (
+    ExperienceAuthError,
+    ExperienceUnavailable,
+    RequestTooLarge,
+    SubmitUndelivered,
+)
 from crl_gym.protocol import DistillationRequest
 
 if TYPE_CHECKING:

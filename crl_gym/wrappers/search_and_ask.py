@@ -61,8 +61,8 @@ from crl_gym.templates import (
     SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
 )
 from crl_gym.wrappers.experience import _reraise_misuse, require_gym_env
-from crl_gym.wrappers.text_spaces import require_text_spaces
 from crl_gym.wrappers.text_actions import Shared, TextFitter, check_template, unshare
+from crl_gym.wrappers.text_spaces import require_text_spaces
 
 if TYPE_CHECKING:
     from crl_gym.clients import ExperienceClient

@@ -24,22 +24,29 @@ Each ``AsyncVectorEnv`` worker holds its own :class:`~crl_gym.clients.RemoteClie
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 
 from crl_gym.clients import ExperienceClient
 
 
-def flush_workers(envs: gym.vector.VectorEnv | Iterable[gym.Env], timeout: float | None = None) -> list[dict[str, Any]]:
+@runtime_checkable
+class CallsEachCopy(Protocol):
+    """A vector env that runs a method of every copy (Gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv``)."""
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]: ...
+
+
+def flush_workers(envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None = None) -> list[dict[str, Any]]:
     """Run ``flush_experience(timeout)`` in every copy (in its own process for an
     ``AsyncVectorEnv``); one ``{"kept", "undelivered"}`` report per copy."""
-    if isinstance(envs, gym.vector.VectorEnv):
+    if isinstance(envs, CallsEachCopy):
         return list(envs.call("flush_experience", timeout))
     return [env.get_wrapper_attr("flush_experience")(timeout) for env in envs]
 
 
-def end_step(envs: gym.vector.VectorEnv | Iterable[gym.Env], client: ExperienceClient, step: int,
+def end_step(envs: CallsEachCopy | Iterable[gym.Env], client: ExperienceClient, step: int,
              bonus: dict[str, float] | None = None, timeout: float | None = None) -> dict[str, Any]:
     """:func:`flush_workers`, then ``client.end_step(step, bonus)``; the answer gains ``"workers"``
     (the per-copy reports). A copy that reports undelivered requests (they are in its client's
