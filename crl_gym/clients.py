@@ -99,7 +99,10 @@ class ExperienceClient(Protocol):
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
         """Flush, then close rollout ``step`` (and earlier open ones): ``{step, ended, requests, credited}``.
 
-        Raises :class:`~crl_gym.experience.service.StepOrderError` for a step already ended.
+        Raises :class:`~crl_gym.experience.service.StepOrderError` for a step already ended. It
+        flushes this process's submits only: when envs submit from worker processes
+        (``AsyncVectorEnv``), close the step with :func:`crl_gym.wrappers.vector.end_step`, which
+        flushes every worker first.
         """
         ...
 
@@ -544,7 +547,9 @@ class RemoteClient:
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
         """:meth:`flush`, then close the step: the server counts and credits the step's requests
         only once it has them. A flush error is raised before the step is closed (it stays open:
-        call ``end_step`` again to close it without the spilled requests)."""
+        call ``end_step`` again to close it without the spilled requests). Only this process's
+        buffer is flushed: over ``AsyncVectorEnv`` workers, each with its own copy of the client,
+        use :func:`crl_gym.wrappers.vector.end_step` (it flushes every worker, then calls this)."""
         body = {"step": check_step(step), "bonus": None if bonus is None else {str(k): float(v) for k, v in bonus.items()}}
         self.flush()
         return dict(self._call("POST", "/end_step", body))

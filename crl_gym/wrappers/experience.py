@@ -3,13 +3,18 @@
 ``reset(options={"experience": "guided"})`` fetches the best bank entry for the task (one
 ``client.search`` for ``info["task"]``, else the first observation, unless the caller passes a
 ``"prefetched"`` entry it fetched in one ``search_many`` batch for the whole rollout group),
-prepends it to the first observation and reports it under ``info["experience"]``. Each step is
+prepends it to the first observation and reports it under ``info["experience"]``. The env's own
+observation goes in unchanged: only the entry is fitted, into the env's ``Text`` space widened
+for it (:mod:`crl_gym.wrappers.text_spaces`), so guided and free episodes read the same task. Each step is
 recorded by appending four references to one flat list (no copies, no per-step object: the
 wrapper's cost must stay ≤ 2 µs per step); on ``terminated or truncated`` the wrapper hands
 that list to a :class:`~crl_gym.wrappers.recording.RecordedRequest` — a ``DistillationRequest``
 whose ``Step`` objects and id are built when a consumer first reads them, not at episode end
 for every episode of a rollout at once — submits it and returns it under
-``info["distillation_request"]``. Rewards and the env's info keys pass through.
+``info["distillation_request"]``. Rewards and the env's info keys pass through. The request's
+``success`` is the last step's ``info["success"]``, else ``return >= success_reward``
+(:mod:`crl_gym.wrappers.success`). An env with a non-text observation or action space is refused
+when the wrapper is built (:func:`~crl_gym.wrappers.text_spaces.require_text_spaces`).
 
 Reset options of the wrapper's own (the others reach the env): ``"experience"`` (``"guided"`` /
 ``"free"``), ``"prefetched"`` (an ``ExperienceRef``, its dict, or ``None``) and
