@@ -34,6 +34,7 @@ from crl_gym.protocol import (
     Trajectory,
     _jsonable,
 )
+from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD
 from crl_gym.wrappers.text_actions import NotTextError, to_text
 
 SEARCH_INFO_KEY = "search_and_ask"
@@ -136,7 +137,8 @@ class RecordedRequest(DistillationRequest):
     ) -> RecordedRequest:
         """Take ownership of ``record`` (``[obs0, a1, r1, info1, obs1, ...]``, length 4n+1).
 
-        ``outcome`` is the sum of the rewards; ``success`` defaults to ``outcome > 0``. The
+        ``outcome`` is the sum of the rewards; ``success`` defaults to ``outcome >= 1.0``
+        (:data:`~crl_gym.wrappers.success.DEFAULT_SUCCESS_REWARD`: partial credit is no success). The
         observations and actions are stored as given: run :func:`text_record` first.
         """
         if len(record) % 4 != 1:
@@ -150,7 +152,7 @@ class RecordedRequest(DistillationRequest):
             raise ValueError(f"{bad}: a request's outcome must be a finite number")
         self.task = task
         self.outcome = outcome
-        self.success = bool(success) if success is not None else outcome > 0
+        self.success = bool(success) if success is not None else outcome >= DEFAULT_SUCCESS_REWARD
         self.experience = experience
         self.condition = condition
         self.env_id = env_id
