@@ -62,6 +62,13 @@ from crl_gym import spill
 from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
+from crl_gym.wrappers.turn_retrieval import (
+    TURN_OBSERVATION_TEMPLATE,
+    TurnRetrieval,
+    check_retrieve,
+    searches_at_start,
+    searches_per_turn,
+)
 from crl_gym.wrappers.text_actions import (
     NotTextError,
     Shared,
@@ -142,6 +149,12 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         spill_path: JSONL file where requests the client could not take are appended (in
             addition to being retried at the next episode end); ``None`` keeps them in memory.
         max_unsent: most requests kept in memory for retry (older ones are spilled or logged).
+        retrieve: when a guided episode retrieves: ``"episode"`` (at reset, for the task: the
+            paper), ``"turn"`` (before every turn, for the current observation:
+            :mod:`crl_gym.wrappers.turn_retrieval`) or ``"both"``.
+        turn_template: how a guided turn's observation shows its entry (``{experience}``, ``{observation}``).
+        warmup_steps: guided episodes of a rollout step below this (``options["rollout_step"]``)
+            run free, retrieving nothing (the authors' ``memory_warmup_interval``; 0 = off).
 
     A client that is down never costs an episode: the episode runs free, ``info``
     gets ``"experience_error"``, and the request is kept and retried later. A malformed
@@ -158,11 +171,15 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env_id: str | None = None,
         spill_path: str | Path | None = None,
         max_unsent: int = 10_000,
+        retrieve: str = "episode",
+        turn_template: str = TURN_OBSERVATION_TEMPLATE,
+        warmup_steps: int = 0,
     ) -> None:
         # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
         gym.utils.RecordConstructorArgs.__init__(
             self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
-            env_id=env_id, spill_path=spill_path, max_unsent=max_unsent,
+            env_id=env_id, spill_path=spill_path, max_unsent=max_unsent, retrieve=retrieve,
+            turn_template=turn_template, warmup_steps=warmup_steps,
         )
         require_gym_env(env, "ExperienceWrapper")
         gym.Wrapper.__init__(self, env)
@@ -171,6 +188,14 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if max_unsent < 1:
             raise ValueError(f"max_unsent must be >= 1, got {max_unsent}")
         self.client = unshare(client)
+        self.retrieve = check_retrieve(retrieve)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        self.warmup_steps = warmup_steps
+        self.turns: TurnRetrieval | None = (
+            TurnRetrieval(self.client, turn_template) if searches_per_turn(self.retrieve) else None)
+        """The per-turn searches (``retrieve`` ``"turn"`` / ``"both"``), else None."""
+        self._turn_guided = False  # the open episode searches before each turn
         self.template = check_template(template, "template", ("experience", "observation"), ("experience", "observation"))
         self.task_key = task_key
         self.default_condition = default_condition
@@ -216,7 +241,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._errors:
             self._errors = []
         experience: ExperienceRef | None = None
-        if condition == "guided":
+        if condition == "guided" and rollout_step is not None and 0 <= rollout_step < self.warmup_steps:
+            condition = "free"  # warm-up: nothing is retrieved, so the episode really is free
+            info["experience_warmup"] = True
+        if condition == "guided" and searches_at_start(self.retrieve):
             if has_prefetched:
                 experience = prefetched
             else:
@@ -233,6 +261,11 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info["experience"] = {"id": experience.id, "text": experience.text, "version": experience.version}
         else:
             info["experience"] = None
+        self._turn_guided = self.turns is not None and condition == "guided"
+        if self.turns is not None:
+            self.turns.start()
+        if self._turn_guided:
+            obs = self._guide_turn(self._initial_obs, 0, obs if experience is not None else None)
         if self._errors:
             info["experience_error"] = "; ".join(self._errors)
         self._records = [self._initial_obs]
@@ -270,7 +303,19 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             records += (action, reward, info, obs)
             if terminated or truncated:
                 return obs, reward, terminated, truncated, self._finish(info)
+            if self._turn_guided and SEARCH_INFO_KEY not in info:  # a search_and_ask turn left the env as it was
+                return self._guide_turn(obs, (len(records) - 1) // 4), reward, terminated, truncated, info
         return out  # the env's own tuple: no repacking on the common turn
+
+    def _guide_turn(self, obs: Any, turn: int, display: Any = None) -> Any:
+        """``obs`` with the entry found for it in front (per-turn retrieval), fitted to the space."""
+        assert self.turns is not None
+        shown, error = self.turns.show(obs, turn, display)
+        if error is not None:
+            self.error_count += 1
+            self._errors.append(error)
+            logger.warning("experience: %s (the turn runs unguided)", error)
+        return self._fit(shown) if shown is not obs and shown is not display else shown
 
     # ------------------------------------------------------------ episode end
     def end_episode(self) -> DistillationRequest | None:
@@ -309,6 +354,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     # the search failed: the extractor should know the episode ran free
                     meta={**(self._meta or {}), "experience_error": list(self._errors)} if self._errors else self._meta,
                     rollout_step=self._rollout_step,
+                    turn_experience=self.turns.taken() if self.turns is not None else None,
                 )
             except (TypeError, ValueError) as exc:  # e.g. a reward float() cannot read
                 problem = f"its record is malformed ({type(exc).__name__}: {exc})"

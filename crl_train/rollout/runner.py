@@ -107,6 +107,8 @@ class RolloutRunner:
         max_new_tokens / max_context_tokens: see the module docstring.
         constrained: restrict actions to the env's admissible actions.
         search_and_ask: offer the tool (constrained: as one fixed extra action).
+        episode_search: prefetch the guided copies' entries for their task (False when the wrappers
+            retrieve per turn only: ``experience.retrieve = turn``).
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class RolloutRunner:
         constrained: bool = False,
         search_and_ask: bool = False,
         max_obs_chars: int = MAX_OBS_CHARS,
+        episode_search: bool = True,
     ) -> None:
         if group_size < 2 or group_size % 2:
             raise ValueError(f"group_size must be even and >= 2, got {group_size}")
@@ -135,6 +138,7 @@ class RolloutRunner:
         self.constrained = constrained
         self.search_and_ask = search_and_ask
         self.max_obs_chars = max_obs_chars
+        self.episode_search = episode_search
         self._pool: dict[str, list[Any]] = {}
         self.errors = 0
         self.context_truncations = 0
@@ -215,7 +219,7 @@ class RolloutRunner:
         # 2. one batched search for all guided halves
         guided_groups = sorted({ep.group for ep in episodes if ep.condition == "guided"})
         prefetched: dict[int, ExperienceRef | None] = {}
-        if guided_groups and self.client is not None:
+        if guided_groups and self.client is not None and self.episode_search:
             queries = [task_text.get(g, "") for g in guided_groups]
             t0 = time.perf_counter()
             try:
@@ -229,7 +233,9 @@ class RolloutRunner:
         judged = self._judge([ep for ep in episodes if ep.condition == "guided"], prefetched, task_text)
         for ep, env in zip(episodes, envs, strict=True):
             if ep.condition == "guided":
-                options: dict[str, Any] = {"experience": "guided", "prefetched": prefetched.get(ep.group), "rollout_step": step}
+                options: dict[str, Any] = {"experience": "guided", "rollout_step": step}
+                if self.episode_search:
+                    options["prefetched"] = prefetched.get(ep.group)
                 if id(ep) in judged:
                     ep.request_meta["gate"] = judged[id(ep)].meta()
                     options.update(prefetched=judged[id(ep)].shown, meta=ep.request_meta)
