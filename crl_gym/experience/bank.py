@@ -379,10 +379,19 @@ class ExperienceBank:
                 raise OverflowError("the bank ran out of ids")
             evicted = self._victims(len(new_ids) - len(dels), exclude={*dels, *touched})
             dels += evicted
+            # a batch that alone adds more than the bank holds: its own first adds go too, never stored
+            surplus = (set(new_ids[: len(self._entries) + len(new_ids) - len(dels) - self.capacity])
+                       if self.capacity is not None else set())
+            stillborn = [e for e in upserts if e.id in surplus]
+            upserts = [e for e in upserts if e.id not in surplus]
             upserts = self._texts.share(upserts, self._entries, gone={*dels, *touched})
             replaced = [self._entries[i] for i in (*touched, *dels)]
             events = self._events(upserts, touched, dels, step, merged, evicted=set(evicted))
+            events += [EntryEvent(e.id, e.created_step if step is None else int(step), "evict", e.version,
+                                  detail={"text": e.text, "rule": self.eviction, "never_stored": True})
+                       for e in stillborn]
             self._commit(upserts, dels, next_id, events)
+            evicted += [e.id for e in stillborn]
             self._texts.removed(replaced)
             self._texts.added(upserts)
             for i in dels:
@@ -396,8 +405,9 @@ class ExperienceBank:
         """Bound the bank to ``capacity`` entries (None: unbounded): an ``apply_batch`` that would
         hold more evicts, in the same transaction, the entries ``eviction`` picks
         (:mod:`crl_gym.experience.eviction`: ``fifo`` or ``least_useful``) among those the batch
-        does not touch, each logged as an ``evict`` event. A bank already over the new capacity
-        evicts now. Returns the ids evicted now.
+        does not touch, each logged as an ``evict`` event (a batch that alone adds more than
+        ``capacity`` gives up its own first adds too: ``detail.never_stored``). A bank already
+        over the new capacity evicts now. Returns the ids evicted now.
 
         The bound is not stored in the bank: whoever opens it sets it (the manager, from
         ``ManagerConfig.bank_capacity``), so a restart with the same config keeps the same bound.
@@ -423,8 +433,8 @@ class ExperienceBank:
             return []
         candidates = [i for i in self._entries if i not in exclude]
         if over > len(candidates):
-            log.warning("bank capacity %d: one batch adds more than the bank can hold; %d entries over until "
-                        "the next write", self.capacity, over - len(candidates))
+            log.warning("bank capacity %d: one batch adds %d entries more than the bank can hold; its first "
+                        "adds are evicted", self.capacity, over - len(candidates))
         return victims(self.eviction, candidates, min(over, len(candidates)), self.credit_stats(candidates))
 
     def _events(self, upserts: list[ExperienceEntry], touched: Mapping[int, ExperienceEntry], dels: list[int],
