@@ -163,3 +163,24 @@ def test_the_bank_logs_one_episode_per_entry_per_episode() -> None:
     # entry 1: two episodes (+1, −1) -> r̄ 0 over 2; entry 2: one won episode -> r̄ 1 over 1
     assert bank.credit_stats(ids) == {ids[0]: (0.0, 2), ids[1]: (1.0, 1)}
     service.close()
+
+
+def test_the_runner_request_of_a_cut_episode_keeps_its_turn_entries() -> None:
+    from crl_train.rollout.runner import Episode, RolloutRunner
+
+    client, manager = _client(["Walk east along the corridor."])
+    env = ExperienceWrapper(CorridorEnv(length=5), client, retrieve="turn")
+    obs, info = env.reset(seed=0, options={"experience": "guided", "rollout_step": 0})
+    assert info["turn_experience"]["text"] == "Walk east along the corridor."
+    ep = Episode(group=0, condition="guided", env_id="corridor", seed=0)
+    from crl_train.rollout import runner as runner_module
+
+    runner_module._note_turn_entry(ep, info, 0)
+    obs, _, _, _, info = env.step("east")
+    runner_module._note_turn_entry(ep, info, 1)
+    # the env's recorded info is its own: the entry is in the returned info only
+    req = RolloutRunner.own_request(None, ep)  # type: ignore[arg-type]  # reads only the episode
+    assert [(g.turn, g.entry.text) for g in req.turn_experience] == [(0, "Walk east along the corridor."),
+                                                                      (1, "Walk east along the corridor.")]
+    assert credited_entries(req) == [req.turn_experience[0].entry.id]
+    manager.close()

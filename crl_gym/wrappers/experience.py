@@ -265,7 +265,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self.turns is not None:
             self.turns.start()
         if self._turn_guided:
-            obs = self._guide_turn(self._initial_obs, 0, obs if experience is not None else None)
+            obs = self._guide_turn(self._initial_obs, 0, info, obs if experience is not None else None)
         if self._errors:
             info["experience_error"] = "; ".join(self._errors)
         self._records = [self._initial_obs]
@@ -304,17 +304,24 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             if terminated or truncated:
                 return obs, reward, terminated, truncated, self._finish(info)
             if self._turn_guided and SEARCH_INFO_KEY not in info:  # a search_and_ask turn left the env as it was
-                return self._guide_turn(obs, (len(records) - 1) // 4), reward, terminated, truncated, info
+                info = dict(info)  # the recorded info stays the env's
+                return self._guide_turn(obs, (len(records) - 1) // 4, info), reward, terminated, truncated, info
         return out  # the env's own tuple: no repacking on the common turn
 
-    def _guide_turn(self, obs: Any, turn: int, display: Any = None) -> Any:
-        """``obs`` with the entry found for it in front (per-turn retrieval), fitted to the space."""
+    def _guide_turn(self, obs: Any, turn: int, info: dict[str, Any], display: Any = None) -> Any:
+        """``obs`` with the entry found for it in front (per-turn retrieval), fitted to the space;
+        the entry goes to ``info["turn_experience"]`` (a caller that writes its own request of a
+        cut episode reads it there)."""
         assert self.turns is not None
+        found = len(self.turns.guidance)
         shown, error = self.turns.show(obs, turn, display)
         if error is not None:
             self.error_count += 1
             self._errors.append(error)
             logger.warning("experience: %s (the turn runs unguided)", error)
+        if len(self.turns.guidance) > found:
+            e = self.turns.guidance[-1].entry
+            info["turn_experience"] = {"id": e.id, "text": e.text, "version": e.version}
         return self._fit(shown) if shown is not obs and shown is not display else shown
 
     # ------------------------------------------------------------ episode end

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crl_gym.experience.prompts import truncate_middle
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory, TurnGuidance
 
 MAX_OBS_CHARS = 4000
 """Observations are shortened to this many characters (middle elided) before the actor reads them."""
@@ -37,7 +37,8 @@ def user_text(obs: object, admissible: Sequence[str], *, constrained: bool = Fal
 
 def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience: ExperienceRef | None,
                 condition: str | None, env_id: str, seed: int | None, reasons: Mapping[str, Any],
-                meta: Mapping[str, Any] | None = None) -> DistillationRequest:
+                meta: Mapping[str, Any] | None = None,
+                turn_experience: Sequence[TurnGuidance] = ()) -> DistillationRequest:
     """The request of an episode the trainer cut: a failure (``success`` False) whatever its reward,
     ``meta`` with the cut's flags (``reasons``: only the keys of :data:`CUT_REASONS` are kept).
 
@@ -50,7 +51,7 @@ def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience:
     return DistillationRequest(
         task=task, trajectory=Trajectory(steps=list(steps)), outcome=float(outcome), success=False,
         experience=experience, condition="guided" if condition == "guided" else "free", env_id=env_id, seed=seed,
-        meta={**(meta or {}), **flags},
+        meta={**(meta or {}), **flags}, turn_experience=list(turn_experience),
     )
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, TurnGuidance
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
@@ -89,6 +89,8 @@ class Episode:
     search_calls: int = 0
     request_meta: dict[str, Any] = field(default_factory=dict)
     """What the episode's request carries in ``meta`` besides the env's own (the gate's verdict)."""
+    turn_experience: list[TurnGuidance] = field(default_factory=list)
+    """Entries per-turn retrieval showed (``info["turn_experience"]``), for the request of a cut episode."""
 
     @property
     def failed_by_error(self) -> bool:
@@ -178,6 +180,7 @@ class RolloutRunner:
         ep.admissible = list(info.get("admissible_actions") or [])
         exp = info.get("experience")
         ep.experience = ExperienceRef.from_dict(exp) if isinstance(exp, dict) else None
+        _note_turn_entry(ep, info, 0)
         ep.prompt_ids = self.policy.apply_chat(
             [{"role": "system", "content": self._system()}, {"role": "user", "content": self._user_text(obs, ep.admissible)}]
         )
@@ -327,6 +330,7 @@ class RolloutRunner:
             ep.reward += float(reward)
             ep.steps.append(Step(observation="", action=action, reward=float(reward), kind=kind))  # type: ignore[arg-type]
             ep.admissible = list(info.get("admissible_actions") or ep.admissible)
+            _note_turn_entry(ep, info, ep.turns)
             if terminated or truncated or ep.turns >= self.max_turns:
                 ep.done = True
                 ep.success = bool(info.get("success", ep.reward > 0)) if (terminated or truncated) else False
@@ -352,7 +356,16 @@ class RolloutRunner:
         """A request for an episode the env did not finish (turn cap / context cut)."""
         return cut_request(task=ep.task, steps=ep.steps, outcome=ep.reward, experience=ep.experience,
                            condition=ep.condition, env_id=ep.env_id, seed=ep.seed, reasons=ep.info,
-                           meta=ep.request_meta)
+                           meta=ep.request_meta, turn_experience=ep.turn_experience)
+
+
+def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:
+    """Record the entry per-turn retrieval showed with this turn's observation, if any."""
+    shown = info.get("turn_experience")
+    if isinstance(shown, dict):
+        entry = ExperienceRef.from_dict(shown)
+        if entry is not None:
+            ep.turn_experience.append(TurnGuidance(turn, entry))
 
 
 def swap_prompt(ep: Episode, prompt_ids: Sequence[int], *, drop_search_turns: bool = False) -> TokenSequence:
