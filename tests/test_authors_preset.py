@@ -37,7 +37,7 @@ def test_the_preset_keeps_the_authors_retrieval_settings() -> None:
 
 def test_documented_overrides_touch_sizes_and_models_only() -> None:
     args = _documented_command()
-    keys = {a.split("=", 1)[0] for a, prev in zip(args[1:], args) if prev == "--set"}
+    keys = {a.split("=", 1)[0] for a, prev in zip(args[1:], args[:-1], strict=True) if prev == "--set"}
     retrieval = {k for k in keys if k.startswith("manager.") or k == "experience.retrieve"}
     assert not retrieval, f"the documented run overrides the authors' retrieval: {retrieval}"
 

@@ -13,7 +13,13 @@ from crl_gym.experience.bank import ExperienceBank
 from crl_gym.experience.embedders import HashingEmbedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import ClosedStep
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory, TurnGuidance, guiding_entries
+from crl_gym.protocol import (
+    DistillationRequest,
+    ExperienceRef,
+    Trajectory,
+    TurnGuidance,
+    guiding_entries,
+)
 from crl_gym.wrappers.examples import CorridorEnv
 from crl_gym.wrappers.experience import ExperienceWrapper
 from crl_train.service.credit import credited_entries, step_credits

@@ -11,7 +11,6 @@ ValueError: ManagerConfig.batch_size must be >= 1, got 0
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Literal
 

@@ -62,13 +62,6 @@ from crl_gym import spill
 from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
-from crl_gym.wrappers.turn_retrieval import (
-    TURN_OBSERVATION_TEMPLATE,
-    TurnRetrieval,
-    check_retrieve,
-    searches_at_start,
-    searches_per_turn,
-)
 from crl_gym.wrappers.text_actions import (
     NotTextError,
     Shared,
@@ -76,6 +69,13 @@ from crl_gym.wrappers.text_actions import (
     check_template,
     to_text,
     unshare,
+)
+from crl_gym.wrappers.turn_retrieval import (
+    TURN_OBSERVATION_TEMPLATE,
+    TurnRetrieval,
+    check_retrieve,
+    searches_at_start,
+    searches_per_turn,
 )
 
 if TYPE_CHECKING:

@@ -35,6 +35,14 @@ def user_text(obs: object, admissible: Sequence[str], *, constrained: bool = Fal
     return text
 
 
+def shown_turn_entry(info: Mapping[str, Any], turn: int) -> TurnGuidance | None:
+    """The entry per-turn retrieval showed with this turn's observation (the wrapper's
+    ``info["turn_experience"]``), as the ``TurnGuidance`` of a request the trainer writes itself."""
+    shown = info.get("turn_experience")
+    entry = ExperienceRef.from_dict(shown) if isinstance(shown, dict) else None
+    return None if entry is None else TurnGuidance(turn, entry)
+
+
 def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience: ExperienceRef | None,
                 condition: str | None, env_id: str, seed: int | None, reasons: Mapping[str, Any],
                 meta: Mapping[str, Any] | None = None,
@@ -55,4 +63,4 @@ def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience:
     )
 
 
-__all__ = ["CUT_REASONS", "MAX_OBS_CHARS", "cut_request", "user_text"]
+__all__ = ["CUT_REASONS", "MAX_OBS_CHARS", "cut_request", "shown_turn_entry", "user_text"]

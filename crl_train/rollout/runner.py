@@ -34,7 +34,7 @@ from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, TurnGuida
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
-from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
+from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, shown_turn_entry, user_text
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -361,11 +361,9 @@ class RolloutRunner:
 
 def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:
     """Record the entry per-turn retrieval showed with this turn's observation, if any."""
-    shown = info.get("turn_experience")
-    if isinstance(shown, dict):
-        entry = ExperienceRef.from_dict(shown)
-        if entry is not None:
-            ep.turn_experience.append(TurnGuidance(turn, entry))
+    shown = shown_turn_entry(info, turn)
+    if shown is not None:
+        ep.turn_experience.append(shown)
 
 
 def swap_prompt(ep: Episode, prompt_ids: Sequence[int], *, drop_search_turns: bool = False) -> TokenSequence:
