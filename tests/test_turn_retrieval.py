@@ -190,3 +190,18 @@ def test_the_runner_request_of_a_cut_episode_keeps_its_turn_entries() -> None:
                                                                       (1, "Walk east along the corridor.")]
     assert credited_entries(req) == [req.turn_experience[0].entry.id]
     manager.close()
+
+
+def test_k_entries_per_episode_are_shown_together_and_each_credited_once() -> None:
+    client, manager = _client(["Walk east along the corridor.", "The exit is at the east end.", "Go east."])
+    env = ExperienceWrapper(CorridorEnv(length=1), client, entries_per_episode=2)
+    obs, info = env.reset(seed=0, options={"experience": "guided"})
+    first, more = info["experience"], info["experience_more"]
+    assert len(more) == 1 and more[0]["id"] != first["id"]  # the recency penalty spread the two
+    assert first["text"] in obs and more[0]["text"] in obs
+    req = env.step("east")[4]["distillation_request"]
+    assert [(g.turn, g.entry.id) for g in req.turn_experience] == [(0, more[0]["id"])]
+    assert credited_entries(req) == [first["id"], more[0]["id"]]
+    with pytest.raises(ValueError, match="entries_per_episode"):
+        ExperienceWrapper(CorridorEnv(length=1), client, entries_per_episode=0)
+    manager.close()

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 import gymnasium as gym
 
 from crl_gym import spill
-from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
+from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef, TurnGuidance
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
 from crl_gym.wrappers.text_actions import (
@@ -74,6 +74,7 @@ from crl_gym.wrappers.turn_retrieval import (
     TURN_OBSERVATION_TEMPLATE,
     TurnRetrieval,
     check_retrieve,
+    episode_entries,
     searches_at_start,
     searches_per_turn,
 )
@@ -153,6 +154,9 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             paper), ``"turn"`` (before every turn, for the current observation:
             :mod:`crl_gym.wrappers.turn_retrieval`) or ``"both"``.
         turn_template: how a guided turn's observation shows its entry (``{experience}``, ``{observation}``).
+        entries_per_episode: entries a guided episode is shown at its start (the authors'
+            ``memory_fetch_num``; 1 = the paper): the first is ``info["experience"]``, the others
+            ``info["experience_more"]``, each credited once for the episode.
         warmup_steps: guided episodes of a rollout step below this (``options["rollout_step"]``)
             run free, retrieving nothing (the authors' ``memory_warmup_interval``; 0 = off).
 
@@ -174,12 +178,13 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         retrieve: str = "episode",
         turn_template: str = TURN_OBSERVATION_TEMPLATE,
         warmup_steps: int = 0,
+        entries_per_episode: int = 1,
     ) -> None:
         # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
         gym.utils.RecordConstructorArgs.__init__(
             self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
             env_id=env_id, spill_path=spill_path, max_unsent=max_unsent, retrieve=retrieve,
-            turn_template=turn_template, warmup_steps=warmup_steps,
+            turn_template=turn_template, warmup_steps=warmup_steps, entries_per_episode=entries_per_episode,
         )
         require_gym_env(env, "ExperienceWrapper")
         gym.Wrapper.__init__(self, env)
@@ -192,6 +197,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         self.warmup_steps = warmup_steps
+        if isinstance(entries_per_episode, bool) or not isinstance(entries_per_episode, int) or entries_per_episode < 1:
+            raise ValueError(f"entries_per_episode must be an integer >= 1, got {entries_per_episode!r}")
+        self.entries_per_episode = entries_per_episode
+        self._more: list[ExperienceRef] = []  # the start's entries after the first (entries_per_episode > 1)
         self.turns: TurnRetrieval | None = (
             TurnRetrieval(self.client, turn_template) if searches_per_turn(self.retrieve) else None)
         """The per-turn searches (``retrieve`` ``"turn"`` / ``"both"``), else None."""
@@ -241,6 +250,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._errors:
             self._errors = []
         experience: ExperienceRef | None = None
+        if self._more:
+            self._more = []
         if condition == "guided" and rollout_step is not None and 0 <= rollout_step < self.warmup_steps:
             condition = "free"  # warm-up: nothing is retrieved, so the episode really is free
             info["experience_warmup"] = True
@@ -249,16 +260,19 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 experience = prefetched
             else:
                 try:
-                    experience = self.client.search(self._task)
+                    experience, self._more = episode_entries(self.client, self._task, self.entries_per_episode)
                 except Exception as exc:  # noqa: BLE001 - a down client must not cost the episode
                     self._note_error("search", exc)
                     condition = "free"  # nothing was shown: the episode really is free
         self._condition = condition
         self._experience = experience
         if experience is not None:
-            obs = self._fit(self.template.format(experience=experience.text, observation=obs))
+            shown = "\n\n".join([experience.text, *(e.text for e in self._more)]) if self._more else experience.text
+            obs = self._fit(self.template.format(experience=shown, observation=obs))
             # a literal dict: dataclasses.asdict costs ~10 µs, a fifth of the per-episode budget
             info["experience"] = {"id": experience.id, "text": experience.text, "version": experience.version}
+            if self._more:
+                info["experience_more"] = [e.to_dict() for e in self._more]
         else:
             info["experience"] = None
         self._turn_guided = self.turns is not None and condition == "guided"
@@ -361,7 +375,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     # the search failed: the extractor should know the episode ran free
                     meta={**(self._meta or {}), "experience_error": list(self._errors)} if self._errors else self._meta,
                     rollout_step=self._rollout_step,
-                    turn_experience=self.turns.taken() if self.turns is not None else None,
+                    turn_experience=[TurnGuidance(0, e) for e in self._more] + (
+                        self.turns.taken() if self.turns is not None else []),
                 )
             except (TypeError, ValueError) as exc:  # e.g. a reward float() cannot read
                 problem = f"its record is malformed ({type(exc).__name__}: {exc})"

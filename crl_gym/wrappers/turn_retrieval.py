@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from crl_gym.protocol import TurnGuidance
+from crl_gym.protocol import ExperienceRef, TurnGuidance
 from crl_gym.templates import TURN_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.text_actions import NotTextError, check_template, to_text
 
@@ -55,6 +55,21 @@ def searches_at_start(mode: str) -> bool:
 def searches_per_turn(mode: str) -> bool:
     """Whether a guided episode searches before every turn (``turn`` and ``both``)."""
     return mode != "episode"
+
+
+def episode_entries(client: ExperienceClient, query: str, k: int) -> tuple[ExperienceRef | None, list[ExperienceRef]]:
+    """The ``k`` entries of a guided episode's start (the authors' ``memory_fetch_num``): one
+    ``search_many`` of ``k`` copies of ``query``, which the manager re-ranks one after another (each
+    sees the ones before as retrieved, so diversification spreads them), distinct by id. Returns the
+    first and the others (fewer than ``k - 1`` when the bank has fewer distinct answers)."""
+    if k == 1:
+        return client.search(query), []
+    found: dict[int, ExperienceRef] = {}
+    for ref in client.search_many([query] * k):
+        if ref is not None:
+            found.setdefault(ref.id, ref)
+    refs = list(found.values())
+    return (refs[0] if refs else None), refs[1:]
 
 
 class TurnRetrieval:

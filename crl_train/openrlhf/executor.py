@@ -155,7 +155,8 @@ class EpisodeRuntime:
 
         if self.cfg.experience.search_and_ask:
             env = SearchAndAskWrapper(env, self.client, max_calls=self.cfg.experience.max_search_calls)
-        return ExperienceWrapper(env, self.client, env_id=env_id, retrieve=self.cfg.experience.retrieve)
+        return ExperienceWrapper(env, self.client, env_id=env_id, retrieve=self.cfg.experience.retrieve,
+                                 entries_per_episode=self.cfg.experience.entries_per_episode)
 
     def acquire_env(self, env_id: str) -> gym.Env:
         with self._pool_lock:

@@ -180,6 +180,8 @@ class RolloutRunner:
         ep.admissible = list(info.get("admissible_actions") or [])
         exp = info.get("experience")
         ep.experience = ExperienceRef.from_dict(exp) if isinstance(exp, dict) else None
+        for more in info.get("experience_more") or ():  # entries_per_episode > 1: shown with the first observation
+            ep.turn_experience.append(TurnGuidance(0, ExperienceRef(**more)))
         _note_turn_entry(ep, info, 0)
         ep.prompt_ids = self.policy.apply_chat(
             [{"role": "system", "content": self._system()}, {"role": "user", "content": self._user_text(obs, ep.admissible)}]

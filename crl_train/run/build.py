@@ -131,7 +131,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
                            max_turns=cfg.env.max_turns, max_new_tokens=cfg.actor.max_new_tokens,
                            max_context_tokens=cfg.actor.max_context_tokens, constrained=cfg.actor.constrained,
                            search_and_ask=cfg.experience.search_and_ask,
-                           episode_search=cfg.experience.retrieve != "turn")
+                           episode_search=cfg.experience.retrieve != "turn" and cfg.experience.entries_per_episode == 1)
     runner.gate = method.entry_gate(actor)
     return Run(actor, service, client, runner, split, before)
 
@@ -151,6 +151,7 @@ def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], 
         if cfg.experience.search_and_ask:
             env = SearchAndAskWrapper(env, client, max_calls=cfg.experience.max_search_calls)
         return ExperienceWrapper(env, client, env_id=env_id, spill_path=unsent, retrieve=cfg.experience.retrieve,
-                                 warmup_steps=cfg.experience.warmup_steps)
+                                 warmup_steps=cfg.experience.warmup_steps,
+                                 entries_per_episode=cfg.experience.entries_per_episode)
 
     return make_env
