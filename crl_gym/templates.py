@@ -26,8 +26,7 @@ GUIDED_OBSERVATION_TEMPLATE = "Experience from similar tasks (use it if it helps
 """``ExperienceWrapper``'s default guided first observation (``DEFAULT_TEMPLATE``); ``{experience}``, ``{observation}``."""
 
 TURN_OBSERVATION_TEMPLATE = "Experience for this step (use it if it helps):\n{experience}\n\n{observation}"
-"""Per-turn retrieval (``ExperienceWrapper(retrieve="turn" | "both")``): the observation of a guided turn,
-in front of which the entry found for it is shown; ``{experience}``, ``{observation}``."""
+"""A guided turn's observation behind its entry (``ExperienceWrapper(retrieve="turn")``); ``{experience}``, ``{observation}``."""
 
 # --------------------------------------------------------------------------------------------
 # What the actor sees: the search_and_ask tool (SearchAndAskWrapper, str.format)

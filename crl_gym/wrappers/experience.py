@@ -336,7 +336,9 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if len(self.turns.guidance) > found:
             e = self.turns.guidance[-1].entry
             info["turn_experience"] = {"id": e.id, "text": e.text, "version": e.version}
-        return self._fit(shown) if shown is not obs and shown is not display else shown
+        if isinstance(shown, str) and shown is not obs and shown is not display:
+            return self._fit(shown)
+        return shown
 
     # ------------------------------------------------------------ episode end
     def end_episode(self) -> DistillationRequest | None:
