@@ -233,9 +233,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=3, help="open loop: runs of each rate")
     ap.add_argument("--callers", type=int, default=256, help="open loop: caller threads")
     ap.add_argument("--tasks", type=int, default=128, help="open loop: distinct task texts (K = 8 searches each)")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[128, 256, 512, 1024])
-    ap.add_argument("--rounds", type=int, default=5, help="warm rounds per concurrency")
-    ap.add_argument("--naive-rounds", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[128, 256, 512, 1024],
+                    help="burst: searcher threads per level")
+    ap.add_argument("--rounds", type=int, default=5, help="burst: warm rounds per concurrency")
+    ap.add_argument("--naive-rounds", type=int, default=1, help="burst: rounds of the naive baseline")
     ap.add_argument("--embedder", default=None, help="default: bundled all-MiniLM-L6-v2")
     ap.add_argument("--cache-dir", type=Path,
                     default=Path.home() / ".cache" / "complementary-rl" / "bench")
