@@ -170,3 +170,19 @@ def test_the_manager_bounds_the_bank_from_its_config() -> None:
         ManagerConfig(bank_capacity=0)
     with pytest.raises(ValueError, match="top1_dropout"):
         ManagerConfig(top1_dropout=1.5)
+
+
+def test_the_explorer_timeline_adds_up_after_evictions(tmp_path: Path) -> None:
+    from crl_gym.explorer import BankSource
+    from crl_gym.explorer.queries import timeline
+
+    bank = ExperienceBank(tmp_path, dim=64, capacity=3)
+    for n in range(5):
+        bank.apply_batch([{"text": f"entry {n}", "embedding": _vec(f"entry {n}")}], step=n)
+    # one batch larger than the bank: its first add is evicted before it is ever stored
+    bank.apply_batch([{"text": f"late {n}", "embedding": _vec(f"late {n}")} for n in range(4)], step=5)
+    size = len(bank)
+    bank.close()
+    source = BankSource.open(tmp_path, search=False)
+    line = timeline(source)
+    assert line["bank_size"][-1] == size == 3 and sum(line["removed"]) == 2 + 3 + 1

@@ -387,9 +387,11 @@ class ExperienceBank:
             upserts = self._texts.share(upserts, self._entries, gone={*dels, *touched})
             replaced = [self._entries[i] for i in (*touched, *dels)]
             events = self._events(upserts, touched, dels, step, merged, evicted=set(evicted))
-            events += [EntryEvent(e.id, e.created_step if step is None else int(step), "evict", e.version,
-                                  detail={"text": e.text, "rule": self.eviction, "never_stored": True})
-                       for e in stillborn]
+            for e in stillborn:  # added and evicted in one batch: both logged, so the history adds up
+                at = e.created_step if step is None else int(step)
+                events += [EntryEvent(e.id, at, "add", e.version),
+                           EntryEvent(e.id, at, "evict", e.version,
+                                      detail={"text": e.text, "rule": self.eviction, "never_stored": True})]
             self._commit(upserts, dels, next_id, events)
             evicted += [e.id for e in stillborn]
             self._texts.removed(replaced)
