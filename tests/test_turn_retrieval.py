@@ -205,3 +205,28 @@ def test_k_entries_per_episode_are_shown_together_and_each_credited_once() -> No
     with pytest.raises(ValueError, match="entries_per_episode"):
         ExperienceWrapper(CorridorEnv(length=1), client, entries_per_episode=0)
     manager.close()
+
+
+def test_the_runner_searches_every_guided_turn_of_a_step_in_one_batch() -> None:
+    from _trainer_fixtures import tiny_policy
+
+    from crl_train.rollout.runner import RolloutRunner
+
+    client, manager = _client(["Walk east along the corridor.", "The exit is at the east end."])
+    runner = RolloutRunner(
+        tiny_policy(0),
+        lambda env_id: ExperienceWrapper(CorridorEnv(length=9, max_turns=5), client, env_id=env_id, retrieve="turn",
+                                         defer_turn_search=True),
+        client=client, group_size=4, max_turns=4, max_new_tokens=4, constrained=True, episode_search=False)
+    episodes = runner.collect([("corridor", 0), ("corridor", 1)], step=0)
+    guided = [ep for ep in episodes if ep.condition == "guided"]
+    assert len(guided) == 4 and all(ep.turns == 4 for ep in episodes)  # length 9: every episode hits the cap
+    stats = manager.stats()
+    # 4 searches at reset (turn 0, one per guided env), then turns 1-3 in one batch of 4 each; the
+    # observation after turn 4 is never shown (the cap ends the episodes), so it is not searched for
+    assert stats["requests"] == 4 + 3 * 4 and stats["batches"] <= 4 + 3
+    for ep in guided:
+        assert [g.turn for g in ep.request.turn_experience] == [0, 1, 2, 3]  # type: ignore[union-attr]
+    assert all(ep.request.turn_experience == [] for ep in episodes if ep.condition == "free")  # type: ignore[union-attr]
+    runner.close()
+    manager.close()

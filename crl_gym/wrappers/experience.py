@@ -154,6 +154,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             paper), ``"turn"`` (before every turn, for the current observation:
             :mod:`crl_gym.wrappers.turn_retrieval`) or ``"both"``.
         turn_template: how a guided turn's observation shows its entry (``{experience}``, ``{observation}``).
+        defer_turn_search: per-turn retrieval after a step is left to the caller: the step returns
+            the observation as the env gave it, with ``info["turn_query"]``; the caller searches for
+            all its envs at once (``client.search_many``) and hands each its entry through
+            :meth:`show_turn_entry`, which returns the observation to show (``RolloutRunner`` does).
         entries_per_episode: entries a guided episode is shown at its start (the authors'
             ``memory_fetch_num``; 1 = the paper): the first is ``info["experience"]``, the others
             ``info["experience_more"]``, each credited once for the episode.
@@ -179,12 +183,14 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         turn_template: str = TURN_OBSERVATION_TEMPLATE,
         warmup_steps: int = 0,
         entries_per_episode: int = 1,
+        defer_turn_search: bool = False,
     ) -> None:
         # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
         gym.utils.RecordConstructorArgs.__init__(
             self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
             env_id=env_id, spill_path=spill_path, max_unsent=max_unsent, retrieve=retrieve,
             turn_template=turn_template, warmup_steps=warmup_steps, entries_per_episode=entries_per_episode,
+            defer_turn_search=defer_turn_search,
         )
         require_gym_env(env, "ExperienceWrapper")
         gym.Wrapper.__init__(self, env)
@@ -205,6 +211,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             TurnRetrieval(self.client, turn_template) if searches_per_turn(self.retrieve) else None)
         """The per-turn searches (``retrieve`` ``"turn"`` / ``"both"``), else None."""
         self._turn_guided = False  # the open episode searches before each turn
+        self.defer_turn_search = bool(defer_turn_search)
         self.template = check_template(template, "template", ("experience", "observation"), ("experience", "observation"))
         self.task_key = task_key
         self.default_condition = default_condition
@@ -319,7 +326,11 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 return obs, reward, terminated, truncated, self._finish(info)
             if self._turn_guided and SEARCH_INFO_KEY not in info:  # a search_and_ask turn left the env as it was
                 info = dict(info)  # the recorded info stays the env's
-                return self._guide_turn(obs, (len(records) - 1) // 4, info), reward, terminated, truncated, info
+                turn = (len(records) - 1) // 4
+                if self.defer_turn_search and self.turns is not None:
+                    info["turn_query"] = self.turns.defer(obs, turn)
+                    return obs, reward, terminated, truncated, info
+                return self._guide_turn(obs, turn, info), reward, terminated, truncated, info
         return out  # the env's own tuple: no repacking on the common turn
 
     def _guide_turn(self, obs: Any, turn: int, info: dict[str, Any], display: Any = None) -> Any:
@@ -339,6 +350,17 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if isinstance(shown, str) and shown is not obs and shown is not display:
             return self._fit(shown)
         return shown
+
+    def show_turn_entry(self, entry: ExperienceRef | None, info: dict[str, Any] | None = None) -> Any:
+        """The observation of a deferred turn (``defer_turn_search``) with ``entry`` in front of it,
+        the caller's search result for ``info["turn_query"]`` (None: the bank had nothing, or the
+        search failed). ``info`` (the step's) gets ``"turn_experience"`` as in a turn searched here."""
+        if self.turns is None:
+            raise RuntimeError("show_turn_entry: this wrapper does not retrieve per turn (retrieve='episode')")
+        shown, placed = self.turns.complete(entry)
+        if placed and entry is not None and info is not None:
+            info["turn_experience"] = {"id": entry.id, "text": entry.text, "version": entry.version}
+        return self._fit(shown) if placed else shown
 
     # ------------------------------------------------------------ episode end
     def end_episode(self) -> DistillationRequest | None:

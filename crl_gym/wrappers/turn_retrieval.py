@@ -83,11 +83,36 @@ class TurnRetrieval:
         """Entries shown in the open episode, one per guided turn that found one."""
         self.searches = 0
         """Per-turn searches made by this env copy (all episodes)."""
+        self.pending: tuple[str, int] | None = None
+        """A deferred turn's (query, turn), until :meth:`complete` (the caller searched)."""
 
     def start(self) -> None:
         """A new episode: forget the last one's entries."""
         if self.guidance:
             self.guidance = []
+        self.pending = None
+
+    def defer(self, observation: object, turn: int) -> str | None:
+        """Keep ``observation`` as the turn's query for a caller that searches for many envs at once
+        (one ``search_many``); returns the query, or None when it has no text form."""
+        try:
+            query = observation if type(observation) is str else to_text(observation)
+        except NotTextError:
+            return None
+        self.pending = (query, turn)
+        return query
+
+    def complete(self, entry: ExperienceRef | None) -> tuple[str, bool]:
+        """The deferred turn's observation with ``entry`` (the caller's search result) in front of it;
+        ``(observation, whether an entry was placed)``."""
+        if self.pending is None:
+            raise RuntimeError("no deferred turn: the last step did not ask for a turn search (info['turn_query'])")
+        (query, turn), self.pending = self.pending, None
+        self.searches += 1
+        if entry is None:
+            return query, False
+        self.guidance.append(TurnGuidance(turn, entry))
+        return self.template.format(experience=entry.text, observation=query), True
 
     def show(self, observation: object, turn: int, display: str | None = None) -> tuple[object, str | None]:
         """Search with ``observation`` and put the entry found in front of it (in front of

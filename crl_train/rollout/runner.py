@@ -316,15 +316,17 @@ class RolloutRunner:
         keys = [id(ep) for ep, _ in live] if self.policy.prefix_cache else None
         gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None,
                                     cache_keys=keys)
+        stepped: list[tuple[Episode, Any, Generation, str, list[Any]]] = []
         for (ep, env), gen in zip(live, gens, strict=True):
             ep.sequence.append_generation(gen)
             action = gen.text.strip() if self.constrained else (parse_action(gen.text) or gen.text.strip())
             try:
-                obs, reward, terminated, truncated, info = env.step(action)
+                stepped.append((ep, env, gen, action, list(env.step(action))))
             except Exception as exc:  # noqa: BLE001 - see module docstring
                 ep.history.append(Turn(gen, []))
                 self._fail(ep, "step", exc)
-                continue
+        self._search_turns(stepped)
+        for ep, _env, gen, action, (obs, reward, terminated, truncated, info) in stepped:
             kind = "search_and_ask" if info.get("search_and_ask") is not None else "env"
             ep.turns += 1
             ep.num_actions += kind == "env"
@@ -353,6 +355,24 @@ class RolloutRunner:
                 continue
             ep.history.append(Turn(gen, list(ctx), kind))
             ep.sequence.append_context(ctx)
+
+    def _search_turns(self, stepped: list[tuple[Episode, Any, Generation, str, list[Any]]]) -> None:
+        """Per-turn retrieval of every env that asked for it (``info["turn_query"]``: its wrapper
+        defers the search to us) in one ``search_many``; each env then shows its entry
+        (``show_turn_entry``), which replaces the step's observation. An episode the turn cap ends
+        now is not searched for: its next observation is never shown."""
+        asked = [row for row in stepped if isinstance(row[4][4].get("turn_query"), str)
+                 and row[0].turns + 1 < self.max_turns]
+        if not asked or self.client is None:
+            return
+        try:
+            refs: list[ExperienceRef | None] = list(self.client.search_many([row[4][4]["turn_query"] for row in asked]))
+        except Exception as exc:  # noqa: BLE001 - a down manager costs the turns their entries, not the step
+            self.search_failures += 1
+            log.warning("per-turn search_many failed (%s); these turns run unguided", exc)
+            refs = [None] * len(asked)
+        for (_, env, _, _, result), ref in zip(asked, refs, strict=True):
+            result[0] = env.get_wrapper_attr("show_turn_entry")(ref, result[4])
 
     def own_request(self, ep: Episode) -> DistillationRequest:
         """A request for an episode the env did not finish (turn cap / context cut)."""

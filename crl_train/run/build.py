@@ -152,6 +152,7 @@ def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], 
             env = SearchAndAskWrapper(env, client, max_calls=cfg.experience.max_search_calls)
         return ExperienceWrapper(env, client, env_id=env_id, spill_path=unsent, retrieve=cfg.experience.retrieve,
                                  warmup_steps=cfg.experience.warmup_steps,
-                                 entries_per_episode=cfg.experience.entries_per_episode)
+                                 entries_per_episode=cfg.experience.entries_per_episode,
+                                 defer_turn_search=True)  # the runner searches for all its envs at once
 
     return make_env
