@@ -32,7 +32,7 @@ def test_the_preset_keeps_the_authors_retrieval_settings() -> None:
     assert (m.diversity_lambda, m.recency_window_s, m.overfetch, m.top1_dropout) == (0.4, 300.0, 16, 0.5)
     assert (m.batch_size, m.max_wait_ms, m.cache_size, m.num_workers) == (32, 5.0, 1000, 4)
     assert (m.bank_capacity, m.bank_eviction, x.warmup_steps, x.retrieve) == (20000, "fifo", 5, "episode")
-    assert x.entries_per_episode == 1
+    assert x.entries_per_episode == 1 and cfg.algo.gate.enabled and not cfg.algo.self_distill
     assert (cfg.env.tasks_per_step, cfg.env.group_size, cfg.train.steps, cfg.algo.cooldown) == (16, 8, 512, 1)
 
 
