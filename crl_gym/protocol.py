@@ -152,6 +152,26 @@ class ExperienceRef:
                    version=check_int(d.get("version", 0), f"{what}.version", low=0))
 
 
+@dataclass(frozen=True)
+class TurnGuidance:
+    """An entry shown to the actor before one turn (per-turn retrieval), for the entry's credit."""
+
+    turn: int
+    """Env steps taken before the observation the entry was shown with (0: the first one)."""
+    entry: ExperienceRef
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn, "entry": self.entry.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: object, what: str = "turn_experience") -> TurnGuidance:
+        """Inverse of :meth:`to_dict`; a bad field raises ``ValueError`` naming it."""
+        d = _mapping(d, what)
+        entry = ExperienceRef.from_dict(_mapping(_required(d, "entry", what), f"{what}.entry"), f"{what}.entry")
+        assert entry is not None
+        return cls(turn=check_int(_required(d, "turn", what), f"{what}.turn", low=0), entry=entry)
+
+
 @dataclass
 class Step:
     """One turn of an episode: what the agent saw, what it did, what came back."""
@@ -296,6 +316,9 @@ class DistillationRequest:
     """Actor step during which the episode ran (set by the trainer; used to credit entries)."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     meta: dict[str, Any] = field(default_factory=dict)
+    turn_experience: list[TurnGuidance] = field(default_factory=list)
+    """Entries shown before single turns (per-turn retrieval), besides ``experience``; each entry
+    is credited once per episode, however many turns it guided (:func:`guiding_entries`)."""
 
     def __post_init__(self) -> None:
         self.check()
@@ -322,6 +345,8 @@ class DistillationRequest:
             self.rollout_step = check_int(self.rollout_step, "rollout_step")
         if not isinstance(self.meta, dict):
             raise ValueError(f"meta must be a mapping, got {type(self.meta).__name__}")
+        if self.turn_experience and not all(isinstance(g, TurnGuidance) for g in self.turn_experience):
+            raise ValueError("turn_experience must be a list of TurnGuidance")
 
     def to_dict(self) -> dict[str, Any]:
         return self._to_dict_with(self.trajectory.to_dict())
@@ -340,6 +365,8 @@ class DistillationRequest:
             "rollout_step": self.rollout_step,
             "request_id": self.request_id,
             "meta": _jsonable(self.meta),
+            # only when there is one: the requests of episode-level retrieval keep their old form
+            **({"turn_experience": [g.to_dict() for g in self.turn_experience]} if self.turn_experience else {}),
         }
 
     @classmethod
@@ -360,6 +387,8 @@ class DistillationRequest:
             rollout_step=None if step is None else check_int(step, "rollout_step"),
             request_id=check_str(rid, "request_id") if rid else uuid.uuid4().hex,
             meta=dict(_mapping(d.get("meta") or {}, "meta")),
+            turn_experience=[TurnGuidance.from_dict(g, f"turn_experience[{i}]")
+                             for i, g in enumerate(_list(d.get("turn_experience") or [], "turn_experience"))],
         )
 
     def to_json(self) -> str:
@@ -368,6 +397,18 @@ class DistillationRequest:
     @classmethod
     def from_json(cls, s: str) -> DistillationRequest:
         return cls.from_dict(json.loads(s))
+
+
+def guiding_entries(request: DistillationRequest) -> list[ExperienceRef]:
+    """Every distinct entry that guided the episode, each once: its episode entry, then the entries
+    of its turns in turn order (an entry shown at many turns, or at the start and at a turn, counts
+    once: an entry is credited once per episode it guided)."""
+    out: dict[int, ExperienceRef] = {}
+    if request.experience is not None:
+        out[request.experience.id] = request.experience
+    for g in request.turn_experience:
+        out.setdefault(g.entry.id, g.entry)
+    return list(out.values())
 
 
 # ---------------------------------------------------------------------------------------------

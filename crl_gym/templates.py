@@ -25,6 +25,9 @@ from __future__ import annotations
 GUIDED_OBSERVATION_TEMPLATE = "Experience from similar tasks (use it if it helps):\n{experience}\n\n{observation}"
 """``ExperienceWrapper``'s default guided first observation (``DEFAULT_TEMPLATE``); ``{experience}``, ``{observation}``."""
 
+TURN_OBSERVATION_TEMPLATE = "Experience for this step (use it if it helps):\n{experience}\n\n{observation}"
+"""A guided turn's observation behind its entry (``ExperienceWrapper(retrieve="turn")``); ``{experience}``, ``{observation}``."""
+
 # --------------------------------------------------------------------------------------------
 # What the actor sees: the search_and_ask tool (SearchAndAskWrapper, str.format)
 # --------------------------------------------------------------------------------------------
@@ -258,7 +261,7 @@ NO_SUCCESSFUL_EPISODE = "(none in this step)"
 __all__ = [
     "ACTION_SLOT_RULE", "ACTION_SLOT_SHAPE", "ANSWER_SHAPE", "DISTILLATION_SLOT_TEMPLATE", "UPDATE_RULE_GUIDED_SLOT",
     "DISTILLATION_TEMPLATE", "EMPTY_TRAJECTORY", "ENTRY_CONTRACT", "EXPERIENCE_TEMPLATE", "GATE_REFINE_TEMPLATE", "GATE_TEMPLATE", "GIVEN_ENTRY_TEMPLATE",
-    "GUIDED_OBSERVATION_TEMPLATE", "MERGE_TEMPLATE",
+    "GUIDED_OBSERVATION_TEMPLATE", "MERGE_TEMPLATE", "TURN_OBSERVATION_TEMPLATE",
     "NO_EXPERIENCE", "OMITTED_TURNS_TEMPLATE", "OUTCOME_TEMPLATE", "REFINEMENT_TEMPLATE", "REFLECTION_TEMPLATE", "NO_SUCCESSFUL_EPISODE", "SEARCH_ACTION",
     "SEARCH_AND_ASK_ANSWER_TEMPLATE", "SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE", "SEARCH_AND_ASK_ERROR_TEMPLATE",
     "SEARCH_AND_ASK_NO_ENTRY_TEMPLATE", "SEARCH_AND_ASK_OVER_CAP_TEMPLATE", "SEARCH_AND_ASK_TOOL",

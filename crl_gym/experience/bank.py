@@ -38,6 +38,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -45,6 +46,7 @@ from typing import IO, Any
 import numpy as np
 
 from crl_gym.experience.entry import ExperienceEntry
+from crl_gym.experience.eviction import EVICTIONS, victims
 from crl_gym.experience.rwlock import RWLock
 from crl_gym.experience.shared_embeddings import SharedEmbeddings
 from crl_gym.experience.store import BankCorruptError, EntryEvent, SQLiteStore
@@ -140,6 +142,14 @@ def _unlock_directory(f: IO[str]) -> None:
         f.close()
 
 
+def _check_capacity(capacity: int | None, eviction: str) -> tuple[int | None, str]:
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+        raise ValueError(f"capacity must be an integer >= 1 or None, got {capacity!r}")
+    if eviction not in EVICTIONS:
+        raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
+    return capacity, eviction
+
+
 def _copy(e: ExperienceEntry) -> ExperienceEntry:
     # Embeddings are stored read-only, so copies can share them safely.
     return dataclasses.replace(e, history=list(e.history))
@@ -149,16 +159,20 @@ class ExperienceBank:
     """Persistent (``path`` = directory) or in-memory (``path=None``) experience bank."""
 
     def __init__(self, path: str | Path | None, dim: int, *, embedder_name: str | None = None,
-                 create: bool = True) -> None:
+                 create: bool = True, capacity: int | None = None, eviction: str = "fifo") -> None:
         """Open (or create) the bank in directory ``path`` (``None``: in memory).
 
         ``embedder_name`` (e.g. :func:`~crl_gym.experience.embedders.embedder_name` of the embedder
         used with the bank) is recorded in a new bank and checked against an existing one's;
         ``None`` skips the check. ``create=False`` refuses a directory without a bank database
         (``FileNotFoundError``), e.g. on a resume, where an empty bank would silently lose it.
+        ``capacity`` / ``eviction``: see :meth:`set_capacity` (None: unbounded).
         """
         if int(dim) <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        self.capacity, self.eviction = _check_capacity(capacity, eviction)
+        self.evicted_count = 0
+        """Entries this bank object evicted for its capacity (the event log keeps every eviction)."""
         self.dim = int(dim)
         self.embedder_name = embedder_name
         self._create = create
@@ -195,7 +209,11 @@ class ExperienceBank:
             raise
         self._dirty_stats: set[int] = set()
         self._last_step = self._store.last_event_step()
+        # r̄(m) bookkeeping in memory (reward sum, episodes), for ranking and eviction on the hot path
+        self._credit = {i: v for i, v in self._store.load_credit().items() if i in self._entries}
         self._index = self._open_index()
+        if self.capacity is not None and len(self._entries) > self.capacity:
+            self._evict_now()
 
     def _check_embedder(self) -> None:
         """Record the embedder in a new bank; refuse another one than an existing bank's, naming both."""
@@ -359,17 +377,71 @@ class ExperienceBank:
                 next_id += 1
             if next_id > MAX_ID:
                 raise OverflowError("the bank ran out of ids")
+            evicted = self._victims(len(new_ids) - len(dels), exclude={*dels, *touched})
+            dels += evicted
+            # a batch that alone adds more than the bank holds: its own first adds go too, never stored
+            surplus = (set(new_ids[: len(self._entries) + len(new_ids) - len(dels) - self.capacity])
+                       if self.capacity is not None else set())
+            stillborn = [e for e in upserts if e.id in surplus]
+            upserts = [e for e in upserts if e.id not in surplus]
             upserts = self._texts.share(upserts, self._entries, gone={*dels, *touched})
             replaced = [self._entries[i] for i in (*touched, *dels)]
-            events = self._events(upserts, touched, dels, step, merged)
+            events = self._events(upserts, touched, dels, step, merged, evicted=set(evicted))
+            for e in stillborn:  # added and evicted in one batch: both logged, so the history adds up
+                at = e.created_step if step is None else int(step)
+                events += [EntryEvent(e.id, at, "add", e.version),
+                           EntryEvent(e.id, at, "evict", e.version,
+                                      detail={"text": e.text, "rule": self.eviction, "never_stored": True})]
             self._commit(upserts, dels, next_id, events)
+            evicted += [e.id for e in stillborn]
             self._texts.removed(replaced)
             self._texts.added(upserts)
+            for i in dels:
+                self._credit.pop(i, None)
+            self.evicted_count += len(evicted)
             self._last_step = max([self._last_step, *(e.step for e in events)])
             return new_ids
 
+    # -- capacity ----------------------------------------------------------------------------
+    def set_capacity(self, capacity: int | None, eviction: str = "fifo") -> list[int]:
+        """Bound the bank to ``capacity`` entries (None: unbounded): an ``apply_batch`` that would
+        hold more evicts, in the same transaction, the entries ``eviction`` picks
+        (:mod:`crl_gym.experience.eviction`: ``fifo`` or ``least_useful``) among those the batch
+        does not touch, each logged as an ``evict`` event (a batch that alone adds more than
+        ``capacity`` gives up its own first adds too: ``detail.never_stored``). A bank already
+        over the new capacity evicts now. Returns the ids evicted now.
+
+        The bound is not stored in the bank: whoever opens it sets it (the manager, from
+        ``ManagerConfig.bank_capacity``), so a restart with the same config keeps the same bound.
+        """
+        with self.lock.write():
+            self.capacity, self.eviction = _check_capacity(capacity, eviction)
+            return self._evict_now()
+
+    def _evict_now(self) -> list[int]:
+        """Evict down to capacity in one batch (no adds); returns the ids evicted."""
+        if self.capacity is None or len(self._entries) <= self.capacity:
+            return []
+        before = set(self._entries)
+        self.apply_batch()
+        return sorted(before - set(self._entries))
+
+    def _victims(self, growth: int, exclude: set[int]) -> list[int]:
+        """Entries to evict so that the bank, grown by ``growth`` entries, holds at most ``capacity``."""
+        if self.capacity is None:
+            return []
+        over = len(self._entries) + growth - self.capacity
+        if over <= 0:
+            return []
+        candidates = [i for i in self._entries if i not in exclude]
+        if over > len(candidates):
+            log.warning("bank capacity %d: one batch adds %d entries more than the bank can hold; its first "
+                        "adds are evicted", self.capacity, over - len(candidates))
+        return victims(self.eviction, candidates, min(over, len(candidates)), self.credit_stats(candidates))
+
     def _events(self, upserts: list[ExperienceEntry], touched: Mapping[int, ExperienceEntry], dels: list[int],
-                step: int | None, merged: Mapping[int, Sequence[int]] | None) -> list[EntryEvent]:
+                step: int | None, merged: Mapping[int, Sequence[int]] | None,
+                evicted: AbstractSet[int] = frozenset()) -> list[EntryEvent]:
         """The entry-event rows of one ``apply_batch`` (see :data:`~crl_gym.experience.store.EVENT_KINDS`)."""
         at = self._last_step if step is None else int(step)
         into = {int(s): int(a) for a, srcs in (merged or {}).items() for s in srcs if int(s) != int(a)}
@@ -383,8 +455,11 @@ class ExperienceBank:
                 out.append(EntryEvent(e.id, at, "update", e.version))
         for i in dels:
             old = self._entries[i]
-            kind = "merged_away" if i in into else "discard" if merged is not None else "delete"
+            kind = ("evict" if i in evicted else "merged_away" if i in into
+                    else "discard" if merged is not None else "delete")
             detail: dict[str, Any] = {"text": old.text}
+            if i in evicted:
+                detail["rule"] = self.eviction
             if i in into:
                 detail["into"] = into[i]
             out.append(EntryEvent(i, at, kind, old.version, detail=detail))
@@ -400,8 +475,23 @@ class ExperienceBank:
             return 0
         with self._db_lock:
             n = self._store.record_credits(int(step), rows)
+            for i, v, k in rows:
+                if i in self._entries:  # the store keeps a row only for an entry still in the bank
+                    total, episodes = self._credit.get(i, (0.0, 0))
+                    self._credit[i] = (total + v * k, episodes + k)
         self._last_step = max(self._last_step, int(step))
         return n
+
+    def credit_stats(self, ids: Iterable[int]) -> dict[int, tuple[float, int]]:
+        """``{id: (r̄(m), credited episodes)}`` for the ids that have been credited (the running r̄(m)
+        of :meth:`record_credits`, kept in memory); an id never credited is absent."""
+        with self._db_lock:
+            out: dict[int, tuple[float, int]] = {}
+            for i in ids:
+                c = self._credit.get(i)
+                if c is not None:
+                    out[i] = (c[0] / max(1, c[1]), c[1])
+            return out
 
     def read_sql(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one read-only query on the bank's own connection (an in-memory bank has no file

@@ -10,7 +10,9 @@ ValueError: ManagerConfig.batch_size must be >= 1, got 0
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,22 @@ class ManagerConfig:
     persist_interval_s: float = 0.5
     """Queued distillation requests are checkpointed to the spill file this often, when the queue
     changed (a hard kill loses at most this window); 0 = only at ``persist_pending`` / close."""
+    top1_dropout: float = 0.0
+    """Top-1 dropout (the authors' ``diversity_dropout_p``; 0 = off, as in the paper): with this
+    probability the best candidate, when it was retrieved within the recency window, goes to the
+    end of the ranking."""
+    utility_weight: float = 0.0
+    """β of the utility term u(m) = β·(r̄(m) + κ·sqrt(ln(1+N)/(1+n(m)))) added to s(m) (0 = off,
+    as in the paper): ranks by the entries' credited r̄(m), with a UCB-style bonus for rarely
+    credited ones (:func:`crl_gym.experience.diversify.utility_term`)."""
+    utility_exploration: float = 1.0
+    """κ of the utility term: the weight of the bonus of entries credited in few episodes."""
+    bank_capacity: int | None = None
+    """Most entries the bank holds (None = unbounded, as in the paper; the authors' MiniHack run:
+    20,000): a write that would exceed it evicts, in the same transaction, by ``bank_eviction``."""
+    bank_eviction: Literal["fifo", "least_useful"] = "fifo"
+    """Which entries a full bank gives up: ``fifo`` (oldest first, the authors' rule) or
+    ``least_useful`` (lowest credited r̄(m) first, never-credited entries counting as 0)."""
 
     def __post_init__(self) -> None:
         if self.dedup_similarity is not None and not -1.0 <= self.dedup_similarity <= 1.0:
@@ -69,6 +87,17 @@ class ManagerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0 or value != value:
                 raise ValueError(f"ManagerConfig.{name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.top1_dropout, (int, float)) or not 0.0 <= self.top1_dropout <= 1.0:
+            raise ValueError(f"ManagerConfig.top1_dropout must be in [0, 1], got {self.top1_dropout!r}")
+        for name in ("utility_weight", "utility_exploration"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"ManagerConfig.{name} must be a finite number, got {value!r}")
+        if self.bank_capacity is not None and (
+                isinstance(self.bank_capacity, bool) or not isinstance(self.bank_capacity, int) or self.bank_capacity < 1):
+            raise ValueError(f"ManagerConfig.bank_capacity must be an integer >= 1 or null, got {self.bank_capacity!r}")
+        if self.bank_eviction not in ("fifo", "least_useful"):
+            raise ValueError(f"ManagerConfig.bank_eviction must be 'fifo' or 'least_useful', got {self.bank_eviction!r}")
         if self.max_batch_size < self.batch_size:
             raise ValueError(
                 f"ManagerConfig.max_batch_size ({self.max_batch_size}) must be >= "

@@ -1,9 +1,17 @@
 """Retrieval diversification (paper, App. B): re-rank an over-fetched candidate pool by
 
-    s(m) = s_rank(m) − λ · log(1 + c(m)) − 1[recent(m)]
+    s(m) = s_rank(m) − λ · log(1 + c(m)) − 1[recent(m)]  [+ u(m)]
 
 where s_rank is the cosine similarity to the query, c(m) the retrieval count and recent(m) means
-m was retrieved within the recency window.
+m was retrieved within the recency window. Two options beyond the paper, both off by default:
+
+* top-1 dropout (the authors' code, ``diversity_dropout_p``): with probability p the best
+  candidate, when it was itself retrieved within the recency window, goes to the end of the
+  ranking, so a group's copies do not all see one entry;
+* utility (ours): u(m) = β · (r̄(m) + κ · sqrt(ln(1 + N) / (1 + n(m)))), with r̄(m) the entry's
+  credited mean ±1 outcome (0 before any credit), n(m) its credited episodes and N the sum of
+  n over the pool: a UCB1-style bonus, so an entry that won its episodes rises and one never
+  tried is still tried (:func:`utility_term`).
 
 The formula lives in :func:`diversity_score` and :func:`was_recent` only; :func:`rerank` is what
 :class:`~crl_gym.experience.manager.ExperienceManager` calls per requester (plain Python: pools
@@ -20,7 +28,9 @@ array([-0.79314718,  0.8       ])
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,6 +45,27 @@ def diversity_score(similarity: float, count: float, recent: bool, lam: float) -
     return similarity - lam * math.log1p(count) - (1.0 if recent else 0.0)
 
 
+def utility_term(rbar: float, episodes: int, total: int, weight: float, exploration: float) -> float:
+    """u(m) = ``weight`` · (r̄(m) + ``exploration`` · sqrt(ln(1 + total) / (1 + episodes))).
+
+    >>> round(utility_term(0.5, 3, 5, weight=1.0, exploration=1.0), 6)  # 0.5 + sqrt(ln 6 / 4)
+    1.169283
+    """
+    return weight * (rbar + exploration * math.sqrt(math.log1p(total) / (1 + episodes)))
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    """The optional parts of the ranking (both off by default; see the module docstring)."""
+
+    top1_dropout: float = 0.0
+    """p: probability that a recently retrieved best candidate goes to the end of the ranking."""
+    utility_weight: float = 0.0
+    """β of u(m); 0 leaves s(m) as the paper's."""
+    utility_exploration: float = 1.0
+    """κ of u(m): the weight of the bonus of rarely credited entries."""
+
+
 def rerank(
     pool: Sequence[tuple[int, float]],
     stats: Mapping[int, tuple[float, float]],
@@ -43,20 +74,38 @@ def rerank(
     now: float,
     lam: float,
     window: float,
+    options: RankOptions | None = None,
+    credit: Mapping[int, tuple[float, int]] | None = None,
+    rng: random.Random | None = None,
 ) -> list[int]:
     """Ids of the top-``k`` of ``pool`` (``(id, similarity)``, most similar first) by s(m).
 
     ``stats`` maps id → ``(retrieval_count, last_retrieved)``; a pool id missing from it (deleted
     since the pool was cached) is skipped. Ties keep pool order (the more similar entry first).
+    ``options`` adds top-1 dropout (drawn from ``rng``) and u(m), with ``credit`` mapping id →
+    ``(r̄(m), credited episodes)`` (an id absent from it was never credited).
     """
+    use_utility = options is not None and options.utility_weight != 0.0
+    credit = credit or {}
+    total = sum(credit[i][1] for i, _ in pool if i in credit) if use_utility else 0
     scored = []
     for pos, (i, sim) in enumerate(pool):
         st = stats.get(i)
         if st is None:
             continue
-        scored.append((-diversity_score(sim, st[0], was_recent(st[1], now, window), lam), pos, i))
+        score = diversity_score(sim, st[0], was_recent(st[1], now, window), lam)
+        if use_utility:
+            assert options is not None
+            rbar, n = credit.get(i, (0.0, 0))
+            score += utility_term(rbar, n, total, options.utility_weight, options.utility_exploration)
+        scored.append((-score, pos, i))
     scored.sort()
-    return [i for _, _, i in scored[:k]]
+    ranked = [i for _, _, i in scored]
+    if options is not None and options.top1_dropout > 0 and len(ranked) > 1:
+        last = stats[ranked[0]][1]
+        if was_recent(last, now, window) and (rng or random).random() < options.top1_dropout:
+            ranked = ranked[1:] + ranked[:1]
+    return ranked[:k]
 
 
 def is_recent(last_retrieved: np.ndarray, now: float, window: float) -> np.ndarray:

@@ -24,6 +24,7 @@ same pipeline in the caller's thread for callers that hold many envs.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -39,7 +40,7 @@ from crl_gym.experience.bank import ExperienceBank, PendingAdd, PendingUpdate
 from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.distill_queue import DistillQueue
-from crl_gym.experience.diversify import rerank
+from crl_gym.experience.diversify import RankOptions, rerank
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.protocol import (
@@ -98,12 +99,19 @@ class ExperienceManager:
         config: ManagerConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
     ) -> None:
         if int(embedder.dim) != bank.dim:
             raise ValueError(f"embedder dim {embedder.dim} does not match the bank's dim {bank.dim}")
         self.bank, self.embedder = bank, embedder
         self.config = config or ManagerConfig()
         self.clock = clock
+        self.rng = rng or random.Random()
+        """Draws of the top-1 dropout (``ManagerConfig.top1_dropout``)."""
+        self.rank_options = RankOptions(self.config.top1_dropout, self.config.utility_weight,
+                                        self.config.utility_exploration)
+        if self.config.bank_capacity is not None:
+            bank.set_capacity(self.config.bank_capacity, self.config.bank_eviction)
         self.refiner: Refiner | None = None
         self.dedup_similarity = self.config.dedup_similarity
         self.merged_into: dict[int, int] = {}
@@ -257,8 +265,11 @@ class ExperienceManager:
             now = self.clock()
             cand = {i for t in texts for i, _ in pools[t]}
             stats = self.bank.retrieval_stats(cand)
+            opts = self.rank_options
+            credit = self.bank.credit_stats(cand) if opts.utility_weight else None
             for r in reqs:
-                chosen = rerank(pools[r.query], stats, k=r.k, now=now, lam=lam, window=window)
+                chosen = rerank(pools[r.query], stats, k=r.k, now=now, lam=lam, window=window,
+                                options=opts, credit=credit, rng=self.rng)
                 # counted at once: the next member of the group sees this pick as used and recent
                 for i in chosen:
                     stats[i] = (stats[i][0] + 1, now)

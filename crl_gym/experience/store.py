@@ -79,10 +79,11 @@ CREATE INDEX IF NOT EXISTS entries_last_trained_step ON entries(last_trained_ste
 CREATE INDEX IF NOT EXISTS entries_version ON entries(version);
 CREATE INDEX IF NOT EXISTS entries_utility ON entries(utility);
 """
-EVENT_KINDS = ("add", "update", "merge", "merged_away", "discard", "delete", "credit")
+EVENT_KINDS = ("add", "update", "merge", "merged_away", "discard", "delete", "evict", "credit")
 """``entry_events.kind``: an Add, an Update, a Merge that produced the entry (``detail.sources``),
 a Merge that folded it into another (``detail.into``) or discarded it, a Delete (an EDGE prune, an
-op), and a step's credit (``value`` = r̄(m) of the step, ``n`` = its episodes)."""
+op), an eviction by the bank's capacity (``detail.rule``), and a step's credit (``value`` = r̄(m)
+of the step, ``n`` = its episodes)."""
 _COLUMNS = (
     "id, text, embedding, version, created_step, retrieval_count, last_retrieved, "
     "train_count, last_trained_step, utility, tags, provenance, history"
@@ -315,6 +316,11 @@ class SQLiteStore:
             for k, v in meta.items():
                 self.set_meta(k, v)
             _insert_events(c, events)
+
+    def load_credit(self) -> dict[int, tuple[float, int]]:
+        """``{entry id: (reward sum, credited episodes)}`` of every entry with a credit row."""
+        rows = self.conn.execute("SELECT entry_id, reward_sum, episodes FROM entry_credit").fetchall()
+        return {int(i): (float(s), int(n)) for i, s, n in rows}
 
     def last_event_step(self) -> int:
         """The latest step in the event log (0 when empty): the step of a change logged without one."""

@@ -27,7 +27,7 @@ MAX_PER_PAGE = 200
 _NO_CREDIT = "(SELECT 0 AS entry_id, 0.0 AS rbar, 0 AS episodes, 0 AS steps, 0 AS last_step, 0.0 AS reward_sum WHERE 0)"
 _NO_EVENTS = ("(SELECT 0 AS seq, 0 AS entry_id, 0 AS step, '' AS kind, 0 AS version, 0.0 AS value, 0 AS n, "
               "'' AS detail WHERE 0)")
-REMOVED = ("merged_away", "discard", "delete")
+REMOVED = ("merged_away", "discard", "delete", "evict")
 
 
 @dataclass(frozen=True)

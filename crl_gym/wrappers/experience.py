@@ -65,7 +65,7 @@ import gymnasium as gym
 
 from crl_gym import spill
 from crl_gym.errors import ProcessBoundaryError
-from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef
+from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef, TurnGuidance
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
 from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD, episode_success, warn_if_guessed
@@ -83,6 +83,14 @@ from crl_gym.wrappers.text_spaces import (
     gem_adaptable,
     guided_space,
     require_text_spaces,
+)
+from crl_gym.wrappers.turn_retrieval import (
+    TURN_OBSERVATION_TEMPLATE,
+    TurnRetrieval,
+    check_retrieve,
+    episode_entries,
+    searches_at_start,
+    searches_per_turn,
 )
 
 if TYPE_CHECKING:
@@ -171,6 +179,19 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         max_entry_chars: longest entry text a guided observation shows; a ``Text`` observation
             space is widened by the template and this many characters (:func:`guided_space`),
             so the env's own observation is never cut or altered.
+        retrieve: when a guided episode retrieves: ``"episode"`` (at reset, for the task: the
+            paper), ``"turn"`` (before every turn, for the current observation:
+            :mod:`crl_gym.wrappers.turn_retrieval`) or ``"both"``.
+        turn_template: how a guided turn's observation shows its entry (``{experience}``, ``{observation}``).
+        defer_turn_search: per-turn retrieval after a step is left to the caller: the step returns
+            the observation as the env gave it, with ``info["turn_query"]``; the caller searches for
+            all its envs at once (``client.search_many``) and hands each its entry through
+            :meth:`show_turn_entry`, which returns the observation to show (``RolloutRunner`` does).
+        entries_per_episode: entries a guided episode is shown at its start (the authors'
+            ``memory_fetch_num``; 1 = the paper): the first is ``info["experience"]``, the others
+            ``info["experience_more"]``, each credited once for the episode.
+        warmup_steps: guided episodes of a rollout step below this (``options["rollout_step"]``)
+            run free, retrieving nothing (the authors' ``memory_warmup_interval``; 0 = off).
 
     A client that is down never costs an episode: the episode runs free, ``info``
     gets ``"experience_error"``, and the request is kept and retried later. A malformed
@@ -189,12 +210,18 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         max_unsent: int = 10_000,
         success_reward: float = DEFAULT_SUCCESS_REWARD,
         max_entry_chars: int = DEFAULT_MAX_ENTRY_CHARS,
+        retrieve: str = "episode",
+        turn_template: str = TURN_OBSERVATION_TEMPLATE,
+        warmup_steps: int = 0,
+        entries_per_episode: int = 1,
+        defer_turn_search: bool = False,
     ) -> None:
         # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
         gym.utils.RecordConstructorArgs.__init__(
             self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
             env_id=env_id, spill_path=spill_path, max_unsent=max_unsent, success_reward=success_reward,
-            max_entry_chars=max_entry_chars,
+            max_entry_chars=max_entry_chars, retrieve=retrieve, turn_template=turn_template,
+            warmup_steps=warmup_steps, entries_per_episode=entries_per_episode, defer_turn_search=defer_turn_search,
         )
         require_gym_env(env, "ExperienceWrapper")
         require_text_spaces(env, "ExperienceWrapper")
@@ -208,6 +235,16 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.client = unshare(client)
         # a LocalClient used in a worker process raises here, at the first reset (not hours later)
         self._check_process = getattr(self.client, "check_process", None)
+        self.retrieve = check_retrieve(retrieve)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        self.warmup_steps = warmup_steps
+        if isinstance(entries_per_episode, bool) or not isinstance(entries_per_episode, int) or entries_per_episode < 1:
+            raise ValueError(f"entries_per_episode must be an integer >= 1, got {entries_per_episode!r}")
+        self.entries_per_episode = entries_per_episode
+        self._more: list[ExperienceRef] = []  # the start's entries after the first (entries_per_episode > 1)
+        self._turn_guided = False  # the open episode searches before each turn
+        self.defer_turn_search = bool(defer_turn_search)
         self.template = check_template(template, "template", ("experience", "observation"), ("experience", "observation"))
         self.task_key = task_key
         self.default_condition = default_condition
@@ -228,8 +265,16 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._records: list[Any] | None = None
         # The env's observation goes into a guided one as it is: only the entry is fitted, and the
         # space is widened to hold both.
-        self.observation_space = guided_space(env.observation_space, self.template, max_entry_chars)  # type: ignore[assignment]
+        space = guided_space(env.observation_space, self.template, max_entry_chars)
+        turn_template = check_template(turn_template, "turn_template", ("experience", "observation"),
+                                       ("experience", "observation"))
+        if searches_per_turn(self.retrieve):  # a turn's entry may stand in front of the guided start too
+            space = guided_space(space, turn_template, max_entry_chars)
+        self.observation_space = space  # type: ignore[assignment]
         self._fit_entry = EntryFitter(self.observation_space, max_entry_chars)
+        self.turns: TurnRetrieval | None = (
+            TurnRetrieval(self.client, turn_template, self._fit_entry) if searches_per_turn(self.retrieve) else None)
+        """The per-turn searches (``retrieve`` ``"turn"`` / ``"both"``), else None."""
         self._task = ""
         self._initial_obs = ""
         self._experience: ExperienceRef | None = None
@@ -259,12 +304,17 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._errors:
             self._errors = []
         experience: ExperienceRef | None = None
-        if condition == "guided":
+        if self._more:
+            self._more = []
+        if condition == "guided" and rollout_step is not None and 0 <= rollout_step < self.warmup_steps:
+            condition = "free"  # warm-up: nothing is retrieved, so the episode really is free
+            info["experience_warmup"] = True
+        if condition == "guided" and searches_at_start(self.retrieve):
             if has_prefetched:
                 experience = prefetched
             else:
                 try:
-                    experience = self.client.search(self._task)
+                    experience, self._more = episode_entries(self.client, self._task, self.entries_per_episode)
                 except Exception as exc:  # noqa: BLE001 - a down client must not cost the episode
                     _reraise_misuse(exc)
                     self._note_error("search", exc)
@@ -272,11 +322,19 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._condition = condition
         self._experience = experience
         if experience is not None:
-            obs = self.template.format(experience=self._fit_entry(experience.text), observation=obs)
+            shown = "\n\n".join([experience.text, *(e.text for e in self._more)]) if self._more else experience.text
+            obs = self.template.format(experience=self._fit_entry(shown), observation=obs)
             # a literal dict: dataclasses.asdict costs ~10 µs, a fifth of the per-episode budget
             info["experience"] = {"id": experience.id, "text": experience.text, "version": experience.version}
+            if self._more:
+                info["experience_more"] = [e.to_dict() for e in self._more]
         else:
             info["experience"] = None
+        self._turn_guided = self.turns is not None and condition == "guided"
+        if self.turns is not None:
+            self.turns.start()
+        if self._turn_guided:
+            obs = self._guide_turn(self._initial_obs, 0, info, obs if experience is not None else None)
         if self._errors:
             info["experience_error"] = "; ".join(self._errors)
         self._records = [self._initial_obs]
@@ -314,7 +372,41 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             records += (action, reward, info, obs)
             if terminated or truncated:
                 return obs, reward, terminated, truncated, self._finish(info)
+            if self._turn_guided and SEARCH_INFO_KEY not in info:  # a search_and_ask turn left the env as it was
+                info = dict(info)  # the recorded info stays the env's
+                turn = (len(records) - 1) // 4
+                if self.defer_turn_search and self.turns is not None:
+                    info["turn_query"] = self.turns.defer(obs, turn)
+                    return obs, reward, terminated, truncated, info
+                return self._guide_turn(obs, turn, info), reward, terminated, truncated, info
         return out  # the env's own tuple: no repacking on the common turn
+
+    def _guide_turn(self, obs: Any, turn: int, info: dict[str, Any], display: Any = None) -> Any:
+        """``obs`` with the entry found for it (fitted to the space) in front (per-turn retrieval);
+        the entry goes to ``info["turn_experience"]`` (a caller that writes its own request of a
+        cut episode reads it there)."""
+        assert self.turns is not None
+        found = len(self.turns.guidance)
+        shown, error = self.turns.show(obs, turn, display)
+        if error is not None:
+            self.error_count += 1
+            self._errors.append(error)
+            logger.warning("experience: %s (the turn runs unguided)", error)
+        if len(self.turns.guidance) > found:
+            e = self.turns.guidance[-1].entry
+            info["turn_experience"] = {"id": e.id, "text": e.text, "version": e.version}
+        return shown
+
+    def show_turn_entry(self, entry: ExperienceRef | None, info: dict[str, Any] | None = None) -> Any:
+        """The observation of a deferred turn (``defer_turn_search``) with ``entry`` in front of it,
+        the caller's search result for ``info["turn_query"]`` (None: the bank had nothing, or the
+        search failed). ``info`` (the step's) gets ``"turn_experience"`` as in a turn searched here."""
+        if self.turns is None:
+            raise RuntimeError("show_turn_entry: this wrapper does not retrieve per turn (retrieve='episode')")
+        shown, placed = self.turns.complete(entry)
+        if placed and entry is not None and info is not None:
+            info["turn_experience"] = {"id": entry.id, "text": entry.text, "version": entry.version}
+        return shown
 
     # ------------------------------------------------------------ episode end
     def end_episode(self) -> DistillationRequest | None:
@@ -356,6 +448,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     # the search failed: the extractor should know the episode ran free
                     meta={**(self._meta or {}), "experience_error": list(self._errors)} if self._errors else self._meta,
                     rollout_step=self._rollout_step,
+                    turn_experience=[TurnGuidance(0, e) for e in self._more] + (
+                        self.turns.taken() if self.turns is not None else []),
                 )
             except (TypeError, ValueError) as exc:  # e.g. a reward float() cannot read
                 problem = f"its record is malformed ({type(exc).__name__}: {exc})"

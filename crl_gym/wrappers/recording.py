@@ -32,6 +32,7 @@ from crl_gym.protocol import (
     SearchCall,
     Step,
     Trajectory,
+    TurnGuidance,
     _jsonable,
 )
 from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD
@@ -134,6 +135,7 @@ class RecordedRequest(DistillationRequest):
         success: bool | None = None,
         meta: dict[str, Any] | None = None,
         rollout_step: int | None = None,
+        turn_experience: list[TurnGuidance] | None = None,
     ) -> RecordedRequest:
         """Take ownership of ``record`` (``[obs0, a1, r1, info1, obs1, ...]``, length 4n+1).
 
@@ -159,6 +161,7 @@ class RecordedRequest(DistillationRequest):
         self.seed = seed
         self.rollout_step = rollout_step
         self.meta = meta if meta is not None else {}
+        self.turn_experience = turn_experience if turn_experience is not None else []
         self._record = record
         self._trajectory = None
         self._request_id = None

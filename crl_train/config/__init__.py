@@ -386,9 +386,24 @@ class ExperienceConfig:
     ``info["admissible_actions"]`` over its steps), and its entry reads ``Play a, then b. <text>``. For a
     small extractor that names no action on its own. 0 = off (at most 8). Distillation only (not refinement,
     merge or EDGE's reflection); an experience setting: keep it the same for every method of a comparison."""
+    retrieve: Literal["episode", "turn", "both"] = "episode"
+    """When a guided episode retrieves: ``episode`` (once, for the task, at its start: the paper), ``turn``
+    (before every turn, for the current observation, shown in front of it: the authors' ``turn_based``) or
+    ``both``. An entry that guided several turns of an episode is credited once for it."""
+    entries_per_episode: int = 1
+    """Entries a guided episode is shown at its start (the authors' ``memory_fetch_num``; 1 = the paper,
+    and the authors' MiniHack run), from one batched search re-ranked one after another; each is
+    credited once for the episode."""
+    warmup_steps: int = 0
+    """Rollout steps before retrieval starts (the authors' ``memory_warmup_interval``): below it every
+    copy runs free and the bank only grows. 0 = off (the paper)."""
 
     def __post_init__(self) -> None:
         check_choices(self, "experience")
+        if self.entries_per_episode < 1:
+            raise ConfigError(f"experience.entries_per_episode must be >= 1, got {self.entries_per_episode}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"experience.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.embed_dim < 8:
             raise ConfigError(f"experience.embed_dim must be >= 8, got {self.embed_dim}")
         if self.distill_linger_s < 0:

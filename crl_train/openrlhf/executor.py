@@ -52,12 +52,12 @@ import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
 from crl_gym.experience.prompts import truncate_middle
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, TurnGuidance
 from crl_gym.templates import SYSTEM_REACT
 from crl_train.config import TrainConfig
 from crl_train.openrlhf.tasks import ConditionAssigner, TaskLabel
 from crl_train.policy.chat import ChatFormatter, parse_action
-from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
+from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, shown_turn_entry, user_text
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -155,7 +155,8 @@ class EpisodeRuntime:
 
         if self.cfg.experience.search_and_ask:
             env = SearchAndAskWrapper(env, self.client, max_calls=self.cfg.experience.max_search_calls)
-        return ExperienceWrapper(env, self.client, env_id=env_id)
+        return ExperienceWrapper(env, self.client, env_id=env_id, retrieve=self.cfg.experience.retrieve,
+                                 entries_per_episode=self.cfg.experience.entries_per_episode)
 
     def acquire_env(self, env_id: str) -> gym.Env:
         with self._pool_lock:
@@ -249,6 +250,7 @@ class CRLAgentInstance(AgentInstanceBase):
         self.observation = ""
         self.admissible: list[str] = []
         self.experience: ExperienceRef | None = None
+        self.turn_experience: list[TurnGuidance] = []
         self.steps: list[Step] = []
         self.turns = 0
         self.search_calls = 0
@@ -282,6 +284,7 @@ class CRLAgentInstance(AgentInstanceBase):
         self.admissible = [str(a) for a in info.get("admissible_actions") or []]
         exp = info.get("experience")
         self.experience = ExperienceRef.from_dict(exp) if isinstance(exp, dict) else None
+        self._note_turn_entry(info, 0)
         self.observation = str(obs)
         return {"observation": self._render_first(self._user_text(self.observation))}
 
@@ -309,6 +312,7 @@ class CRLAgentInstance(AgentInstanceBase):
                                reward=float(reward), kind=kind))  # type: ignore[arg-type]
         self.admissible = [str(a) for a in info.get("admissible_actions") or self.admissible]
         self.observation = str(obs)
+        self._note_turn_entry(info, self.turns)
         if terminated or truncated:
             self.success = bool(info.get("success", self.reward > 0))
             req = info.get("distillation_request")
@@ -334,9 +338,16 @@ class CRLAgentInstance(AgentInstanceBase):
         if self.runtime.guided and self.task is not None:
             self.request = cut_request(task=self.task_text, steps=self.steps, outcome=self.reward,
                                        experience=self.experience, condition=self.condition,
-                                       env_id=self.task.env_id, seed=self.task.seed, reasons={reason: True})
+                                       env_id=self.task.env_id, seed=self.task.seed, reasons={reason: True},
+                                       turn_experience=self.turn_experience)
             await self.runtime.submit(self.request)
         self._finish()
+
+    def _note_turn_entry(self, info: dict[str, Any], turn: int) -> None:
+        """Keep the entry per-turn retrieval showed with this observation, for a cut episode's request."""
+        shown = shown_turn_entry(info, turn)
+        if shown is not None:
+            self.turn_experience.append(shown)
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.error = f"{where}: {type(exc).__name__}: {exc}"

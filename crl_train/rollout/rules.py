@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crl_gym.experience.prompts import truncate_middle
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory, TurnGuidance
 
 MAX_OBS_CHARS = 4000
 """Observations are shortened to this many characters (middle elided) before the actor reads them."""
@@ -35,9 +35,18 @@ def user_text(obs: object, admissible: Sequence[str], *, constrained: bool = Fal
     return text
 
 
+def shown_turn_entry(info: Mapping[str, Any], turn: int) -> TurnGuidance | None:
+    """The entry per-turn retrieval showed with this turn's observation (the wrapper's
+    ``info["turn_experience"]``), as the ``TurnGuidance`` of a request the trainer writes itself."""
+    shown = info.get("turn_experience")
+    entry = ExperienceRef.from_dict(shown) if isinstance(shown, dict) else None
+    return None if entry is None else TurnGuidance(turn, entry)
+
+
 def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience: ExperienceRef | None,
                 condition: str | None, env_id: str, seed: int | None, reasons: Mapping[str, Any],
-                meta: Mapping[str, Any] | None = None) -> DistillationRequest:
+                meta: Mapping[str, Any] | None = None,
+                turn_experience: Sequence[TurnGuidance] = ()) -> DistillationRequest:
     """The request of an episode the trainer cut: a failure (``success`` False) whatever its reward,
     ``meta`` with the cut's flags (``reasons``: only the keys of :data:`CUT_REASONS` are kept).
 
@@ -50,8 +59,8 @@ def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience:
     return DistillationRequest(
         task=task, trajectory=Trajectory(steps=list(steps)), outcome=float(outcome), success=False,
         experience=experience, condition="guided" if condition == "guided" else "free", env_id=env_id, seed=seed,
-        meta={**(meta or {}), **flags},
+        meta={**(meta or {}), **flags}, turn_experience=list(turn_experience),
     )
 
 
-__all__ = ["CUT_REASONS", "MAX_OBS_CHARS", "cut_request", "user_text"]
+__all__ = ["CUT_REASONS", "MAX_OBS_CHARS", "cut_request", "shown_turn_entry", "user_text"]

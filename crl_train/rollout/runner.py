@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, TurnGuidance
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
-from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, user_text
+from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, shown_turn_entry, user_text
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -89,6 +89,8 @@ class Episode:
     search_calls: int = 0
     request_meta: dict[str, Any] = field(default_factory=dict)
     """What the episode's request carries in ``meta`` besides the env's own (the gate's verdict)."""
+    turn_experience: list[TurnGuidance] = field(default_factory=list)
+    """Entries per-turn retrieval showed (``info["turn_experience"]``), for the request of a cut episode."""
 
     @property
     def failed_by_error(self) -> bool:
@@ -107,6 +109,8 @@ class RolloutRunner:
         max_new_tokens / max_context_tokens: see the module docstring.
         constrained: restrict actions to the env's admissible actions.
         search_and_ask: offer the tool (constrained: as one fixed extra action).
+        episode_search: prefetch the guided copies' entries for their task (False when the wrappers
+            retrieve per turn only: ``experience.retrieve = turn``).
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class RolloutRunner:
         constrained: bool = False,
         search_and_ask: bool = False,
         max_obs_chars: int = MAX_OBS_CHARS,
+        episode_search: bool = True,
     ) -> None:
         if group_size < 2 or group_size % 2:
             raise ValueError(f"group_size must be even and >= 2, got {group_size}")
@@ -135,6 +140,7 @@ class RolloutRunner:
         self.constrained = constrained
         self.search_and_ask = search_and_ask
         self.max_obs_chars = max_obs_chars
+        self.episode_search = episode_search
         self._pool: dict[str, list[Any]] = {}
         self.errors = 0
         self.context_truncations = 0
@@ -174,6 +180,9 @@ class RolloutRunner:
         ep.admissible = list(info.get("admissible_actions") or [])
         exp = info.get("experience")
         ep.experience = ExperienceRef.from_dict(exp) if isinstance(exp, dict) else None
+        for more in info.get("experience_more") or ():  # entries_per_episode > 1: shown with the first observation
+            ep.turn_experience.append(TurnGuidance(0, ExperienceRef(**more)))
+        _note_turn_entry(ep, info, 0)
         ep.prompt_ids = self.policy.apply_chat(
             [{"role": "system", "content": self._system()}, {"role": "user", "content": self._user_text(obs, ep.admissible)}]
         )
@@ -215,7 +224,7 @@ class RolloutRunner:
         # 2. one batched search for all guided halves
         guided_groups = sorted({ep.group for ep in episodes if ep.condition == "guided"})
         prefetched: dict[int, ExperienceRef | None] = {}
-        if guided_groups and self.client is not None:
+        if guided_groups and self.client is not None and self.episode_search:
             queries = [task_text.get(g, "") for g in guided_groups]
             t0 = time.perf_counter()
             try:
@@ -229,7 +238,9 @@ class RolloutRunner:
         judged = self._judge([ep for ep in episodes if ep.condition == "guided"], prefetched, task_text)
         for ep, env in zip(episodes, envs, strict=True):
             if ep.condition == "guided":
-                options: dict[str, Any] = {"experience": "guided", "prefetched": prefetched.get(ep.group), "rollout_step": step}
+                options: dict[str, Any] = {"experience": "guided", "rollout_step": step}
+                if self.episode_search:
+                    options["prefetched"] = prefetched.get(ep.group)
                 if id(ep) in judged:
                     ep.request_meta["gate"] = judged[id(ep)].meta()
                     options.update(prefetched=judged[id(ep)].shown, meta=ep.request_meta)
@@ -305,15 +316,17 @@ class RolloutRunner:
         keys = [id(ep) for ep, _ in live] if self.policy.prefix_cache else None
         gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None,
                                     cache_keys=keys)
+        stepped: list[tuple[Episode, Any, Generation, str, list[Any]]] = []
         for (ep, env), gen in zip(live, gens, strict=True):
             ep.sequence.append_generation(gen)
             action = gen.text.strip() if self.constrained else (parse_action(gen.text) or gen.text.strip())
             try:
-                obs, reward, terminated, truncated, info = env.step(action)
+                stepped.append((ep, env, gen, action, list(env.step(action))))
             except Exception as exc:  # noqa: BLE001 - see module docstring
                 ep.history.append(Turn(gen, []))
                 self._fail(ep, "step", exc)
-                continue
+        self._search_turns(stepped)
+        for ep, _env, gen, action, (obs, reward, terminated, truncated, info) in stepped:
             kind = "search_and_ask" if info.get("search_and_ask") is not None else "env"
             ep.turns += 1
             ep.num_actions += kind == "env"
@@ -321,6 +334,7 @@ class RolloutRunner:
             ep.reward += float(reward)
             ep.steps.append(Step(observation="", action=action, reward=float(reward), kind=kind))  # type: ignore[arg-type]
             ep.admissible = list(info.get("admissible_actions") or ep.admissible)
+            _note_turn_entry(ep, info, ep.turns)
             if terminated or truncated or ep.turns >= self.max_turns:
                 ep.done = True
                 ep.success = bool(info.get("success", ep.reward > 0)) if (terminated or truncated) else False
@@ -342,11 +356,36 @@ class RolloutRunner:
             ep.history.append(Turn(gen, list(ctx), kind))
             ep.sequence.append_context(ctx)
 
+    def _search_turns(self, stepped: list[tuple[Episode, Any, Generation, str, list[Any]]]) -> None:
+        """Per-turn retrieval of every env that asked for it (``info["turn_query"]``: its wrapper
+        defers the search to us) in one ``search_many``; each env then shows its entry
+        (``show_turn_entry``), which replaces the step's observation. An episode the turn cap ends
+        now is not searched for: its next observation is never shown."""
+        asked = [row for row in stepped if isinstance(row[4][4].get("turn_query"), str)
+                 and row[0].turns + 1 < self.max_turns]
+        if not asked or self.client is None:
+            return
+        try:
+            refs: list[ExperienceRef | None] = list(self.client.search_many([row[4][4]["turn_query"] for row in asked]))
+        except Exception as exc:  # noqa: BLE001 - a down manager costs the turns their entries, not the step
+            self.search_failures += 1
+            log.warning("per-turn search_many failed (%s); these turns run unguided", exc)
+            refs = [None] * len(asked)
+        for (_, env, _, _, result), ref in zip(asked, refs, strict=True):
+            result[0] = env.get_wrapper_attr("show_turn_entry")(ref, result[4])
+
     def own_request(self, ep: Episode) -> DistillationRequest:
         """A request for an episode the env did not finish (turn cap / context cut)."""
         return cut_request(task=ep.task, steps=ep.steps, outcome=ep.reward, experience=ep.experience,
                            condition=ep.condition, env_id=ep.env_id, seed=ep.seed, reasons=ep.info,
-                           meta=ep.request_meta)
+                           meta=ep.request_meta, turn_experience=ep.turn_experience)
+
+
+def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:
+    """Record the entry per-turn retrieval showed with this turn's observation, if any."""
+    shown = shown_turn_entry(info, turn)
+    if shown is not None:
+        ep.turn_experience.append(shown)
 
 
 def swap_prompt(ep: Episode, prompt_ids: Sequence[int], *, drop_search_turns: bool = False) -> TokenSequence:

@@ -130,7 +130,8 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
                            client=client if method.guided else None, group_size=cfg.env.group_size,
                            max_turns=cfg.env.max_turns, max_new_tokens=cfg.actor.max_new_tokens,
                            max_context_tokens=cfg.actor.max_context_tokens, constrained=cfg.actor.constrained,
-                           search_and_ask=cfg.experience.search_and_ask)
+                           search_and_ask=cfg.experience.search_and_ask,
+                           episode_search=cfg.experience.retrieve != "turn" and cfg.experience.entries_per_episode == 1)
     runner.gate = method.entry_gate(actor)
     return Run(actor, service, client, runner, split, before)
 
@@ -149,6 +150,9 @@ def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], 
         env = raw_env(env_id)
         if cfg.experience.search_and_ask:
             env = SearchAndAskWrapper(env, client, max_calls=cfg.experience.max_search_calls)
-        return ExperienceWrapper(env, client, env_id=env_id, spill_path=unsent)
+        return ExperienceWrapper(env, client, env_id=env_id, spill_path=unsent, retrieve=cfg.experience.retrieve,
+                                 warmup_steps=cfg.experience.warmup_steps,
+                                 entries_per_episode=cfg.experience.entries_per_episode,
+                                 defer_turn_search=True)  # the runner searches for all its envs at once
 
     return make_env

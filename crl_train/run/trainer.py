@@ -152,7 +152,9 @@ class Trainer:
     def step(self, t: int) -> dict[str, Any]:
         c, method = self.c, self.method
         t0 = time.perf_counter()
-        eps = c.runner.collect(task_seeds(self.cfg.env, t), guided=method.guided, step=t)   # rollout
+        # warm-up (experience.warmup_steps): every copy runs free while the bank fills
+        guided = method.guided and t >= self.cfg.experience.warmup_steps
+        eps = c.runner.collect(task_seeds(self.cfg.env, t), guided=guided, step=t)   # rollout
         t1 = time.perf_counter()
         rollout = Rollout.of(eps)
         adv = method.advantages(rollout)                                                     # advantages

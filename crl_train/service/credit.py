@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from crl_gym.experience.service import ClosedStep
-from crl_gym.protocol import DistillationRequest, ExtractorSample
+from crl_gym.protocol import DistillationRequest, ExtractorSample, guiding_entries
 from crl_train.algorithms import FREE, GUIDED, ema_utility, marginal_gain
 from crl_train.algorithms.extractor_rewards import entry_rewards, episode_rewards, free_baselines
 from crl_train.service.track import Credit, Reflection
@@ -38,6 +38,20 @@ def judged_entry(request: DistillationRequest) -> int | None:
         return request.experience.id
     gate = request.meta.get("gate") if request.meta else None
     return int(gate["entry"]) if isinstance(gate, dict) and gate.get("entry") is not None else None
+
+
+def credited_entries(request: DistillationRequest) -> list[int]:
+    """Every entry a guided episode is credited to, each once: :func:`judged_entry`, then the
+    entries of its turns (per-turn retrieval) that it does not already hold. An entry shown at many
+    turns of one episode is one episode of its r̄(m), not one per turn."""
+    if request.condition != "guided":
+        return []
+    first = judged_entry(request)
+    out = [] if first is None else [first]
+    for g in request.turn_experience:
+        if g.entry.id not in out:
+            out.append(g.entry.id)
+    return out
 
 
 def gate_score(request: DistillationRequest) -> float:
@@ -56,7 +70,9 @@ def step_credits(closed: ClosedStep, *, relative: bool = False) -> list[Credit]:
     refinement gets its episode's ±1 alone.
     """
     credits: list[Credit] = []
-    guided = [r for r in closed.requests if judged_entry(r) is not None]
+    # one row per (episode, entry it was guided by): the gate judged the episode's own entry only
+    rows = [(r, i, i == judged_entry(r)) for r in closed.requests for i in credited_entries(r)]
+    guided = [r for r, _, _ in rows]
     if guided:
         baseline = None
         if relative:
@@ -68,8 +84,9 @@ def step_credits(closed: ClosedStep, *, relative: bool = False) -> list[Credit]:
             by_id = {id(r): float(v) for r, v in zip(everyone, base.tolist(), strict=True)}
             baseline = torch.tensor([by_id[id(r)] for r in guided])
         ids, rbar = entry_rewards(
-            torch.tensor([judged_entry(r) for r in guided]), torch.tensor([bool(r.success) for r in guided]),
-            torch.tensor([gate_score(r) for r in guided], dtype=torch.float64), baseline=baseline,
+            torch.tensor([i for _, i, _ in rows]), torch.tensor([bool(r.success) for r in guided]),
+            torch.tensor([gate_score(r) if judged else 0.0 for r, _, judged in rows], dtype=torch.float64),
+            baseline=baseline,
             bonus=torch.tensor([float(closed.bonus.get(r.request_id, 0.0)) for r in guided], dtype=torch.float64))
         credits += [Credit(closed.step, float(v), entry_id=int(i)) for i, v in zip(ids.tolist(), rbar.tolist(), strict=True)]
     refined = [(r, sample) for r in closed.requests for call in r.trajectory.search_calls
@@ -121,8 +138,8 @@ def utility_updates(closed: ClosedStep, utility_of: dict[int, float], *, momentu
     current = dict(utility_of)
     touched: list[int] = []
     for key, gain in group_gains(closed.requests).items():
-        used = dict.fromkeys(r.experience.id for r in closed.requests
-                             if (r.env_id, r.seed) == key and r.condition == "guided" and r.experience is not None)
+        used = dict.fromkeys(e.id for r in closed.requests if (r.env_id, r.seed) == key and r.condition == "guided"
+                             for e in guiding_entries(r))
         for entry_id in used:
             if entry_id in current:
                 current[entry_id] = float(ema_utility(torch.tensor(current[entry_id]), torch.tensor(gain), momentum))

@@ -30,7 +30,7 @@ from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import ClosedStep, RetrievalService
-from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float
+from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float, guiding_entries
 from crl_train.config.io import check_choices
 from crl_train.config.names import EntryReward
 from crl_train.extractor import AnyExtractor, ExtractorUnavailable
@@ -298,15 +298,15 @@ class ExperienceService(RetrievalService):
         the credits, and this is what the bank explorer shows of them."""
         from collections import Counter
 
-        from crl_train.service.credit import judged_entry
+        from crl_train.service.credit import credited_entries
 
-        episodes = Counter(judged_entry(r) for r in closed.requests)
+        episodes = Counter(i for r in closed.requests for i in credited_entries(r))
         self.manager.bank.record_credits(closed.step, [(c.entry_id, c.reward, episodes[c.entry_id])
                                                        for c in credits if c.entry_id is not None])
 
     def _edge_utility(self, closed: ClosedStep, edge: EdgeUtility) -> None:
         bank = self.manager.bank
-        used = {r.experience.id for r in closed.requests if r.experience is not None}
+        used = {e.id for r in closed.requests for e in guiding_entries(r)}
         current = {i: e.utility for i in used if (e := bank.get(i)) is not None}
         updates = utility_updates(closed, current, momentum=edge.momentum, prune_below=edge.prune_below)
         for u in updates:

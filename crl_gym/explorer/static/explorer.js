@@ -165,7 +165,8 @@
     }
   }
   const KIND = { add: "Add", update: "Update", merge: "Merge", merged_away: "Merged into another entry",
-                 discard: "Discarded by a Merge", delete: "Deleted" };
+                 discard: "Discarded by a Merge", delete: "Deleted",
+                 evict: "Evicted (bank capacity)" };
 
   async function entryPage() {
     const id = body.dataset.entryId;
