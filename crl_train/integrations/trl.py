@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from crl_gym.integrations.trl import SPLIT
 from crl_gym.protocol import Condition
 from crl_train.algorithms import sequence_weights, split_subgroup_advantages
 from crl_train.algorithms.advantages import FREE, GUIDED
@@ -60,7 +61,6 @@ logger = logging.getLogger(__name__)
 PAPER_SETTINGS: dict[str, Any] = {"loss_type": "grpo", "importance_sampling_level": "sequence", "beta": 0.0}
 """``GRPOConfig`` keys for the paper's actor objective: a length-normalised sequence ratio, the
 per-sequence mean the Eq. 5 weights are folded into, no KL term."""
-SPLIT = "split"
 
 
 def trl_advantages(
