@@ -18,12 +18,13 @@ The service serves the bank explorer at ``/ui`` (:mod:`crl_gym.explorer`, docs/e
 from __future__ import annotations
 
 import gc
-import importlib
 import ipaddress
 import os
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import click
 import uvicorn
@@ -183,6 +184,27 @@ def ui(bank_dir: str, port: int, host: str, embedder: str | None, token_file: st
     click.echo("crl-experience: stopped", err=True)
 
 
+SERVE_EXTRACTOR_GROUP = "crl_gym.serve_extractor"
+"""Entry-point group of what builds the service behind ``serve --extractor``: a callable
+``(bank_dir: Path, extractor: str, embedder: str | None, *, merge_seeded: bool) -> RetrievalService``.
+The training package registers its builder here (setup.cfg), so crl_gym never imports it by name."""
+
+
+def _served_service_builder() -> Callable[..., RetrievalService]:
+    """The registered builder (the first by name when several are), or a ``ClickException`` saying what to install."""
+    need = "--extractor needs the crl_train package (pip install 'complementary-rl[train]')"
+    found = sorted(entry_points(group=SERVE_EXTRACTOR_GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise click.ClickException(f"{need}: no package registers the entry-point group {SERVE_EXTRACTOR_GROUP!r}")
+    try:
+        builder = found[0].load()
+    except (ImportError, AttributeError) as exc:
+        raise click.ClickException(f"{need}: {exc}") from exc
+    if not callable(builder):
+        raise click.ClickException(f"{need}: entry point {found[0].value!r} is not callable")
+    return cast("Callable[..., RetrievalService]", builder)
+
+
 def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,
                    persist_interval_s: float | None = None, *, merge_seeded: bool = False) -> RetrievalService:
     if extractor is None:
@@ -191,11 +213,7 @@ def _build_service(bank_dir: str, embedder: str | None, extractor: str | None,
         # another embedder or dim, a damaged or foreign database, a bank another process holds
         except (ValueError, BankCorruptError, BankLockedError) as exc:
             raise click.ClickException(str(exc)) from exc
-    try:  # crl_train is optional here (and imported by name so that crl_gym type-checks alone)
-        build_served_service = importlib.import_module("crl_train.serve").build_served_service
-    except (ImportError, AttributeError) as exc:
-        raise click.ClickException(
-            f"--extractor needs the crl_train package (pip install 'complementary-rl[train]'): {exc}") from exc
+    build_served_service = _served_service_builder()
     try:
         service: RetrievalService = build_served_service(Path(bank_dir), extractor, embedder, merge_seeded=merge_seeded)
         return service

@@ -458,6 +458,11 @@ class RemoteClient:
                     self._pid = os.getpid()
         return self._http
 
+    def post_encoded(self, path: str, body: bytes) -> Any:
+        """One ``POST`` of an already JSON-encoded body (the outbox's batches, encoded once so a spill
+        writes the same bytes), without retries; the server's answer, or the client's errors."""
+        return self._call("POST", path, body=body)
+
     def _call(self, method: str, path: str, payload: object = None, extra_wait: float = 0.0, body: bytes | None = None) -> Any:
         import httpx
 

@@ -246,7 +246,7 @@ class SubmitOutbox:
         attempts = 1 if self._down else 1 + client.retries
         for attempt in range(attempts):
             try:
-                client._call("POST", "/submit", body=body)
+                client.post_encoded("/submit", body)
             except ExperienceUnavailable:
                 if attempt + 1 == attempts:
                     self._down = True

@@ -1,7 +1,8 @@
 """Imports point down the map of docs/architecture.md; the few that do not are named there.
 
 Every import statement counts, those inside functions and under ``TYPE_CHECKING`` included: a
-lazy import is still a dependency.
+lazy import is still a dependency; so does an import by a literal name
+(``importlib.import_module("crl_train.x")``, ``__import__("crl_train.x")``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def _rank(module: str) -> int | None:
     return None
 
 
+def _string_import(node: ast.Call) -> str | None:
+    """The module of ``importlib.import_module("m")`` / ``import_module("m")`` / ``__import__("m")``
+    with a literal name (a relative name or a computed one is not a cross-package import by name)."""
+    fn = node.func
+    name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+    if name not in ("import_module", "__import__") or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and not arg.value.startswith("."):
+        return arg.value
+    return None
+
+
 def _imports(path: Path) -> list[str]:
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -48,6 +62,8 @@ def _imports(path: Path) -> list[str]:
             out.append(node.module)
         elif isinstance(node, ast.Import):
             out += [a.name for a in node.names]
+        elif isinstance(node, ast.Call) and (module := _string_import(node)) is not None:
+            out.append(module)
     return [m for m in out if m.split(".")[0] in ("crl_gym", "crl_train")]
 
 
@@ -88,6 +104,18 @@ def test_the_checker_sees_an_upward_import() -> None:
                "crl_train.run.trainer": ["crl_train.policy.hf", "crl_gym.clients"]}
     assert upward(imports) == {("crl_train.policy.hf", "crl_train.run.trainer"),
                                ("crl_gym.wrappers.experience", "crl_train.rollout.runner")}
+
+
+def test_the_checker_sees_a_string_import(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text('import importlib\n\n\ndef load():\n'
+                       '    a = importlib.import_module("crl_train.serve")\n'
+                       '    b = __import__("crl_train.run.trainer")\n'
+                       '    c = importlib.import_module(".sibling", __name__)\n'
+                       '    return a, b, c\n', encoding="utf-8")
+    assert _imports(planted) == ["crl_train.serve", "crl_train.run.trainer"]
+    assert upward({"crl_gym.planted": _imports(planted)}) == {("crl_gym.planted", "crl_train.serve"),
+                                                            ("crl_gym.planted", "crl_train.run.trainer")}
 
 
 def test_leaves_import_nothing_of_the_project() -> None:

@@ -16,7 +16,8 @@ arguments (``clip_eps``, ``ratio_level``, ``coef`` …). A loss reads the keywor
 unknown keyword (a misspelt hyper-parameter) raises ``TypeError``. Arguments a loss does not need
 (``advantages`` for the distillation losses) are accepted and unused.
 
-**Micro-batch scaling.** :func:`loss_scale_for` names, per loss, the ``loss_scale`` a train step must
+**Micro-batch scaling.** Each loss is registered with its scale (``@LOSSES.register(name, scale=...)``);
+:func:`loss_scale_for` names, per loss, the ``loss_scale`` a train step must
 use so that the gradient accumulated over micro-batches equals the full-batch gradient:
 ``tokens`` for a mean over the mask's tokens, ``none`` for a sum whose weights the caller
 normalised over the full batch.
@@ -35,11 +36,10 @@ from typing import Any, Literal
 
 import torch
 
-from crl_train.algorithms.registry import LOSSES, PolicyLoss
+from crl_train.algorithms.registry import LOSSES, LossScale, PolicyLoss
 
 Metrics = dict[str, float]
 RatioLevel = Literal["token", "sequence"]
-LossScaleName = Literal["samples", "tokens", "none"]
 
 
 def _batch_context_only(loss: str, kw: dict[str, Any]) -> None:
@@ -59,7 +59,7 @@ def _check(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tenso
         raise ValueError(f"advantages must be [B]={logprobs.shape[0]}, got {tuple(advantages.shape)}")
 
 
-@LOSSES.register(PolicyLoss.CLIP)
+@LOSSES.register(PolicyLoss.CLIP, scale="none")
 def clip_surrogate_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -133,7 +133,7 @@ def clip_surrogate_loss(
     return loss, metrics
 
 
-@LOSSES.register(PolicyLoss.CISPO)
+@LOSSES.register(PolicyLoss.CISPO, scale="tokens")
 def cispo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -225,7 +225,7 @@ def reverse_kl_topk_loss(
     return loss, {"reverse_kl": float(loss.detach()), "topk_mass": float(mass.detach())}
 
 
-@LOSSES.register(PolicyLoss.REVERSE_KL_TOPK)
+@LOSSES.register(PolicyLoss.REVERSE_KL_TOPK, scale="tokens")
 def reverse_kl_support_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -291,7 +291,7 @@ def reverse_kl_support_loss(
     return coef * kl, {"edge_kl": float(kl.detach()), "topk_mass": float(mass.detach())}
 
 
-@LOSSES.register(PolicyLoss.REVERSE_KL_SAMPLED)
+@LOSSES.register(PolicyLoss.REVERSE_KL_SAMPLED, scale="tokens")
 def reverse_kl_sampled_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -337,7 +337,7 @@ def reverse_kl_sampled_loss(
     return coef * (diff * logprobs).sum() / denom, {"edge_kl": float(diff.sum() / denom)}
 
 
-@LOSSES.register(PolicyLoss.SELF_DISTILL_NLL)
+@LOSSES.register(PolicyLoss.SELF_DISTILL_NLL, scale="tokens")
 def self_distill_nll_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -370,16 +370,7 @@ def self_distill_nll_loss(
     return coef * nll, {"self_distill_nll": float(nll.detach())}
 
 
-_LOSS_SCALES: dict[PolicyLoss, LossScaleName] = {
-    PolicyLoss.CLIP: "none",
-    PolicyLoss.CISPO: "tokens",
-    PolicyLoss.REVERSE_KL_SAMPLED: "tokens",
-    PolicyLoss.REVERSE_KL_TOPK: "tokens",
-    PolicyLoss.SELF_DISTILL_NLL: "tokens",
-}
-
-
-def loss_scale_for(name: PolicyLoss | str) -> LossScaleName:
+def loss_scale_for(name: PolicyLoss | str) -> LossScale:
     """The ``loss_scale`` a train step must use for the loss registered as ``name``.
 
     ``clip``'s ``"none"`` assumes ``weights`` normalised over the full batch, as
@@ -389,5 +380,4 @@ def loss_scale_for(name: PolicyLoss | str) -> LossScaleName:
     >>> loss_scale_for("reverse_kl_sampled"), loss_scale_for(PolicyLoss.CLIP)
     ('tokens', 'none')
     """
-    LOSSES.get(name)  # KeyError naming the accepted losses for an unknown name
-    return _LOSS_SCALES[PolicyLoss(name)]
+    return LOSSES.scale(name)

@@ -1,4 +1,6 @@
-"""Decorator registries keyed by ``str`` Enums (verl ``core_algos`` style).
+"""Decorator registries keyed by ``str`` Enums (verl ``core_algos`` style), each with the type of
+what it holds: :class:`AdvantageFn` in ``ADVANTAGES``; :class:`PolicyLossFn` in ``LOSSES``, each loss
+registered together with its :data:`LossScale` (adding a loss is its function and one decorator).
 
 >>> from crl_train.algorithms.registry import ADVANTAGES, AdvantageEstimator
 >>> sorted(e.value for e in ADVANTAGES.names())
@@ -6,16 +8,44 @@
 >>> from crl_train.algorithms.registry import LOSSES
 >>> sorted(e.value for e in LOSSES.names())
 ['cispo', 'clip', 'reverse_kl_sampled', 'reverse_kl_topk', 'self_distill_nll']
+>>> LOSSES.scale("cispo")
+'tokens'
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum, StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, get_args
+
+import torch
 
 K = TypeVar("K", bound=Enum)
 F = TypeVar("F", bound=Callable[..., Any])
+
+LossScale = Literal["samples", "tokens", "none"]
+"""How ``train_step`` weights each micro-batch loss so the accumulated gradient is the full-batch
+one: ``samples`` (n_mb / B: the loss is a mean over sequences), ``tokens`` (mask tokens in the
+micro-batch / in the batch: the loss is a mean over the mask's tokens) or ``none`` (the loss is a
+sum whose weights the caller normalised over the full batch). ``OptimConfig.loss_scale`` is a
+policy's default; ``train_step(..., loss_scale=...)`` overrides it for one call."""
+
+
+class PolicyLossFn(Protocol):
+    """``loss_fn(logprobs [B,T], old_logprobs [B,T], advantages [B] or [B,T], mask [B,T], **kw)
+    -> (scalar loss, metrics)`` (the calling convention of :mod:`crl_train.algorithms.losses`)."""
+
+    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, /, *args: Any, **kw: Any) -> tuple[torch.Tensor, Mapping[str, float]]:
+        ...
+
+
+class AdvantageFn(Protocol):
+    """``estimator(rewards [N], group_index [N], condition [N] | None, *, valid, eps, unbiased) -> Â [N]``."""
+
+    def __call__(self, rewards: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor | None = None, /,
+                 *, valid: torch.Tensor | None = None, eps: float = ..., unbiased: bool = ...) -> torch.Tensor:
+        ...
 
 
 class AdvantageEstimator(StrEnum):
@@ -80,5 +110,33 @@ class Registry(Generic[K, F]):
         return list(self._table)
 
 
-ADVANTAGES: Registry[AdvantageEstimator, Callable[..., Any]] = Registry(AdvantageEstimator, "advantage estimator")
-LOSSES: Registry[PolicyLoss, Callable[..., Any]] = Registry(PolicyLoss, "policy loss")
+class LossRegistry(Registry[PolicyLoss, PolicyLossFn]):
+    """The losses, each registered with the :data:`LossScale` a train step must use for it."""
+
+    def __init__(self) -> None:
+        super().__init__(PolicyLoss, "policy loss")
+        self._scales: dict[PolicyLoss, LossScale] = {}
+
+    def register(self, name: PolicyLoss, *, scale: LossScale | None = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
+        """Decorator: ``@LOSSES.register(PolicyLoss.X, scale="tokens")`` adds the loss and its scale."""
+        if scale is None or scale not in get_args(LossScale):
+            raise ValueError(f"policy loss {name.value!r} is registered with its loss scale "
+                             f"('samples', 'tokens' or 'none'), got {scale!r}")
+        add = super().register(name)
+        checked: LossScale = scale
+
+        def deco(fn: PolicyLossFn) -> PolicyLossFn:
+            add(fn)
+            self._scales[name] = checked
+            return fn
+
+        return deco
+
+    def scale(self, name: PolicyLoss | str) -> LossScale:
+        """The loss scale registered with ``name`` (``KeyError`` naming the accepted losses for an unknown one)."""
+        self.get(name)
+        return self._scales[PolicyLoss(name)]
+
+
+ADVANTAGES: Registry[AdvantageEstimator, AdvantageFn] = Registry(AdvantageEstimator, "advantage estimator")
+LOSSES = LossRegistry()

@@ -36,8 +36,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from crl_gym.integrations.trl import SPLIT
+from crl_gym.protocol import Condition
 from crl_train.algorithms import sequence_weights, split_subgroup_advantages
 from crl_train.algorithms.advantages import FREE, GUIDED
+from crl_train.rollout.contract import (
+    CONDITION_IDS,
+    ActorSide,
+    Outcomes,
+    condition_of,
+    trained_advantages,
+)
 
 try:
     from trl import GRPOTrainer
@@ -52,8 +61,6 @@ logger = logging.getLogger(__name__)
 PAPER_SETTINGS: dict[str, Any] = {"loss_type": "grpo", "importance_sampling_level": "sequence", "beta": 0.0}
 """``GRPOConfig`` keys for the paper's actor objective: a length-normalised sequence ratio, the
 per-sequence mean the Eq. 5 weights are folded into, no KL term."""
-SPLIT = "split"
-CONDITION_IDS = {"guided": GUIDED, "free": FREE}
 
 
 def trl_advantages(
@@ -62,12 +69,16 @@ def trl_advantages(
     condition: torch.Tensor,
     *,
     valid: torch.Tensor | None = None,
+    method: ActorSide | None = None,
 ) -> torch.Tensor:
     """Split-subgroup Â with Eq. 5's weights folded in for a loss that averages over the N sequences.
 
     Returns ``split_subgroup_advantages(r, g, c, valid) · N · sequence_weights(g, c)`` (weights over
     the valid episodes; an invalid one gets 0), which is the split-subgroup Â itself when every
-    group has two halves of equal size.
+    group has two halves of equal size. With a ``method``: its advantages where its train mask is
+    True (:func:`crl_train.rollout.contract.trained_advantages`, what every loop trains on) times
+    ``N · sequence_weights`` over the trained episodes (by condition only for a guided method), the
+    weights our own loop puts in its loss.
 
     >>> r = torch.tensor([1., 0., 1., 1., 0., 0., 0., 1.])
     >>> g = torch.zeros(8, dtype=torch.long)
@@ -81,26 +92,37 @@ def trl_advantages(
     """
     n = rewards.numel()
     ok = torch.ones(n, dtype=torch.bool) if valid is None else valid.to(torch.bool).cpu()
-    adv = split_subgroup_advantages(rewards, group_index, condition, valid=valid)
+    by_condition = True
+    if method is None:
+        adv = split_subgroup_advantages(rewards, group_index, condition, valid=valid)
+    else:
+        outcomes = Outcomes(rewards.cpu().to(torch.float32), group_index.cpu(), condition.cpu(), ok)
+        adv = trained_advantages(method, outcomes).to(rewards.device)
+        ok = method.train_mask(outcomes).to(torch.bool) & ok
+        by_condition = method.guided
     scale = torch.zeros(n, dtype=torch.float32)
     if bool(ok.any()):
-        scale[ok] = n * sequence_weights(group_index.cpu()[ok], condition.cpu()[ok])
+        scale[ok] = n * sequence_weights(group_index.cpu()[ok], condition.cpu()[ok] if by_condition else None)
     return adv * scale.to(device=adv.device, dtype=adv.dtype)
 
 
-def split_conditions(experience: list[object], positions: list[int], num_generations: int) -> list[str]:
+def split_conditions(experience: list[object], positions: list[int], num_generations: int, *,
+                     guided: bool = True) -> list[Condition]:
     """The condition of each generation: a ``"split"`` (or missing) row's first ``num_generations // 2``
-    copies are guided, the rest free; ``"guided"`` / ``"free"`` rows keep theirs.
+    copies are guided, the rest free (every copy free when not ``guided``: a method without
+    experience; :func:`crl_train.rollout.contract.condition_of`); ``"guided"`` / ``"free"`` rows keep theirs.
 
     >>> split_conditions(["split"] * 4 + ["free", None], [0, 1, 2, 3, 0, 1], 4)
     ['guided', 'guided', 'free', 'free', 'free', 'guided']
+    >>> split_conditions(["split"] * 2, [0, 1], 2, guided=False)
+    ['free', 'free']
     """
-    out = []
+    out: list[Condition] = []
     for value, j in zip(experience, positions, strict=True):
         if value is None or value == SPLIT:
-            out.append("guided" if j < num_generations // 2 else "free")
-        elif value in CONDITION_IDS:
-            out.append(str(value))
+            out.append(condition_of(j, num_generations, guided=guided))
+        elif value == "guided" or value == "free":
+            out.append(value)
         else:
             raise ValueError(f"a row's experience must be 'split', 'guided' or 'free', got {value!r}")
     return out
@@ -125,12 +147,18 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
         experience: a :class:`crl_gym.integrations.trl.TRLExperience`: its ``environment_factory``
             is used when none is given, and its end-step callback is added; evaluation episodes
             (``trainer.evaluate()``) carry ``rollout_step = -1``, which the service never credits.
+        method: the method whose actor side decides the conditions and the advantages
+            (``crl_train.methods.make_method(cfg)``, as ``crl-train --method`` builds it: ``grpo`` runs
+            every copy free and pools the group, ``edge`` trains only the groups its gate opens); None
+            is Complementary RL's split-subgroup advantages.
 
     ``last_split`` holds the latest generation batch's :class:`SplitBatch`.
     """
 
-    def __init__(self, *args: Any, experience: TRLExperience | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, experience: TRLExperience | None = None, method: ActorSide | None = None,
+                 **kwargs: Any) -> None:
         self._crl_session = experience
+        self.crl_method = method
         if experience is not None:
             kwargs.setdefault("environment_factory", experience.environment_factory)
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), experience.callback()]
@@ -157,7 +185,8 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
         num_generations = int(count)
         offset = self.accelerator.process_index * len(inputs)
         positions = [(offset + i) % num_generations for i in range(len(inputs))]
-        conditions = split_conditions([x.get("experience") for x in inputs], positions, num_generations)
+        guided = self.crl_method is None or self.crl_method.guided
+        conditions = split_conditions([x.get("experience") for x in inputs], positions, num_generations, guided=guided)
         rows = [{**x, "experience": c} for x, c in zip(inputs, conditions, strict=True)]
         self._crl_rewards = None
         session, open_step = self._crl_session, None
@@ -179,7 +208,7 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
         valid = ~torch.isnan(per_func).all(dim=1)
         rewards = (per_func * self.reward_weights.cpu().unsqueeze(0)).nansum(dim=1)
         group_index = torch.arange(rewards.numel()) // num_generations
-        advantages = trl_advantages(rewards, group_index, condition, valid=valid)
+        advantages = trl_advantages(rewards, group_index, condition, valid=valid, method=self.crl_method)
         self.last_split = SplitBatch(rewards, group_index, condition, valid, advantages)
         part = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
         output["advantages"] = advantages[part].to(device=device, dtype=output["advantages"].dtype)

@@ -17,8 +17,6 @@ import torch
 
 from crl_train.algorithms import (
     ADVANTAGES,
-    FREE,
-    GUIDED,
     AdvantageEstimator,
     PolicyLoss,
     perplexity_bonus,
@@ -27,6 +25,7 @@ from crl_train.config import TrainConfig
 from crl_train.config.names import MethodName, PerplexityTransform
 from crl_train.methods.gate import VERDICTS, ActorCriticGate
 from crl_train.policy.base import Policy, TrainBatch
+from crl_train.rollout.contract import Outcomes, Rollout
 from crl_train.rollout.runner import EntryGate, Episode, swap_prompt
 from crl_train.service import ServiceOptions, service_options
 
@@ -35,31 +34,6 @@ SELF_DISTILL_FIELDS: tuple[str, ...] = ("self_distill_samples", "self_distill_nl
 GATE_FIELDS: tuple[str, ...] = ("gate_judged", "gate_accept", "gate_refine", "gate_reject", "gate_warmup",
                                 "gate_latency_s")
 """Metrics-row keys of ``algo.gate``: episodes judged, share of each verdict, seconds of the gate per episode."""
-
-
-@dataclass
-class Rollout:
-    """One rollout step's episodes, with the tensors every method reads.
-
-    Shapes: ``N`` episodes. ``reward[N]`` is 1.0 on success else 0.0 (the paper's R ∈ {0, 1});
-    ``group[N]`` the task group, ``condition[N]`` GUIDED / FREE, ``valid[N]`` False for episodes
-    that ended because the env raised (the agent's tokens were not at fault: they are never
-    trained on and never enter a mean, a std or a gain).
-    """
-
-    episodes: list[Episode]
-    reward: torch.Tensor
-    group: torch.Tensor
-    condition: torch.Tensor
-    valid: torch.Tensor
-
-    @classmethod
-    def of(cls, episodes: list[Episode]) -> Rollout:
-        return cls(episodes,
-                   torch.tensor([1.0 if e.success else 0.0 for e in episodes]),
-                   torch.tensor([e.group for e in episodes]),
-                   torch.tensor([GUIDED if e.condition == "guided" else FREE for e in episodes]),
-                   torch.tensor([not e.failed_by_error for e in episodes], dtype=torch.bool))
 
 
 @dataclass
@@ -98,11 +72,11 @@ class Method(Protocol):
         """The extractor side: what the experience service does with this method's episodes."""
         ...
 
-    def advantages(self, rollout: Rollout) -> torch.Tensor:
+    def advantages(self, outcomes: Outcomes) -> torch.Tensor:
         """``[N]`` advantages of the RL update."""
         ...
 
-    def train_mask(self, rollout: Rollout) -> torch.Tensor:
+    def train_mask(self, outcomes: Outcomes) -> torch.Tensor:
         """``[N]`` bool: the episodes the RL update trains on."""
         ...
 
@@ -156,15 +130,15 @@ class MethodBase:
     def advantage_kwargs(self) -> dict[str, Any]:
         return {"eps": self.algo.adv_eps, "unbiased": self.algo.std_unbiased}
 
-    def advantages(self, rollout: Rollout) -> torch.Tensor:
+    def advantages(self, outcomes: Outcomes) -> torch.Tensor:
         estimator = ADVANTAGES.get(self.advantage)
-        condition = rollout.condition if self.guided else None
-        adv: torch.Tensor = estimator(rollout.reward, rollout.group, condition, valid=rollout.valid,
+        condition = outcomes.condition if self.guided else None
+        adv: torch.Tensor = estimator(outcomes.reward, outcomes.group, condition, valid=outcomes.valid,
                                       **self.advantage_kwargs())
         return adv
 
-    def train_mask(self, rollout: Rollout) -> torch.Tensor:
-        return rollout.valid.clone()
+    def train_mask(self, outcomes: Outcomes) -> torch.Tensor:
+        return outcomes.valid.clone()
 
     def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
         metrics = gate_metrics(rollout) if self._gate_on() else {}

@@ -23,6 +23,7 @@ from crl_train.algorithms import AdvantageEstimator, PolicyLoss, edge_train_mask
 from crl_train.config.names import MethodName
 from crl_train.methods.base import ActorTerm, MethodBase, Rollout
 from crl_train.policy.base import SUPPORT_IDS, Policy, TrainBatch
+from crl_train.rollout.contract import Outcomes
 from crl_train.rollout.runner import Episode, swap_prompt
 from crl_train.service import EdgeReflection, EdgeUtility, ServiceOptions, service_options
 
@@ -49,9 +50,9 @@ class Edge(MethodBase):
     def advantage_kwargs(self) -> dict[str, Any]:
         return {**super().advantage_kwargs(), "threshold": self.algo.edge.threshold}
 
-    def train_mask(self, rollout: Rollout) -> torch.Tensor:
-        return edge_train_mask(rollout.reward, rollout.group, rollout.condition, threshold=self.algo.edge.threshold,
-                               valid=rollout.valid)
+    def train_mask(self, outcomes: Outcomes) -> torch.Tensor:
+        return edge_train_mask(outcomes.reward, outcomes.group, outcomes.condition, threshold=self.algo.edge.threshold,
+                               valid=outcomes.valid)
 
     def metric_fields(self) -> tuple[str, ...]:
         return EDGE_FIELDS + super().metric_fields()

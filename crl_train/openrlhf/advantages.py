@@ -14,7 +14,8 @@ What it computes, per rollout batch (rewards in the original sample order, ``exp
   ``info["crl_valid"]`` (0: the episode ended by an env error);
 * Â = the method's estimator (``split_subgroup_advantages`` for the guided methods, ``grpo_advantages``
   for ``grpo``: ``crl_train.algorithms.advantages``, the same functions as the ``hf`` backend), and
-  0 where the method's ``train_mask`` is False;
+  0 where the method's ``train_mask`` is False (``crl_train.rollout.contract.trained_advantages``,
+  handed the batch's :class:`~crl_train.rollout.contract.Outcomes`);
 * ``advantages`` = ``returns`` = Â on every action token (outcome reward, γ = 1, no KL in the
   reward: what OpenRLHF's ``group_norm`` path produces from its own normalised reward), plus the
   ``group_reward_std`` and ``return`` logs OpenRLHF writes.
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from crl_train.algorithms import FREE, GUIDED
+from crl_train.rollout.contract import Outcomes, trained_advantages
 
 if TYPE_CHECKING:
     from crl_train.methods import Method
@@ -96,18 +98,13 @@ class SplitSubgroupAdvantageMixin:
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Any]) -> list[Any]:
-        from crl_train.methods import Rollout
-
         args = self.strategy.args
         _check_supported(args, getattr(self.kl_ctl, "value", 0.0))
         n_samples = int(args.rollout.n_samples_per_prompt)
         for e in experiences:
             e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
         reward, group, condition, valid, order = rollout_tensors(experiences, n_samples)
-        method = self._crl_method()
-        rollout = Rollout([], reward, group, condition, valid)
-        adv = method.advantages(rollout).to(torch.float32)
-        adv = torch.where(method.train_mask(rollout), adv, torch.zeros_like(adv))
+        adv = trained_advantages(self._crl_method(), Outcomes(reward, group, condition, valid))
         std = reward.reshape(-1, n_samples).std(-1, keepdim=True).expand(-1, n_samples).reshape(-1)
         # back to the batch's own order, then split per experience
         flat_adv = torch.empty_like(adv)

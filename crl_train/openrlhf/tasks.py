@@ -13,6 +13,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from crl_gym.protocol import Condition
+from crl_train.rollout.contract import condition_of
+
 
 @dataclass(frozen=True)
 class TaskLabel:
@@ -57,12 +60,12 @@ class ConditionAssigner:
         self._seen: defaultdict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
 
-    def assign(self, label: object) -> str:
+    def assign(self, label: object) -> Condition:
         key = label if isinstance(label, str) else json.dumps(label, sort_keys=True, default=str)
         with self._lock:
             n = self._seen[key]
             self._seen[key] = n + 1
-        return "guided" if self.guided and n % self.group_size < self.group_size // 2 else "free"
+        return condition_of(n, self.group_size, guided=self.guided)
 
 
 __all__ = ["ConditionAssigner", "TaskLabel"]

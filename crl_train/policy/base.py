@@ -30,12 +30,15 @@ Conventions every backend follows (the trainer and the losses rely on them):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 import torch
+
+from crl_train.algorithms.registry import LossScale as LossScale
+from crl_train.algorithms.registry import PolicyLossFn
 
 if TYPE_CHECKING:  # typing only: importing this module loads neither transformers nor llguidance
     from transformers import PreTrainedTokenizerBase
@@ -46,19 +49,13 @@ if TYPE_CHECKING:  # typing only: importing this module loads neither transforme
 
 FinishReason = Literal["stop", "length"]
 
-LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, Any]]]
+LossFn: TypeAlias = PolicyLossFn
 """``loss_fn(logprobs [B,T], old_logprobs [B,T], advantages [B] or [B,T], mask [B,T], **kw)
--> (scalar loss, metrics)``; ``kw`` holds the batch's ``group_ids`` / ``condition_ids`` when set,
+-> (scalar loss, metrics)`` (``crl_train.algorithms.registry.PolicyLossFn``); ``kw`` holds the batch's ``group_ids`` / ``condition_ids`` when set,
 every tensor of ``TrainBatch.extra`` and the caller's own keyword arguments. Every loss in
 ``crl_train.algorithms.LOSSES`` follows it."""
 
-LossScale = Literal["samples", "tokens", "none"]
-"""How ``train_step`` weights each micro-batch loss so the accumulated gradient is the full-batch
-one: ``samples`` (n_mb / B: the loss is a mean over sequences), ``tokens`` (mask tokens in the
-micro-batch / in the batch: the loss is a mean over the mask's tokens) or ``none`` (the loss is a
-sum whose weights the caller normalised over the full batch). ``OptimConfig.loss_scale`` is a
-policy's default; ``train_step(..., loss_scale=...)`` overrides it for one call."""
-LOSS_SCALE_NAMES: tuple[LossScale, ...] = ("samples", "tokens", "none")
+LOSS_SCALE_NAMES: tuple[LossScale, ...] = get_args(LossScale)
 
 AllowedRow: TypeAlias = "ActionTrie | ThinkThenChoose | JsonGrammar | Sequence[str] | None"
 """What one prompt of ``Policy.generate(allowed=[...])`` may be restricted to: None (free text), a

@@ -30,10 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, TurnGuidance
+from crl_gym.protocol import Condition, DistillationRequest, ExperienceRef, Step, TurnGuidance
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
+from crl_train.rollout.contract import condition_of
 from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, shown_turn_entry, user_text
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class Episode:
     """One rollout of the batch."""
 
     group: int
-    condition: str
+    condition: Condition
     env_id: str
     seed: int
     sequence: TokenSequence = field(default_factory=TokenSequence)
@@ -200,7 +201,7 @@ class RolloutRunner:
 
         ``guided=False`` runs every copy free (GRPO, or evaluation without experience).
         """
-        k, half = self.group_size, self.group_size // 2
+        k = self.group_size
         episodes: list[Episode] = []
         envs: list[Any] = []
         need: dict[str, int] = {}
@@ -210,7 +211,7 @@ class RolloutRunner:
         pools = {env_id: self._envs(env_id, n) for env_id, n in need.items()}
         for g, (env_id, seed) in enumerate(tasks):
             for c in range(k):
-                cond = "guided" if guided and c < half else "free"
+                cond = condition_of(c, k, guided=guided)
                 episodes.append(Episode(group=g, condition=cond, env_id=env_id, seed=seed))
                 envs.append(pools[env_id][taken[env_id]])
                 taken[env_id] += 1

@@ -1,6 +1,6 @@
 """Screenshots of the explorer's pages for docs/img/, from a small demo run made here.
 
-    python -m crl_gym.explorer.screenshots [--out docs/img]
+    python scripts/explorer_screenshots.py [--out docs/img]
 
 Writes a bank and a ``trajectories.jsonl`` the way a run does (entries added, updated, merged,
 credited, episodes guided), serves them with the experience service on loopback with a token,
