@@ -63,6 +63,7 @@ from .lora import (
 )
 from .precision import autocast_dtype, cast_frozen, compute_context, master_float32
 from .sampling import selective_logprobs, support_logprobs
+from .shared_forward import train_logits
 from .trie import ActionTrie, ThinkThenChoose
 
 if TYPE_CHECKING:
@@ -113,7 +114,8 @@ class HFPolicy:
         self._kv: dict[Hashable, RowKV] = {}
         self.share_prefix = SHARE_PREFIX_TOKENS
         """A batch's common prompt prefix of at least this many tokens is encoded once, at batch 1,
-        for all its rows (``generate.py``; 0 = off): the extractor's prompts share their instructions."""
+        for all its rows, in generation (``generate.py``) and in training (``shared_forward.py``);
+        0 = off. The extractor's prompts share their instructions."""
         self.generator: Generator | None = None
         """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar requests; see attach_generator."""
         self._grammar_engine: GrammarEngine | None = None
@@ -339,20 +341,23 @@ class HFPolicy:
         with self.compute():
             return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
-    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor | None = None) -> torch.Tensor:
-        """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding."""
+    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+        """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding. ``logits`` may
+        start at position ``offset`` (``shared_forward.train_logits``): positions up to ``offset``
+        then hold 0 (no loss reads them)."""
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         logits = self._logits(batch) if logits is None else logits
         temperature = self.sampling.temperature
         rows = []
         for b in range(ids.shape[0]):
-            # Row t of logits predicts token t + 1, so a constraint on position p is row p - 1.
+            # Row t of logits (position offset + t) predicts token offset + t + 1, so a constraint
+            # on position p is row p - 1 - offset.
             cons = None
             if batch.constraints is not None and batch.constraints[b]:
-                cons = {p - 1: a for p, a in batch.constraints[b].items() if p >= 1}
-            lp = selective_logprobs(logits[b, :-1], ids[b, 1:], temperature, cons)
-            rows.append(torch.cat([lp.new_zeros(1), lp]))
+                cons = {p - 1 - offset: a for p, a in batch.constraints[b].items() if p - 1 >= offset}
+            lp = selective_logprobs(logits[b, :-1], ids[b, offset + 1:], temperature, cons)
+            rows.append(torch.cat([lp.new_zeros(offset + 1), lp]))
         lp = torch.stack(rows)
         # where(), not a product: -inf * 0 would be NaN on an off-trie padded position.
         return torch.where(attn.bool(), lp, torch.zeros_like(lp))
@@ -364,17 +369,18 @@ class HFPolicy:
         parts = [self._sequence_logprobs(batch.select(slice(s, s + mb))) for s in range(0, batch.batch_size, mb)]
         return torch.cat(parts).cpu()
 
-    def _support(self, batch: TrainBatch, logits: torch.Tensor, k: int | None, ids: torch.Tensor | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _support(self, batch: TrainBatch, logits: torch.Tensor, k: int | None, ids: torch.Tensor | None,
+                 offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids, logprobs)`` ``[b, T, k]`` aligned like ``_sequence_logprobs`` (row t - 1 of the
-        logits is position t's distribution); 0 at position 0 and on padding."""
+        logits is position t's distribution, the logits starting at ``offset``); 0 at positions up
+        to ``offset`` and on padding."""
         width = int(ids.shape[-1]) if ids is not None else max(1, min(int(k or 1), logits.shape[-1]))
         rows_ids, rows_lp = [], []
         for r in range(batch.batch_size):
-            given = None if ids is None else ids[r, 1:].to(logits.device)
+            given = None if ids is None else ids[r, offset + 1:].to(logits.device)
             i, lp = support_logprobs(logits[r, :-1], self.sampling.temperature, given, width)
-            rows_ids.append(torch.cat([i.new_zeros((1, width)), i]))
-            rows_lp.append(torch.cat([lp.new_zeros((1, width)), lp]))
+            rows_ids.append(torch.cat([i.new_zeros((offset + 1, width)), i]))
+            rows_lp.append(torch.cat([lp.new_zeros((offset + 1, width)), lp]))
         keep = batch.attention_mask.to(logits.device).bool()[..., None]  # padding holds 0, like logprobs
         out_ids, out_lp = torch.stack(rows_ids), torch.stack(rows_lp)
         return torch.where(keep, out_ids, torch.zeros_like(out_ids)), torch.where(keep, out_lp, torch.zeros_like(out_lp))
@@ -449,10 +455,13 @@ class HFPolicy:
                 if mb.condition_ids is not None:
                     kw["condition_ids"] = mb.condition_ids.to(self.device)
                 kw.update(loss_kw)
-                logits = self._logits(mb)
-                lp = self._sequence_logprobs(mb, logits)
+                with self.compute():  # the prompt prefix the rows share runs once (shared_forward)
+                    logits, offset = train_logits(self.model, mb.input_ids.to(self.device),
+                                                  mb.attention_mask.to(self.device), mb.loss_mask,
+                                                  share_min=self.share_prefix)
+                lp = self._sequence_logprobs(mb, logits, offset)
                 if SUPPORT_IDS in mb.extra:
-                    kw["support_logprobs"] = self._support(mb, logits, None, mb.extra[SUPPORT_IDS])[1]
+                    kw["support_logprobs"] = self._support(mb, logits, None, mb.extra[SUPPORT_IDS], offset)[1]
                 loss, m = loss_fn(
                     lp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device),
                     mb.loss_mask.to(self.device), **kw,
