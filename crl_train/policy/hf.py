@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +61,9 @@ from .lora import (
     load_checkpoint_weights,
     named_weights,
 )
+from .precision import autocast_dtype, cast_frozen, compute_context, master_float32
 from .sampling import selective_logprobs, support_logprobs
+from .shared_forward import train_logits
 from .trie import ActionTrie, ThinkThenChoose
 
 if TYPE_CHECKING:
@@ -111,10 +114,33 @@ class HFPolicy:
         self._kv: dict[Hashable, RowKV] = {}
         self.share_prefix = SHARE_PREFIX_TOKENS
         """A batch's common prompt prefix of at least this many tokens is encoded once, at batch 1,
-        for all its rows (``generate.py``; 0 = off): the extractor's prompts share their instructions."""
+        for all its rows, in generation (``generate.py``) and in training (``shared_forward.py``);
+        0 = off. The extractor's prompts share their instructions."""
         self.generator: Generator | None = None
         """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar requests; see attach_generator."""
         self._grammar_engine: GrammarEngine | None = None
+        self.autocast_dtype: torch.dtype | None = None
+        """CPU mixed precision: every forward runs under ``torch.autocast("cpu", autocast_dtype)``
+        (None: in the weights' own dtype); see :meth:`set_compute_dtype`."""
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> None:
+        """Compute in ``dtype`` (:mod:`crl_train.policy.precision`). On CPU a 16-bit ``dtype`` runs
+        every forward (sampling, recomputation, training) under autocast to it, stores the frozen
+        weights in it and keeps the trained ones float32; float32 brings every weight to float32.
+        On CUDA the weights were loaded in ``dtype`` (``from_pretrained``) and nothing changes."""
+        if self.device.type != "cpu":
+            return
+        self.autocast_dtype = autocast_dtype(dtype, self.device)
+        if self.autocast_dtype is None:
+            self.model.float()
+        else:
+            master_float32(self.model)
+            cast_frozen(self.model, self.autocast_dtype)
+        self._kv.clear()
+
+    def compute(self) -> AbstractContextManager[Any]:
+        """The context every forward pass of this policy runs in (autocast, or nothing)."""
+        return compute_context(self.autocast_dtype)
 
     def attach_generator(self, generator: Generator) -> None:
         """Serve unconstrained and JSON-grammar ``generate`` calls from ``generator`` (e.g.
@@ -129,6 +155,8 @@ class HFPolicy:
         if self.optimizer is not None:
             raise ValueError(f"{self.name}: enable_lora after the optimizer exists (call it before the first train_step)")
         apply_lora(self.model, spec)
+        if self.autocast_dtype is not None:  # the base is frozen now: store it in the compute dtype
+            cast_frozen(self.model, self.autocast_dtype)
         self._kv.clear()
         if self.generator is not None:
             self.generator.sync_weights(named_weights(self.model))
@@ -170,7 +198,8 @@ class HFPolicy:
 
         path = str(name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
+        compute = resolve_dtype(dtype, device)
+        kwargs: dict[str, Any] = {"dtype": _load_dtype(compute, device), "trust_remote_code": trust_remote_code}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -178,7 +207,9 @@ class HFPolicy:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        return cls(model, tokenizer, name=path, device=device, sampling=sampling, optim=optim, chat_kwargs=chat_kwargs)
+        policy = cls(model, tokenizer, name=path, device=device, sampling=sampling, optim=optim, chat_kwargs=chat_kwargs)
+        policy.set_compute_dtype(compute)
+        return policy
 
     # ---------------------------------------------------------------- chat and generation
     def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
@@ -255,14 +286,15 @@ class HFPolicy:
         bs = self.generation_batch_size
         for s in range(0, len(prompts), bs):
             chunk = keys[s : s + bs] if keys is not None else None
-            gens, kept = generate_batch(
-                self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
-                tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
-                eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                device=self.device, generator=generator,
-                past=[self._kv.get(k) for k in chunk] if chunk is not None else None, keep_kv=chunk is not None,
-                share_prefix=self.share_prefix,
-            )
+            with self.compute():
+                gens, kept = generate_batch(
+                    self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
+                    tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
+                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                    device=self.device, generator=generator,
+                    past=[self._kv.get(k) for k in chunk] if chunk is not None else None, keep_kv=chunk is not None,
+                    share_prefix=self.share_prefix,
+                )
             out.extend(gens)
             if chunk is not None and kept is not None:
                 self._kv.update(zip(chunk, kept, strict=True))
@@ -306,22 +338,26 @@ class HFPolicy:
     def _logits(self, batch: TrainBatch) -> torch.Tensor:
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
-        return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        with self.compute():
+            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
-    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor | None = None) -> torch.Tensor:
-        """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding."""
+    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+        """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding. ``logits`` may
+        start at position ``offset`` (``shared_forward.train_logits``): positions up to ``offset``
+        then hold 0 (no loss reads them)."""
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         logits = self._logits(batch) if logits is None else logits
         temperature = self.sampling.temperature
         rows = []
         for b in range(ids.shape[0]):
-            # Row t of logits predicts token t + 1, so a constraint on position p is row p - 1.
+            # Row t of logits (position offset + t) predicts token offset + t + 1, so a constraint
+            # on position p is row p - 1 - offset.
             cons = None
             if batch.constraints is not None and batch.constraints[b]:
-                cons = {p - 1: a for p, a in batch.constraints[b].items() if p >= 1}
-            lp = selective_logprobs(logits[b, :-1], ids[b, 1:], temperature, cons)
-            rows.append(torch.cat([lp.new_zeros(1), lp]))
+                cons = {p - 1 - offset: a for p, a in batch.constraints[b].items() if p - 1 >= offset}
+            lp = selective_logprobs(logits[b, :-1], ids[b, offset + 1:], temperature, cons)
+            rows.append(torch.cat([lp.new_zeros(offset + 1), lp]))
         lp = torch.stack(rows)
         # where(), not a product: -inf * 0 would be NaN on an off-trie padded position.
         return torch.where(attn.bool(), lp, torch.zeros_like(lp))
@@ -333,17 +369,18 @@ class HFPolicy:
         parts = [self._sequence_logprobs(batch.select(slice(s, s + mb))) for s in range(0, batch.batch_size, mb)]
         return torch.cat(parts).cpu()
 
-    def _support(self, batch: TrainBatch, logits: torch.Tensor, k: int | None, ids: torch.Tensor | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _support(self, batch: TrainBatch, logits: torch.Tensor, k: int | None, ids: torch.Tensor | None,
+                 offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids, logprobs)`` ``[b, T, k]`` aligned like ``_sequence_logprobs`` (row t - 1 of the
-        logits is position t's distribution); 0 at position 0 and on padding."""
+        logits is position t's distribution, the logits starting at ``offset``); 0 at positions up
+        to ``offset`` and on padding."""
         width = int(ids.shape[-1]) if ids is not None else max(1, min(int(k or 1), logits.shape[-1]))
         rows_ids, rows_lp = [], []
         for r in range(batch.batch_size):
-            given = None if ids is None else ids[r, 1:].to(logits.device)
+            given = None if ids is None else ids[r, offset + 1:].to(logits.device)
             i, lp = support_logprobs(logits[r, :-1], self.sampling.temperature, given, width)
-            rows_ids.append(torch.cat([i.new_zeros((1, width)), i]))
-            rows_lp.append(torch.cat([lp.new_zeros((1, width)), lp]))
+            rows_ids.append(torch.cat([i.new_zeros((offset + 1, width)), i]))
+            rows_lp.append(torch.cat([lp.new_zeros((offset + 1, width)), lp]))
         keep = batch.attention_mask.to(logits.device).bool()[..., None]  # padding holds 0, like logprobs
         out_ids, out_lp = torch.stack(rows_ids), torch.stack(rows_lp)
         return torch.where(keep, out_ids, torch.zeros_like(out_ids)), torch.where(keep, out_lp, torch.zeros_like(out_lp))
@@ -418,10 +455,13 @@ class HFPolicy:
                 if mb.condition_ids is not None:
                     kw["condition_ids"] = mb.condition_ids.to(self.device)
                 kw.update(loss_kw)
-                logits = self._logits(mb)
-                lp = self._sequence_logprobs(mb, logits)
+                with self.compute():  # the prompt prefix the rows share runs once (shared_forward)
+                    logits, offset = train_logits(self.model, mb.input_ids.to(self.device),
+                                                  mb.attention_mask.to(self.device), mb.loss_mask,
+                                                  share_min=self.share_prefix)
+                lp = self._sequence_logprobs(mb, logits, offset)
                 if SUPPORT_IDS in mb.extra:
-                    kw["support_logprobs"] = self._support(mb, logits, None, mb.extra[SUPPORT_IDS])[1]
+                    kw["support_logprobs"] = self._support(mb, logits, None, mb.extra[SUPPORT_IDS], offset)[1]
                 loss, m = loss_fn(
                     lp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device),
                     mb.loss_mask.to(self.device), **kw,
@@ -547,7 +587,8 @@ class HFPolicy:
         state = read_state(directory)
         model_dir = str(Path(directory) / MODEL_DIR)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
+        compute = resolve_dtype(dtype, device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_load_dtype(compute, device))
         spec = checkpoint_adapter_spec(directory)
         if spec is not None:  # the base came from model/; load() fills the adapters and their optimizer state
             apply_lora(model, spec)
@@ -557,8 +598,15 @@ class HFPolicy:
             model, tokenizer, name=state["name"], device=device, sampling=SamplingConfig(**sampling),
             optim=OptimConfig(**optim), chat_kwargs=state["chat_kwargs"],
         )
+        policy.set_compute_dtype(compute)
         policy.load(directory)
         return policy
+
+
+def _load_dtype(compute: torch.dtype, device: str) -> torch.dtype:
+    """The dtype weights are loaded in: float32 on CPU (the master copy; ``set_compute_dtype`` then
+    stores the frozen ones in the compute dtype), the compute dtype on an accelerator."""
+    return torch.float32 if torch.device(device).type == "cpu" else compute
 
 
 # resolve_dtype lives in .checkpoint and is re-exported: callers import it from here.
