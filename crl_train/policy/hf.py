@@ -44,6 +44,7 @@ from .chat import ChatFormatter
 from .checkpoint import (
     MODEL_DIR,
     Pretrained,
+    load_tokenizer,
     load_weights,
     read_state,
     resolve_dtype,
@@ -542,11 +543,11 @@ class HFPolicy:
     @classmethod
     def from_checkpoint(cls, directory: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto") -> HFPolicy:
         """A policy rebuilt from a :meth:`save` directory (tiny preset included)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         state = read_state(directory)
         model_dir = str(Path(directory) / MODEL_DIR)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)  # as saved: samples replay, prompts encode as before
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
         spec = checkpoint_adapter_spec(directory)
         if spec is not None:  # the base came from model/; load() fills the adapters and their optimizer state
