@@ -232,6 +232,22 @@ def open_readonly(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def verify_bank_copy(directory: Path) -> None:
+    """Check the bank copy in ``directory`` (a checkpoint's ``bank/``) before it replaces a bank:
+    :class:`BankCorruptError` naming the file when it is missing, not a bank, or fails SQLite's
+    ``quick_check``."""
+    path = Path(directory) / "bank.sqlite"
+    conn = open_readonly(path)
+    try:
+        result = conn.execute("PRAGMA quick_check").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise BankCorruptError(f"{path}: not a readable bank database ({exc})") from exc
+    finally:
+        conn.close()
+    if not result or result[0] != "ok":
+        raise BankCorruptError(f"{path}: damaged ({result[0] if result else 'no answer'} from quick_check)")
+
+
 def read_entries(conn: sqlite3.Connection, dim: int, file: Path | str) -> list[ExperienceEntry]:
     """Every entry of the bank behind ``conn`` (e.g. :func:`open_readonly`), in id order."""
     try:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from crl_gym.experience.store import BankCorruptError, verify_bank_copy
 from crl_train.algorithms import LOSSES, PolicyLoss, loss_scale_for, sequence_weights
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
@@ -49,6 +50,7 @@ from crl_train.run.outputs import (
     trim_run_outputs,
 )
 from crl_train.run.unsent import deliver_unsent, unsent_paths
+from crl_train.service.checkpoint import fault_point
 from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
@@ -92,7 +94,7 @@ class Trainer:
         try:
             if ckpt is not None:
                 try:
-                    self.c.load_state(ckpt.state, step=ckpt.step)
+                    self.c.load_state(ckpt.state, step=ckpt.step, directory=None if read_only else ckpt.path)
                 except (ValueError, TypeError, KeyError) as exc:
                     raise self._resume_error(ckpt, f"{ckpt.path / STATE}: {exc}") from exc
             if not read_only:
@@ -139,7 +141,9 @@ class Trainer:
             verify_checkpoint(ckpt.path / "actor")
             if self.method.service_options().extractor and (ckpt.path / "extractor").is_dir():
                 verify_checkpoint(ckpt.path / "extractor")
-        except CheckpointError as exc:
+            if (ckpt.path / "bank").is_dir():
+                verify_bank_copy(ckpt.path / "bank")
+        except (CheckpointError, BankCorruptError) as exc:
             raise self._resume_error(ckpt, str(exc)) from None
         return ckpt
 
@@ -237,10 +241,10 @@ class Trainer:
     def checkpoint(self, step: int) -> None:
         tmp = begin_checkpoint(self.run_dir)  # drops the checkpoint before the current one: two on disk at most
         self.c.actor.save(tmp / "actor")
-        # the service's state waits for its extractor's current pass: buffer, counters and weights agree
-        state = {"step": step, "method": self.cfg.method, **self.c.state()}
-        self.c.service.save_extractor(tmp / "extractor", self.run_dir / CKPT / "extractor")
+        # one moment of the service: B_φ, π_φ, the bank and the queue, taken between two of its passes
+        state = {"step": step, "method": self.cfg.method, **self.c.save(tmp, self.run_dir / CKPT)}
         self.c.service.flush()  # queued requests reach the spill file: a kill after this loses none
+        fault_point("checkpoint-written")
         commit_checkpoint(self.run_dir, tmp, state)
 
     def run(self) -> dict[str, Any]:
