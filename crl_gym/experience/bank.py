@@ -289,7 +289,7 @@ class ExperienceBank:
         from crl_gym.experience.store import open_readonly
 
         source = Path(source)
-        src = open_readonly(source / DB_FILE)  # BankCorruptError naming the file if it is not a bank
+        src = open_readonly(source / DB_FILE, immutable=True)  # BankCorruptError naming the file if not a bank
         try:
             with self.lock.write(), self._db_lock:
                 src.backup(self._store.conn)

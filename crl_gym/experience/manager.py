@@ -26,10 +26,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 

@@ -31,7 +31,7 @@ from crl_train.policy.factory import GeneratorFactory, trains
 from crl_train.rollout.runner import Episode
 from crl_train.rollout.tasks import task_seeds
 from crl_train.run.build import Run, build_run
-from crl_train.run.new_entries import NewEntryLog
+from crl_train.run.new_entries import NewEntryLog, trim_new_entries
 from crl_train.run.outputs import (
     CKPT,
     STATE,
@@ -54,6 +54,10 @@ from crl_train.service.checkpoint import fault_point
 from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
+
+class TrackFailure(RuntimeError):
+    """The extractor's background track failed ``train.max_track_failures`` times: the run stops, naming the cause."""
+
 
 RL_TERM = "rl"
 """Name of the RL loss among the terms of the actor's objective (its loss is ``actor_loss``)."""
@@ -101,6 +105,7 @@ class Trainer:
                 if resume and ckpt is not None:
                     settle_checkpoint(self.run_dir, ckpt)
                     trim_run_outputs(self.run_dir, ckpt.step)
+                    trim_new_entries(self.run_dir, self.c.service.manager.bank)
                 save_run_config(cfg, self.run_dir, self.start_step if resume else None)
                 # what the wrappers of an earlier start could not submit (this run dir's, or an older run's bank dir's)
                 deliver_unsent(self.c.service, unsent_paths(self.run_dir, self.run_dir / "bank"))
@@ -111,6 +116,9 @@ class Trainer:
             raise
         self.fields = metric_fields(self.method.metric_fields())
         self.last_row: dict[str, Any] = {}
+        self.problems: dict[str, Any] = {}
+        """What kept the extractor from training (failures and their last cause): the run's summary shows it."""
+        self._failures_seen = 0
 
     def _checkpoint_to_load(self, wanted: bool) -> Checkpoint | None:
         """The checkpoint to resume (or evaluate) from, its state and files checked; None for a fresh run.
@@ -261,7 +269,9 @@ class Trainer:
                 self.last_row = row
                 if (t % cfg.train.log_every == 0 or t == cfg.train.steps - 1) and self.metrics is not None:
                     self.metrics.write(row)
-                bar.set_postfix(success=f"{row['success']:.2f}", bank=row["bank_size"])
+                failures = self._check_track(row)
+                bar.set_postfix(success=f"{row['success']:.2f}", bank=row["bank_size"],
+                                **({"track_failures": failures} if failures else {}))
                 done = t
                 if (t + 1) % cfg.train.checkpoint_every == 0 or t == cfg.train.steps - 1:
                     self.checkpoint(t)
@@ -278,6 +288,31 @@ class Trainer:
         plot_curves(self.run_dir)
         self.c.service.manager.bank.export_jsonl(self.run_dir / "bank" / "bank.jsonl")
         return self.last_row
+
+    def _check_track(self, row: dict[str, Any]) -> int:
+        """The extractor's failures so far (``track_errors`` + ``skipped_updates``): each new one is
+        logged with its cause and kept in :attr:`problems`; at ``train.max_track_failures`` the run
+        stops with :class:`TrackFailure`."""
+        failures = int(row.get("track_errors") or 0) + int(row.get("skipped_updates") or 0)
+        if failures <= self._failures_seen:
+            return failures
+        self._failures_seen = failures
+        stats = self.c.client.stats()
+        cause = stats.get("last_error") or ""
+        if row.get("skipped_updates"):
+            gone = f"{row['skipped_updates']} CISPO batches dropped: the extractor's worker is gone"
+            cause = f"{cause}; {gone}" if cause else gone
+        self.problems = {"track_failures": failures, "track_errors": row.get("track_errors"),
+                         "skipped_updates": row.get("skipped_updates"), "cause": cause, "step": row.get("step")}
+        limit = self.cfg.train.max_track_failures
+        log.warning("the extractor's background track has failed %d time(s)%s; last cause: %s", failures,
+                    f" (the run stops at train.max_track_failures={limit})" if limit else "", cause)
+        if limit and failures >= limit:
+            raise TrackFailure(f"the extractor's background track failed {failures} times by step {row.get('step')} "
+                               f"(train.max_track_failures={limit}); last cause: {cause}. The run stops here; "
+                               f"fix the cause and --resume {self.run_dir} (from its last checkpoint), or raise "
+                               f"the limit (0: never stop)")
+        return failures
 
     def close(self) -> None:
         self.c.close()

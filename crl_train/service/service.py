@@ -203,6 +203,9 @@ def check_service_state(d: object, what: str = "service") -> None:
             check_int(v, at, low=0)
         elif kind == "float":
             finite_float(v, at)
+        elif kind == "str":
+            if not isinstance(v, str):
+                raise ValueError(f"{at} must be a string, got {type(v).__name__}")
         elif kind.startswith("list"):
             for i, x in enumerate(_items(v, at)):
                 finite_float(x, f"{at}[{i}]")

@@ -98,6 +98,9 @@ class TrackStats:
     """CISPO batches dropped because the extractor worker is gone."""
     skipped_merges: int = 0
     """Merges not run because the extractor worker is gone."""
+    last_error: str = ""
+    """The last failed pass's exception (type and message): what ``errors`` counts, for the progress
+    bar and the run's summary."""
     cpu_s: float = 0.0
     """CPU seconds the track's passes took in the service's process (bank and manager work, talking
     to the worker): time taken from the actor loop's core and GIL when both share a process."""
@@ -167,8 +170,9 @@ class BackgroundTrack:
         c0 = time.thread_time()
         try:
             return self.run_once(wait=wait)
-        except Exception:  # noqa: BLE001 - the track must survive a bad batch (in either mode)
+        except Exception as exc:  # noqa: BLE001 - the track must survive a bad batch (in either mode)
             self.stats.errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("background track: iteration failed (counted; continuing)")
             return False
         finally:
