@@ -426,8 +426,9 @@ class RunConfig:
     """Held-out episodes per condition evaluated at the end of training (0 disables)."""
     max_track_failures: int = 5
     """The run fails, naming the cause, once the extractor's background track has failed this many
-    times: passes that raised (``track_errors``) plus CISPO batches dropped because the extractor's
-    worker is gone (``skipped_updates``). Each failure is shown in the progress bar, logged and
+    times: passes that raised (``track_errors``), CISPO batches dropped because the extractor's
+    worker is gone (``skipped_updates``) and samples left out of CISPO because they do not replay
+    under their grammar (``unreplayable``), together. Each failure is shown in the progress bar, logged and
     listed in the run's summary whatever the limit; 0 never fails the run."""
 
     def __post_init__(self) -> None:

@@ -59,6 +59,9 @@ class TrackFailure(RuntimeError):
     """The extractor's background track failed ``train.max_track_failures`` times: the run stops, naming the cause."""
 
 
+FAILURE_COLUMNS = ("track_errors", "skipped_updates", "unreplayable")
+"""Metrics columns that count what kept the extractor from training (``train.max_track_failures``)."""
+
 RL_TERM = "rl"
 """Name of the RL loss among the terms of the actor's objective (its loss is ``actor_loss``)."""
 
@@ -290,20 +293,21 @@ class Trainer:
         return self.last_row
 
     def _check_track(self, row: dict[str, Any]) -> int:
-        """The extractor's failures so far (``track_errors`` + ``skipped_updates``): each new one is
+        """The extractor's failures so far (the :data:`FAILURE_COLUMNS`): each new one is
         logged with its cause and kept in :attr:`problems`; at ``train.max_track_failures`` the run
         stops with :class:`TrackFailure`."""
-        failures = int(row.get("track_errors") or 0) + int(row.get("skipped_updates") or 0)
+        failures = sum(int(row.get(k) or 0) for k in FAILURE_COLUMNS)
         if failures <= self._failures_seen:
             return failures
         self._failures_seen = failures
         stats = self.c.client.stats()
         cause = stats.get("last_error") or ""
-        if row.get("skipped_updates"):
-            gone = f"{row['skipped_updates']} CISPO batches dropped: the extractor's worker is gone"
-            cause = f"{cause}; {gone}" if cause else gone
-        self.problems = {"track_failures": failures, "track_errors": row.get("track_errors"),
-                         "skipped_updates": row.get("skipped_updates"), "cause": cause, "step": row.get("step")}
+        for key, what in (("skipped_updates", "CISPO batches dropped: the extractor's worker is gone"),
+                          ("unreplayable", "samples left out of CISPO: they do not replay under their grammar")):
+            if row.get(key):
+                cause = f"{cause}; {row[key]} {what}" if cause else f"{row[key]} {what}"
+        self.problems = {"track_failures": failures, **{k: row.get(k) for k in FAILURE_COLUMNS},
+                         "cause": cause, "step": row.get("step")}
         limit = self.cfg.train.max_track_failures
         log.warning("the extractor's background track has failed %d time(s)%s; last cause: %s", failures,
                     f" (the run stops at train.max_track_failures={limit})" if limit else "", cause)

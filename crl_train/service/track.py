@@ -96,6 +96,8 @@ class TrackStats:
     """Requests not distilled because the extractor worker is gone."""
     skipped_updates: int = _column()
     """CISPO batches dropped because the extractor worker is gone."""
+    unreplayable: int = _column()
+    """Samples left out of CISPO updates: their tokens do not replay under their grammar."""
     skipped_merges: int = 0
     """Merges not run because the extractor worker is gone."""
     last_error: str = ""
@@ -222,6 +224,7 @@ class BackgroundTrack:
                 except ExtractorUnavailable:
                     self.stats.skipped_updates += 1
                 else:
+                    self.stats.unreplayable += int(m.get("unreplayable", 0))
                     self.ext_step += 1
                     self.stats.updates += 1
                     self.stats.last_update = m
