@@ -149,3 +149,64 @@ def test_without_a_limit_the_failures_are_in_the_summary(tmp_path: Path, caplog:
     assert trainer.problems["track_failures"] == row["track_errors"]
     assert trainer.problems["cause"].startswith("ValueError: replay: token 376")
     assert "background track has failed" in caplog.text
+
+
+# ------------------------------------------------------------------ crl-experience serve --extractor, restarted
+def _guided(task: str, entry: Any, step: int, success: bool) -> DistillationRequest:
+    steps = [Step("cell 0", "east", 0.0), Step("cell 1", "west", 1.0 if success else 0.0)]
+    return DistillationRequest(task=task, trajectory=Trajectory(steps=steps), outcome=float(success), success=success,
+                               experience=entry, condition="guided", rollout_step=step)
+
+
+def _settle(service: Any, done: Any, timeout: float = 600.0) -> dict[str, Any]:
+    """Wait for the served extractor's thread until ``done(stats)``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = service.stats()
+        if done(stats):
+            return dict(stats)
+        time.sleep(0.2)
+    raise AssertionError(f"the served extractor did not get there: {service.stats()}")
+
+
+def _play(service: Any, step: int, n: int = 8) -> None:
+    """One rollout step of ``n`` guided episodes, each on an entry the extractor wrote (it has a sample)."""
+    from crl_gym.protocol import ExperienceRef
+
+    written = [e for e in service.manager.bank if e.provenance is not None and e.provenance.token_ids]
+    for i in range(n):
+        e = written[i % len(written)]
+        service.submit(_guided(f"task {step}.{i}", ExperienceRef(e.id, e.text, e.version), step, success=i % 2 == 0))
+    service.end_step(step)
+
+
+@pytest.mark.slow
+def test_a_restarted_extractor_server_keeps_its_buffer_and_trains(tmp_path: Path) -> None:
+    from crl_train.serve import SERVICE_DIR, build_served_service
+
+    bank_dir = tmp_path / "bank"
+    service = build_served_service(bank_dir, "tiny")
+    try:
+        for i in range(4):  # free episodes: the extractor writes entries (with their samples)
+            service.submit(DistillationRequest(f"task {i}", Trajectory([Step("cell 0", "east", 1.0)]), 1.0, True, None,
+                                               condition="free", rollout_step=0))
+        service.end_step(0)
+        _settle(service, lambda s: s["distilled"] >= 4 and s["queue_depth"] == 0)
+        _play(service, 1, n=11)  # 11 credits: one update of 8, 3 left in B_φ
+        before = _settle(service, lambda s: s["distilled"] >= 15 and s["queue_depth"] == 0 and s["credited"] >= 1)
+    finally:
+        service.close()  # the server's SIGTERM path: the checkpoint is written here
+    assert (bank_dir / SERVICE_DIR / "checkpoint" / "state.json").is_file()
+    restarted = build_served_service(bank_dir, "tiny")
+    try:
+        again = restarted.stats()
+        for key in ("buffer_size", "extractor_updates", "credited", "distilled", "errors"):
+            assert again[key] == before[key], key
+        assert restarted.ledger.last_ended == 1
+        _play(restarted, 2)  # B_φ's restored samples and the new ones reach 8: the extractor trains
+        after = _settle(restarted, lambda s: s["extractor_updates"] > before["extractor_updates"])
+        assert after["errors"] == 0 and after["unreplayable"] == 0 and after["extractor"] == "alive"
+    finally:
+        restarted.close()

@@ -254,6 +254,8 @@ class ExperienceService(RetrievalService):
         self.extractor = extractor
         self.counters.update({"credits": 0, "pruned": 0})
         self._resume_clock: float | None = None
+        self.checkpoint_dir: Path | None = None
+        """Where :meth:`close` writes a last :meth:`checkpoint` (``crl-experience serve --extractor``)."""
         self.track: BackgroundTrack | None = None
         if extractor is not None:
             self.track = BackgroundTrack(manager, extractor, buffer_size=options.buffer_size,
@@ -286,11 +288,17 @@ class ExperienceService(RetrievalService):
             self.track.stop()
 
     def close(self) -> None:
-        """Stop the loop, stop the extractor's process, close the manager and the bank."""
+        """Stop the loop, write a checkpoint into :attr:`checkpoint_dir` (when set), stop the
+        extractor's process, close the manager and the bank."""
         if self._closed_service:
             return
         try:
             self.stop()
+            if self.checkpoint_dir is not None:
+                try:
+                    self.checkpoint(self.checkpoint_dir)
+                except Exception:  # noqa: BLE001 - closing goes on; the previous checkpoint stays
+                    log.exception("closing: the service checkpoint in %s failed; the previous one stays", self.checkpoint_dir)
         finally:
             try:
                 if self.extractor is not None:
@@ -421,6 +429,19 @@ class ExperienceService(RetrievalService):
                 self.manager.bank.flush_stats()
                 self.manager.snapshot(target / "bank")
         return state
+
+    def checkpoint(self, service_dir: Path) -> dict[str, Any]:
+        """B_φ, π_φ and the counters into ``service_dir/checkpoint`` (:meth:`save` without the bank,
+        by the run's checkpoint writer), for a face that serves several trainers (the HTTP server,
+        the Ray actor): their bank is never rolled back, what a client was acknowledged stays.
+        Returns the checkpoint's path and last ended step."""
+        from crl_train.service.checkpoint import CKPT, begin_checkpoint, commit_checkpoint
+
+        self.flush()
+        tmp = begin_checkpoint(service_dir)
+        state = self.save(tmp, service_dir / CKPT, bank=False)
+        final = commit_checkpoint(service_dir, tmp, {"service": state})
+        return {"path": str(final), "last_ended": int(state["last_ended"])}
 
     def restore(self, source: Path) -> None:
         """The bank and the queue become the checkpoint's copies in ``source`` (``bank/`` of
