@@ -26,7 +26,7 @@ import torch
 
 def capture() -> dict[str, Any]:
     """torch's CPU generator, ``random`` and NumPy's global generator, JSON-ready."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     version, internal, py_gauss = random.getstate()
     return {
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),

@@ -44,7 +44,7 @@ def build_served_service(bank_dir: Path, extractor: str, embedder: str | None = 
     state = None if found is None else found[1]["service"]
     ext_ckpt = None if found is None or not (found[0] / "extractor").is_dir() else found[0] / "extractor"
     if found is not None:
-        log.info("resuming the extractor side from %s (last ended step %s)", found[0], state.get("last_ended"))
+        log.info("resuming the extractor side from %s (last ended step %s)", found[0], found[1]["service"].get("last_ended"))
     service = start_service(cfg, options, bank_dir, extractor_checkpoint=ext_ckpt, state=state,
                             fresh=not (Path(bank_dir) / DB_FILE).exists())
     service.checkpoint_dir = service_dir  # stopping the server (SIGTERM, SIGINT) checkpoints B_φ and π_φ

@@ -36,8 +36,11 @@ CLOSE = ("actor_loss", "actor_objective", "actor_grad_norm", "adv_mean", "adv_st
 
 
 def _env(**extra: str) -> dict[str, str]:
+    # PYTHONHASHSEED: a Merge's outcome depends on Python's per-process string hashing (two
+    # uninterrupted runs differ after their first Merge with seeds 0, 1 against 2, 3); every process
+    # of a comparison gets the same seed (docs/reliability.md).
     env = {k: v for k, v in os.environ.items() if k != "CRL_KILL_AT"}
-    return {**env, "HF_HUB_OFFLINE": "1", **extra}
+    return {**env, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0", **extra}
 
 
 def rows(run: Path) -> list[dict[str, Any]]:
