@@ -428,7 +428,7 @@ class RunConfig:
     """The run fails, naming the cause, once the extractor's background track has failed this many
     times: passes that raised (``track_errors``), CISPO batches dropped because the extractor's
     worker is gone (``skipped_updates``) and samples left out of CISPO because they do not replay
-    under their grammar (``unreplayable``), together. Each failure is shown in the progress bar, logged and
+    under their grammar (``unreplayable``), together, since the run (or its resume) started. Each failure is shown in the progress bar, logged and
     listed in the run's summary whatever the limit; 0 never fails the run."""
 
     def __post_init__(self) -> None:

@@ -55,6 +55,7 @@ from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
 
+
 class TrackFailure(RuntimeError):
     """The extractor's background track failed ``train.max_track_failures`` times: the run stops, naming the cause."""
 
@@ -122,6 +123,8 @@ class Trainer:
         self.problems: dict[str, Any] = {}
         """What kept the extractor from training (failures and their last cause): the run's summary shows it."""
         self._failures_seen = 0
+        self._failures_base = 0
+        """Failures a resumed run's checkpoint already counted: the limit counts those of this start."""
 
     def _checkpoint_to_load(self, wanted: bool) -> Checkpoint | None:
         """The checkpoint to resume (or evaluate) from, its state and files checked; None for a fresh run.
@@ -263,6 +266,8 @@ class Trainer:
 
         cfg = self.cfg
         self.c.service.start()
+        stats, cols = self.c.client.stats(), row_columns()
+        self._failures_base = self._failures_seen = sum(int(stats.get(cols[k]) or 0) for k in FAILURE_COLUMNS)
         bar = tqdm(range(self.start_step, cfg.train.steps), initial=self.start_step, total=cfg.train.steps,
                    desc=f"{cfg.method}", disable=not self.progress, unit="step")
         done = self.start_step - 1
@@ -294,8 +299,9 @@ class Trainer:
 
     def _check_track(self, row: dict[str, Any]) -> int:
         """The extractor's failures so far (the :data:`FAILURE_COLUMNS`): each new one is
-        logged with its cause and kept in :attr:`problems`; at ``train.max_track_failures`` the run
-        stops with :class:`TrackFailure`."""
+        logged with its cause and kept in :attr:`problems`; at ``train.max_track_failures`` of them
+        since this start (a resume does not count its checkpoint's again) the run stops with
+        :class:`TrackFailure`."""
         failures = sum(int(row.get(k) or 0) for k in FAILURE_COLUMNS)
         if failures <= self._failures_seen:
             return failures
@@ -308,11 +314,12 @@ class Trainer:
                 cause = f"{cause}; {row[key]} {what}" if cause else f"{row[key]} {what}"
         self.problems = {"track_failures": failures, **{k: row.get(k) for k in FAILURE_COLUMNS},
                          "cause": cause, "step": row.get("step")}
-        limit = self.cfg.train.max_track_failures
+        limit, new = self.cfg.train.max_track_failures, failures - self._failures_base
         log.warning("the extractor's background track has failed %d time(s)%s; last cause: %s", failures,
-                    f" (the run stops at train.max_track_failures={limit})" if limit else "", cause)
-        if limit and failures >= limit:
-            raise TrackFailure(f"the extractor's background track failed {failures} times by step {row.get('step')} "
+                    f" ({new} since this start; the run stops at train.max_track_failures={limit})" if limit else "",
+                    cause)
+        if limit and new >= limit:
+            raise TrackFailure(f"the extractor's background track failed {new} times by step {row.get('step')} "
                                f"(train.max_track_failures={limit}); last cause: {cause}. The run stops here; "
                                f"fix the cause and --resume {self.run_dir} (from its last checkpoint), or raise "
                                f"the limit (0: never stop)")
