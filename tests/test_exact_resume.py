@@ -94,7 +94,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, An
 STOPS = [
     pytest.param("SIGKILL", 5, id="sigkill-right-after-the-merge-of-step-4"),
     pytest.param("SIGTERM", 4, id="sigterm-after-step-3"),
-    pytest.param("fault", "checkpoint-renamed:2", id="sigkill-between-the-renames-of-checkpoint-3"),
+    pytest.param("fault", "checkpoint-renamed:1", id="sigkill-between-the-renames-of-checkpoint-3"),
     pytest.param("fault", "checkpoint-written:2", id="sigkill-before-the-renames-of-checkpoint-3"),
 ]
 

@@ -50,7 +50,6 @@ from crl_train.run.outputs import (
     trim_run_outputs,
 )
 from crl_train.run.unsent import deliver_unsent, unsent_paths
-from crl_train.service.checkpoint import fault_point
 from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
@@ -258,7 +257,6 @@ class Trainer:
         # one moment of the service: B_φ, π_φ, the bank and the queue, taken between two of its passes
         state = {"step": step, "method": self.cfg.method, **self.c.save(tmp, self.run_dir / CKPT)}
         self.c.service.flush()  # queued requests reach the spill file: a kill after this loses none
-        fault_point("checkpoint-written")
         commit_checkpoint(self.run_dir, tmp, state)
 
     def run(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 FAULT_ENV = "CRL_KILL_AT"
 """Test hook: ``<point>:<n>`` SIGKILLs this process the n-th time it reaches ``fault_point(<point>)``
 (``checkpoint-written``: a checkpoint's files and state are in ``checkpoint.tmp/``, nothing renamed;
-``checkpoint-renamed``: between the two renames of the swap). Unset, a point costs one lookup."""
+``checkpoint-renamed``: between the two renames of the swap, reached from the second checkpoint on). Unset, a point costs one lookup."""
 _fault_hits: dict[str, int] = {}
 
 CKPT = "checkpoint"
@@ -86,6 +86,7 @@ def commit_checkpoint(root: Path, tmp: Path, state: dict[str, Any]) -> Path:
     resume repairs (:func:`crl_train.run.outputs.find_checkpoint`, the service actor's own lookup).
     """
     atomic_write_text(tmp / STATE, json.dumps(state))
+    fault_point("checkpoint-written")
     final, old = root / CKPT, root / OLD
     if final.exists():
         discard_checkpoint(old)
