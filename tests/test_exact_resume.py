@@ -1,5 +1,5 @@
-"""Exact resume: a synchronous run stopped by SIGTERM or SIGKILL (at a metrics row, right after a
-Merge, or at a fault point inside the checkpoint writer) and resumed writes the same metrics rows as
+"""Exact resume: a synchronous run stopped by SIGTERM or SIGKILL (at a metrics row, or at a fault
+point inside the checkpoint writer) and resumed writes the same metrics rows as
 the uninterrupted run, and its extractor goes on training (tiny preset, real ``crl-train`` processes)."""
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ BIN = Path(sys.executable).parent
 # how fast the steps ran, in an uninterrupted run too (docs/reliability.md). Off here, so that rows
 # can be compared one for one on a loaded machine.
 NO_CLOCK = ["--set", "manager.recency_window_s=0"]
-# The tiny preset, shortened: a checkpoint every other step, its Merge after step 4, a CISPO update
-# whenever two samples are credited (one or more in most steps).
+# The tiny preset, shortened: a checkpoint every other step, a CISPO update whenever two samples are
+# credited (one or more in most steps). No Merge: a Merge's outcome varies between uninterrupted runs
+# of one config (docs/reliability.md), so rows after one cannot be compared yet.
 TINY = [*NO_CLOCK, "--set", "train.steps=6", "--set", "experience.asynchronous=false", "--set", "train.eval_episodes=0",
-        "--set", "train.checkpoint_every=2", "--set", "algo.buffer_size=2"]
+        "--set", "train.checkpoint_every=2", "--set", "algo.buffer_size=2", "--set", "algo.merge_every=0"]
 EXACT = ("step", "success", "success_guided", "success_free", "bank_size", "queue_depth", "buffer_size",
          "extractor_updates", "distilled", "distill_batches", "added", "updated", "malformed", "refused", "stale",
          "credited", "uncreditable", "merges", "merge_failures", "track_errors", "skipped_updates", "env_errors",
@@ -85,14 +86,14 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, An
     done = train(run, [*TINY, "--out", str(run)])
     assert done.returncode == 0, done.stderr[-3000:]
     want = rows(run)
-    assert len(want) == 6 and want[3]["merges"] == 0 and want[4]["merges"] == 1
+    assert len(want) == 6
     assert want[-1]["extractor_updates"] >= 2 and want[-1]["track_errors"] == 0
     return want
 
 
 # (how the run stops, when): rows written before the signal, or a CRL_KILL_AT fault point
 STOPS = [
-    pytest.param("SIGKILL", 5, id="sigkill-right-after-the-merge-of-step-4"),
+    pytest.param("SIGKILL", 5, id="sigkill-after-step-4"),
     pytest.param("SIGTERM", 4, id="sigterm-after-step-3"),
     pytest.param("fault", "checkpoint-renamed:1", id="sigkill-between-the-renames-of-checkpoint-3"),
     pytest.param("fault", "checkpoint-written:2", id="sigkill-before-the-renames-of-checkpoint-3"),
