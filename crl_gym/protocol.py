@@ -101,6 +101,17 @@ def _required(d: dict[str, Any], key: str, what: str) -> object:
     return d[key]
 
 
+def _grammar(value: object, what: str) -> dict[str, Any] | None:
+    """An :class:`ExtractorSample`'s ``grammar`` (None, or ``schema`` text with its reasoning rule)."""
+    if value is None:
+        return None
+    d = _mapping(value, what)
+    end = d.get("reasoning_end")
+    return {"schema": check_str(d.get("schema"), _named(what, "schema")),
+            "think_tokens": check_int(d.get("think_tokens", 0), _named(what, "think_tokens"), low=0),
+            "reasoning_end": None if end is None else check_int(end, _named(what, "reasoning_end"), low=0)}
+
+
 def _named(what: str, key: str) -> str:
     return f"{what}.{key}" if what else key
 
@@ -485,6 +496,10 @@ class ExtractorSample:
     token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
     extractor_version: int = 0
+    grammar: dict[str, Any] | None = None
+    """The JSON grammar ``response`` was drawn under (``schema`` as JSON text, ``think_tokens``,
+    ``reasoning_end``): its masks are replayed when CISPO trains on the sample, in whatever process
+    and after whatever restart. None: drawn without one."""
 
     def __post_init__(self) -> None:
         # CISPO's ratio is exp(new - old): one NaN or inf log-prob would poison a whole update
@@ -514,4 +529,5 @@ class ExtractorSample:
             prompt_token_ids=[check_int(x, f"{_named(what, 'prompt_token_ids')}[{i}]", low=0)
                               for i, x in enumerate(_list(d.get("prompt_token_ids", []), _named(what, "prompt_token_ids")))],
             extractor_version=check_int(d.get("extractor_version", 0), _named(what, "extractor_version"), low=0),
+            grammar=_grammar(d.get("grammar"), _named(what, "grammar")),
         )

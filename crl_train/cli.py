@@ -73,6 +73,8 @@ def train(config_path: Path | None, overrides: tuple[str, ...], method: str | No
         click.echo(_show_config(cfg, source, overrides), nl=False)
         return
     _setup_logging(run_dir)
+    from crl_train.run.trainer import TrackFailure
+
     trainer = _make_trainer(cfg, run_dir, resume=resume is not None, progress=not no_progress)
     try:
         row = trainer.run()
@@ -80,9 +82,12 @@ def train(config_path: Path | None, overrides: tuple[str, ...], method: str | No
             from crl_train.run.evaluate import evaluate_run
 
             evaluate_run(trainer, cfg.train.eval_episodes)
+    except TrackFailure as exc:
+        raise click.ClickException(str(exc)) from None
     finally:
         trainer.close()
-    click.echo(json.dumps({"run_dir": str(run_dir), "final": row}))
+    # what kept the extractor from training, if anything, beside the last row
+    click.echo(json.dumps({"run_dir": str(run_dir), "final": row, **({"problems": trainer.problems} if trainer.problems else {})}))
 
 
 def _train_openrlhf(config_path: Path | None, overrides: tuple[str, ...], out: Path | None, *, dry_run: bool,

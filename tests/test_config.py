@@ -66,7 +66,7 @@ def test_think_tokens_are_validated() -> None:
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ("train.stepz=3", "unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps"),
+        ("train.stepz=3", "unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, max_track_failures, steps"),
         ("nope=1", "unknown key 'nope'"),
         ("train.steps=three", r"train.steps: expected int, got 'three'"),
         ("algo.gate=1", r"algo.gate: expected bool"),

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -292,6 +293,33 @@ class ExperienceBank:
             self._store.backup(target / DB_FILE)
             self._index.save(target, self._generation, self._vectors())
         return target
+
+    def restore(self, source: str | Path) -> None:
+        """Make this open bank the copy :meth:`backup` wrote into ``source``: its entries, counters
+        and event log replace the current ones (a training run's rollback to its checkpoint).
+
+        The database is copied with SQLite's online backup into this bank's own connection: one
+        transaction, so a kill midway leaves the bank as it was or as restored, never mixed. The
+        copy's index files come with it (they match it), then everything in memory is reloaded.
+        """
+        if self.path is None:
+            raise ValueError("restore: an in-memory bank has no files to restore into")
+        from crl_gym.experience.store import open_readonly
+
+        source = Path(source)
+        src = open_readonly(source / DB_FILE, immutable=True)  # BankCorruptError naming the file if not a bank
+        try:
+            with self.lock.write(), self._db_lock:
+                src.backup(self._store.conn)
+                for name in (INDEX_FILE, INDEX_META_FILE):
+                    if (source / name).is_file():  # the copy's index: reopening it needs no rebuild
+                        tmp = self.path / (name + ".restore")
+                        shutil.copyfile(source / name, tmp)
+                        os.replace(tmp, self.path / name)
+                self._store.close()
+                self._open_store()
+        finally:
+            src.close()
 
     # -- validation --------------------------------------------------------------------------
     def _vector(self, emb: Any, what: str) -> np.ndarray:

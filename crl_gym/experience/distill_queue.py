@@ -170,6 +170,40 @@ class DistillQueue:
                 os.fsync(self._writer.fileno())
             return self._spilled + self._unacked
 
+    def snapshot(self, target: Path) -> int:
+        """Write every pending request, oldest first, to ``target`` (fsynced, replacing it), the
+        queue unchanged; returns how many. What a checkpoint keeps of the queue (:meth:`restore`)."""
+        with self._cond:
+            if self._writer.closed:
+                raise ValueError(f"{self.spill_path}: the queue is closed")
+            self._writer.flush()
+            with open(self.spill_path, "rb") as f:
+                f.seek(self._read_pos)
+                rest = f.read()
+            # memory holds the oldest (never spilled, or read ahead from before _read_pos); the file the rest
+            head = [(r.to_json() + "\n").encode("utf-8") for r in self._mem]
+            spill.rewrite(Path(target), [*head, rest], fsync=True)
+            return len(self._mem) + self._spilled
+
+    def restore(self, source: Path) -> int:
+        """Make the pending requests those :meth:`snapshot` wrote to ``source`` (the current ones are
+        dropped); returns how many. The spill is rewritten atomically, so a kill midway leaves the
+        old queue or the restored one."""
+        with self._cond:
+            if self._writer.closed:
+                raise ValueError(f"{self.spill_path}: the queue is closed")
+            self._writer.close()
+            self._replace_with(Path(source).read_bytes(), fsync=True)
+            self._mem.clear()
+            self._pos.clear()
+            self._unacked = 0
+            self._read_pos = 0
+            self._spilled = spill.count_lines(self.spill_path, 0)
+            self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
+            self.changes += 1
+            self._cond.notify_all()
+            return self._spilled
+
     def _rewrite_memory_in_front(self, *, fsync: bool) -> None:
         """Atomically replace the spill with the in-memory requests, then its unread rest (the
         caller holds ``_cond``; the writer is closed here and the memory part moves to disk)."""

@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
@@ -309,6 +310,25 @@ class ExperienceManager:
         """Write the queued requests still in memory to the bank dir's spill file (called at each
         trainer checkpoint, so a hard kill loses none); returns how many are on disk."""
         return self.queue.persist()
+
+    def snapshot(self, target: Path) -> Path:
+        """The bank (:meth:`ExperienceBank.backup`) and the queued requests
+        (:meth:`DistillQueue.snapshot`, as ``target/pending_requests.jsonl``) copied into the new
+        directory ``target``: a checkpoint's bank. Callers keep writers out meanwhile."""
+        self.bank.backup(target)
+        self.queue.snapshot(Path(target) / SPILL_FILE)
+        return Path(target)
+
+    def restore(self, source: Path) -> None:
+        """Inverse of :meth:`snapshot`: the bank and the queue become the copies in ``source``
+        (what was written or queued since is dropped); cached candidate pools go with them.
+        ``merged_into`` is the caller's to restore (a checkpoint's state holds it)."""
+        self.bank.restore(source)
+        pending = Path(source) / SPILL_FILE
+        if pending.is_file():
+            self.queue.restore(pending)
+        with self._div_lock:
+            self._pools.clear()
 
     def _persist_loop(self) -> None:
         """Checkpoint the queue every ``persist_interval_s`` when it changed: a SIGKILL of the

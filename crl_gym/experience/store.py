@@ -216,14 +216,16 @@ def _insert_events(c: sqlite3.Connection, events: Iterable[EntryEvent]) -> None:
     )
 
 
-def open_readonly(path: Path) -> sqlite3.Connection:
+def open_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connection:
     """A read-only connection to the bank database at ``path`` (a reader beside the bank's writer:
-    WAL lets both run; nothing it does can change the file). :class:`BankCorruptError` if it is
-    not a bank."""
+    WAL lets both run; nothing it does can change the file). ``immutable``: a copy no writer has
+    open (a checkpoint's), read without creating the ``-shm`` / ``-wal`` files beside it.
+    :class:`BankCorruptError` if it is not a bank."""
     if not path.is_file() or path.stat().st_size == 0:
         raise BankCorruptError(f"{path}: no bank database here")
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+        mode = "mode=ro&immutable=1" if immutable else "mode=ro"
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, check_same_thread=False)
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as exc:
         raise BankCorruptError(f"{path}: not a readable bank database ({exc})") from exc
@@ -231,6 +233,22 @@ def open_readonly(path: Path) -> sqlite3.Connection:
         conn.close()
         raise BankCorruptError(f"{path}: an SQLite database, but not an experience bank")
     return conn
+
+
+def verify_bank_copy(directory: Path) -> None:
+    """Check the bank copy in ``directory`` (a checkpoint's ``bank/``) before it replaces a bank:
+    :class:`BankCorruptError` naming the file when it is missing, not a bank, or fails SQLite's
+    ``quick_check``."""
+    path = Path(directory) / "bank.sqlite"
+    conn = open_readonly(path, immutable=True)
+    try:
+        result = conn.execute("PRAGMA quick_check").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise BankCorruptError(f"{path}: not a readable bank database ({exc})") from exc
+    finally:
+        conn.close()
+    if not result or result[0] != "ok":
+        raise BankCorruptError(f"{path}: damaged ({result[0] if result else 'no answer'} from quick_check)")
 
 
 def read_entries(conn: sqlite3.Connection, dim: int, file: Path | str) -> list[ExperienceEntry]:

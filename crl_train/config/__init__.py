@@ -11,7 +11,7 @@ raises :class:`ConfigError` naming the key and the accepted keys or type.
 >>> load_config(None, ["train.stepz=3"])
 Traceback (most recent call last):
 ...
-crl_train.config.io.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, steps
+crl_train.config.io.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, max_track_failures, steps
 """
 
 from __future__ import annotations
@@ -443,8 +443,16 @@ class RunConfig:
     """Write a metrics.jsonl row every this many steps."""
     eval_episodes: int = 8
     """Held-out episodes per condition evaluated at the end of training (0 disables)."""
+    max_track_failures: int = 5
+    """The run fails, naming the cause, once the extractor's background track has failed this many
+    times: passes that raised (``track_errors``), CISPO batches dropped because the extractor's
+    worker is gone (``skipped_updates``) and samples left out of CISPO because they do not replay
+    under their grammar (``unreplayable``), together, since the run (or its resume) started. Each failure is shown in the progress bar, logged and
+    listed in the run's summary whatever the limit; 0 never fails the run."""
 
     def __post_init__(self) -> None:
+        if self.max_track_failures < 0:
+            raise ConfigError(f"train.max_track_failures must be >= 0, got {self.max_track_failures}")
         if self.steps < 1:
             raise ConfigError(f"train.steps must be >= 1, got {self.steps}")
         for name in ("checkpoint_every", "log_every"):

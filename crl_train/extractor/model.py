@@ -227,6 +227,9 @@ class Extractor:
         """The grammar each structured sample was drawn under (its masks are replayed for training)."""
         self._grammar_pool: dict[JsonGrammar, JsonGrammar] = {}
         self._warned_budget = False
+        self.unreplayable = 0
+        """Samples left out of CISPO updates because their tokens do not replay under their grammar
+        (another tokenizer or grammar than they were drawn with)."""
 
     # ------------------------------------------------------------------ generation
     def _prompt_ids(self, prompt: str, new_tokens: int) -> list[int]:
@@ -266,8 +269,10 @@ class Extractor:
         for p, pid, g, a in zip(prompts, ids, gens, rows, strict=True):
             # a constrained answer cut by the budget is incomplete: make it unparsable (it is counted)
             text = "" if a is not None and g.finish_reason == "length" else g.text
+            spec = ({"schema": a.schema, "think_tokens": a.think_tokens, "reasoning_end": a.reasoning_end}
+                    if isinstance(a, JsonGrammar) else None)  # the sample carries its grammar: it replays anywhere
             s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
-                                prompt_token_ids=pid, extractor_version=self.version)
+                                prompt_token_ids=pid, extractor_version=self.version, grammar=spec)
             if isinstance(a, JsonGrammar):
                 self.grammars[sample_key(s)] = self._grammar_pool.setdefault(a, a)
             elif g.allowed is not None and any(x is not None for x in g.allowed):
@@ -357,6 +362,8 @@ class Extractor:
         if stored is not None:
             return stored
         grammar = self.grammars.get(key)
+        if s.grammar is not None:  # its own (a bank entry's provenance after a restart, a resumed B_φ)
+            grammar = JsonGrammar(s.grammar["schema"], int(s.grammar.get("think_tokens", 0)), s.grammar.get("reasoning_end"))
         if grammar is None or not s.token_ids:
             return None
         replayed: list[tuple[int, ...] | None] = self.policy.replay_allowed(grammar, s.token_ids)
@@ -381,14 +388,28 @@ class Extractor:
         w = training_count_weights(torch.tensor(list(counts)), torch.tensor(list(lasts)), step,
                                    cooldown=self.cooldown, alpha=self.alpha)
         adv = batch_advantages(rbar, w)
+        seqs: list[TokenSequence] = []
+        keep: list[int] = []
         with self.lock:  # replaying grammars reads the policy's engine, shared with generation
-            seqs = [self._sequence(it.sample) for it in items]
-        batch = TrainBatch.from_sequences(seqs, adv, self.policy.pad_token_id)
+            for i, it in enumerate(items):
+                try:
+                    seqs.append(self._sequence(it.sample))
+                    keep.append(i)
+                except ValueError as exc:  # not drawn under this tokenizer and grammar: its ratio would be wrong
+                    self.unreplayable += 1
+                    log.warning("CISPO: a sample (extractor version %d) does not replay under its grammar and is "
+                                "left out of the update (%d so far): %s", it.sample.extractor_version,
+                                self.unreplayable, exc)
+        dropped = float(len(items) - len(keep))
+        if not keep:
+            return {"skipped": 1.0, "unreplayable": dropped}
+        batch = TrainBatch.from_sequences(seqs, adv[keep], self.policy.pad_token_id)
         with self.lock:
             metrics = self.policy.train_step(batch, LOSSES.get(PolicyLoss.CISPO), loss_scale=loss_scale_for(PolicyLoss.CISPO),
                                              eps_low=self.eps_low, eps_high=self.eps_high)
             self.version += 1
-        metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(items))})
+        metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(keep)),
+                        "unreplayable": dropped})
         return metrics
 
     def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:

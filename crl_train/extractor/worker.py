@@ -136,6 +136,23 @@ def _train(ext: Extractor, items: list[BufferItem], counts: list[int], lasts: li
     return ext.train(items, counts, lasts, step), ext.version
 
 
+def _get_state(ext: Extractor | OracleExtractor) -> dict[str, Any]:
+    """The extractor's state and this process's generators (π_φ samples with them: a resume draws on)."""
+    from crl_train import rng_state
+
+    return {**ext.get_state(), "rng": rng_state.capture()}
+
+
+def _set_state(ext: Extractor | OracleExtractor, d: dict[str, Any]) -> None:
+    from crl_train import rng_state
+
+    d = dict(d)
+    rng = d.pop("rng", None)
+    ext.set_state(d)
+    if rng is not None:
+        rng_state.restore(rng, "extractor.rng")
+
+
 _HANDLERS: dict[str, Any] = {
     "distill": lambda ext, reqs: ext.distill(reqs),
     "refine": lambda ext, q, entry, ctx: ext.refine(q, entry, ctx),
@@ -145,8 +162,8 @@ _HANDLERS: dict[str, Any] = {
     "train": _train,
     "save": lambda ext, d: ext.save(d),
     "load": lambda ext, d: ext.load(d),
-    "get_state": lambda ext: ext.get_state(),
-    "set_state": lambda ext, d: ext.set_state(d),
+    "get_state": lambda ext: _get_state(ext),
+    "set_state": lambda ext, d: _set_state(ext, d),
     "count_tokens": lambda ext, texts: [ext.count_tokens(t) for t in texts],
     "ping": lambda ext: os.getpid(),
     "affinity": lambda ext: sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

@@ -86,6 +86,48 @@ def write_checkpoint(directory: str | Path, model: Pretrained, tokenizer: PreTra
         raise
 
 
+TOKENIZER_PIPELINE = ("normalizer", "pre_tokenizer", "model", "decoder", "post_processor", "added_tokens")
+"""The parts of ``tokenizer.json`` that decide how text becomes ids (a reloaded tokenizer must keep them)."""
+
+
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer :func:`write_checkpoint` saved in ``model_dir``, exactly as it was saved.
+
+    ``AutoTokenizer`` picks the class of the model's type, and a class may rebuild the pipeline
+    from the vocabulary with its own rules: a tiny preset tokenizer (a byte-level BPE trained on
+    the fly) comes back as ``Qwen2Tokenizer`` with Qwen's digit-splitting pre-tokenizer and NFC
+    normaliser. Samples drawn before the save would then no longer replay under their grammars,
+    and prompts would encode differently. So the reloaded pipeline is compared with the saved
+    ``tokenizer.json``; on a difference the file is loaded as it is (``PreTrainedTokenizerFast``),
+    and a tokenizer that still differs is a :class:`CheckpointError` naming the file.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    model_dir = Path(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return tokenizer  # a slow tokenizer's files: nothing to compare
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
+
+    def same(tok: PreTrainedTokenizerBase) -> bool:
+        backend = getattr(tok, "backend_tokenizer", None)
+        if backend is None:
+            return False
+        got = json.loads(backend.to_str())
+        return all(got.get(k) == saved.get(k) for k in TOKENIZER_PIPELINE)
+
+    if same(tokenizer):
+        return tokenizer
+    exact = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    if not same(exact):
+        raise CheckpointError(f"{path}: the tokenizer does not reload as it was saved")
+    return exact
+
+
 def _write_manifest(directory: Path) -> None:
     """``files.json``: the size of every file of the checkpoint (a truncated copy is found by size)."""
     sizes = {str(p.relative_to(directory)): p.stat().st_size

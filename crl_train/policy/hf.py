@@ -45,6 +45,7 @@ from .chat import ChatFormatter
 from .checkpoint import (
     MODEL_DIR,
     Pretrained,
+    load_tokenizer,
     load_weights,
     read_state,
     resolve_dtype,
@@ -582,11 +583,11 @@ class HFPolicy:
     @classmethod
     def from_checkpoint(cls, directory: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto") -> HFPolicy:
         """A policy rebuilt from a :meth:`save` directory (tiny preset included)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         state = read_state(directory)
         model_dir = str(Path(directory) / MODEL_DIR)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)  # as saved: samples replay, prompts encode as before
         compute = resolve_dtype(dtype, device)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_load_dtype(compute, device))
         spec = checkpoint_adapter_spec(directory)

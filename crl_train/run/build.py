@@ -16,6 +16,7 @@ import torch
 
 from crl_gym.clients import LocalClient
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
+from crl_train import rng_state
 from crl_train.config import TrainConfig
 from crl_train.extractor import ORACLE_MODEL
 from crl_train.methods import Method
@@ -49,19 +50,33 @@ class Run:
     cpus_before: tuple[int, ...] | None = None
     """This process's cores before it was pinned to the actor's (restored by :meth:`close`)."""
 
-    def state(self) -> dict[str, Any]:
-        """The service's and the runner's part of a checkpoint's ``state.json``."""
-        return {"service": self.service.state(),
-                "runner": {"errors": self.runner.errors, "context_truncations": self.runner.context_truncations}}
+    def save(self, target: Path, previous: Path | None = None) -> dict[str, Any]:
+        """The service's, the runner's and the generators' part of a checkpoint: ``extractor/`` and
+        ``bank/`` written into ``target`` (:meth:`ExperienceService.save`), the rest returned for
+        its ``state.json``. ``previous``: the last checkpoint's directory."""
+        return {"service": self.service.save(target, previous),
+                "runner": {"errors": self.runner.errors, "context_truncations": self.runner.context_truncations},
+                "rng": rng_state.capture()}
 
-    def load_state(self, state: dict[str, Any], *, step: int) -> None:
-        """Inverse of :meth:`state` for a checkpoint of ``step`` (its steps are ended)."""
+    def load_state(self, state: dict[str, Any], *, step: int, directory: Path | None = None) -> None:
+        """Inverse of :meth:`save` for the checkpoint of ``step`` in ``directory`` (its steps are
+        ended): the state applied, then the bank and the queue rolled back to the checkpoint's copies
+        (a checkpoint written before they were kept has none: the bank stays as it is, logged)."""
         self.service.load_state({"last_ended": step, **state.get("service", {})})
         for k, v in state.get("runner", {}).items():
             if k in ("errors", "context_truncations"):
                 setattr(self.runner, k, int(v))
             else:
                 log.warning("checkpoint counter runner.%s is unknown here; ignored", k)
+        if "rng" in state:
+            rng_state.restore(state["rng"])
+        if directory is None:
+            return
+        if (directory / "bank").is_dir():
+            self.service.restore(directory / "bank")
+        else:
+            log.warning("%s has no bank/ (an older checkpoint): the bank is resumed as it is, with what was "
+                        "written after step %d", directory, step)
 
     def close(self) -> None:
         try:

@@ -10,8 +10,9 @@ After each step the trainer appends one line per entry id above the highest id a
 ``step`` (the entry's ``created_step``: the rollout step of the episode it was distilled from),
 ``id``, ``text``, ``tags`` and ``prompt`` (the extractor's prompt, which names the task; ``null``
 for an entry written without one). With an asynchronous extractor an entry is logged at the first
-step end that finds it, under its own ``created_step``. After a resume the log goes on from the
-bank as it reopened (entries written after the checkpoint stay in the bank, and in the log).
+step end that finds it, under its own ``created_step``. A resume rolls the bank back to its
+checkpoint, and :func:`trim_new_entries` drops the rows of entries written after it (their ids
+are issued again by the resumed run).
 
 >>> import tempfile
 >>> from crl_gym.experience import ExperienceBank
@@ -92,3 +93,12 @@ def read_new_entries(run_dir: Path) -> list[dict[str, Any]]:
     if bad:
         log.warning("%s: skipped %d unreadable line(s)", path, bad)
     return rows
+
+
+def trim_new_entries(run_dir: Path, bank: ExperienceBank) -> int:
+    """Drop the rows of entries ``bank`` never issued (written after the checkpoint it was rolled
+    back to); returns how many were dropped."""
+    from crl_train.run.outputs import truncate_jsonl
+
+    _, dropped = truncate_jsonl(Path(run_dir) / NEW_ENTRIES, lambda r: isinstance(r.get("id"), int) and bank.was_issued(r["id"]))
+    return dropped

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from crl_gym.experience.store import BankCorruptError, verify_bank_copy
 from crl_train.algorithms import LOSSES, PolicyLoss, loss_scale_for, sequence_weights
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
@@ -30,7 +31,7 @@ from crl_train.policy.factory import GeneratorFactory, trains
 from crl_train.rollout.runner import Episode
 from crl_train.rollout.tasks import task_seeds
 from crl_train.run.build import Run, build_run
-from crl_train.run.new_entries import NewEntryLog
+from crl_train.run.new_entries import NewEntryLog, trim_new_entries
 from crl_train.run.outputs import (
     CKPT,
     STATE,
@@ -52,6 +53,14 @@ from crl_train.run.unsent import deliver_unsent, unsent_paths
 from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
+
+
+class TrackFailure(RuntimeError):
+    """The extractor's background track failed ``train.max_track_failures`` times: the run stops, naming the cause."""
+
+
+FAILURE_COLUMNS = ("track_errors", "skipped_updates", "unreplayable")
+"""Metrics columns that count what kept the extractor from training (``train.max_track_failures``)."""
 
 RL_TERM = "rl"
 """Name of the RL loss among the terms of the actor's objective (its loss is ``actor_loss``)."""
@@ -92,13 +101,14 @@ class Trainer:
         try:
             if ckpt is not None:
                 try:
-                    self.c.load_state(ckpt.state, step=ckpt.step)
+                    self.c.load_state(ckpt.state, step=ckpt.step, directory=None if read_only else ckpt.path)
                 except (ValueError, TypeError, KeyError) as exc:
                     raise self._resume_error(ckpt, f"{ckpt.path / STATE}: {exc}") from exc
             if not read_only:
                 if resume and ckpt is not None:
                     settle_checkpoint(self.run_dir, ckpt)
                     trim_run_outputs(self.run_dir, ckpt.step)
+                    trim_new_entries(self.run_dir, self.c.service.manager.bank)
                 save_run_config(cfg, self.run_dir, self.start_step if resume else None)
                 # what the wrappers of an earlier start could not submit (this run dir's, or an older run's bank dir's)
                 deliver_unsent(self.c.service, unsent_paths(self.run_dir, self.run_dir / "bank"))
@@ -109,6 +119,11 @@ class Trainer:
             raise
         self.fields = metric_fields(self.method.metric_fields())
         self.last_row: dict[str, Any] = {}
+        self.problems: dict[str, Any] = {}
+        """What kept the extractor from training (failures and their last cause): the run's summary shows it."""
+        self._failures_seen = 0
+        self._failures_base = 0
+        """Failures a resumed run's checkpoint already counted: the limit counts those of this start."""
 
     def _checkpoint_to_load(self, wanted: bool) -> Checkpoint | None:
         """The checkpoint to resume (or evaluate) from, its state and files checked; None for a fresh run.
@@ -139,7 +154,9 @@ class Trainer:
             verify_checkpoint(ckpt.path / "actor")
             if self.method.service_options().extractor and (ckpt.path / "extractor").is_dir():
                 verify_checkpoint(ckpt.path / "extractor")
-        except CheckpointError as exc:
+            if (ckpt.path / "bank").is_dir():
+                verify_bank_copy(ckpt.path / "bank")
+        except (CheckpointError, BankCorruptError) as exc:
             raise self._resume_error(ckpt, str(exc)) from None
         return ckpt
 
@@ -239,9 +256,8 @@ class Trainer:
     def checkpoint(self, step: int) -> None:
         tmp = begin_checkpoint(self.run_dir)  # drops the checkpoint before the current one: two on disk at most
         self.c.actor.save(tmp / "actor")
-        # the service's state waits for its extractor's current pass: buffer, counters and weights agree
-        state = {"step": step, "method": self.cfg.method, **self.c.state()}
-        self.c.service.save_extractor(tmp / "extractor", self.run_dir / CKPT / "extractor")
+        # one moment of the service: B_φ, π_φ, the bank and the queue, taken between two of its passes
+        state = {"step": step, "method": self.cfg.method, **self.c.save(tmp, self.run_dir / CKPT)}
         self.c.service.flush()  # queued requests reach the spill file: a kill after this loses none
         commit_checkpoint(self.run_dir, tmp, state)
 
@@ -250,6 +266,8 @@ class Trainer:
 
         cfg = self.cfg
         self.c.service.start()
+        stats, cols = self.c.client.stats(), row_columns()
+        self._failures_base = self._failures_seen = sum(int(stats.get(cols[k]) or 0) for k in FAILURE_COLUMNS)
         bar = tqdm(range(self.start_step, cfg.train.steps), initial=self.start_step, total=cfg.train.steps,
                    desc=f"{cfg.method}", disable=not self.progress, unit="step")
         done = self.start_step - 1
@@ -259,7 +277,9 @@ class Trainer:
                 self.last_row = row
                 if (t % cfg.train.log_every == 0 or t == cfg.train.steps - 1) and self.metrics is not None:
                     self.metrics.write(row)
-                bar.set_postfix(success=f"{row['success']:.2f}", bank=row["bank_size"])
+                failures = self._check_track(row)
+                bar.set_postfix(success=f"{row['success']:.2f}", bank=row["bank_size"],
+                                **({"track_failures": failures} if failures else {}))
                 done = t
                 if (t + 1) % cfg.train.checkpoint_every == 0 or t == cfg.train.steps - 1:
                     self.checkpoint(t)
@@ -276,6 +296,34 @@ class Trainer:
         plot_curves(self.run_dir)
         self.c.service.manager.bank.export_jsonl(self.run_dir / "bank" / "bank.jsonl")
         return self.last_row
+
+    def _check_track(self, row: dict[str, Any]) -> int:
+        """The extractor's failures so far (the :data:`FAILURE_COLUMNS`): each new one is
+        logged with its cause and kept in :attr:`problems`; at ``train.max_track_failures`` of them
+        since this start (a resume does not count its checkpoint's again) the run stops with
+        :class:`TrackFailure`."""
+        failures = sum(int(row.get(k) or 0) for k in FAILURE_COLUMNS)
+        if failures <= self._failures_seen:
+            return failures
+        self._failures_seen = failures
+        stats = self.c.client.stats()
+        cause = stats.get("last_error") or ""
+        for key, what in (("skipped_updates", "CISPO batches dropped: the extractor's worker is gone"),
+                          ("unreplayable", "samples left out of CISPO: they do not replay under their grammar")):
+            if row.get(key):
+                cause = f"{cause}; {row[key]} {what}" if cause else f"{row[key]} {what}"
+        self.problems = {"track_failures": failures, **{k: row.get(k) for k in FAILURE_COLUMNS},
+                         "cause": cause, "step": row.get("step")}
+        limit, new = self.cfg.train.max_track_failures, failures - self._failures_base
+        log.warning("the extractor's background track has failed %d time(s)%s; last cause: %s", failures,
+                    f" ({new} since this start; the run stops at train.max_track_failures={limit})" if limit else "",
+                    cause)
+        if limit and new >= limit:
+            raise TrackFailure(f"the extractor's background track failed {new} times by step {row.get('step')} "
+                               f"(train.max_track_failures={limit}); last cause: {cause}. The run stops here; "
+                               f"fix the cause and --resume {self.run_dir} (from its last checkpoint), or raise "
+                               f"the limit (0: never stop)")
+        return failures
 
     def close(self) -> None:
         self.c.close()

@@ -20,8 +20,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
+
+FAULT_ENV = "CRL_KILL_AT"
+"""Test hook: ``<point>:<n>`` SIGKILLs this process the n-th time it reaches ``fault_point(<point>)``
+(``checkpoint-written``: a checkpoint's files and state are in ``checkpoint.tmp/``, nothing renamed;
+``checkpoint-renamed``: between the two renames of the swap, reached from the second checkpoint on). Unset, a point costs one lookup."""
+_fault_hits: dict[str, int] = {}
 
 CKPT = "checkpoint"
 STATE = "state.json"
@@ -36,6 +43,20 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process here when :data:`FAULT_ENV` names this point and its count is reached
+    (deterministic kills for the resume tests; a no-op otherwise)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    _fault_hits[name] = _fault_hits.get(name, 0) + 1
+    if _fault_hits[name] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def discard_checkpoint(d: Path) -> None:
@@ -65,13 +86,15 @@ def commit_checkpoint(root: Path, tmp: Path, state: dict[str, Any]) -> Path:
     resume repairs (:func:`crl_train.run.outputs.find_checkpoint`, the service actor's own lookup).
     """
     atomic_write_text(tmp / STATE, json.dumps(state))
+    fault_point("checkpoint-written")
     final, old = root / CKPT, root / OLD
     if final.exists():
         discard_checkpoint(old)
         final.rename(old)
+        fault_point("checkpoint-renamed")
     tmp.rename(final)
     return final
 
 
-__all__ = ["CKPT", "OLD", "STATE", "TMP", "atomic_write_text", "begin_checkpoint", "commit_checkpoint",
-           "discard_checkpoint"]
+__all__ = ["CKPT", "FAULT_ENV", "OLD", "STATE", "TMP", "atomic_write_text", "begin_checkpoint", "commit_checkpoint",
+           "discard_checkpoint", "fault_point"]

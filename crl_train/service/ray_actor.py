@@ -47,7 +47,7 @@ from crl_gym.protocol import (
     op_from_dict,
     op_to_dict,
 )
-from crl_train.service.checkpoint import CKPT, OLD, STATE, TMP, begin_checkpoint, commit_checkpoint
+from crl_train.service.checkpoint import CKPT, OLD, STATE, TMP
 
 log = logging.getLogger(__name__)
 
@@ -164,18 +164,14 @@ class ServiceActor:
         return str(ray.get_runtime_context().get_node_id())
 
     def checkpoint(self) -> dict[str, Any]:
-        """Counters, B_φ and π_φ into ``service_dir/checkpoint`` (the bank itself is SQLite on this
-        disk and is flushed first), by the run's checkpoint writer (``crl_train.service.checkpoint``):
-        written whole beside the current one, ``state.json`` last and fsync'd, the previous one kept
-        as ``checkpoint.old``. A new actor on this directory resumes from the newest complete one."""
+        """Counters, B_φ and π_φ into ``service_dir/checkpoint``, taken between two passes of the
+        extractor's loop (:meth:`ExperienceService.save`), by the run's checkpoint writer
+        (``crl_train.service.checkpoint``): written whole beside the current one, ``state.json`` last
+        and fsync'd, the previous one kept as ``checkpoint.old``. A new actor on this directory
+        resumes from the newest complete one. The bank is not copied and never rolled back: it is
+        SQLite on this disk (flushed first), and what its clients were acknowledged stays."""
         with self._ckpt_lock:
-            self.service.flush()
-            state = self.service.state()
-            previous = self.dir / CKPT / "extractor"
-            tmp = begin_checkpoint(self.dir)
-            self.service.save_extractor(tmp / "extractor", previous if previous.is_dir() else None)
-            final = commit_checkpoint(self.dir, tmp, {"service": state})
-            return {"path": str(final), "last_ended": int(state["last_ended"])}
+            return self.service.checkpoint(self.dir)
 
     def close(self) -> None:
         """Stop the extractor's loop and process, persist the queue, close the bank."""

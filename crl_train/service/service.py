@@ -21,9 +21,11 @@ The same object is served in process (``crl_gym.clients.LocalClient``) and over 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +158,8 @@ def _check_track_state(d: dict[str, Any], what: str) -> None:
         check_int(item.get("step", 0), f"{at}.step")
     check_int(d.get("ext_step", 0), f"{what}.ext_step", low=0)
     check_int(d.get("version", 0), f"{what}.version", low=0)
+    for i, step in enumerate(_items(d.get("merges", []), f"{what}.merges")):
+        check_int(step, f"{what}.merges[{i}]", low=0)
     sets = _items(d.get("allowed_sets", []), f"{what}.allowed_sets")
     for i, a in enumerate(sets):
         for j, tok in enumerate(_items(a, f"{what}.allowed_sets[{i}]")):
@@ -187,6 +191,12 @@ def check_service_state(d: object, what: str = "service") -> None:
         check_int(d["last_ended"], f"{what}.last_ended", low=-1)
     for k, v in _object(d.get("counters", {}), f"{what}.counters").items():
         check_int(v, f"{what}.counters.{k}", low=0)
+    if "clock" in d:
+        finite_float(d["clock"], f"{what}.clock")
+    for k, v in _object(d.get("merged_into", {}), f"{what}.merged_into").items():
+        if not k.isdigit():
+            raise ValueError(f"{what}.merged_into: key {k!r} is not an entry id")
+        check_int(v, f"{what}.merged_into.{k}", low=0)
     if "track" in d:
         _check_track_state(_object(d["track"], f"{what}.track"), f"{what}.track")
     kinds = {f.name: f.type for f in dataclasses.fields(TrackStats)}
@@ -197,6 +207,9 @@ def check_service_state(d: object, what: str = "service") -> None:
             check_int(v, at, low=0)
         elif kind == "float":
             finite_float(v, at)
+        elif kind == "str":
+            if not isinstance(v, str):
+                raise ValueError(f"{at} must be a string, got {type(v).__name__}")
         elif kind.startswith("list"):
             for i, x in enumerate(_items(v, at)):
                 finite_float(x, f"{at}[{i}]")
@@ -204,6 +217,21 @@ def check_service_state(d: object, what: str = "service") -> None:
             for name, x in _object(v, at).items():  # display only (the last update's metrics): NaN may be true
                 if isinstance(x, bool) or not isinstance(x, (int, float)):
                     raise ValueError(f"{at}.{name} must be a number, got {x!r}")
+
+
+class ContinuedClock:
+    """Wall-clock seconds that go on from ``start`` (a checkpoint's manager clock) at creation.
+
+    >>> clock = ContinuedClock(100.0)
+    >>> 100.0 <= clock() < 101.0
+    True
+    """
+
+    def __init__(self, start: float) -> None:
+        self.offset = float(start) - time.time()
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
 
 
 class ExperienceService(RetrievalService):
@@ -229,6 +257,9 @@ class ExperienceService(RetrievalService):
         self.options = options
         self.extractor = extractor
         self.counters.update({"credits": 0, "pruned": 0})
+        self._resume_clock: float | None = None
+        self.checkpoint_dir: Path | None = None
+        """Where :meth:`close` writes a last :meth:`checkpoint` (``crl-experience serve --extractor``)."""
         self.track: BackgroundTrack | None = None
         if extractor is not None:
             self.track = BackgroundTrack(manager, extractor, buffer_size=options.buffer_size,
@@ -246,7 +277,12 @@ class ExperienceService(RetrievalService):
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> ExperienceService:
-        """Start the extractor's thread (asynchronous options); returns self."""
+        """Start the extractor's thread (asynchronous options); returns self. After a resume the
+        manager's clock goes on from the checkpoint's: the time the service was down does not age
+        the recency window."""
+        if self._resume_clock is not None:
+            self.manager.clock = ContinuedClock(self._resume_clock)
+            self._resume_clock = None
         if self.track is not None:
             self.track.start()
         return self
@@ -257,11 +293,17 @@ class ExperienceService(RetrievalService):
             self.track.stop()
 
     def close(self) -> None:
-        """Stop the loop, stop the extractor's process, close the manager and the bank."""
+        """Stop the loop, write a checkpoint into :attr:`checkpoint_dir` (when set), stop the
+        extractor's process, close the manager and the bank."""
         if self._closed_service:
             return
         try:
             self.stop()
+            if self.checkpoint_dir is not None:
+                try:
+                    self.checkpoint(self.checkpoint_dir)
+                except Exception:  # noqa: BLE001 - closing goes on; the previous checkpoint stays
+                    log.exception("closing: the service checkpoint in %s failed; the previous one stays", self.checkpoint_dir)
         finally:
             try:
                 if self.extractor is not None:
@@ -344,8 +386,11 @@ class ExperienceService(RetrievalService):
         self.manager.persist_pending()
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the last ended step, B_φ, the extractor's version and counters."""
-        out: dict[str, Any] = {"last_ended": self.ledger.last_ended, "counters": dict(self.counters)}
+        """What a checkpoint keeps: the last ended step, B_φ, the extractor's version and counters,
+        the manager's clock (the recency window's time) and the Merge redirections."""
+        out: dict[str, Any] = {"last_ended": self.ledger.last_ended, "counters": dict(self.counters),
+                               "clock": float(self.manager.clock()),
+                               "merged_into": {str(k): v for k, v in self.manager.merged_into.items()}}
         if self.track is not None:
             out["track"] = self.track.state()  # waits for the track's current pass: buffer and weights agree
             st = dataclasses.asdict(self.track.stats)
@@ -358,6 +403,10 @@ class ExperienceService(RetrievalService):
         raises ``ValueError`` naming the key (:func:`check_service_state`) and changes nothing."""
         check_service_state(d)
         self.ledger.last_ended = int(d.get("last_ended", self.ledger.last_ended))
+        if "clock" in d:  # the recency window goes on from the checkpoint's time once the service starts
+            self._resume_clock = float(d["clock"])
+        if "merged_into" in d:
+            self.manager.merged_into = {int(k): int(v) for k, v in d["merged_into"].items()}
         for k, v in d.get("counters", {}).items():
             if k in self.counters:
                 self.counters[k] = int(v)
@@ -370,6 +419,40 @@ class ExperienceService(RetrievalService):
                 setattr(self.track.stats, k, v)
             else:
                 log.warning("checkpoint counter track.%s is unknown here; ignored", k)
+
+    def save(self, target: Path, previous: Path | None = None, *, bank: bool = True) -> dict[str, Any]:
+        """One consistent checkpoint of the service into the new directory ``target``: returns
+        :meth:`state`, and writes π_φ (``extractor/``) and, with ``bank``, the bank and the queue
+        (``bank/``, :meth:`ExperienceManager.snapshot`), all while the extractor's loop is held
+        between passes, so B_φ, the weights, the bank and the queue are of one moment.
+        ``previous``: the last checkpoint's directory (its extractor stands in for a dead worker's)."""
+        lock = self.track.held() if self.track is not None else contextlib.nullcontext()
+        with lock:
+            state = self.state()
+            self.save_extractor(target / "extractor", None if previous is None else previous / "extractor")
+            if bank:
+                self.manager.bank.flush_stats()
+                self.manager.snapshot(target / "bank")
+        return state
+
+    def checkpoint(self, service_dir: Path) -> dict[str, Any]:
+        """B_φ, π_φ and the counters into ``service_dir/checkpoint`` (:meth:`save` without the bank,
+        by the run's checkpoint writer), for a face that serves several trainers (the HTTP server,
+        the Ray actor): their bank is never rolled back, what a client was acknowledged stays.
+        Returns the checkpoint's path and last ended step."""
+        from crl_train.service.checkpoint import CKPT, begin_checkpoint, commit_checkpoint
+
+        self.flush()
+        tmp = begin_checkpoint(service_dir)
+        state = self.save(tmp, service_dir / CKPT, bank=False)
+        final = commit_checkpoint(service_dir, tmp, {"service": state})
+        return {"path": str(final), "last_ended": int(state["last_ended"])}
+
+    def restore(self, source: Path) -> None:
+        """The bank and the queue become the checkpoint's copies in ``source`` (``bank/`` of
+        :meth:`save`): what was written after that checkpoint is rolled back. Call after
+        :meth:`load_state` with the same checkpoint's state, before the service starts."""
+        self.manager.restore(source)
 
     def save_extractor(self, target: Path, previous: Path | None = None) -> None:
         """π_φ's weights into ``target`` (through the worker when it runs in a process). A dead

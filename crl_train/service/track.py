@@ -21,10 +21,12 @@ and merges it had to skip are counted (``skipped_distill``, ``skipped_updates``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,8 +96,13 @@ class TrackStats:
     """Requests not distilled because the extractor worker is gone."""
     skipped_updates: int = _column()
     """CISPO batches dropped because the extractor worker is gone."""
+    unreplayable: int = _column()
+    """Samples left out of CISPO updates: their tokens do not replay under their grammar."""
     skipped_merges: int = 0
     """Merges not run because the extractor worker is gone."""
+    last_error: str = ""
+    """The last failed pass's exception (type and message): what ``errors`` counts, for the progress
+    bar and the run's summary."""
     cpu_s: float = 0.0
     """CPU seconds the track's passes took in the service's process (bank and manager work, talking
     to the worker): time taken from the actor loop's core and GIL when both share a process."""
@@ -143,7 +150,7 @@ class BackgroundTrack:
         """The open rollout step (set by the service): the step of entries from requests without one."""
         self.ext_step = 0
         self._stop = threading.Event()
-        self._busy = threading.Lock()
+        self._busy = threading.RLock()
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -167,8 +174,9 @@ class BackgroundTrack:
         c0 = time.thread_time()
         try:
             return self.run_once(wait=wait)
-        except Exception:  # noqa: BLE001 - the track must survive a bad batch (in either mode)
+        except Exception as exc:  # noqa: BLE001 - the track must survive a bad batch (in either mode)
             self.stats.errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("background track: iteration failed (counted; continuing)")
             return False
         finally:
@@ -218,6 +226,7 @@ class BackgroundTrack:
                 except ExtractorUnavailable:
                     self.stats.skipped_updates += 1
                 else:
+                    self.stats.unreplayable += int(m.get("unreplayable", 0))
                     self.ext_step += 1
                     self.stats.updates += 1
                     self.stats.last_update = m
@@ -333,15 +342,31 @@ class BackgroundTrack:
                 log.info("merge at step %d not applied: %s", step, report.error)
 
     # ---------------------------------------------------------------- state
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the loop between two passes (a checkpoint: B_φ, the weights and the bank of one moment)."""
+        with self._busy:
+            yield
+
     def state(self) -> dict[str, Any]:
-        """Buffer and counters for a checkpoint (credits still queued are folded in first)."""
+        """Buffer, Merges still to run and counters for a checkpoint (credits still queued are
+        folded in first)."""
         with self._busy:
             while True:
                 try:
                     self._take_credit(self.credits.get_nowait())
                 except queue.Empty:
                     break
-            out: dict[str, Any] = {"buffer": [b.to_dict() for b in self.buffer], "ext_step": self.ext_step}
+            merges = []
+            while True:
+                try:
+                    merges.append(self.merge_requests.get_nowait())
+                except queue.Empty:
+                    break
+            for step in merges:  # still to run here; the state keeps them for a resume
+                self.merge_requests.put(step)
+            out: dict[str, Any] = {"buffer": [b.to_dict() for b in self.buffer], "ext_step": self.ext_step,
+                                   "merges": merges}
             try:
                 out.update(self.extractor.get_state())  # version + constraints of π_φ's samples
             except ExtractorUnavailable:
@@ -351,4 +376,12 @@ class BackgroundTrack:
     def load_state(self, d: dict[str, Any]) -> None:
         self.buffer = [BufferItem.from_dict(x) for x in d.get("buffer", [])]
         self.ext_step = int(d.get("ext_step", 0))
-        self.extractor.set_state({k: d[k] for k in ("version", "allowed_sets", "constraints") if k in d})
+        while True:  # the checkpoint's Merges still to run replace any queued here
+            try:
+                self.merge_requests.get_nowait()
+            except queue.Empty:
+                break
+        for step in d.get("merges", []):
+            self.merge_requests.put(int(step))
+        # "rng": the generators of the extractor's own process (its worker writes and reads them)
+        self.extractor.set_state({k: d[k] for k in ("version", "allowed_sets", "constraints", "rng") if k in d})
