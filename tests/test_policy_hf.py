@@ -291,7 +291,11 @@ def test_from_pretrained_local_dir_with_thinking_flag(tmp_path: Path, policy: HF
     prompt = loaded.apply_chat([{"role": "user", "content": "hi"}])
     assert prompt == policy.apply_chat([{"role": "user", "content": "hi"}])
     assert torch.equal(loaded.model(torch.tensor([prompt])).logits, policy.model(torch.tensor([prompt])).logits)
-    assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda:0") == torch.bfloat16
+    # auto computes in bf16 on CUDA and on a CPU with bf16 units (tests/test_precision.py), float32 on others
+    from crl_train.policy.precision import cpu_bf16_supported
+
+    cpu_auto = torch.bfloat16 if cpu_bf16_supported() else torch.float32
+    assert resolve_dtype("auto", "cpu") == cpu_auto and resolve_dtype("auto", "cuda:0") == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("float99", "cpu")
 

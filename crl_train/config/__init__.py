@@ -87,7 +87,11 @@ class ModelConfig:
     device: str = "cpu"
     """torch device."""
     dtype: str = "auto"
-    """``auto`` (bf16 on CUDA, fp32 on CPU) or a torch dtype name."""
+    """The dtype the model computes in: ``auto`` or a torch dtype name. ``auto``: bfloat16 on CUDA
+    and on a CPU with bf16 matrix units (flags ``amx_bf16`` or ``avx512_bf16``), float32 on other
+    CPUs and for the tiny model on any CPU. On CPU, bfloat16 means mixed precision: forwards under
+    autocast, frozen weights (a LoRA base) stored in bf16, trained weights and AdamW state float32
+    (``crl_train.policy.precision``); ``float32`` forces full precision."""
     lr: float = 1e-6
     """AdamW learning rate (paper: 1e-6, no KL)."""
     micro_batch_size: int = 8

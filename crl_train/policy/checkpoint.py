@@ -8,8 +8,10 @@ directory and swapped in, so a crash mid-save leaves the previous checkpoint who
 weights (sizes, safetensors headers, the state's zip directory), so a resume can refuse a bad
 checkpoint, naming the file, before it changes anything.
 
->>> resolve_dtype("auto", "cuda:0"), resolve_dtype("auto", "cpu"), resolve_dtype("float16", "cpu")
+>>> resolve_dtype("auto", "cuda:0"), resolve_dtype("float32", "cpu"), resolve_dtype("float16", "cpu")
 (torch.bfloat16, torch.float32, torch.float16)
+>>> resolve_dtype("auto", "cpu") == (torch.bfloat16 if cpu_bf16_supported() else torch.float32)
+True
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+from .precision import cpu_bf16_supported
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,11 +43,16 @@ class CheckpointError(ValueError):
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
-    """``auto`` -> bfloat16 on CUDA, float32 elsewhere; strings like ``"bfloat16"`` accepted."""
+    """The dtype a model computes in: ``auto`` -> bfloat16 on CUDA and on a CPU with bf16 units
+    (:func:`~crl_train.policy.precision.cpu_bf16_supported`), float32 elsewhere; strings like
+    ``"bfloat16"`` accepted. On CPU a 16-bit dtype is the compute dtype only: trained parameters
+    stay float32 (:mod:`crl_train.policy.precision`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+        if str(device).startswith("cuda"):
+            return torch.bfloat16
+        return torch.bfloat16 if str(device).startswith("cpu") and cpu_bf16_supported() else torch.float32
     value = getattr(torch, dtype, None)
     if not isinstance(value, torch.dtype):
         raise ValueError(f"dtype must be 'auto' or a torch dtype name like 'bfloat16', got {dtype!r}")

@@ -15,6 +15,7 @@ import torch
 
 from crl_train.config import ModelConfig
 from crl_train.policy.base import Generator, LossScale, OptimConfig, Policy, SamplingConfig
+from crl_train.policy.checkpoint import resolve_dtype
 from crl_train.policy.reader import READER_MODEL
 
 if TYPE_CHECKING:
@@ -100,12 +101,25 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossSc
     return policy
 
 
+def model_dtype(mc: ModelConfig) -> str:
+    """``mc.dtype``, except that ``auto`` keeps the tiny model in float32 on CPU: its matrices are
+    too small for bf16 matrix units to pay, and its runs stay the same on every CPU.
+
+    >>> model_dtype(ModelConfig(model="tiny")), model_dtype(ModelConfig(model="smollm2-135m"))
+    ('float32', 'auto')
+    """
+    if mc.dtype == "auto" and mc.model == "tiny" and torch.device(mc.device).type == "cpu":
+        return "float32"
+    return mc.dtype
+
+
 def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
                      checkpoint: Path | None) -> HFPolicy:
     from crl_train.policy.hf import HFPolicy
 
+    dtype = model_dtype(mc)
     if checkpoint is not None:
-        return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=mc.dtype)
+        return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=dtype)
     sampling = SamplingConfig(temperature=mc.temperature, top_p=mc.top_p)
     optim = OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale=loss_scale)
     if mc.model == "tiny":
@@ -116,11 +130,12 @@ def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: Lo
                                  seed=seed, hidden=mc.tiny_hidden, layers=mc.tiny_layers, heads=mc.tiny_heads,
                                  kv_heads=mc.tiny_kv_heads, intermediate=mc.tiny_intermediate,
                                  max_positions=max(mc.max_context_tokens, 512))
+        tiny.set_compute_dtype(resolve_dtype(dtype, mc.device))
         return _with_lora(tiny, mc)
     from crl_train.policy.packaged import display_name, resolve_model
 
     # smollm2-135m and *.gguf: converted once into a cached model directory; HF ids and paths as given
-    policy = HFPolicy.from_pretrained(resolve_model(mc.model), device=mc.device, dtype=mc.dtype, sampling=sampling,
+    policy = HFPolicy.from_pretrained(resolve_model(mc.model), device=mc.device, dtype=dtype, sampling=sampling,
                                       optim=optim, enable_thinking=mc.enable_thinking)
     policy.name = display_name(mc.model)
     return _with_lora(policy, mc)

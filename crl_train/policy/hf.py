@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ from .lora import (
     load_checkpoint_weights,
     named_weights,
 )
+from .precision import autocast_dtype, cast_frozen, compute_context, master_float32
 from .sampling import selective_logprobs, support_logprobs
 from .trie import ActionTrie, ThinkThenChoose
 
@@ -115,6 +117,28 @@ class HFPolicy:
         self.generator: Generator | None = None
         """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar requests; see attach_generator."""
         self._grammar_engine: GrammarEngine | None = None
+        self.autocast_dtype: torch.dtype | None = None
+        """CPU mixed precision: every forward runs under ``torch.autocast("cpu", autocast_dtype)``
+        (None: in the weights' own dtype); see :meth:`set_compute_dtype`."""
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> None:
+        """Compute in ``dtype`` (:mod:`crl_train.policy.precision`). On CPU a 16-bit ``dtype`` runs
+        every forward (sampling, recomputation, training) under autocast to it, stores the frozen
+        weights in it and keeps the trained ones float32; float32 brings every weight to float32.
+        On CUDA the weights were loaded in ``dtype`` (``from_pretrained``) and nothing changes."""
+        if self.device.type != "cpu":
+            return
+        self.autocast_dtype = autocast_dtype(dtype, self.device)
+        if self.autocast_dtype is None:
+            self.model.float()
+        else:
+            master_float32(self.model)
+            cast_frozen(self.model, self.autocast_dtype)
+        self._kv.clear()
+
+    def compute(self) -> AbstractContextManager[Any]:
+        """The context every forward pass of this policy runs in (autocast, or nothing)."""
+        return compute_context(self.autocast_dtype)
 
     def attach_generator(self, generator: Generator) -> None:
         """Serve unconstrained and JSON-grammar ``generate`` calls from ``generator`` (e.g.
@@ -129,6 +153,8 @@ class HFPolicy:
         if self.optimizer is not None:
             raise ValueError(f"{self.name}: enable_lora after the optimizer exists (call it before the first train_step)")
         apply_lora(self.model, spec)
+        if self.autocast_dtype is not None:  # the base is frozen now: store it in the compute dtype
+            cast_frozen(self.model, self.autocast_dtype)
         self._kv.clear()
         if self.generator is not None:
             self.generator.sync_weights(named_weights(self.model))
@@ -170,7 +196,8 @@ class HFPolicy:
 
         path = str(name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
+        compute = resolve_dtype(dtype, device)
+        kwargs: dict[str, Any] = {"dtype": _load_dtype(compute, device), "trust_remote_code": trust_remote_code}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -178,7 +205,9 @@ class HFPolicy:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        return cls(model, tokenizer, name=path, device=device, sampling=sampling, optim=optim, chat_kwargs=chat_kwargs)
+        policy = cls(model, tokenizer, name=path, device=device, sampling=sampling, optim=optim, chat_kwargs=chat_kwargs)
+        policy.set_compute_dtype(compute)
+        return policy
 
     # ---------------------------------------------------------------- chat and generation
     def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
@@ -255,14 +284,15 @@ class HFPolicy:
         bs = self.generation_batch_size
         for s in range(0, len(prompts), bs):
             chunk = keys[s : s + bs] if keys is not None else None
-            gens, kept = generate_batch(
-                self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
-                tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
-                eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                device=self.device, generator=generator,
-                past=[self._kv.get(k) for k in chunk] if chunk is not None else None, keep_kv=chunk is not None,
-                share_prefix=self.share_prefix,
-            )
+            with self.compute():
+                gens, kept = generate_batch(
+                    self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
+                    tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
+                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                    device=self.device, generator=generator,
+                    past=[self._kv.get(k) for k in chunk] if chunk is not None else None, keep_kv=chunk is not None,
+                    share_prefix=self.share_prefix,
+                )
             out.extend(gens)
             if chunk is not None and kept is not None:
                 self._kv.update(zip(chunk, kept, strict=True))
@@ -306,7 +336,8 @@ class HFPolicy:
     def _logits(self, batch: TrainBatch) -> torch.Tensor:
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
-        return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        with self.compute():
+            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
     def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor | None = None) -> torch.Tensor:
         """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding."""
@@ -547,7 +578,8 @@ class HFPolicy:
         state = read_state(directory)
         model_dir = str(Path(directory) / MODEL_DIR)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
+        compute = resolve_dtype(dtype, device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_load_dtype(compute, device))
         spec = checkpoint_adapter_spec(directory)
         if spec is not None:  # the base came from model/; load() fills the adapters and their optimizer state
             apply_lora(model, spec)
@@ -557,8 +589,15 @@ class HFPolicy:
             model, tokenizer, name=state["name"], device=device, sampling=SamplingConfig(**sampling),
             optim=OptimConfig(**optim), chat_kwargs=state["chat_kwargs"],
         )
+        policy.set_compute_dtype(compute)
         policy.load(directory)
         return policy
+
+
+def _load_dtype(compute: torch.dtype, device: str) -> torch.dtype:
+    """The dtype weights are loaded in: float32 on CPU (the master copy; ``set_compute_dtype`` then
+    stores the frozen ones in the compute dtype), the compute dtype on an accelerator."""
+    return torch.float32 if torch.device(device).type == "cpu" else compute
 
 
 # resolve_dtype lives in .checkpoint and is re-exported: callers import it from here.
