@@ -42,6 +42,7 @@ import importlib.util
 import json
 import sys
 import time
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,7 @@ class Setting:
     blocks: int
     requests_per_block: int
     out: Path
+    samples_per_request: int = 1
 
     def cfg(self, seed: int) -> TrainConfig:
         return load_config(self.config, [*self.overrides, f"seed={seed}"])
@@ -121,9 +123,10 @@ def reader_plays(entry: str, task: str, cfg: TrainConfig) -> tuple[str | None, s
 class Arm:
     """One arm of one seed: the configured extractor behind a real service (CISPO on or off)."""
 
-    def __init__(self, cfg: TrainConfig, train: bool) -> None:
+    def __init__(self, cfg: TrainConfig, train: bool, samples_per_request: int = 1) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
+        self.samples_per_request = samples_per_request
         self.extractor = build_extractor(extractor_spec(cfg, None))
         self.tied = count_tied_batches(self.extractor)
         options = ServiceOptions(distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
@@ -140,7 +143,8 @@ class Arm:
         before = set(service.manager.bank.ids())
         t0 = time.perf_counter()
         for r in requests:
-            service.submit(dataclasses.replace(r, rollout_step=step))
+            for _ in range(self.samples_per_request):  # each copy is distilled by its own sample
+                service.submit(dataclasses.replace(r, rollout_step=step, request_id=uuid.uuid4().hex))
         service.end_step(step)  # distils the block (nothing to credit: its episodes were free)
         t1 = time.perf_counter()
         rows, guided = [], []
@@ -156,7 +160,7 @@ class Arm:
         track.credit(step_credits(ClosedStep(step + 1, guided)))
         track.run_until_idle()
         t2 = time.perf_counter()
-        return block_row(block, len(requests), rows, t1 - t0, t2 - t1, track.stats.updates - updates0,
+        return block_row(block, len(requests) * self.samples_per_request, rows, t1 - t0, t2 - t1, track.stats.updates - updates0,
                          self.tied[0] - tied0, dict(track.stats.last_update))
 
     def close(self) -> None:
@@ -173,7 +177,7 @@ def run_seed(setting: Setting, seed: int) -> dict[str, list[dict[str, Any]]]:
         path.write_text("")
     cfg = setting.cfg(seed)
     torch.set_num_threads(cfg.experience.extractor_threads)
-    arms = {arm: Arm(cfg, train=arm == "trained") for arm in ARMS}
+    arms = {arm: Arm(cfg, train=arm == "trained", samples_per_request=setting.samples_per_request) for arm in ARMS}
     out: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     try:
         for block in range(setting.blocks):
@@ -255,7 +259,7 @@ def summarise(setting: Setting, runs: dict[tuple[int, str], list[dict[str, Any]]
     goal_block = None
     blocks = min(len(v) for v in runs.values()) if runs else 0
     for b in range(blocks):
-        row: dict[str, Any] = {"block": b, "requests_so_far": (b + 1) * setting.requests_per_block}
+        row: dict[str, Any] = {"block": b, "requests_so_far": (b + 1) * setting.requests_per_block * setting.samples_per_request}
         for arm in ARMS:
             vals = [runs[(s, arm)][b]["entry_share"] for s in seeds]
             got = [v for v in vals if v is not None]
@@ -323,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=10)
     ap.add_argument("--requests-per-block", type=int, default=48, help="finished episodes distilled per block")
     ap.add_argument("--buffer-size", type=int, default=16, help="credited samples per CISPO update (algo.buffer_size)")
+    ap.add_argument("--samples-per-request", type=int, default=1,
+                    help="exploration: each episode distilled this many times (its samples meet in B_phi, whose "
+                         "advantage is r - the batch mean); 1 is the service's rule. A block then distils "
+                         "requests-per-block x this many answers")
     ap.add_argument("--lr", type=float, help="extractor.lr (default: the config's)")
     ap.add_argument("--temperature", type=float, help="extractor.temperature (default: the config's)")
     ap.add_argument("--num-tasks", type=int, default=8)
@@ -344,13 +352,16 @@ def main(argv: list[str] | None = None) -> int:
         *([f"extractor.temperature={args.temperature}"] if args.temperature is not None else []),
         *args.set,
     ]
-    setting = Setting(args.config, tuple(overrides), args.blocks, args.requests_per_block, args.out)
+    if args.samples_per_request < 1:
+        ap.error("--samples-per-request must be >= 1")
+    setting = Setting(args.config, tuple(overrides), args.blocks, args.requests_per_block, args.out,
+                      args.samples_per_request)
     cfg = setting.cfg(args.seeds[0])
     if cfg.extractor.model == "tiny":
         ap.error("the tiny extractor has no tokenizer of its own: probe a real model (extractor.model=smollm2-135m)")
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {"config": args.config, "overrides": overrides, "blocks": args.blocks,
-                "requests_per_block": args.requests_per_block}
+                "requests_per_block": args.requests_per_block, "samples_per_request": args.samples_per_request}
     if not args.report_only:
         (args.out / "setting.json").write_text(json.dumps(manifest, indent=1))
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -376,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "extractor_learning", "model": cfg.extractor.model, "dtype": cfg.extractor.dtype,
         "lr": cfg.extractor.lr, "temperature": cfg.extractor.temperature, "lora_rank": cfg.extractor.lora_rank,
         "buffer_size": args.buffer_size, "requests_per_block": args.requests_per_block, "blocks": args.blocks,
+        "samples_per_request": args.samples_per_request,
         "seeds": args.seeds, "num_tasks": args.num_tasks, "num_actions": args.num_actions, "secret_seed": secret_seed,
         "overrides": overrides, "jobs": args.jobs, "wall_s_this_call": round(time.perf_counter() - start, 1),
         "goal": {"entry_share": GOAL_SHARE, "requests": GOAL_REQUESTS, "seconds_one_core": GOAL_SECONDS},

@@ -57,3 +57,14 @@ def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, cap
     assert bench.main([*argv[:-1], "--report-only", "--json"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["curve"] == report["curve"]
+
+
+def test_several_samples_per_request_distil_each_episode_that_many_times(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*ORACLE, "--seeds", "0", "--blocks", "1", "--requests-per-block", "8", "--samples-per-request", "3",
+            "--out", str(tmp_path), "--json"]
+    assert bench.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["curve"][0]["requests_so_far"] == 24 and report["samples_per_request"] == 3
+    (block,) = [json.loads(line) for line in (tmp_path / "runs" / "seed0_frozen.jsonl").read_text().splitlines()]
+    assert block["requests"] == 24 and block["entries"] == 12  # every copy of the 4 won episodes adds one
