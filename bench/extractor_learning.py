@@ -16,7 +16,8 @@ secrets (each action word's tasks weigh the same, so a shift of the choice towar
 0.5, whatever the tasks' secrets are); the tasks' secrets are balanced (``secret_seed`` is the first
 seed from ``--secret-seed`` that gives each action word the same number of tasks). Also per block:
 ``request_share`` (requests whose answer added an entry played correctly), the add rate, the updates
-run and skipped (every reward in the batch equal: no gradient), and seconds.
+run and tied (every reward in the batch equal: no gradient), and seconds: wall (distillation, training)
+and `cpu_s`, the process's CPU time (one torch thread: one core's time, whatever else loads the machine).
 
 Goal (``meets_goal``): within ≤ 2,000 requests per arm and ≤ 60 min of one core per trained arm, a
 block where the trained ``entry_share`` (mean over seeds) is ≥ 0.8 and the paired trained − frozen
@@ -141,7 +142,7 @@ class Arm:
         step = 2 * block
         updates0, tied0 = track.stats.updates, self.tied[0]
         before = set(service.manager.bank.ids())
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for r in requests:
             for _ in range(self.samples_per_request):  # each copy is distilled by its own sample
                 service.submit(dataclasses.replace(r, rollout_step=step, request_id=uuid.uuid4().hex))
@@ -160,8 +161,10 @@ class Arm:
         track.credit(step_credits(ClosedStep(step + 1, guided)))
         track.run_until_idle()
         t2 = time.perf_counter()
-        return block_row(block, len(requests) * self.samples_per_request, rows, t1 - t0, t2 - t1, track.stats.updates - updates0,
-                         self.tied[0] - tied0, dict(track.stats.last_update))
+        row = block_row(block, len(requests) * self.samples_per_request, rows, t1 - t0, t2 - t1,
+                        track.stats.updates - updates0, self.tied[0] - tied0, dict(track.stats.last_update))
+        row["cpu_s"] = round(time.process_time() - c0, 1)  # one torch thread: this process's CPU is one core's time
+        return row
 
     def close(self) -> None:
         self.service.close()
@@ -253,6 +256,11 @@ def load_runs(setting: Setting, seed: int, finished_only: bool) -> dict[str, lis
     return out
 
 
+def block_seconds(row: dict[str, Any]) -> float:
+    """One core's seconds for a block: its CPU time where recorded, else its wall time."""
+    return float(row["cpu_s"]) if "cpu_s" in row else float(row["distill_s"]) + float(row["train_s"])
+
+
 def summarise(setting: Setting, runs: dict[tuple[int, str], list[dict[str, Any]]], seeds: list[int]) -> dict[str, Any]:
     """The curve over the blocks every seed's both arms have finished."""
     curve = []
@@ -266,14 +274,12 @@ def summarise(setting: Setting, runs: dict[tuple[int, str], list[dict[str, Any]]
             row[arm] = {"entry_share": mean_t(got).rounded(), "by_seed": vals,
                         "request_share": mean_t([runs[(s, arm)][b]["request_share"] for s in seeds]).rounded(),
                         "add_rate": mean_t([runs[(s, arm)][b]["add_rate"] for s in seeds]).rounded(),
-                        "seconds": mean_t([runs[(s, arm)][b]["distill_s"] + runs[(s, arm)][b]["train_s"]
-                                           for s in seeds]).rounded(1)}
+                        "seconds": mean_t([block_seconds(runs[(s, arm)][b]) for s in seeds]).rounded(1)}
         pairs = [(runs[(s, "trained")][b]["entry_share"], runs[(s, "frozen")][b]["entry_share"]) for s in seeds]
         pairs = [(t, f) for t, f in pairs if t is not None and f is not None]
         diff = paired_difference([t for t, _ in pairs], [f for _, f in pairs])
         row["trained_minus_frozen"] = diff.rounded()
-        seconds = max(sum(runs[(s, "trained")][i]["distill_s"] + runs[(s, "trained")][i]["train_s"] for i in range(b + 1))
-                      for s in seeds)
+        seconds = max(sum(block_seconds(runs[(s, "trained")][i]) for i in range(b + 1)) for s in seeds)
         row["trained_seconds_so_far_max_seed"] = round(seconds, 1)
         trained = row["trained"]["entry_share"][0]
         hit = (trained is not None and trained >= GOAL_SHARE and diff.low is not None and diff.low > 0
