@@ -325,6 +325,37 @@ def figure(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _ci(v: list[float | None]) -> str:
+    mean, low, high = v
+    if mean is None:
+        return "n/a"
+    return f"{mean:.3f}" if low is None or high is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def markdown(report: dict[str, Any], out: Path) -> str:
+    """The curve as a table and every entry the blocks kept, per seed and arm."""
+    lines = ["| block | requests per arm | trained | frozen | trained − frozen (paired) | trained add rate | "
+             "frozen add rate | trained CPU s per block |", "|---|---|---|---|---|---|---|---|"]
+    for row in report["curve"]:
+        lines.append(f"| {row['block']} | {row['requests_so_far']} | {_ci(row['trained']['entry_share'])} | "
+                     f"{_ci(row['frozen']['entry_share'])} | {_ci(row['trained_minus_frozen'])} | "
+                     f"{_ci(row['trained']['add_rate'])} | {_ci(row['frozen']['add_rate'])} | "
+                     f"{_ci(row['trained']['seconds'])} |")
+    lines += ["", "Per seed and block: entries written, of them played correctly (by secret), the words played, "
+              "CISPO updates (tied: every reward equal), and the entries as written (the first few).", ""]
+    for seed in report["seeds"]:
+        for arm in ARMS:
+            path = out / "runs" / f"seed{seed}_{arm}.jsonl"
+            for line in path.read_text().splitlines() if path.exists() else []:
+                b = json.loads(line)
+                secrets = ", ".join(f"{k} {v['correct']}/{v['entries']}" for k, v in b["by_secret"].items())
+                lines.append(f"* seed {seed}, {arm}, block {b['block']}: {b['entries']} entries of {b['requests']} "
+                             f"requests, correct {b['correct']} ({secrets}); played {b['played']}; updates "
+                             f"{b['updates']} (tied {b['tied_updates']})")
+                lines += [f"  * `{t}`" for t in b["shown"]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "small.yaml"))
@@ -347,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="summarise the blocks already in --out (an unfinished run's too); run nothing")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "extractor_learning")
     ap.add_argument("--figure", type=Path, help="also draw the curve into this PNG")
+    ap.add_argument("--markdown", type=Path, help="also write the curve's table and the entries into this file")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON line")
     args = ap.parse_args(argv)
     secret_seed = balanced_secret_seed(args.num_tasks, args.num_actions, args.secret_seed)
@@ -403,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "report.json").write_text(line + "\n")
     if args.figure is not None and report["curve"]:
         figure(report, args.figure)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(report, args.out))
     print(line if args.json else json.dumps(report, indent=1))
     return 0
 

@@ -40,7 +40,7 @@ def test_the_reader_plays_the_first_action_an_entry_names() -> None:
 
 def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*ORACLE, "--seeds", "0", "1", "--blocks", "2", "--requests-per-block", "8", "--out", str(tmp_path),
-            "--figure", str(tmp_path / "curve.png"), "--json"]
+            "--figure", str(tmp_path / "curve.png"), "--markdown", str(tmp_path / "curve.md"), "--json"]
     assert bench.main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["blocks_done"] == 2 and len(report["curve"]) == 2 and report["secret_seed"] == 3
@@ -50,6 +50,8 @@ def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, cap
             assert row[arm]["add_rate"][0] == 0.5 and row[arm]["request_share"][0] == 0.5  # half the episodes won
         assert row["trained_minus_frozen"][0] == 0.0 and not row["meets_goal"]  # no difference: no goal
     assert not report["meets_goal"] and (tmp_path / "curve.png").stat().st_size > 0
+    table = (tmp_path / "curve.md").read_text()
+    assert "| 1 | 16 | 1.000 [1.000, 1.000] |" in table and "* seed 1, frozen, block 1:" in table
     blocks = [json.loads(line) for line in (tmp_path / "runs" / "seed0_trained.jsonl").read_text().splitlines()]
     assert [b["block"] for b in blocks] == [0, 1] and blocks[0]["updates"] == 0  # the oracle is never trained
     assert blocks[0]["by_secret"] and sum(v["entries"] for v in blocks[0]["by_secret"].values()) == 4
