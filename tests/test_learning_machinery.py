@@ -162,3 +162,20 @@ def test_with_the_advantage_sign_flipped_the_actor_does_not_learn(tmp_path: Path
     initial, final = rates[0], sum(rates[-LAST:]) / LAST  # step 0 rolls out before any update
     assert not final >= 2 * initial, rates
     assert final <= initial, rates
+
+
+def test_the_cispo_normalisation_option_reaches_the_extractors_loss() -> None:
+    from crl_train.algorithms import PolicyLoss
+    from crl_train.config import ConfigError
+    from crl_train.service.build import extractor_spec
+
+    assert load_config(None, []).algo.cispo_normalisation == "tokens"  # Eq. 3 is the default
+    spec = extractor_spec(load_config(None, ["algo.cispo_normalisation=sequences"]), None)
+    assert spec.options["normalisation"] == "sequences"
+    policy = build_tiny_policy(TEXTS, vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, seed=0)
+    assert Extractor(policy).loss == PolicyLoss.CISPO
+    assert Extractor(policy, normalisation="sequences").loss == PolicyLoss.CISPO_SEQUENCES
+    with pytest.raises(ValueError, match="normalisation"):
+        Extractor(policy, normalisation="bytes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cispo_normalisation"):
+        load_config(None, ["algo.cispo_normalisation=bytes"])
