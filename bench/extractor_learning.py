@@ -335,7 +335,7 @@ def _ci(v: list[float | None]) -> str:
 def markdown(report: dict[str, Any], out: Path) -> str:
     """The curve as a table and every entry the blocks kept, per seed and arm."""
     lines = ["| block | requests per arm | trained | frozen | trained − frozen (paired) | trained add rate | "
-             "frozen add rate | trained CPU s per block |", "|---|---|---|---|---|---|---|---|"]
+             "frozen add rate | trained s per block (CPU where recorded, else wall) |", "|---|---|---|---|---|---|---|---|"]
     for row in report["curve"]:
         lines.append(f"| {row['block']} | {row['requests_so_far']} | {_ci(row['trained']['entry_share'])} | "
                      f"{_ci(row['frozen']['entry_share'])} | {_ci(row['trained_minus_frozen'])} | "
