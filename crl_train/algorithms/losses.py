@@ -167,7 +167,7 @@ def cispo_sequences_loss(
 
     >>> lp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]], requires_grad=True)
     >>> loss, _ = cispo_sequences_loss(lp, lp.detach(), torch.tensor([1.0, -1.0]), torch.tensor([[1, 1], [1, 0]]))
-    >>> round(float(loss), 4)  # −((−1 − 1) / 2 · 1 + (−2) / 1 · (−1)) / 2 = −(−1 + 2) / 2
+    >>> round(loss.item(), 4)  # −((−1 − 1) / 2 · 1 + (−2) / 1 · (−1)) / 2 = −(−1 + 2) / 2
     -0.5
     """
     del weights
