@@ -99,6 +99,29 @@ def test_cispo_by_hand_value_and_gradient() -> None:
     assert torch.allclose(lp.grad, torch.tensor([[-2.2 / 3, -2 / 3], [1.1 / 3, 0.0]], dtype=torch.float64))
 
 
+def test_cispo_per_sequence_normalisation_by_hand() -> None:
+    # the inputs of test_cispo_by_hand_value_and_gradient; each sample averaged over its own tokens:
+    # sample 0: -(1.1*2*ln.5 + 1*2*ln.25) / 2 = 2.148757 ; sample 1: -(1.1*(-1)*ln.8) / 1 = -0.245458
+    # loss = (2.148757 - 0.245458) / 2 = 0.951649 (Eq. 3 gives 1.350685: the long sample weighs more there)
+    from crl_train.algorithms.losses import cispo_sequences_loss
+
+    lp = torch.tensor([[L(0.5), L(0.25)], [L(0.8), -3.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[L(0.4), L(0.25)], [L(0.5), 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    loss, m = cispo_sequences_loss(lp, old, adv, mask)
+    assert loss.item() == pytest.approx((-(1.1 * 2 * L(0.5) + 2 * L(0.25)) / 2 + 1.1 * L(0.8)) / 2)
+    assert loss.item() == pytest.approx(0.951649, abs=1e-6)
+    assert m["clip_frac"] == pytest.approx(2 / 3) and m["num_tokens"] == 3.0
+    loss.backward()
+    # grad = -sg(w) * A / (|m_i| * B): sample 0's tokens -1.1*2/4, -2/4; sample 1's 1.1/2
+    assert lp.grad is not None
+    assert torch.allclose(lp.grad, torch.tensor([[-0.55, -0.5], [0.55, 0.0]], dtype=torch.float64))
+    # micro-batches of one sample each, scaled by n_mb / B ("samples"), add up to the full batch's loss
+    parts = [cispo_sequences_loss(lp[i:i + 1], old[i:i + 1], adv[i:i + 1], mask[i:i + 1])[0] * 0.5 for i in range(2)]
+    assert sum(p.item() for p in parts) == pytest.approx(loss.item())
+
+
 def test_cispo_asymmetric_clip() -> None:
     # eps_low=0.5, eps_high=0.1: ratio 0.6 stays 0.6 (>= 0.5); loss = -(0.6 * 1 * ln .3) / 1
     lp = torch.tensor([[L(0.3)]], dtype=torch.float64)
@@ -236,10 +259,10 @@ def test_every_registered_loss_takes_the_policy_calling_convention(name: str) ->
 def test_registered_losses_and_their_scales() -> None:
     # the logits definition of the top-k reverse KL stays outside LOSSES; its support form is in it
     assert sorted(n.value for n in LOSSES.names()) == [
-        "cispo", "clip", "reverse_kl_sampled", "reverse_kl_topk", "self_distill_nll"]
+        "cispo", "cispo_sequences", "clip", "reverse_kl_sampled", "reverse_kl_topk", "self_distill_nll"]
     assert {n.value: loss_scale_for(n) for n in LOSSES.names()} == {
-        "clip": "none", "cispo": "tokens", "reverse_kl_sampled": "tokens", "reverse_kl_topk": "tokens",
-        "self_distill_nll": "tokens"}
+        "clip": "none", "cispo": "tokens", "cispo_sequences": "samples", "reverse_kl_sampled": "tokens",
+        "reverse_kl_topk": "tokens", "self_distill_nll": "tokens"}
     assert LOSSES.get("reverse_kl_topk") is reverse_kl_support_loss
     assert reverse_kl_topk_loss not in [LOSSES.get(n) for n in LOSSES.names()]
     with pytest.raises(KeyError, match="accepted: clip, cispo"):

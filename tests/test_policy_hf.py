@@ -371,6 +371,7 @@ def _sgd_delta(pol: HFPolicy, init: dict[str, torch.Tensor], batch: TrainBatch, 
 HYPER: dict[str, dict[str, Any]] = {
     "clip": {"clip_eps": 0.2, "ratio_level": "sequence"},
     "cispo": {"eps_low": 0.1, "eps_high": 0.1},
+    "cispo_sequences": {"eps_low": 0.1, "eps_high": 0.1},
     "reverse_kl_sampled": {"coef": 1.0},
     "reverse_kl_topk": {"coef": 1.0},
     "self_distill_nll": {"coef": 0.5},
@@ -411,7 +412,7 @@ def test_none_scale_sums_micro_batch_means_and_tokens_weights_them_by_hand() -> 
     assert torch.allclose(_sgd_delta(pol, init, batch, 1, fn, loss_scale="tokens"), full, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["clip", "cispo", "reverse_kl_sampled", "reverse_kl_topk", "self_distill_nll"])
+@pytest.mark.parametrize("name", ["clip", "cispo", "cispo_sequences", "reverse_kl_sampled", "reverse_kl_topk", "self_distill_nll"])
 def test_every_registered_loss_trains_through_train_step_by_name(name: str) -> None:
     # the trainer's call: train_step(batch, LOSSES.get(name), loss_scale=loss_scale_for(name), **hyper);
     # the loss gets group/condition ids, weights and teacher whether it reads them or not

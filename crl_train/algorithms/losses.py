@@ -133,6 +133,54 @@ def clip_surrogate_loss(
     return loss, metrics
 
 
+def _cispo_terms(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                 eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token −sg(ρ̂) Â log π on the mask, the mask, the clipped IS weights and the clipped tokens."""
+    m = mask.to(logprobs.dtype)
+    ratio = torch.exp((logprobs.detach() - old_logprobs.detach()) * m)
+    is_w = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # detached: sg(·)
+    adv = advantages.to(logprobs.dtype).detach()[:, None]
+    clipped = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)).to(logprobs.dtype) * m
+    return -(is_w * adv * logprobs * m), m, is_w, clipped
+
+
+@LOSSES.register(PolicyLoss.CISPO_SEQUENCES, scale="samples")
+def cispo_sequences_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    *,
+    eps_low: float = 0.1,
+    eps_high: float = 0.1,
+    **context: torch.Tensor,
+) -> tuple[torch.Tensor, Metrics]:
+    """CISPO normalised per sample (an option, ``algo.cispo_normalisation: sequences``):
+    −(1/B) Σ_i (1/|m_i|) Σ_t sg(clip(ρ_it, 1−ε_low, 1+ε_high)) Â_i log π_φ(m_it).
+
+    Eq. 3 divides by Σ_i |m_i| over the batch, so a sample's total push grows with its length: with
+    mostly negative advantages, long answers are pushed down hardest and short ones (a Return) gain.
+    Here every sample weighs the same whatever its length. Samples without tokens add 0.
+
+    Micro-batching: a mean over sequences, ``loss_scale="samples"``.
+
+    >>> lp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]], requires_grad=True)
+    >>> loss, _ = cispo_sequences_loss(lp, lp.detach(), torch.tensor([1.0, -1.0]), torch.tensor([[1, 1], [1, 0]]))
+    >>> round(loss.item(), 4)  # −((−1 − 1) / 2 · 1 + (−2) / 1 · (−1)) / 2 = −(−1 + 2) / 2
+    -0.5
+    """
+    del weights
+    _batch_context_only("cispo_sequences_loss", context)
+    _check(logprobs, old_logprobs, mask, advantages)
+    terms, m, is_w, clipped = _cispo_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    per_sample = terms.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+    loss = per_sample.mean()
+    total = m.sum().clamp(min=1.0)
+    return loss, {"loss": float(loss.detach()), "clip_frac": float(clipped.sum() / total),
+                  "is_weight_mean": float((is_w * m).sum() / total), "num_tokens": float(m.sum())}
+
+
 @LOSSES.register(PolicyLoss.CISPO, scale="tokens")
 def cispo_loss(
     logprobs: torch.Tensor,

@@ -7,7 +7,7 @@ registered together with its :data:`LossScale` (adding a loss is its function an
 ['edge_pooled', 'grpo', 'split_subgroup']
 >>> from crl_train.algorithms.registry import LOSSES
 >>> sorted(e.value for e in LOSSES.names())
-['cispo', 'clip', 'reverse_kl_sampled', 'reverse_kl_topk', 'self_distill_nll']
+['cispo', 'cispo_sequences', 'clip', 'reverse_kl_sampled', 'reverse_kl_topk', 'self_distill_nll']
 >>> LOSSES.scale("cispo")
 'tokens'
 """
@@ -68,6 +68,8 @@ class PolicyLoss(StrEnum):
     """PPO/GRPO clipped surrogate (actor)."""
     CISPO = "cispo"
     """Clipped IS-weight policy optimisation (extractor, Eq. 3)."""
+    CISPO_SEQUENCES = "cispo_sequences"
+    """CISPO with each sample's tokens averaged first, then the samples (an option; Eq. 3 is ``cispo``)."""
     REVERSE_KL_SAMPLED = "reverse_kl_sampled"
     """EDGE reverse-KL distillation, sampled-token estimator (needs only per-token log-probs)."""
     REVERSE_KL_TOPK = "reverse_kl_topk"

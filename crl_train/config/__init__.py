@@ -34,7 +34,13 @@ from crl_train.config.io import (
     renamed_attribute,
     set_path,
 )
-from crl_train.config.names import EntryReward, KLEstimator, MethodName, PerplexityChoice
+from crl_train.config.names import (
+    CispoNormalisation,
+    EntryReward,
+    KLEstimator,
+    MethodName,
+    PerplexityChoice,
+)
 
 METHOD_NAMES: tuple[str, ...] = tuple(m.value for m in MethodName)
 PACKAGED_CONFIGS = Path(__file__).parent.parent / "configs"
@@ -286,6 +292,10 @@ class AlgoConfig:
     """CISPO lower clip of the IS weight (paper: 0.1)."""
     cispo_eps_high: float = 0.1
     """CISPO upper clip of the IS weight (paper: 0.1)."""
+    cispo_normalisation: CispoNormalisation = "tokens"
+    """CISPO's normaliser: ``tokens`` divides by Σ_i |m_i| over the batch (the paper's Eq. 3); ``sequences``
+    averages each sample over its own tokens, then the samples (an option: long answers no longer take
+    a larger share of the push, e.g. toward short Returns when most advantages are negative)."""
     buffer_size: int = 64
     """|B_φ| that triggers a CISPO update of the extractor (paper: 64)."""
     cooldown: int = 2

@@ -23,6 +23,9 @@ class MethodName(StrEnum):
     """EDGE: gain-gated teacher rollouts, pooled advantages, reverse-KL distillation, utility pruning."""
 
 
+CispoNormalisation = Literal["tokens", "sequences"]
+"""CISPO's normaliser: Σ_i |m_i| over the batch (Eq. 3, ``tokens``), or each sample's own token count, then
+the mean over samples (``sequences``)."""
 EntryReward = Literal["direct", "relative"]
 """r(m) of a guided episode: ±1 by its success, or that minus its group's free-subgroup mean ±1."""
 PerplexityTransform = Literal["relative", "tanh", "sigmoid", "asymmetric", "log"]

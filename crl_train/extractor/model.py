@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
@@ -81,6 +81,7 @@ from crl_train.algorithms import (
     training_count_weights,
 )
 from crl_train.config import AlgoConfig
+from crl_train.config.names import CispoNormalisation
 from crl_train.policy.base import AllowedRow, Generation, Policy, TokenSequence, TrainBatch
 from crl_train.policy.grammar import JsonGrammar
 
@@ -169,6 +170,7 @@ class Extractor:
         action_slot: N > 0: a distillation answer chooses up to N of its episode's admissible
             actions before each entry's text (see the module docstring); 0 = off.
         thinking: whether the model reasons before answering (``</think>``); None = detect it.
+        normalisation: CISPO's normaliser, ``tokens`` (Eq. 3) or ``sequences`` (``algo.cispo_normalisation``).
     """
 
     def __init__(
@@ -188,6 +190,7 @@ class Extractor:
         eps_high: float = AlgoConfig.cispo_eps_high,
         cooldown: int = AlgoConfig.cooldown,
         alpha: float = AlgoConfig.count_alpha,
+        normalisation: CispoNormalisation = "tokens",
     ) -> None:
         self.policy = policy
         self.max_new_tokens = max_new_tokens
@@ -218,6 +221,10 @@ class Extractor:
                 raise ValueError("Extractor: thinking=True but the tokenizer has no </think> token")
         self.eps_low, self.eps_high = eps_low, eps_high
         self.cooldown, self.alpha = cooldown, alpha
+        if normalisation not in get_args(CispoNormalisation):
+            raise ValueError(f"Extractor: normalisation must be one of {get_args(CispoNormalisation)}, got {normalisation!r}")
+        self.loss = PolicyLoss.CISPO if normalisation == "tokens" else PolicyLoss.CISPO_SEQUENCES
+        """Eq. 3's loss, or its per-sample normalisation (``algo.cispo_normalisation``)."""
         self.version = 0
         self.lock = threading.RLock()
         """Held while generating or training: π_φ is shared by the background track and refinement."""
@@ -405,7 +412,7 @@ class Extractor:
             return {"skipped": 1.0, "unreplayable": dropped}
         batch = TrainBatch.from_sequences(seqs, adv[keep], self.policy.pad_token_id)
         with self.lock:
-            metrics = self.policy.train_step(batch, LOSSES.get(PolicyLoss.CISPO), loss_scale=loss_scale_for(PolicyLoss.CISPO),
+            metrics = self.policy.train_step(batch, LOSSES.get(self.loss), loss_scale=loss_scale_for(self.loss),
                                              eps_low=self.eps_low, eps_high=self.eps_high)
             self.version += 1
         metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(keep)),

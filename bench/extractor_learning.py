@@ -1,0 +1,446 @@
+"""Does CISPO teach the configured extractor to write entries the reader plays correctly? A learning curve.
+
+The production path outside the suites, on ``crl/Recall-v0`` with the action slot on: each block,
+finished episodes of a seeded random agent (half won, half lost; ``scripts/entry_probe.py``'s
+``play_episodes``) are submitted to a real :class:`~crl_train.service.ExperienceService` in
+synchronous mode, which distils them with the configured extractor (``Extractor.distill`` under the
+answer schema). Each entry that lands in the bank then guides one reader episode: the reader plays the
+first action the entry names (``named_actions``), and the episode succeeds iff that is the task's
+secret. Those guided episodes are credited by the service's own rule (``step_credits``: r̄(m) = ±1),
+their samples go into the service's B_φ, and a CISPO update (``Extractor.train``) runs whenever B_φ
+holds ``--buffer-size`` samples. A Return adds nothing and is never credited, as in the service.
+
+Two arms per seed on the same episodes: ``trained`` (CISPO on) and ``frozen`` (CISPO off). Per block:
+``entry_share`` = the share of the block's new entries the reader plays correctly, averaged over the
+secrets (each action word's tasks weigh the same, so a shift of the choice toward one word scores
+0.5, whatever the tasks' secrets are); the tasks' secrets are balanced (``secret_seed`` is the first
+seed from ``--secret-seed`` that gives each action word the same number of tasks). Also per block:
+``request_share`` (requests whose answer added an entry played correctly), the add rate, the updates
+run and tied (every reward in the batch equal: no gradient), and seconds: wall (distillation, training)
+and `cpu_s`, the process's CPU time (one torch thread: one core's time, whatever else loads the machine).
+
+Goal (``meets_goal``): within ≤ 2,000 requests per arm and ≤ 60 min of one core per trained arm, a
+block where the trained ``entry_share`` (mean over seeds) is ≥ 0.8 and the paired trained − frozen
+interval (t, 95 %, over seeds) excludes 0.
+
+Each seed runs both arms block by block (one process; ``--jobs`` seeds at once) and appends each block
+to ``<--out>/runs/seed<S>_<arm>.jsonl`` as it finishes. A rerun with the same ``--out`` and settings
+keeps the finished seeds and redoes unfinished ones from their start (an arm's extractor, buffer and
+bank are not checkpointed mid-run); ``--report-only`` summarises whatever blocks are there.
+
+    python bench/extractor_learning.py --json                                  # the defaults below
+    python bench/extractor_learning.py --json --seeds 0 1 2 --blocks 10 --requests-per-block 48 --lr 3e-4
+    python bench/extractor_learning.py --json --set extractor.lora_rank=4     # any config override
+
+The last line of output is the JSON report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from crl_gym.envs.recall import ACTION_WORDS, task_name, task_secret  # noqa: E402
+from crl_gym.experience.service import ClosedStep  # noqa: E402
+from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory  # noqa: E402
+from crl_train.config import TrainConfig, load_config  # noqa: E402
+from crl_train.experiment.stats import mean_t, paired_difference  # noqa: E402
+from crl_train.extractor.worker import build_extractor  # noqa: E402
+from crl_train.policy.reader import named_actions  # noqa: E402
+from crl_train.service import ServiceOptions  # noqa: E402
+from crl_train.service.build import build_service, extractor_spec  # noqa: E402
+from crl_train.service.credit import step_credits  # noqa: E402
+
+GOAL_SHARE = 0.8
+GOAL_REQUESTS = 2000
+GOAL_SECONDS = 3600.0
+ARMS = ("trained", "frozen")
+SHOWN = 6
+"""Entries kept per block in the report (the first ones written)."""
+
+
+def _entry_probe() -> Any:
+    spec = importlib.util.spec_from_file_location("entry_probe", ROOT / "scripts" / "entry_probe.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+play_episodes = _entry_probe().play_episodes
+
+
+def balanced_secret_seed(num_tasks: int, num_actions: int, start: int = 0) -> int:
+    """The first ``secret_seed`` ≥ ``start`` whose L = 1 secrets give every action word the same number
+    of tasks (``num_tasks`` a multiple of ``num_actions``)."""
+    if num_tasks % num_actions:
+        raise ValueError(f"balanced secrets need num_tasks ({num_tasks}) to be a multiple of num_actions ({num_actions})")
+    for seed in range(start, start + 10_000):
+        counts = [0] * num_actions
+        for i in range(num_tasks):
+            counts[ACTION_WORDS.index(task_secret(i, 1, num_actions, seed)[0])] += 1
+        if len(set(counts)) == 1:
+            return seed
+    raise RuntimeError("no balanced secret_seed found")
+
+
+@dataclass(frozen=True)
+class Setting:
+    config: str
+    overrides: tuple[str, ...]
+    blocks: int
+    requests_per_block: int
+    out: Path
+    samples_per_request: int = 1
+
+    def cfg(self, seed: int) -> TrainConfig:
+        return load_config(self.config, [*self.overrides, f"seed={seed}"])
+
+
+def reader_plays(entry: str, task: str, cfg: TrainConfig) -> tuple[str | None, str]:
+    """The action the reader plays from ``entry`` on ``task`` (the first admissible action it names;
+    None: it names none, and the reader would flip a coin) and the task's secret."""
+    kwargs = cfg.env.kwargs
+    num_actions, secret_seed = int(kwargs.get("num_actions", 2)), int(kwargs.get("secret_seed", 0))
+    index = next(i for i in range(int(kwargs.get("num_tasks", 16))) if task_name(i) in task)
+    named = named_actions(entry, ACTION_WORDS[:num_actions])
+    return (named[0] if named else None), task_secret(index, 1, num_actions, secret_seed)[0]
+
+
+class Arm:
+    """One arm of one seed: the configured extractor behind a real service (CISPO on or off)."""
+
+    def __init__(self, cfg: TrainConfig, train: bool, samples_per_request: int = 1) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.samples_per_request = samples_per_request
+        self.extractor = build_extractor(extractor_spec(cfg, None))
+        self.tied = count_tied_batches(self.extractor)
+        options = ServiceOptions(distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
+                                 buffer_size=cfg.algo.buffer_size, distill_batch=cfg.experience.distill_batch,
+                                 seed_bank=False)
+        self.service = build_service(cfg, options, None, self.extractor)
+
+    def block(self, block: int, requests: list[DistillationRequest]) -> dict[str, Any]:
+        """Distil ``requests``; credit each new entry with the reader's episode on it; CISPO when B_φ is full."""
+        service, track = self.service, self.service.track
+        assert track is not None
+        step = 2 * block
+        updates0, tied0 = track.stats.updates, self.tied[0]
+        before = set(service.manager.bank.ids())
+        t0, c0 = time.perf_counter(), time.process_time()
+        for r in requests:
+            for _ in range(self.samples_per_request):  # each copy is distilled by its own sample
+                service.submit(dataclasses.replace(r, rollout_step=step, request_id=uuid.uuid4().hex))
+        service.end_step(step)  # distils the block (nothing to credit: its episodes were free)
+        t1 = time.perf_counter()
+        rows, guided = [], []
+        for e in (e for e in service.manager.bank if e.id not in before):
+            task = e.provenance.prompt if e.provenance is not None else ""
+            played, secret = reader_plays(e.text, task, self.cfg)
+            rows.append({"secret": secret, "played": played, "correct": played == secret, "text": e.text})
+            guided.append(DistillationRequest(task=task, trajectory=Trajectory(), outcome=float(played == secret),
+                                              success=played == secret, experience=ExperienceRef(e.id, e.text),
+                                              condition="guided", env_id="crl/Recall-v0", seed=e.id,
+                                              rollout_step=step + 1))
+        # the reader's guided episodes, credited by the service's rule into its B_φ (CISPO when full)
+        track.credit(step_credits(ClosedStep(step + 1, guided)))
+        track.run_until_idle()
+        t2 = time.perf_counter()
+        row = block_row(block, len(requests) * self.samples_per_request, rows, t1 - t0, t2 - t1,
+                        track.stats.updates - updates0, self.tied[0] - tied0, dict(track.stats.last_update))
+        row["cpu_s"] = round(time.process_time() - c0, 1)  # one torch thread: this process's CPU is one core's time
+        return row
+
+    def close(self) -> None:
+        self.service.close()
+
+
+def run_seed(setting: Setting, seed: int) -> dict[str, list[dict[str, Any]]]:
+    """Both arms of one seed, block by block on the same episodes; each block appended to
+    ``runs/seed<S>_<arm>.jsonl`` as it finishes (a rerun starts the seed over)."""
+    runs = setting.out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    paths = {arm: runs / f"seed{seed}_{arm}.jsonl" for arm in ARMS}
+    for path in paths.values():
+        path.write_text("")
+    cfg = setting.cfg(seed)
+    torch.set_num_threads(cfg.experience.extractor_threads)
+    arms = {arm: Arm(cfg, train=arm == "trained", samples_per_request=setting.samples_per_request) for arm in ARMS}
+    out: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    try:
+        for block in range(setting.blocks):
+            requests = play_episodes(cfg, setting.requests_per_block, seed * 100_003 + block)
+            for arm in ARMS:
+                row = arms[arm].block(block, requests)
+                out[arm].append(row)
+                with paths[arm].open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"seed {seed} {arm} block {block}: entry_share {row['entry_share']} adds {row['entries']}/"
+                      f"{row['requests']} updates {row['updates']} ({row['distill_s']:.0f} + {row['train_s']:.0f} s)",
+                      file=sys.stderr, flush=True)
+    finally:
+        for a in arms.values():
+            a.close()
+    (runs / f"seed{seed}.done").write_text("")
+    return out
+
+
+def count_tied_batches(extractor: Any) -> list[int]:
+    """A counter of CISPO batches whose rewards are all equal (Â = 0 for every sample: no gradient),
+    kept by wrapping the extractor's ``train`` (the weightless oracle has none)."""
+    tied = [0]
+    train = getattr(extractor, "train", None)
+    if train is None:
+        return tied
+
+    def counting(items: Any, counts: Any, lasts: Any, step: int) -> dict[str, float]:
+        if len({it.reward for it in items}) <= 1:
+            tied[0] += 1
+        result: dict[str, float] = train(items, counts, lasts, step)
+        return result
+
+    extractor.train = counting
+    return tied
+
+
+def block_row(block: int, requests: int, rows: list[dict[str, Any]], distill_s: float, train_s: float,
+              updates: int, tied: int, last_update: dict[str, float]) -> dict[str, Any]:
+    by_secret: dict[str, list[int]] = {}
+    for r in rows:
+        by_secret.setdefault(r["secret"], [0, 0])
+        by_secret[r["secret"]][0] += 1
+        by_secret[r["secret"]][1] += int(r["correct"])
+    shares = [c / n for n, c in by_secret.values() if n]
+    played: dict[str, int] = {}
+    for r in rows:
+        played[str(r["played"])] = played.get(str(r["played"]), 0) + 1
+    return {
+        "block": block, "requests": requests, "entries": len(rows), "correct": sum(r["correct"] for r in rows),
+        "entry_share": round(sum(shares) / len(shares), 4) if shares else None,
+        "request_share": round(sum(r["correct"] for r in rows) / requests, 4),
+        "add_rate": round(len(rows) / requests, 4),
+        "by_secret": {k: {"entries": n, "correct": c} for k, (n, c) in sorted(by_secret.items())},
+        "played": dict(sorted(played.items())),
+        "updates": updates, "tied_updates": tied, "last_update": {k: round(v, 5) for k, v in last_update.items()},
+        "distill_s": round(distill_s, 1), "train_s": round(train_s, 1),
+        "shown": [r["text"] for r in rows[:SHOWN]],
+    }
+
+
+def load_runs(setting: Setting, seed: int, finished_only: bool) -> dict[str, list[dict[str, Any]]] | None:
+    """A seed's blocks as its files hold them (``finished_only``: only a seed whose run ended)."""
+    runs = setting.out / "runs"
+    if finished_only and not (runs / f"seed{seed}.done").exists():
+        return None
+    out = {}
+    for arm in ARMS:
+        path = runs / f"seed{seed}_{arm}.jsonl"
+        if not path.exists():
+            return None
+        out[arm] = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return out
+
+
+def block_seconds(row: dict[str, Any]) -> float:
+    """One core's seconds for a block: its CPU time where recorded, else its wall time."""
+    return float(row["cpu_s"]) if "cpu_s" in row else float(row["distill_s"]) + float(row["train_s"])
+
+
+def summarise(setting: Setting, runs: dict[tuple[int, str], list[dict[str, Any]]], seeds: list[int]) -> dict[str, Any]:
+    """The curve over the blocks every seed's both arms have finished."""
+    curve = []
+    goal_block = None
+    blocks = min(len(v) for v in runs.values()) if runs else 0
+    for b in range(blocks):
+        row: dict[str, Any] = {"block": b, "requests_so_far": (b + 1) * setting.requests_per_block * setting.samples_per_request}
+        for arm in ARMS:
+            vals = [runs[(s, arm)][b]["entry_share"] for s in seeds]
+            got = [v for v in vals if v is not None]
+            row[arm] = {"entry_share": mean_t(got).rounded(), "by_seed": vals,
+                        "request_share": mean_t([runs[(s, arm)][b]["request_share"] for s in seeds]).rounded(),
+                        "add_rate": mean_t([runs[(s, arm)][b]["add_rate"] for s in seeds]).rounded(),
+                        "seconds": mean_t([block_seconds(runs[(s, arm)][b]) for s in seeds]).rounded(1)}
+        pairs = [(runs[(s, "trained")][b]["entry_share"], runs[(s, "frozen")][b]["entry_share"]) for s in seeds]
+        pairs = [(t, f) for t, f in pairs if t is not None and f is not None]
+        diff = paired_difference([t for t, _ in pairs], [f for _, f in pairs])
+        row["trained_minus_frozen"] = diff.rounded()
+        seconds = max(sum(block_seconds(runs[(s, "trained")][i]) for i in range(b + 1)) for s in seeds)
+        row["trained_seconds_so_far_max_seed"] = round(seconds, 1)
+        trained = row["trained"]["entry_share"][0]
+        hit = (trained is not None and trained >= GOAL_SHARE and diff.low is not None and diff.low > 0
+               and row["requests_so_far"] <= GOAL_REQUESTS and seconds <= GOAL_SECONDS)
+        row["meets_goal"] = bool(hit)
+        if hit and goal_block is None:
+            goal_block = b
+        curve.append(row)
+    return {"blocks_done": blocks, "curve": curve, "meets_goal": goal_block is not None, "goal_block": goal_block}
+
+
+def figure(report: dict[str, Any], path: Path) -> None:
+    """The curve: entry_share per block, trained and frozen (mean over seeds, 95 % t interval), and the
+    add rate, against requests distilled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = report["curve"]
+    x = [row["requests_so_far"] for row in curve]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=[2, 1])
+    for arm, colour in (("trained", "tab:blue"), ("frozen", "tab:gray")):
+        mean = [row[arm]["entry_share"][0] for row in curve]
+        low = [row[arm]["entry_share"][1] if row[arm]["entry_share"][1] is not None else m for row, m in zip(curve, mean, strict=True)]
+        high = [row[arm]["entry_share"][2] if row[arm]["entry_share"][2] is not None else m for row, m in zip(curve, mean, strict=True)]
+        top.plot(x, mean, marker="o", color=colour, label=arm)
+        top.fill_between(x, low, high, color=colour, alpha=0.2)
+        bottom.plot(x, [row[arm]["add_rate"][0] for row in curve], marker="o", color=colour, label=arm)
+    top.axhline(GOAL_SHARE, color="tab:green", linestyle="--", linewidth=1, label=f"goal {GOAL_SHARE}")
+    top.axhline(1 / report["num_actions"], color="black", linestyle=":", linewidth=1, label="one word always")
+    top.set_ylim(0, 1.02)
+    top.set_ylabel("entries the reader plays\ncorrectly (balanced)")
+    top.set_title(f"{report['model']}, lr {report['lr']}, T {report['temperature']}, B_φ {report['buffer_size']}, "
+                  f"{len(report['seeds'])} seeds (95 % t)", fontsize=9)
+    top.legend(fontsize=8)
+    bottom.set_ylim(0, 1.02)
+    bottom.set_ylabel("add rate")
+    bottom.set_xlabel("requests distilled per arm")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _ci(v: list[float | None]) -> str:
+    mean, low, high = v
+    if mean is None:
+        return "n/a"
+    return f"{mean:.3f}" if low is None or high is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def markdown(report: dict[str, Any], out: Path) -> str:
+    """The curve as a table and every entry the blocks kept, per seed and arm."""
+    lines = ["| block | requests per arm | trained | frozen | trained − frozen (paired) | trained add rate | "
+             "frozen add rate | trained s per block (CPU where recorded, else wall) |", "|---|---|---|---|---|---|---|---|"]
+    for row in report["curve"]:
+        lines.append(f"| {row['block']} | {row['requests_so_far']} | {_ci(row['trained']['entry_share'])} | "
+                     f"{_ci(row['frozen']['entry_share'])} | {_ci(row['trained_minus_frozen'])} | "
+                     f"{_ci(row['trained']['add_rate'])} | {_ci(row['frozen']['add_rate'])} | "
+                     f"{_ci(row['trained']['seconds'])} |")
+    lines += ["", "Per seed and block: entries written, of them played correctly (by secret), the words played, "
+              "CISPO updates (tied: every reward equal), and the entries as written (the first few).", ""]
+    for seed in report["seeds"]:
+        for arm in ARMS:
+            path = out / "runs" / f"seed{seed}_{arm}.jsonl"
+            for line in path.read_text().splitlines() if path.exists() else []:
+                b = json.loads(line)
+                secrets = ", ".join(f"{k} {v['correct']}/{v['entries']}" for k, v in b["by_secret"].items())
+                lines.append(f"* seed {seed}, {arm}, block {b['block']}: {b['entries']} entries of {b['requests']} "
+                             f"requests, correct {b['correct']} ({secrets}); played {b['played']}; updates "
+                             f"{b['updates']} (tied {b['tied_updates']})")
+                lines += [f"  * `{t}`" for t in b["shown"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "small.yaml"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (repeatable)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--blocks", type=int, default=10)
+    ap.add_argument("--requests-per-block", type=int, default=48, help="finished episodes distilled per block")
+    ap.add_argument("--buffer-size", type=int, default=16, help="credited samples per CISPO update (algo.buffer_size)")
+    ap.add_argument("--samples-per-request", type=int, default=1,
+                    help="exploration: each episode distilled this many times (its samples meet in B_phi, whose "
+                         "advantage is r - the batch mean); 1 is the service's rule. A block then distils "
+                         "requests-per-block x this many answers")
+    ap.add_argument("--lr", type=float, help="extractor.lr (default: the config's)")
+    ap.add_argument("--temperature", type=float, help="extractor.temperature (default: the config's)")
+    ap.add_argument("--num-tasks", type=int, default=8)
+    ap.add_argument("--num-actions", type=int, default=2)
+    ap.add_argument("--secret-seed", type=int, default=0, help="the search for balanced secrets starts here")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run at once, one process (one torch thread) each")
+    ap.add_argument("--report-only", action="store_true",
+                    help="summarise the blocks already in --out (an unfinished run's too); run nothing")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "extractor_learning")
+    ap.add_argument("--figure", type=Path, help="also draw the curve into this PNG")
+    ap.add_argument("--markdown", type=Path, help="also write the curve's table and the entries into this file")
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    args = ap.parse_args(argv)
+    secret_seed = balanced_secret_seed(args.num_tasks, args.num_actions, args.secret_seed)
+    overrides = [
+        f"env.kwargs={{num_tasks: {args.num_tasks}, length: 1, num_actions: {args.num_actions}, secret_seed: {secret_seed}}}",
+        "env.ids=[crl/Recall-v0]", "env.max_turns=2", "experience.action_slot=1", "experience.seed_entries=[]",
+        f"algo.buffer_size={args.buffer_size}", "experience.extractor_threads=1",
+        *([f"extractor.lr={args.lr}"] if args.lr is not None else []),
+        *([f"extractor.temperature={args.temperature}"] if args.temperature is not None else []),
+        *args.set,
+    ]
+    if args.samples_per_request < 1:
+        ap.error("--samples-per-request must be >= 1")
+    setting = Setting(args.config, tuple(overrides), args.blocks, args.requests_per_block, args.out,
+                      args.samples_per_request)
+    cfg = setting.cfg(args.seeds[0])
+    if cfg.extractor.model == "tiny":
+        ap.error("the tiny extractor has no tokenizer of its own: probe a real model (extractor.model=smollm2-135m)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    manifest = {"config": args.config, "overrides": overrides, "blocks": args.blocks,
+                "requests_per_block": args.requests_per_block, "samples_per_request": args.samples_per_request}
+    if not args.report_only:
+        (args.out / "setting.json").write_text(json.dumps(manifest, indent=1))
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    todo = []
+    for s in args.seeds:
+        done = load_runs(setting, s, finished_only=not args.report_only)
+        if done is not None and (args.report_only or all(len(v) >= args.blocks for v in done.values())):
+            runs.update({(s, arm): blocks[:args.blocks] for arm, blocks in done.items()})
+        elif args.report_only:
+            ap.error(f"--report-only: seed {s} has no blocks in {args.out / 'runs'}")
+        else:
+            todo.append(s)
+    start = time.perf_counter()
+    if args.jobs > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {s: pool.submit(run_seed, setting, s) for s in todo}
+            for s, fut in futures.items():
+                runs.update({(s, arm): blocks for arm, blocks in fut.result().items()})
+    else:
+        for s in todo:
+            runs.update({(s, arm): blocks for arm, blocks in run_seed(setting, s).items()})
+    report = {
+        "bench": "extractor_learning", "model": cfg.extractor.model, "dtype": cfg.extractor.dtype,
+        "lr": cfg.extractor.lr, "temperature": cfg.extractor.temperature, "lora_rank": cfg.extractor.lora_rank,
+        "buffer_size": args.buffer_size, "requests_per_block": args.requests_per_block, "blocks": args.blocks,
+        "samples_per_request": args.samples_per_request,
+        "seeds": args.seeds, "num_tasks": args.num_tasks, "num_actions": args.num_actions, "secret_seed": secret_seed,
+        "overrides": overrides, "jobs": args.jobs, "wall_s_this_call": round(time.perf_counter() - start, 1),
+        "goal": {"entry_share": GOAL_SHARE, "requests": GOAL_REQUESTS, "seconds_one_core": GOAL_SECONDS},
+        **summarise(setting, runs, args.seeds),
+    }
+    line = json.dumps(report)
+    (args.out / "report.json").write_text(line + "\n")
+    if args.figure is not None and report["curve"]:
+        figure(report, args.figure)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(report, args.out))
+    print(line if args.json else json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

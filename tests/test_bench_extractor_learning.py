@@ -1,0 +1,72 @@
+"""bench/extractor_learning.py: balanced secrets, what the reader plays, and the curve it reports.
+
+The oracle extractor stands in for a model: it writes each success's winning action and returns on
+each failure, so every entry is played correctly and the add rate is the share of successes (half).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _bench import load_bench
+
+from crl_gym.envs.recall import task_name, task_secret
+from crl_train.config import load_config
+
+bench = load_bench("extractor_learning")
+ORACLE = ["--set", "extractor.model=oracle", "--set", "manager.dedup_similarity=null"]
+
+
+def test_the_secret_seed_balances_the_secrets() -> None:
+    seed = bench.balanced_secret_seed(8, 2)
+    secrets = [task_secret(i, 1, 2, seed)[0] for i in range(8)]
+    assert secrets.count("north") == secrets.count("east") == 4
+    assert [task_secret(i, 1, 2, 0)[0] for i in range(8)].count("east") == 6  # the unbalanced default
+    with pytest.raises(ValueError, match="multiple of num_actions"):
+        bench.balanced_secret_seed(7, 2)
+
+
+def test_the_reader_plays_the_first_action_an_entry_names() -> None:
+    cfg = load_config(None, ["env.kwargs={num_tasks: 8, length: 1, num_actions: 2, secret_seed: 3}"])
+    task = f"Task {task_name(5)}: repeat the 1 secret actions of {task_name(5)}."
+    secret = task_secret(5, 1, 2, 3)[0]
+    other = "north" if secret == "east" else "east"
+    assert bench.reader_plays(f"Play {secret}, not {other}.", task, cfg) == (secret, secret)
+    assert bench.reader_plays(f"Avoid {other}.", task, cfg) == (other, secret)
+    assert bench.reader_plays("Nothing here.", task, cfg) == (None, secret)
+
+
+def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*ORACLE, "--seeds", "0", "1", "--blocks", "2", "--requests-per-block", "8", "--out", str(tmp_path),
+            "--figure", str(tmp_path / "curve.png"), "--markdown", str(tmp_path / "curve.md"), "--json"]
+    assert bench.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["blocks_done"] == 2 and len(report["curve"]) == 2 and report["secret_seed"] == 3
+    for row in report["curve"]:
+        for arm in ("trained", "frozen"):
+            assert row[arm]["entry_share"][0] == 1.0  # the oracle's entries are the winning actions
+            assert row[arm]["add_rate"][0] == 0.5 and row[arm]["request_share"][0] == 0.5  # half the episodes won
+        assert row["trained_minus_frozen"][0] == 0.0 and not row["meets_goal"]  # no difference: no goal
+    assert not report["meets_goal"] and (tmp_path / "curve.png").stat().st_size > 0
+    table = (tmp_path / "curve.md").read_text()
+    assert "| 1 | 16 | 1.000 [1.000, 1.000] |" in table and "* seed 1, frozen, block 1:" in table
+    blocks = [json.loads(line) for line in (tmp_path / "runs" / "seed0_trained.jsonl").read_text().splitlines()]
+    assert [b["block"] for b in blocks] == [0, 1] and blocks[0]["updates"] == 0  # the oracle is never trained
+    assert blocks[0]["by_secret"] and sum(v["entries"] for v in blocks[0]["by_secret"].values()) == 4
+    # a second call finds the finished seeds and runs nothing; --report-only reads what is there
+    assert bench.main([*argv[:-1], "--report-only", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["curve"] == report["curve"]
+
+
+def test_several_samples_per_request_distil_each_episode_that_many_times(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*ORACLE, "--seeds", "0", "--blocks", "1", "--requests-per-block", "8", "--samples-per-request", "3",
+            "--out", str(tmp_path), "--json"]
+    assert bench.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["curve"][0]["requests_so_far"] == 24 and report["samples_per_request"] == 3
+    (block,) = [json.loads(line) for line in (tmp_path / "runs" / "seed0_frozen.jsonl").read_text().splitlines()]
+    assert block["requests"] == 24 and block["entries"] == 12  # every copy of the 4 won episodes adds one
