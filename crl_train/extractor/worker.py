@@ -138,13 +138,13 @@ def _train(ext: Extractor, items: list[BufferItem], counts: list[int], lasts: li
 
 def _get_state(ext: Extractor | OracleExtractor) -> dict[str, Any]:
     """The extractor's state and this process's generators (π_φ samples with them: a resume draws on)."""
-    from crl_train import rng_state
+    from crl_train.policy import rng_state
 
     return {**ext.get_state(), "rng": rng_state.capture()}
 
 
 def _set_state(ext: Extractor | OracleExtractor, d: dict[str, Any]) -> None:
-    from crl_train import rng_state
+    from crl_train.policy import rng_state
 
     d = dict(d)
     rng = d.pop("rng", None)

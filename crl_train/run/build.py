@@ -16,10 +16,10 @@ import torch
 
 from crl_gym.clients import LocalClient
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
-from crl_train import rng_state
 from crl_train.config import TrainConfig
 from crl_train.extractor import ORACLE_MODEL
 from crl_train.methods import Method
+from crl_train.policy import rng_state
 from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
 from crl_train.rollout.runner import RolloutRunner
