@@ -214,16 +214,12 @@ def cispo_loss(
     del weights
     _batch_context_only("cispo_loss", context)
     _check(logprobs, old_logprobs, mask, advantages)
-    m = mask.to(logprobs.dtype)
+    terms, m, is_w, clipped = _cispo_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
     total = m.sum().clamp(min=1.0)
-    ratio = torch.exp((logprobs.detach() - old_logprobs.detach()) * m)
-    is_w = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # detached: sg(·)
-    adv = advantages.to(logprobs.dtype).detach()[:, None]
-    loss = -(is_w * adv * logprobs * m).sum() / total
-    clipped = (((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)).to(logprobs.dtype) * m).sum() / total
+    loss = terms.sum() / total
     metrics = {
         "loss": float(loss.detach()),
-        "clip_frac": float(clipped),
+        "clip_frac": float(clipped.sum() / total),
         "is_weight_mean": float((is_w * m).sum() / total),
         "num_tokens": float(m.sum()),
     }
