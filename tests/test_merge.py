@@ -221,6 +221,33 @@ def test_similarity_order_groups_neighbours() -> None:
     assert order[:2] == [ids[0], ids[2]] and set(order[2:]) == {ids[1], ids[3]}
 
 
+def test_the_walk_of_a_bank_does_not_depend_on_how_its_index_was_written(tmp_path: Path) -> None:
+    """Entries at similarity 0 to each other (orthogonal vectors): the walk's order is then the
+    index's tie order. Entries written after others were deleted take the deleted ones' index slots,
+    where a rebuilt index puts them last; both walks, and so both Merges' prompts, must be the same."""
+    axis = np.eye(DIM, dtype=np.float32)
+    bank = ExperienceBank(tmp_path / "bank", dim=DIM)
+    ids = [bank.add(f"entry {n}", axis[n], created_step=0) for n in range(10)]
+    for i in ids[:2]:
+        bank.delete(i)
+    for n in (10, 11):
+        bank.add(f"entry {n}", axis[n], created_step=0)
+
+    def walk(bank: ExperienceBank) -> list[str]:
+        report = merge_bank(bank, EMB, lambda ps: [json.dumps({"keep": labels_in(p)}) for p in ps],
+                            token_budget=approx_tokens(build_merge_prompt([])) + 20)
+        assert report.ok and report.windows > 1
+        return report.prompts
+
+    written = walk(bank)
+    bank.close()
+    (tmp_path / "bank" / "index.usearch").unlink()
+    rebuilt = ExperienceBank(tmp_path / "bank", dim=DIM)
+    assert rebuilt.index_recoveries, "the index was not rebuilt"
+    assert walk(rebuilt) == written
+    rebuilt.close()
+
+
 # ------------------------------------------------------------------------------- all or nothing
 
 

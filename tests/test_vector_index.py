@@ -169,3 +169,41 @@ def test_an_index_with_copies_reopens_without_a_rebuild_and_an_old_one_is_rebuil
     (tmp_path / INDEX_META_FILE).write_text(json.dumps({**meta, "count": 4}))  # it counted usearch keys: ids then
     index, why = VectorIndex.open(tmp_path, 3, rows, 1)
     assert why is not None and "does not match" in why and index.keys == 3
+
+
+ONE_HOT = {i: np.eye(32, dtype=np.float32)[i - 1] for i in range(1, 31)}
+"""30 orthogonal vectors: a query orthogonal to them all (the 32nd axis) ties with every one."""
+AXIS_32 = np.eye(32, dtype=np.float32)[31][None, :]
+
+
+def _answers(index: VectorIndex) -> list[list[list[tuple[int, float]]]]:
+    queries = np.stack([AXIS_32[0], unit(*[1.0] * 32), ONE_HOT[7] + ONE_HOT[9]])
+    return [index.search(queries, k) for k in (1, 5, 30)]
+
+
+def test_equal_similarities_come_in_id_order_and_the_k_best_are_the_smallest_ids() -> None:
+    # usearch alone orders a tie by the key's slot (here the last written first) and cuts the k best
+    # wherever its slots put them
+    index = VectorIndex.build(32, {})
+    for i, v in ONE_HOT.items():
+        index.replace([], {i: v})
+    [hits] = index.search(AXIS_32, k=5)
+    assert hits == [(1, 0.0), (2, 0.0), (3, 0.0), (4, 0.0), (5, 0.0)]
+    # cos((e7 + e9) / |.|, e7) = cos(., e9) = 1/sqrt 2: the tie at the top too, then the zeros from id 1
+    [hits] = index.search(unit(*(1.0 if j in (6, 8) else 0.0 for j in range(32)))[None, :], k=4)
+    assert [i for i, _ in hits] == [7, 9, 1, 2]
+
+
+def test_an_index_answers_the_same_whatever_order_its_vectors_were_written_in() -> None:
+    """Slots differ with the history of writes (one batch, one by one backwards, removed and written
+    again); the answers are a function of the rows alone."""
+    batch = VectorIndex.build(32, ONE_HOT)
+    backwards = VectorIndex.build(32, {})
+    for i in sorted(ONE_HOT, reverse=True):
+        backwards.replace([], {i: ONE_HOT[i]})
+    rewritten = VectorIndex.build(32, ONE_HOT)
+    rewritten.replace(list(range(1, 16)), {})
+    rewritten.replace([], {i: ONE_HOT[i] for i in range(15, 0, -1)})
+    want = _answers(batch)
+    assert _answers(backwards) == want and _answers(rewritten) == want
+    assert [i for i, _ in want[1][0]] == [1, 2, 3, 4, 5]

@@ -8,6 +8,13 @@ reads a byte (a damaged file can crash usearch's loader or answer with the wrong
 and a sample of keys and vectors is compared after loading. Any mismatch rebuilds the index
 from SQLite; :meth:`VectorIndex.open` says *why* so the bank can log and count it.
 
+Answers are a function of the rows alone: ties in similarity come in id order, and the ``k``
+best of a small index are the ``k`` best by ``(similarity, -id)``. usearch alone breaks ties by the
+slot a key landed in, and a multi-threaded ``add`` hands out slots in thread order, so two builds of
+one bank answered ties differently and the Merge walked one bank in different orders from run to
+run. Vectors are also added by one thread, so an HNSW graph (2,048 keys and more) is the same for
+the same history of writes.
+
 Ids that hold the very same vector share one usearch key (the smallest of them): an HNSW graph
 loses recall when hundreds of its points lie at distance 0 from each other (their neighbour lists
 fill up with one another, and searches for other points stop finding their way out), and a bank
@@ -86,6 +93,9 @@ def vector_key(vector: np.ndarray) -> bytes:
 
 EXACT_SEARCH_BELOW = 2048
 """Indexes with fewer distinct vectors than this are searched exactly (a scan), larger ones by HNSW."""
+ADD_THREADS = 1
+"""usearch threads of an ``add``: one, so that slots and the HNSW graph do not hang on thread timing
+(measured on 2 shared cores: 10,000 x 384 built in 15 s with one thread, 23 s with all)."""
 
 class VectorIndex:
     """Cosine top-k search over ``{id: unit vector}``; not thread-safe (the bank's lock guards it).
@@ -108,7 +118,7 @@ class VectorIndex:
         index._group(vectors)
         if index._groups:
             keys = np.fromiter((ids[0] for ids in index._groups.values()), dtype=np.uint64, count=len(index._groups))
-            index._index.add(keys, np.stack(list(index._vector_of.values())))
+            index._index.add(keys, np.stack(list(index._vector_of.values())), threads=ADD_THREADS)
         return index
 
     def _group(self, vectors: Mapping[int, np.ndarray]) -> None:
@@ -246,30 +256,37 @@ class VectorIndex:
         if drop:
             self._index.remove(np.asarray(drop, dtype=np.uint64))
         if put:
-            self._index.add(np.asarray([k for k, _ in put], dtype=np.uint64), np.stack([v for _, v in put]))
+            self._index.add(np.asarray([k for k, _ in put], dtype=np.uint64), np.stack([v for _, v in put]),
+                            threads=ADD_THREADS)
 
     def search(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
-        """Top-``k`` ``(id, cosine similarity)`` per row of ``queries`` [n, dim], best first.
+        """Top-``k`` ``(id, cosine similarity)`` per row of ``queries`` [n, dim], best first, equal
+        similarities in id order.
 
         ``k`` is capped by the index size; an empty index gives ``[]`` rows.
         """
         n = len(queries)
-        if len(self._index) == 0 or n == 0:
+        size = len(self._index)
+        if size == 0 or n == 0:
             return [[] for _ in range(n)]
-        # k keys give at least k ids: a key stands for one id or more
         # A small index is scanned: the scan never misses, where HNSW's approximate walk can skip the
         # exact match of a small, clustered bank; at 2,000 keys it costs 2.7 ms a 16-query batch (the
-        # walk 1.8 ms), at 500 less than the walk.
-        exact = len(self._index) < EXACT_SEARCH_BELOW
-        res = self._index.search(queries, min(k, len(self._index)), threads=1, exact=exact)
+        # walk 1.8 ms), at 500 less than the walk. The scan returns every key, so that the k best are
+        # cut after ties are put in id order (usearch would cut them in slot order).
+        exact = size < EXACT_SEARCH_BELOW
+        # k keys give at least k ids: a key stands for one id or more
+        res = self._index.search(queries, size if exact else min(k, size), threads=1, exact=exact)
         keys = res.keys.reshape(n, -1)
         sims = 1.0 - res.distances.reshape(n, -1)
         # usearch answers a one-row batch with a single Matches (no .counts).
         counts = np.atleast_1d(getattr(res, "counts", len(res.keys)))
+        valid = np.arange(keys.shape[1])[None, :] < counts[:, None]
+        # best first, then the smaller key (an id group's smallest id); unfilled places last
+        order = np.lexsort((keys, -np.where(valid, sims, -np.inf)), axis=-1)
         out: list[list[tuple[int, float]]] = []
         for r in range(n):
             row: list[tuple[int, float]] = []
-            for j in range(int(counts[r])):
+            for j in order[r, : int(counts[r])]:
                 key, sim = int(keys[r, j]), float(sims[r, j])
                 row.extend((i, sim) for i in self._groups[self._group_of[key]])
                 if len(row) >= k:
