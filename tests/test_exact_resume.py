@@ -22,11 +22,11 @@ BIN = Path(sys.executable).parent
 # how fast the steps ran, in an uninterrupted run too (docs/reliability.md). Off here, so that rows
 # can be compared one for one on a loaded machine.
 NO_CLOCK = ["--set", "manager.recency_window_s=0"]
-# The tiny preset, shortened: a checkpoint every other step, a CISPO update whenever two samples are
-# credited (one or more in most steps). No Merge: a Merge's outcome varies between uninterrupted runs
-# of one config (docs/reliability.md), so rows after one cannot be compared yet.
+# The tiny preset, shortened: a checkpoint every other step, a Merge after steps 1, 3 and 5 (so each
+# checkpoint holds a merged bank), a CISPO update whenever two samples are credited (one or more in
+# most steps).
 TINY = [*NO_CLOCK, "--set", "train.steps=6", "--set", "experience.asynchronous=false", "--set", "train.eval_episodes=0",
-        "--set", "train.checkpoint_every=2", "--set", "algo.buffer_size=2", "--set", "algo.merge_every=0"]
+        "--set", "train.checkpoint_every=2", "--set", "algo.buffer_size=2", "--set", "algo.merge_every=2"]
 EXACT = ("step", "success", "success_guided", "success_free", "bank_size", "queue_depth", "buffer_size",
          "extractor_updates", "distilled", "distill_batches", "added", "updated", "malformed", "refused", "stale",
          "credited", "uncreditable", "merges", "merge_failures", "track_errors", "skipped_updates", "env_errors",
@@ -87,14 +87,16 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, An
     assert done.returncode == 0, done.stderr[-3000:]
     want = rows(run)
     assert len(want) == 6
+    assert [r["merges"] for r in want] == [0, 1, 1, 2, 2, 3], "a Merge failed or did not run"
     assert want[-1]["extractor_updates"] >= 2 and want[-1]["track_errors"] == 0
     return want
 
 
 # (how the run stops, when): rows written before the signal, or a CRL_KILL_AT fault point
 STOPS = [
+    pytest.param("fault", "merge-applied:2", id="sigkill-right-after-the-merge-of-step-3"),
+    pytest.param("SIGTERM", 4, id="sigterm-right-after-the-merge-of-step-3"),
     pytest.param("SIGKILL", 5, id="sigkill-after-step-4"),
-    pytest.param("SIGTERM", 4, id="sigterm-after-step-3"),
     pytest.param("fault", "checkpoint-renamed:1", id="sigkill-between-the-renames-of-checkpoint-3"),
     pytest.param("fault", "checkpoint-written:2", id="sigkill-before-the-renames-of-checkpoint-3"),
 ]

@@ -27,7 +27,8 @@ from typing import Any
 FAULT_ENV = "CRL_KILL_AT"
 """Test hook: ``<point>:<n>`` SIGKILLs this process the n-th time it reaches ``fault_point(<point>)``
 (``checkpoint-written``: a checkpoint's files and state are in ``checkpoint.tmp/``, nothing renamed;
-``checkpoint-renamed``: between the two renames of the swap, reached from the second checkpoint on). Unset, a point costs one lookup."""
+``checkpoint-renamed``: between the two renames of the swap, reached from the second checkpoint on;
+``merge-applied``: a Merge committed to the bank, before anything else of its step). Unset, a point costs one lookup."""
 _fault_hits: dict[str, int] = {}
 
 CKPT = "checkpoint"

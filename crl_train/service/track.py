@@ -34,6 +34,7 @@ from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.merge import is_seeded, merge_bank
 from crl_gym.protocol import DistillationRequest, ExtractorSample
 from crl_train.extractor import BufferItem, ExtractorBackend, ExtractorUnavailable
+from crl_train.service.checkpoint import fault_point
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,7 @@ class BackgroundTrack:
         if report is not None and report.ok:
             self.stats.merges += 1
             self.manager.note_merge(report.updated)
+            fault_point("merge-applied")  # the bank holds the Merge, no checkpoint does yet
         else:
             self.stats.merge_failures += 1
             if report is not None:
