@@ -262,3 +262,71 @@ def test_on_node_keeps_an_actor_made_by_plain_remote_on_its_node(cluster: str) -
     where = ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()), timeout=120)
     assert where == head and ray.get(actor.encode.remote(["x"]), timeout=60).shape == (1, 16)
     ray.kill(actor)
+
+
+def _written_entries(service_dir: Path) -> list[ExperienceRef]:
+    """The entries the extractor wrote (they have a sample to credit), read beside the actor's writer."""
+    from crl_gym.experience.store import open_readonly
+
+    db = open_readonly(service_dir / "bank" / "bank.sqlite")
+    try:
+        rows = db.execute("SELECT id, text, version FROM entries WHERE provenance IS NOT NULL ORDER BY id").fetchall()
+    finally:
+        db.close()
+    return [ExperienceRef(int(i), str(t), int(v)) for i, t, v in rows]
+
+
+def _play(client: RayServiceClient, entries: list[ExperienceRef], step: int) -> None:
+    """One rollout step: two guided episodes on each of ``entries`` (one won, one lost: r̄(m) = 0), then its end."""
+    for n, entry in enumerate(entries):
+        client.submit(request(entry, success=True, seed=2 * n))
+        client.submit(request(entry, success=False, seed=2 * n + 1))
+    client.end_step(step)
+
+
+def _settle(client: RayServiceClient, done: Any, what: str, timeout: float = 300.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = client.stats()
+        if done(stats):
+            return stats
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}: {client.stats()}")
+
+
+def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, tmp_path: Path) -> None:
+    """As ``crl-experience serve --extractor`` restarted on its bank directory (tests/test_resume_state.py):
+    stopping the actor checkpoints B_φ, π_φ and the counters; a new actor on the directory goes on
+    from them, its bank as it was, and its extractor trains on the restored samples."""
+    service_dir = tmp_path / "service"
+    config = service_config()
+    config["algo"]["buffer_size"] = 2  # a CISPO update per two credited entries
+
+    def start() -> RayServiceClient:
+        return deploy_service(config, service_dir, name="resumed", namespace=NAMESPACE, num_cpus=1, max_concurrency=4)
+
+    first = start()
+    try:
+        for i in range(4):  # free episodes: the extractor writes entries, each with its sample
+            first.submit(request(None, success=True, seed=i))
+        first.end_step(0)
+        _settle(first, lambda s: s["distilled"] >= 4 and s["queue_depth"] == 0, "4 distilled")
+        written = _written_entries(service_dir)
+        assert written, "the extractor wrote no entry"
+        entries = written[:3] if len(written) >= 3 else written[:1]  # an odd number of credits: one stays in B_φ
+        _play(first, entries, 1)
+        before = _settle(first, lambda s: s["distilled"] >= 4 + 2 * len(entries) and s["queue_depth"] == 0
+                         and s["credited"] == len(entries) and s["buffer_size"] == 1, "the credits in B_φ")
+    finally:
+        first.shutdown()  # closing writes the checkpoint: no explicit checkpoint() before it
+    assert (service_dir / "checkpoint" / "state.json").is_file()
+    again = start()
+    try:
+        resumed = again.stats()
+        for key in ("buffer_size", "extractor_updates", "credited", "distilled", "bank_size", "last_ended_step"):
+            assert resumed[key] == before[key], (key, resumed[key], before[key])
+        _play(again, _written_entries(service_dir)[:1], 2)  # the restored sample and a new one: the extractor trains
+        after = _settle(again, lambda s: s["extractor_updates"] > before["extractor_updates"], "an update after the restart")
+        assert after["errors"] == 0 and after["unreplayable"] == 0 and after["extractor"] == "alive"
+    finally:
+        again.shutdown()

@@ -121,6 +121,7 @@ class ServiceActor:
         embedder = EmbedderPool([embedder_of(cfg, embedder_device) for _ in range(max(1, embedding_workers))])
         self.service = start_service(cfg, options, self.dir / "bank", extractor_checkpoint=ext_ckpt, state=state,
                                      embedder=embedder)
+        self.service.checkpoint_dir = self.dir  # closing checkpoints B_φ and π_φ, as the HTTP server does
         log.info("experience service ready in %s (bank %d entries, last ended step %d)", self.dir,
                  len(self.service.manager.bank), self.service.ledger.last_ended)
 
@@ -174,7 +175,8 @@ class ServiceActor:
             return self.service.checkpoint(self.dir)
 
     def close(self) -> None:
-        """Stop the extractor's loop and process, persist the queue, close the bank."""
+        """Stop the extractor's loop, checkpoint (:meth:`checkpoint`), stop its process, persist the
+        queue, close the bank: a new actor on this directory goes on from here."""
         self.service.close()
 
 
