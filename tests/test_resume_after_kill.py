@@ -10,10 +10,16 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+
+from crl_gym.experience.service import ClosedStep
+from crl_gym.protocol import DistillationRequest
+from crl_train.service.credit import credited_entries, step_credits
 
 BIN = Path(sys.executable).parent
 SMALL = ["--set", "env.max_turns=4", "--set", "env.kwargs={max_turns: 4}", "--set", "env.tasks_per_step=1",
@@ -47,7 +53,8 @@ def test_sigkill_then_resume(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
 
-    checkpoint_step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+    killed_at = json.loads((run / "checkpoint" / "state.json").read_text())
+    checkpoint_step = killed_at["step"]
     assert checkpoint_step >= 1
     ids_before = _bank_ids(run)
     assert ids_before, "the bank should hold at least the seed entry"
@@ -76,3 +83,29 @@ def test_sigkill_then_resume(tmp_path: Path) -> None:
     assert [e.step for e in acc.Scalars("success")] == list(range(8))
     # Every entry acknowledged before the kill is still there (ids survive updates).
     assert ids_before <= _bank_ids(run)
+    _assert_the_asynchronous_invariants(run, [DistillationRequest.from_json(x) for x in traj], killed_at)
+
+
+def _assert_the_asynchronous_invariants(run: Path, requests: list[DistillationRequest], killed_at: dict[str, Any]) -> None:
+    """What an asynchronous run keeps across a kill (docs/reliability.md, "Asynchronous runs resume
+    consistently"), read at its last checkpoint, where the extractor's loop was held between passes:
+    every request the service acknowledged was distilled once or is still queued; every entry that
+    guided an episode is credited once for its step (the bank's credit events) and each credit went
+    into B_φ once; the extractor went on training after the resume."""
+    state = json.loads((run / "checkpoint" / "state.json").read_text())["service"]
+    st = state["track_stats"]
+    assert st["errors"] == 0, st["last_error"]
+    queued = (run / "checkpoint" / "bank" / "pending_requests.jsonl").read_text().splitlines()
+    assert state["counters"]["submitted"] == len(requests)
+    assert st["distilled"] + st["skipped_distill"] + len(queued) == len(requests), (st["distilled"], len(queued))
+    by_step: dict[int, list[DistillationRequest]] = {}
+    for r in requests:
+        by_step.setdefault(int(r.rollout_step), []).append(r)
+    want = sorted((t, i, n) for t, reqs in by_step.items()
+                  for i, n in Counter(i for r in reqs for i in credited_entries(r)).items())
+    with sqlite3.connect(run / "bank" / "bank.sqlite") as db:
+        got = sorted(db.execute("SELECT step, entry_id, n FROM entry_events WHERE kind = 'credit'"))
+    assert got == want and want, (got, want)
+    credits = sum(len(step_credits(ClosedStep(t, reqs))) for t, reqs in by_step.items())
+    assert st["credited"] + st["uncreditable"] == credits
+    assert st["updates"] > killed_at["service"]["track_stats"]["updates"], "no CISPO update after the resume"
