@@ -8,12 +8,12 @@ reads a byte (a damaged file can crash usearch's loader or answer with the wrong
 and a sample of keys and vectors is compared after loading. Any mismatch rebuilds the index
 from SQLite; :meth:`VectorIndex.open` says *why* so the bank can log and count it.
 
-Answers are a function of the rows alone: ties in similarity come in id order, and the ``k``
-best of a small index are the ``k`` best by ``(similarity, -id)``. usearch alone breaks ties by the
-slot a key landed in, and a multi-threaded ``add`` hands out slots in thread order, so two builds of
-one bank answered ties differently and the Merge walked one bank in different orders from run to
-run. Vectors are also added by one thread, so an HNSW graph (2,048 keys and more) is the same for
-the same history of writes.
+Answers of a small index are a function of the rows alone: the most similar first, equal
+similarities in id order, and the ``k`` best cut after that order. usearch alone breaks ties by
+the slot a key landed in, and a multi-threaded ``add`` hands out slots in thread order, so two
+builds of one bank answered ties differently and the Merge walked one bank in different orders
+from run to run. Vectors are added by one thread, so an HNSW graph (2,048 keys and more, whose
+answers are ordered the same way) is the same for the same history of writes.
 
 Ids that hold the very same vector share one usearch key (the smallest of them): an HNSW graph
 loses recall when hundreds of its points lie at distance 0 from each other (their neighbour lists
