@@ -263,23 +263,18 @@ class VectorIndex:
         """Top-``k`` ``(id, cosine similarity)`` per row of ``queries`` [n, dim], best first, equal
         similarities in id order.
 
-        ``k`` is capped by the index size; an empty index gives ``[]`` rows.
+        ``k`` is capped by the index size; an empty index (or ``k`` < 1) gives ``[]`` rows.
         """
         n = len(queries)
         size = len(self._index)
-        if size == 0 or n == 0:
+        if size == 0 or n == 0 or k < 1:
             return [[] for _ in range(n)]
         # A small index is scanned: the scan never misses, where HNSW's approximate walk can skip the
         # exact match of a small, clustered bank; at 2,000 keys it costs 2.7 ms a 16-query batch (the
-        # walk 1.8 ms), at 500 less than the walk. The scan returns every key, so that the k best are
-        # cut after ties are put in id order (usearch would cut them in slot order).
+        # walk 1.8 ms), at 500 less than the walk.
         exact = size < EXACT_SEARCH_BELOW
         # k keys give at least k ids: a key stands for one id or more
-        res = self._index.search(queries, size if exact else min(k, size), threads=1, exact=exact)
-        keys = res.keys.reshape(n, -1)
-        sims = 1.0 - res.distances.reshape(n, -1)
-        # usearch answers a one-row batch with a single Matches (no .counts).
-        counts = np.atleast_1d(getattr(res, "counts", len(res.keys)))
+        keys, sims, counts = self._scan(queries, min(k, size), exact)
         valid = np.arange(keys.shape[1])[None, :] < counts[:, None]
         # best first, then the smaller key (an id group's smallest id); unfilled places last
         order = np.lexsort((keys, -np.where(valid, sims, -np.inf)), axis=-1)
@@ -293,6 +288,29 @@ class VectorIndex:
                     break
             out.append(row[:k])
         return out
+
+    def _scan(self, queries: np.ndarray, k: int, exact: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """usearch's best keys per query: ``keys`` [n, m], ``sims`` [n, m] (best first), ``counts`` [n].
+
+        Scanning, it returns every key that ties with a query's k-th best (more than k when they
+        do), so that the caller cuts the k best after putting ties in id order: usearch alone cuts
+        them in slot order. A tie past the k-th is rare with real embeddings (one search of k + 1).
+        """
+        size = len(self._index)
+        want = min(size, k + 1) if exact else k
+        while True:
+            res = self._index.search(queries, want, threads=1, exact=exact)
+            n = len(queries)
+            keys = res.keys.reshape(n, -1)
+            sims = 1.0 - res.distances.reshape(n, -1)
+            # usearch answers a one-row batch with a single Matches (no .counts).
+            counts = np.atleast_1d(getattr(res, "counts", len(res.keys)))
+            if not exact or want >= size:
+                return keys, sims, counts
+            # a row is whole when its last answer is below its k-th best (nothing past it can tie)
+            if all(counts[r] <= k or sims[r, counts[r] - 1] < sims[r, k - 1] for r in range(n)):
+                return keys, sims, counts
+            want = min(size, 4 * want)
 
     def __len__(self) -> int:
         return len(self._group_of)
