@@ -291,9 +291,9 @@ def summarise(setting: Setting, runs: dict[tuple[int, str], list[dict[str, Any]]
     return {"blocks_done": blocks, "curve": curve, "meets_goal": goal_block is not None, "goal_block": goal_block}
 
 
-def figure(report: dict[str, Any], path: Path) -> None:
+def figure(report: dict[str, Any], path: Path, baseline: dict[str, Any] | None = None) -> None:
     """The curve: entry_share per block, trained and frozen (mean over seeds, 95 % t interval), and the
-    add rate, against requests distilled."""
+    add rate, against requests distilled; ``baseline``: an earlier run's report, its means dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,6 +309,14 @@ def figure(report: dict[str, Any], path: Path) -> None:
         top.plot(x, mean, marker="o", color=colour, label=arm)
         top.fill_between(x, low, high, color=colour, alpha=0.2)
         bottom.plot(x, [row[arm]["add_rate"][0] for row in curve], marker="o", color=colour, label=arm)
+    if baseline is not None and baseline["curve"]:
+        bx = [row["requests_so_far"] for row in baseline["curve"]]
+        name = f"samples/request {baseline['samples_per_request']}"
+        for arm, colour in (("trained", "tab:blue"), ("frozen", "tab:gray")):
+            top.plot(bx, [row[arm]["entry_share"][0] for row in baseline["curve"]], linestyle="--", marker="x",
+                     color=colour, alpha=0.7, label=f"{arm}, baseline ({name})")
+            bottom.plot(bx, [row[arm]["add_rate"][0] for row in baseline["curve"]], linestyle="--", marker="x",
+                        color=colour, alpha=0.7)
     top.axhline(GOAL_SHARE, color="tab:green", linestyle="--", linewidth=1, label=f"goal {GOAL_SHARE}")
     top.axhline(1 / report["num_actions"], color="black", linestyle=":", linewidth=1, label="one word always")
     top.set_ylim(0, 1.02)
@@ -379,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "extractor_learning")
     ap.add_argument("--figure", type=Path, help="also draw the curve into this PNG")
     ap.add_argument("--markdown", type=Path, help="also write the curve's table and the entries into this file")
+    ap.add_argument("--baseline", type=Path, metavar="REPORT_JSON",
+                    help="with --figure: an earlier run's report.json, its curve drawn dashed for comparison")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON line")
     args = ap.parse_args(argv)
     secret_seed = balanced_secret_seed(args.num_tasks, args.num_actions, args.secret_seed)
@@ -434,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     line = json.dumps(report)
     (args.out / "report.json").write_text(line + "\n")
     if args.figure is not None and report["curve"]:
-        figure(report, args.figure)
+        baseline = json.loads(args.baseline.read_text(encoding="utf-8")) if args.baseline is not None else None
+        figure(report, args.figure, baseline)
     if args.markdown is not None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(markdown(report, args.out))

@@ -59,6 +59,11 @@ def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, cap
     assert bench.main([*argv[:-1], "--report-only", "--json"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["curve"] == report["curve"]
+    # an earlier run's report drawn beside the curve (the dashed baseline)
+    (tmp_path / "baseline.json").write_text(json.dumps({**report, "samples_per_request": 4}))
+    assert bench.main([*argv[:-1], "--report-only", "--baseline", str(tmp_path / "baseline.json"),
+                       "--figure", str(tmp_path / "compared.png")]) == 0
+    assert (tmp_path / "compared.png").stat().st_size > (tmp_path / "curve.png").stat().st_size
 
 
 def test_several_samples_per_request_distil_each_episode_that_many_times(tmp_path: Path,

@@ -62,10 +62,34 @@ def test_a_half_finished_cell_resumes_from_its_checkpoint(tmp_path: Path) -> Non
     record = run_cell(suite, cell, tmp_path, env_factory=corridor)
     steps = [json.loads(x)["step"] for x in (cell_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]  # step 0 kept, step 1 trained once
+    assert record["resumed_from"] == [0]  # the second start continued after step 0's checkpoint
     assert record["eval"]["without_experience"]["episodes"] >= 4 and (cell_dir / CELL_FILE).is_file()
     mtime = (cell_dir / CELL_FILE).stat().st_mtime_ns
     assert run_cell(suite, cell, tmp_path, env_factory=corridor) == record  # finished: read back, not rerun
     assert (cell_dir / CELL_FILE).stat().st_mtime_ns == mtime
+
+
+def test_the_cells_table_says_which_cells_resumed_and_their_last_counters(tmp_path: Path) -> None:
+    from crl_train.experiment.report import cells_table
+    from crl_train.experiment.suite import record_dir
+
+    fresh = {"method": "complementary", "seed": 0, "envs": ["corridor"], "steps": 3, "resumed_from": []}
+    resumed = {**fresh, "seed": 1, "resumed_from": [4, 9]}
+    older = {k: v for k, v in {**fresh, "seed": 2}.items() if k != "resumed_from"}  # a cell.json from before
+    rows = {0: [{"step": 0, "extractor_updates": 1, "track_errors": 0, "bank_size": 3, "step_time_s": 1.5},
+                {"step": 1, "extractor_updates": 2, "track_errors": 1, "bank_size": 5, "step_time_s": 2.0}],
+            1: [{"step": 0, "extractor_updates": 7, "track_errors": 3, "bank_size": 2, "step_time_s": 4.0}],
+            2: [{"step": 0, "bank_size": 6, "step_time_s": 1.0}]}  # its rows predate both columns
+    for r in (fresh, resumed, older):
+        d = record_dir(tmp_path, r)
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows[int(r["seed"])]))
+    table = cells_table([fresh, resumed, older], tmp_path)
+    assert "| cell | steps | resumed | extractor updates | track errors |" in table[4]
+    # the last row's counters, read by name: 2 and 1, not the first row's 1 and 0
+    assert table[6] == "| complementary seed 0 | 3 | no | 2 | 1 | 0 | 5 | 4 |"
+    assert table[7] == "| complementary seed 1 | 3 | after step 4, 9 | 7 | 3 | 0 | 2 | 4 |"
+    assert table[8] == "| complementary seed 2 | 3 | not recorded | not recorded | not recorded | 0 | 6 | 1 |"
 
 
 @pytest.mark.slow

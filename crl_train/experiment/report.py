@@ -208,22 +208,41 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
 
 
 def cells_table(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
-    """Per cell: steps, CISPO updates of the extractor, entries written, final bank size, training time."""
+    """Per cell: steps, whether it was resumed, the extractor's CISPO updates and the background track's
+    failed passes at its last metrics row (read by column name), entries written, final bank, training time."""
     from crl_train.run.new_entries import read_new_entries
     from crl_train.run.outputs import read_metrics
 
-    lines = ["## Cells", "", "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or "
-             "weightless extractor); entries written: lines of the cell's `new_entries.jsonl`.", "",
-             "| cell | steps | extractor updates | entries written | final bank | training time (s) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["## Cells", "", "Resumed: the checkpoint step(s) a cell's later starts continued from (no: one start). "
+             "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or weightless extractor); "
+             "track errors: passes of the extractor's background track that raised; both from the cell's last "
+             "metrics row. Entries written: lines of the cell's `new_entries.jsonl`. \"not recorded\": the run's "
+             "data has no such field.", "",
+             "| cell | steps | resumed | extractor updates | track errors | entries written | final bank | training time (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in records:
         d = record_dir(out, r)
         rows = read_metrics(d / "metrics.jsonl") if (d / "metrics.jsonl").exists() else []
         last = rows[-1] if rows else {}
         seconds = sum(float(x.get("step_time_s") or 0.0) for x in rows)
-        lines.append(f"| {r['method']} seed {r['seed']} | {r.get('steps', 'n/a')} | {last.get('extractor_updates', 'n/a')} | "
+        lines.append(f"| {r['method']} seed {r['seed']} | {r.get('steps', 'n/a')} | {_resumed(r)} | "
+                     f"{_column(last, 'extractor_updates')} | {_column(last, 'track_errors')} | "
                      f"{len(read_new_entries(d))} | {last.get('bank_size', 'n/a')} | {seconds:.0f} |")
     return [*lines, ""]
+
+
+def _resumed(record: dict[str, Any]) -> str:
+    if "resumed_from" not in record:
+        return "not recorded"
+    steps = record["resumed_from"]
+    return "no" if not steps else "after step " + ", ".join(map(str, steps))
+
+
+def _column(row: dict[str, Any], name: str) -> str:
+    """A metrics row's column by name; a row without it (an older run) did not record it."""
+    if not row:
+        return "n/a"
+    return str(row[name]) if name in row else "not recorded"
 
 
 def _bank_sizes(cell_dir: Path) -> str:

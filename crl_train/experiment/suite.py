@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 CELL_FILE = "cell.json"
 """Written last in a cell's directory: the cell is finished (trained and evaluated)."""
+RESUMES_FILE = "resumes.jsonl"
+"""One line per start of a cell that resumed from a checkpoint (its step): the report says which cells were resumed."""
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A variant's name is a directory name of its cells."""
 
@@ -190,6 +192,14 @@ def is_finished(cell_dir: Path) -> bool:
     return (cell_dir / CELL_FILE).is_file()
 
 
+def resumed_from(cell_dir: Path) -> list[int]:
+    """The checkpoint steps the cell's starts resumed from, in order ([]: it ran in one go)."""
+    path = cell_dir / RESUMES_FILE
+    if not path.exists():
+        return []
+    return [int(json.loads(line)["checkpoint_step"]) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
 def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Train and evaluate one cell (or resume it); returns what ``cell.json`` holds."""
     from crl_train.run.evaluate import evaluate_run
@@ -205,12 +215,15 @@ def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str]
         shutil.rmtree(cell_dir)  # a start without any checkpoint: nothing to keep
     trainer = Trainer(cfg, cell_dir, resume=resume, progress=False, env_factory=env_factory)
     try:
+        if resume:  # the trainer has loaded the checkpoint: this start continues after its step
+            with (cell_dir / RESUMES_FILE).open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"checkpoint_step": trainer.start_step - 1}) + "\n")
         trainer.run()
         result = evaluate_run(trainer, suite.eval_episodes)
     finally:
         trainer.close()
     record = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs), "steps": cfg.train.steps,
-              "run_method": cfg.method, "eval": result}
+              "run_method": cfg.method, "eval": result, "resumed_from": resumed_from(cell_dir)}
     tmp = cell_dir / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
     tmp.replace(cell_dir / CELL_FILE)
