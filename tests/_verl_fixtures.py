@@ -93,9 +93,9 @@ def verl_config(model_dir: Path, overrides: list[str]) -> Any:
         return compose(config_name="ppo_trainer", overrides=[f"actor_rollout_ref.model.path={model_dir}", *overrides])
 
 
-def start_service(tmp_path: Path) -> tuple[subprocess.Popen[bytes], RemoteClient]:
+def start_service(tmp_path: Path, *, seed_entries: bool = True) -> tuple[subprocess.Popen[bytes], RemoteClient]:
     """``crl-experience serve --extractor`` with the tiny preset on Recall (a real subprocess), seeded
-    with one entry per task (what the guided episodes are shown)."""
+    with one entry per task (what the guided episodes are shown) unless ``seed_entries`` is False."""
     preset = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny.yaml").read_text())
     preset["env"].update({"ids": [ENV_ID], "kwargs": ENV_KWARGS})
     preset["algo"].update({"buffer_size": 2, "cooldown": 0, "merge_every": 0})
@@ -109,5 +109,7 @@ def start_service(tmp_path: Path) -> tuple[subprocess.Popen[bytes], RemoteClient
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     client = RemoteClient(f"http://127.0.0.1:{port}", timeout=60)
     wait_healthy(client, proc)
-    client.apply_ops([AddOp(f"In task {task_name(i)} play {' then '.join(task_secret(i, 2, 2))}.") for i in range(4)])
+    if seed_entries:
+        client.apply_ops([AddOp(f"In task {task_name(i)} play {' then '.join(task_secret(i, 2, 2))}.")
+                          for i in range(4)])
     return proc, client

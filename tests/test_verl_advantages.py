@@ -1,7 +1,7 @@
 """``crl_split_subgroup`` through verl's own ``compute_advantage``, against hand-computed values.
 
 Runs in the verl environment (``make test-verl``). A batch of one task, five episodes: the guided
-row's copies got r = 1, 0 (guided) and 0 (its search found nothing: it ran free), the free row's
+row's copies got r = 1, 0 (guided) and 0 (its search failed: it ran free), the free row's
 0 and 1, and a sixth episode the env broke (``crl_valid`` False).
 
 With the episodes' own conditions (what ``ComplementaryTrainer`` reads): guided {1, 0}: mean 1/2,

@@ -12,7 +12,7 @@
   :class:`ComplementaryTrainer` also reads what each episode reports (``extra_fields``:
   ``crl_group``, ``crl_condition``, ``crl_valid``) for the batch being estimated
   (:func:`batch_outcomes`): then the group is the task, the condition the one the episode ran
-  (a guided row whose search found nothing ran free and is normalised with the free half, as in
+  (a guided row whose search failed, the service down, ran free and is normalised with the free half, as in
   every other loop), and an episode the env broke gets advantage 0.
 * **Eq. 5's ½ Σ_c 1/K_c.** With both halves of K/2 in every group the paper's per-sequence
   weight times N is 1 (``crl_train.algorithms.sequence_weights``), so Â is trained as is; use
@@ -157,7 +157,7 @@ def split_subgroup_estimator(token_level_rewards: torch.Tensor, response_mask: t
 
     >>> r = torch.zeros(4, 3); r[[0, 2], -1] = 1.0
     >>> adv, _ = split_subgroup_estimator(r, torch.ones(4, 3), np.array(["a", "a", "b", "b"], dtype=object))
-    >>> adv[:, 0].tolist()
+    >>> [round(a, 4) for a in adv[:, 0].tolist()]
     [1.0, -1.0, 1.0, -1.0]
     """
     scores = token_level_rewards.sum(dim=-1).to(torch.float32).cpu()

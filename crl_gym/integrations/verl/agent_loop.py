@@ -27,7 +27,7 @@ One episode:
 
 ``reward_score`` is 1.0 on success else 0.0 (the paper's R), or the return with ``reward="return"``.
 ``extra_fields`` (per-sample columns of verl's batch): ``crl_condition`` (the condition the
-episode ran: a guided row whose search found nothing ran free), ``crl_entry`` (the shown entry's
+episode ran: a guided row whose search failed, the service down, ran free), ``crl_entry`` (the shown entry's
 id), ``crl_group``, ``crl_valid`` (False: the env raised; the episode is a failure and gets no
 advantage), ``crl_success``, ``crl_turns``, ``crl_rollout_step``, ``crl_cut`` (``"turns"`` /
 ``"context"`` / None). An env error in ``step`` never raises out of ``run`` (it would fail the whole

@@ -7,12 +7,14 @@ copy of a row runs the row's condition whatever process runs it (verl spreads th
 over its agent-loop workers, so no per-process counter could split them). A method without
 experience gets one ``"free"`` row per task, run ``n = K`` times.
 
-Columns (top level, as verl hands them to ``AgentLoopBase.run``): ``agent_name`` (the loop:
-``"crl_agent"``), ``raw_prompt`` (the instruction messages; the first observation is appended as
-the user turn), ``data_source``, and ``extra_info`` with ``seed`` (the env's reset seed: the task),
-``group`` (the task's number in the batch, shared by its rows), ``experience`` (``"guided"`` /
-``"free"``), ``evaluation`` (True on held-out rows: their episodes carry ``rollout_step = -1``
-and are never credited) and optionally ``env_id`` (else the loop's own).
+Columns (a parquet file of these rows is verl's ``data.train_files`` / ``data.val_files``; verl's
+``RLHFDataset`` hands each to ``AgentLoopBase.run`` with ``prompt`` as ``raw_prompt``):
+``agent_name`` (the loop: ``"crl_agent"``), ``prompt`` (the instruction messages; the loop
+appends the first observation as the user turn), ``data_source``, and ``extra_info`` with
+``index`` (the row's number), ``seed`` (the env's reset seed: the task), ``group`` (the task's
+number, shared by its rows), ``experience`` (``"guided"`` / ``"free"``), ``evaluation`` (True on
+held-out rows: their episodes carry ``rollout_step = -1`` and are never credited) and optionally
+``env_id`` (else the loop's own).
 
 >>> rows = task_rows([7], ["guided", "free"])
 >>> [(r["extra_info"]["seed"], r["extra_info"]["experience"], r["agent_name"]) for r in rows]
@@ -54,15 +56,15 @@ def task_rows(
             raise ValueError(f"a row's condition is one of {CONDITIONS}, got {c!r}")
     if not conditions:
         raise ValueError("conditions must name at least one condition")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for group, seed in enumerate(seeds):
         for condition in conditions:
-            extra: dict[str, Any] = {"seed": int(seed), "group": group, "experience": condition,
-                                     "evaluation": bool(evaluation)}
+            extra: dict[str, Any] = {"index": len(rows), "seed": int(seed), "group": group,
+                                     "experience": condition, "evaluation": bool(evaluation)}
             if env_id is not None:
                 extra["env_id"] = env_id
             rows.append({"data_source": data_source, "agent_name": AGENT_NAME,
-                         "raw_prompt": [{"role": "system", "content": instruction}], "extra_info": extra})
+                         "prompt": [{"role": "system", "content": instruction}], "extra_info": extra})
     return rows
 
 
