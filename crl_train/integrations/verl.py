@@ -207,8 +207,9 @@ class ComplementaryTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
         import transfer_queue as tq
 
+        # what each episode reported, as verl's own trainer reads extra_fields back (a NonTensorStack of dicts)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
-        rows = batch_outcomes(list(data["extra_fields"]), list(data["uid"]))
+        rows = batch_outcomes(data.pop("extra_fields").tolist(), data.pop("uid").tolist())
         token_batch, token_method = _BATCH.set(rows), _METHOD.set(self.crl_method())
         try:
             return super()._compute_advantage(batch, metrics)
