@@ -238,7 +238,9 @@ class _Estimating:
 
 def setup_worker() -> None:
     """Ray's ``worker_process_setup_hook``: registers the estimator, the trainer and ``crl_agent`` in a verl process."""
-    import crl_gym.integrations.verl.agent_loop  # noqa: F401  (registers crl_agent)
+    from crl_gym.integrations.verl.agent_loop import register_loop
+
+    register_loop()
 
 
 __all__ = ["ADV_ESTIMATOR", "TRAINER_MODE", "BatchOutcomes", "ComplementaryTrainer", "batch_outcomes",

@@ -40,7 +40,7 @@ read -r TRAIN VAL N MODEL < <("$PY" examples/verl/prepare.py --out "$OUT" --grou
 sed "s#http://127.0.0.1:8765#$CRL_EXPERIENCE_URL#" examples/verl/agent_loops.yaml >"$OUT/agent_loops.yaml"
 
 "$PY" -m verl.trainer.main_ppo \
-  data.train_files="$TRAIN" data.val_files="$VAL" data.train_batch_size=4 data.val_batch_size=8 \
+  data.train_files="$TRAIN" data.val_files="$VAL" data.train_batch_size=4 \
   data.max_prompt_length=512 data.max_response_length=256 data.shuffle=false \
   actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=4 \

@@ -245,10 +245,18 @@ class ExperienceAgentLoop(AgentLoopBase):
         )
 
 
-# What verl's ``@register`` does, except that an entry the YAML already put there is kept: hydra
-# imports this module while the worker's first sample is built, after the worker loaded the YAML, and
-# ``@register`` would replace the YAML's entry (its env and service) for every later sample.
-_agent_loop_registry.setdefault(AGENT_NAME, {"_target_": f"{ExperienceAgentLoop.__module__}.{ExperienceAgentLoop.__qualname__}"})
+def register_loop() -> None:
+    """Register :class:`ExperienceAgentLoop` as ``crl_agent`` in this process (done on import).
+
+    What verl's ``@register`` does, except that an entry the YAML already put there is kept: hydra
+    imports this module while the worker's first sample is built, after the worker loaded the YAML,
+    and ``@register`` would replace the YAML's entry (its env and service) for every later sample.
+    """
+    target = f"{ExperienceAgentLoop.__module__}.{ExperienceAgentLoop.__qualname__}"
+    _agent_loop_registry.setdefault(AGENT_NAME, {"_target_": target})
+
+
+register_loop()
 
 
 class _Episode:
@@ -284,4 +292,4 @@ def _close(env: gym.Env) -> None:
         logger.debug("closing an env raised", exc_info=True)
 
 
-__all__ = ["ExperienceAgentLoop", "parse_action", "with_actions"]
+__all__ = ["ExperienceAgentLoop", "parse_action", "register_loop", "with_actions"]
