@@ -44,14 +44,18 @@ from typing import Any
 from uuid import uuid4
 
 import gymnasium as gym
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from verl.experimental.agent_loop.agent_loop import (
-    AgentLoopBase,
-    AgentLoopMetrics,
-    AgentLoopOutput,
-    _agent_loop_registry,
-)
-from verl.utils.profiler import simple_timer
+
+try:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopBase,
+        AgentLoopMetrics,
+        AgentLoopOutput,
+        _agent_loop_registry,
+    )
+    from verl.utils.profiler import simple_timer
+except ImportError as exc:  # pragma: no cover - exercised only without verl
+    raise ImportError("crl_gym.integrations.verl.agent_loop needs verl==0.9.1 (pip install 'complementary-rl[verl]'; this project's tests: make install-verl)") from exc
 
 from crl_gym.integrations.verl.rows import AGENT_NAME, row_extra
 from crl_gym.integrations.verl.service import DEFAULT_TIMEOUT_S, service_client
