@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check: the hf backend on CUDA and, when vLLM imports, the vLLM generator (one GPU, < 8 minutes).
+# GPU check: the hf backend on CUDA and, when vLLM imports, the vLLM generator, TRL and verl with vLLM (one GPU).
 #
 #   scripts/gpu_check.sh [PYTHON]        PYTHON: an interpreter with torch (CUDA) and transformers;
 #                                        default .venv/bin/python if it exists, else python3
