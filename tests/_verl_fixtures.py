@@ -63,13 +63,18 @@ class CPUServer:
         self.generator = torch.Generator().manual_seed(seed)
         self.lock = threading.Lock()
         self.calls = 0
+        self.weights_step = 0
+        """The weight version it reports, as verl's LLMServerClient does (``global_steps`` and the
+        ``min_global_steps`` / ``max_global_steps`` of a turn)."""
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        **kwargs: Any) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
         ids, logprobs = await asyncio.to_thread(self._generate, list(prompt_ids), float(sampling_params.get("temperature", 1.0)))
-        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason="completed")
+        step = self.weights_step
+        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason="completed",
+                           extra_fields={"global_steps": step, "min_global_steps": step, "max_global_steps": step})
 
     def _generate(self, prompt_ids: list[int], temperature: float) -> tuple[list[int], list[float]]:
         with self.lock, torch.no_grad():

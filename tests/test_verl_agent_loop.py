@@ -102,6 +102,7 @@ def test_verl_worker_runs_crl_agent_against_the_service(tmp_path: Path) -> None:
         size = len(rows) * n
 
         # step 1: the bank is empty, so the guided episodes are shown nothing
+        server.weights_step = 0  # the weights the servers hold while step 1 rolls out
         first = asyncio.run(worker.generate_sequences(batch_of(rows, n, 1, config, tokenizer, tmp_path / "1.parquet")))
         assert len(first) == size and server.calls >= size
         assert list(first.non_tensor_batch["crl_condition"]) == [r["extra_info"]["experience"] for r in rows
@@ -123,6 +124,7 @@ def test_verl_worker_runs_crl_agent_against_the_service(tmp_path: Path) -> None:
             assert stats["bank_size"] > 0, f"the extractor wrote no entry from step 1's episodes: {stats}"
 
             # step 2: every copy runs its row's condition; the guided ones are shown what the extractor wrote
+            server.weights_step = 1  # on_step_end synced step 1's update
             second = asyncio.run(worker.generate_sequences(batch_of(rows, n, 2, config, tokenizer,
                                                                     tmp_path / "2.parquet")))
             conds = list(second.non_tensor_batch["crl_condition"])
@@ -154,6 +156,8 @@ def check_batch(out: DataProto, rows: list[dict[str, Any]], n: int, tokenizer: A
     """Masks, rewards and advantages of one rollout batch of ``rows`` run ``n`` times each."""
     nt, size = out.non_tensor_batch, len(out)
     assert all(nt["crl_valid"]) and set(nt["crl_rollout_step"]) == {step}
+    # the weight versions the server reported reach the batch (verl's v1 trainer reads them per sample)
+    assert set(nt["min_global_steps"]) == set(nt["max_global_steps"]) == {step - 1}
     turns = np.array(nt["crl_turns"], dtype=int)
     assert (turns >= 1).all()
     mask, responses = out.batch["response_mask"], out.batch["responses"]

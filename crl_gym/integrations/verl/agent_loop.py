@@ -30,7 +30,8 @@ One episode:
 episode ran: a guided row whose search failed, the service down, ran free), ``crl_entry`` (the shown entry's
 id), ``crl_group``, ``crl_valid`` (False: the env raised; the episode is a failure and gets no
 advantage), ``crl_success``, ``crl_turns``, ``crl_rollout_step``, ``crl_cut`` (``"turns"`` /
-``"context"`` / None). An env error in ``step`` never raises out of ``run`` (it would fail the whole
+``"context"`` / None), and what the server reported (``min_global_steps`` / ``max_global_steps``:
+the weight versions, which verl's v1 trainer reads). An env error in ``step`` never raises out of ``run`` (it would fail the whole
 ``asyncio.gather`` of the worker's batch); one in ``reset`` does (a wrong env id or seed is a set-up error).
 """
 
@@ -183,6 +184,7 @@ class ExperienceAgentLoop(AgentLoopBase):
                 assistant_logprobs=list(out.log_probs) if out.log_probs else None)
             ids = episode.ids = list(merged.token_ids)
             episode.logprobs = list(logprobs or [])
+            episode.server_fields(dict(out.extra_fields or {}))
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             try:
                 with simple_timer("tool_calls", metrics):
@@ -240,7 +242,7 @@ class ExperienceAgentLoop(AgentLoopBase):
             num_turns=2 * episode.turns + 1,
             metrics=AgentLoopMetrics(**{k: v for k, v in metrics.items() if k in AgentLoopMetrics.model_fields}),
             extra_fields={
-                "turn_scores": [], "tool_rewards": [],
+                **episode.server, "turn_scores": [], "tool_rewards": [],
                 "crl_condition": episode.condition, "crl_entry": episode.entry,
                 "crl_group": None if group is None else int(group), "crl_valid": episode.valid,
                 "crl_success": episode.success, "crl_turns": episode.turns, "crl_rollout_step": step,
@@ -278,6 +280,16 @@ class _Episode:
         self.valid = True
         self.cut: str | None = None
         self.request: Any = None
+        self.server: dict[str, Any] = {}
+        """What the inference server reported (``min_global_steps`` / ``max_global_steps``: the weight
+        versions the episode was generated with, which verl's v1 trainer reads for staleness)."""
+
+    def server_fields(self, fields: dict[str, Any]) -> None:
+        """Keep the first generation's fields, then the latest ``max_global_steps`` (as ``ToolAgentLoop``)."""
+        if not self.server:
+            self.server.update(fields)
+        elif fields.get("max_global_steps") is not None:
+            self.server["max_global_steps"] = fields["max_global_steps"]
 
 
 def _rollout_step(value: Any) -> int | None:
