@@ -1,6 +1,6 @@
 # complementary-rl — set-up and everyday commands.
 #   make run    venv + install + a tiny Complementary RL run on CPU (runs/tiny)
-#   make test   venv + install + the test suite
+#   make test   venv + install + the test suite (then the verl tests in .venv-verl: make test-verl)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,8 +8,22 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 RUN_DIR ?= runs/tiny
 PYTEST_ARGS ?=
+VERL_VENV  ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+# verl 0.9.1 and the packages its agent loop, tools and v1 trainer import (measured one
+# ModuleNotFoundError at a time), each pinned, installed with --no-deps into a second environment
+# layered over $(VENV): verl's declared deps would replace our transformers 5.24.0 (it declares
+# <5.11) and hydra-core / omegaconf need antlr4-python3-runtime 4.9.3, where $(VENV) has 4.13.2
+# for math-verify's LaTeX parser (the gem extra). A .pth file puts $(VENV)'s site-packages after this
+# environment's own, so its antlr4 4.9.3 wins and everything else comes from $(VENV)
+# (docs/wrappers.md, "From verl").
+VERL_PKGS := verl==0.9.1 hydra-core==1.3.8 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
+	codetiming==1.4.0 tensordict==0.10.0 pyvers==0.2.3 cachetools==8.0.2 TransferQueue==0.1.10 \
+	pyzmq==27.3.0 orjson==3.13.0 torchdata==0.11.0 torchtitan==0.3.0 tyro==1.0.17 \
+	docstring_parser==0.18.0 spmd_types==0.3.1
+VERL_TESTS := tests/test_verl_*.py
 
-.PHONY: install run test lint bench clean
+.PHONY: install install-verl run test test-verl lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +42,28 @@ $(STAMP): $(PY) setup.cfg pyproject.toml
 
 install: $(STAMP)
 
+$(VERL_STAMP): $(STAMP) Makefile
+	$(PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --no-deps $(VERL_PKGS)
+	main=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	own=$$($(VERL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	echo "import site; site.addsitedir('$$main')" > "$$own/zz_crl_main_venv.pth"
+	$(VERL_VENV)/bin/python -c "import antlr4, transformers, verl; assert antlr4.__file__.startswith('$(abspath $(VERL_VENV))'), antlr4.__file__"
+	touch $(VERL_STAMP)
+
+install-verl: $(VERL_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/crl-train --out $(RUN_DIR)
 
-test: $(STAMP)
-	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+test: $(STAMP) $(VERL_STAMP)
+	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore-glob='$(VERL_TESTS)' $(PYTEST_ARGS)
+	$(MAKE) test-verl
+
+# the verl tests and the doctests of the modules that import verl, in .venv-verl
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider -W ignore::UserWarning $(VERL_TESTS) \
+		tests/test_doctests.py -k verl
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check crl_gym crl_train bench scripts tests
@@ -45,4 +76,4 @@ bench: $(STAMP)
 	$(PY) bench/sandbox.py --json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info

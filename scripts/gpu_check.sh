@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check: the hf backend on CUDA and, when vLLM imports, the vLLM generator (one GPU, < 8 minutes).
+# GPU check: the hf backend on CUDA and, when vLLM imports, the vLLM generator, TRL and verl with vLLM (one GPU).
 #
 #   scripts/gpu_check.sh [PYTHON]        PYTHON: an interpreter with torch (CUDA) and transformers;
 #                                        default .venv/bin/python if it exists, else python3
@@ -16,6 +16,13 @@
 #    import: TRL's GRPOTrainer with use_vllm=True (colocate) for two steps on SmolLM2 through the
 #    crl_gym.integrations.trl adapter against crl-experience serve --extractor tiny; the TRL path the
 #    CPU tests cannot run (trl/generation/vllm_generation.py raises ImportError without vLLM).
+# 4. verl with vLLM (examples/verl/run_recall.sh, < 10 minutes), skipped with a note when verl or vLLM
+#    does not import: `python -m verl.trainer.main_ppo` with the crl_agent loop, the crl_split_subgroup
+#    estimator and the crl_sync trainer for two steps on SmolLM2 against crl-experience serve
+#    --extractor tiny; the verl path the CPU tests cannot run (verl's rollout servers are vLLM/SGLang on
+#    a GPU; the CPU tests drive verl's AgentLoopWorker with a CPU generator instead). It needs an
+#    interpreter with verl 0.9.1 and its declared dependencies (transformers<5.11; docs/wrappers.md,
+#    "From verl"), given as VERL_PYTHON (default: PYTHON).
 # One JSON object per line on stdout; anything that fails exits non-zero with the error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -165,4 +172,10 @@ if "$PY" -c "import vllm, trl" 2>/dev/null; then
   timeout 300 "$PY" examples/trl_grpo.py --steps 2 --vllm | tail -n 1
 else
   echo '{"check": "trl_vllm", "ok": true, "skipped": "vllm or trl does not import"}'
+fi
+VERL_PY="${VERL_PYTHON:-$PY}"
+if "$VERL_PY" -c "import vllm, verl.trainer.main_ppo" 2>/dev/null; then
+  timeout 600 examples/verl/run_recall.sh "$VERL_PY" 2 | tail -n 1
+else
+  echo '{"check": "verl_vllm", "ok": true, "skipped": "vllm or verl does not import"}'
 fi

@@ -285,24 +285,41 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return template.format(query=query, answer=answer, observation=obs, max_calls=calls)
 
     def _retrieve_and_ask(self, query: str, turn: int) -> tuple[str, SearchCall | None]:
-        try:
-            entry = self.client.search(query)
-        except Exception as exc:  # noqa: BLE001 - a down client costs the answer, not the episode
-            _reraise_misuse(exc)
-            self._error("search", exc)
-            return "error", None
-        if entry is None:
-            return "no_entry", None
-        try:
-            answer, provenance = self.client.ask(query, entry, str(self._last_obs))
-        except Exception as exc:  # noqa: BLE001 - the raw entry is still a useful answer
-            _reraise_misuse(exc)
-            self._error("ask", exc)
-            answer, provenance = entry.text, None
-        refined = provenance is not None or answer != entry.text
-        return "answered", SearchCall(query=query, answer=answer, entry=entry, turn=turn, refined=refined, provenance=provenance)
+        status, call, failure = retrieve_and_ask(self.client, query, str(self._last_obs), turn)
+        if failure is not None:
+            self._error(*failure)
+        return status, call
 
     def _error(self, what: str, exc: BaseException) -> None:
         self.error_count += 1
         self._call_error = f"search_and_ask {what} failed: {type(exc).__name__}: {exc}"
         logger.warning("%s (episode continues)", self._call_error)
+
+
+def retrieve_and_ask(client: ExperienceClient, query: str, situation: str,
+                     turn: int) -> tuple[str, SearchCall | None, tuple[str, BaseException] | None]:
+    """One ``search_and_ask`` call: the best entry for ``query``, refined by ``client.ask`` for the
+    agent's ``situation`` (the raw entry when the ask fails or no extractor is attached).
+
+    Returns ``(status, call, failure)``: status ``"answered"`` (with the call), ``"no_entry"`` or
+    ``"error"`` (the search failed); ``failure`` is ``(what, exception)`` for a failed search or ask,
+    for the caller to count and log. The wrapper and the verl tool
+    (``crl_gym.integrations.verl.tool``) both answer through this function.
+    """
+    try:
+        entry = client.search(query)
+    except Exception as exc:  # noqa: BLE001 - a down client costs the answer, not the episode
+        _reraise_misuse(exc)
+        return "error", None, ("search", exc)
+    if entry is None:
+        return "no_entry", None, None
+    failure: tuple[str, BaseException] | None = None
+    try:
+        answer, provenance = client.ask(query, entry, situation)
+    except Exception as exc:  # noqa: BLE001 - the raw entry is still a useful answer
+        _reraise_misuse(exc)
+        failure = ("ask", exc)
+        answer, provenance = entry.text, None
+    refined = provenance is not None or answer != entry.text
+    call = SearchCall(query=query, answer=answer, entry=entry, turn=turn, refined=refined, provenance=provenance)
+    return "answered", call, failure
