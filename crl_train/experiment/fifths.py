@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from crl_train.experiment.stats import LEVEL, mean_t, paired_difference
 from crl_train.experiment.suite import record_dir
+from crl_train.run.stats import LEVEL, mean_t, paired_difference
 
 RECALL = "crl/Recall-v0"
 PARTS = 5

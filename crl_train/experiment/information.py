@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from crl_train.experiment.stats import LEVEL, mean_t
 from crl_train.experiment.suite import record_dir
+from crl_train.run.stats import LEVEL, mean_t
 
 RECALL = "crl/Recall-v0"
 PARTS = 5

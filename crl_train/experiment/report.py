@@ -29,8 +29,8 @@ from crl_train.experiment.fifths import (
     part_of,
 )
 from crl_train.experiment.information import gap_table, secret_table
-from crl_train.experiment.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 from crl_train.experiment.suite import Suite, record_dir
+from crl_train.run.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 
 CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("success", ("success",), "success rate (all episodes)"),

@@ -20,10 +20,10 @@ from crl_train.config import TrainConfig
 from crl_train.extractor import ORACLE_MODEL
 from crl_train.methods import Method
 from crl_train.policy import rng_state
+from crl_train.policy.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
 from crl_train.rollout.runner import RolloutRunner
-from crl_train.run.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.run.unsent import unsent_path
 from crl_train.service import ExperienceService, ServiceOptions, start_service
 from crl_train.service.build import make_raw_env, tokenizer_texts
