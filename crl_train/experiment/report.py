@@ -109,7 +109,7 @@ def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from crl_train.run.outputs import read_metrics
+    from crl_train.run.metrics import read_metrics
 
     series: dict[tuple[str, str], list[list[dict[str, Any]]]] = defaultdict(list)
     for r in records:
@@ -209,8 +209,8 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
 
 def cells_table(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
     """Per cell: steps, CISPO updates of the extractor, entries written, final bank size, training time."""
+    from crl_train.run.metrics import read_metrics
     from crl_train.run.new_entries import read_new_entries
-    from crl_train.run.outputs import read_metrics
 
     lines = ["## Cells", "", "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or "
              "weightless extractor); entries written: lines of the cell's `new_entries.jsonl`.", "",
@@ -227,7 +227,7 @@ def cells_table(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
 
 
 def _bank_sizes(cell_dir: Path) -> str:
-    from crl_train.run.outputs import read_metrics
+    from crl_train.run.metrics import read_metrics
 
     path = cell_dir / "metrics.jsonl"
     if not path.exists():

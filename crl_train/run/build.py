@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from crl_gym.clients import LocalClient
+from crl_gym.experience.bank import ExperienceBank
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.config import TrainConfig
 from crl_train.extractor import ORACLE_MODEL
@@ -49,6 +50,11 @@ class Run:
     """Cores of the actor and the extractor (``experience.pin_cpus`` / ``actor_cpus`` / ``extractor_cpus``)."""
     cpus_before: tuple[int, ...] | None = None
     """This process's cores before it was pinned to the actor's (restored by :meth:`close`)."""
+
+    @property
+    def bank(self) -> ExperienceBank:
+        """The run's experience bank (what the trainer trims on a resume, logs the new entries of and exports)."""
+        return self.service.manager.bank
 
     def save(self, target: Path, previous: Path | None = None) -> dict[str, Any]:
         """The service's, the runner's and the generators' part of a checkpoint: ``extractor/`` and
