@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAYERS = ["cli", "serve", "integrations", "experiment", "openrlhf", "run", "methods", "rollout", "service", "extractor", "policy",
+LAYERS = ["cli", "serve", "integrations", "experiment", "openrlhf", "run", "methods", "service", "extractor", "rollout", "policy",
           "algorithms", "config"]
 """crl_train's packages from the top down (docs/architecture.md, "Which way the imports point");
 crl_gym is below all of them."""
