@@ -133,7 +133,7 @@ class Arm:
         options = ServiceOptions(distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
                                  buffer_size=cfg.algo.buffer_size, distill_batch=cfg.experience.distill_batch,
                                  seed_bank=False)
-        self.service = build_service(cfg, options, None, self.extractor)
+        self.service = build_service(cfg.experience, cfg.manager, options, None, self.extractor)
 
     def block(self, block: int, requests: list[DistillationRequest]) -> dict[str, Any]:
         """Distil ``requests``; credit each new entry with the reader's episode on it; CISPO when B_φ is full."""

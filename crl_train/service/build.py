@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_gym.experience.bank import ExperienceBank
+from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.embedders import Embedder, embedder_name, load_embedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.protocol import DistillationRequest
@@ -60,28 +61,30 @@ def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
     return ServiceOptions(**{**base, **method_side})
 
 
-def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | None,
+def build_service(experience: ExperienceConfig, manager_config: ManagerConfig, options: ServiceOptions,
+                  bank_dir: Path | None,
                   extractor: AnyExtractor | None, *, fresh: bool = True,
                   last_ended: int = -1, embedder: Embedder | None = None) -> ExperienceService:
     """The bank in ``bank_dir`` (None: in memory), its manager, and the service around ``extractor``.
 
-    ``embedder`` replaces the config's (e.g. a pool of them on GPUs). ``fresh``: a new run; an
+    ``experience`` / ``manager_config``: the config's sections (its embedder and seed entries, the
+    manager's knobs). ``embedder`` replaces the config's (e.g. a pool of them on GPUs). ``fresh``: a new run; an
     empty bank gets ``experience.seed_entries`` and, for a frozen offline
     bank, ``experience.offline_source``. Not fresh (a resume), ``bank_dir`` must hold a bank. The
     bank records the embedder it is built with and refuses another one (``BankEmbedderError``).
     """
-    embedder = embedder if embedder is not None else embedder_of(cfg.experience)
+    embedder = embedder if embedder is not None else embedder_of(experience)
     # a resumed run's bank must be there (create=False): an empty one in its place would lose it
     bank = ExperienceBank(bank_dir, dim=int(embedder.dim), embedder_name=embedder_name(embedder), create=fresh)
     try:
-        manager = ExperienceManager(bank, embedder, cfg.manager)
+        manager = ExperienceManager(bank, embedder, manager_config)
     except BaseException:
         bank.close()
         raise
     service = ExperienceService(manager, extractor, options, last_ended=last_ended)
     try:
         if fresh and len(bank) == 0 and options.seed_bank:
-            for text in cfg.experience.seed_entries:
+            for text in experience.seed_entries:
                 bank.add(text, embedder.encode([text])[0])
         if fresh and len(bank) == 0 and options.offline_source is not None:
             load_offline_bank(Path(options.offline_source), manager, extractor)
@@ -127,7 +130,7 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
         elif options.extractor:
             extractor = build_extractor(spec)
         last_ended = int(state.get("last_ended", -1)) if state is not None else -1
-        service = build_service(cfg, options, bank_dir, extractor, fresh=state is None if fresh is None else fresh,
+        service = build_service(cfg.experience, cfg.manager, options, bank_dir, extractor, fresh=state is None if fresh is None else fresh,
                                 last_ended=last_ended, embedder=embedder)
     except BaseException:
         if worker is not None:
