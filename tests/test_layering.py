@@ -9,6 +9,7 @@ lazy import is still a dependency; so does an import by a literal name
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Collection
 from pathlib import Path
 
@@ -184,3 +185,36 @@ def test_the_exceptions_are_named_in_the_architecture_doc() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     for importer, imported in EXCEPTIONS:
         assert f"`{importer}` → `{imported}`" in doc, (importer, imported)
+
+
+def package_imports(imports: dict[str, list[str]]) -> dict[str, set[str]]:
+    """crl_train's packages (``run``, ``cli``, …) -> the crl_train packages and ``crl_gym`` they import."""
+    out: dict[str, set[str]] = {}
+    for module, targets in imports.items():
+        parts = module.split(".")
+        if parts[0] != "crl_train" or len(parts) < 2:
+            continue
+        for target in targets:
+            t = target.split(".")
+            name = "crl_gym" if t[0] == "crl_gym" else t[1] if len(t) > 1 else "crl_train"
+            if name != parts[1]:
+                out.setdefault(parts[1], set()).add(name)
+    return out
+
+
+def _documented_package_imports() -> dict[str, set[str]]:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Which way the imports point"):doc.index("## Typing")]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`") and cells[0] != "package":
+            package = cells[0].strip("`").removesuffix("/").removesuffix(".py")
+            table[package] = {re.sub(r"\s*\(.*\)", "", name).strip() for name in cells[1].split(",")}
+    return table
+
+
+def test_the_doc_lists_what_each_package_imports() -> None:
+    actual = package_imports({_module(p): _imports(p) for p in _project_files()})
+    assert _documented_package_imports() == {k: v for k, v in actual.items() if k in LAYERS}
+
