@@ -40,6 +40,7 @@ class OutboxClient(Protocol):
     limits, its retry settings, its spill file and one POST of an encoded body."""
 
     url: str
+    timeout: float
     max_buffered: int
     max_request_bytes: int
     retries: int
