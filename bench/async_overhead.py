@@ -17,7 +17,7 @@ step starts, so its work overlaps exactly the actor steps it would overlap in a 
 and never the other two configurations' steps. (The background *thread* is not stopped: it only
 waits on the worker's pipe or does bank work, ``track_cpu_per_step_s``, a few ms per step.)
 
-Core split: each track is pinned to its own cores (``os.sched_setaffinity``, ``crl_train.run.affinity``;
+Core split: each track is pinned to its own cores (``os.sched_setaffinity``, ``crl_train.policy.affinity``;
 on 2 cores: trainer process → core 0, extractor process → core 1) and runs torch with 1 intra-op
 thread. The grpo run and the synchronous run (extractor in process) get the actor's share. The
 split is printed in ``core_split``.
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     overrides = ([] if args.tiny_extractor else WORKLOAD) + args.overrides
     from crl_train.config import load_config
-    from crl_train.run.affinity import available_cpus, split_cpus
+    from crl_train.policy.affinity import available_cpus, split_cpus
 
     # the split the runs will use, --set experience.actor_cpus=... included
     exp = load_config(None, overrides).experience

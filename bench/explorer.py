@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from crl_gym.experience.bank import _RETRIEVAL_SQL as RETRIEVAL_SQL
 from crl_gym.experience.bank import DB_FILE, ExperienceBank, PendingAdd, PendingUpdate
+from crl_gym.experience.bank_counters import RETRIEVAL_SQL
 from crl_gym.experience.store import SQLiteStore, open_readonly
 from crl_gym.explorer import BankSource, explorer_app
 from crl_gym.protocol import ExtractorSample

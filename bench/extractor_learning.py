@@ -58,9 +58,9 @@ from crl_gym.envs.recall import ACTION_WORDS, task_name, task_secret  # noqa: E4
 from crl_gym.experience.service import ClosedStep  # noqa: E402
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory  # noqa: E402
 from crl_train.config import TrainConfig, load_config  # noqa: E402
-from crl_train.experiment.stats import mean_t, paired_difference  # noqa: E402
 from crl_train.extractor.worker import build_extractor  # noqa: E402
 from crl_train.policy.reader import named_actions  # noqa: E402
+from crl_train.run.stats import mean_t, paired_difference  # noqa: E402
 from crl_train.service import ServiceOptions  # noqa: E402
 from crl_train.service.build import build_service, extractor_spec  # noqa: E402
 from crl_train.service.credit import step_credits  # noqa: E402
@@ -133,7 +133,7 @@ class Arm:
         options = ServiceOptions(distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
                                  buffer_size=cfg.algo.buffer_size, distill_batch=cfg.experience.distill_batch,
                                  seed_bank=False)
-        self.service = build_service(cfg, options, None, self.extractor)
+        self.service = build_service(cfg.experience, cfg.manager, options, None, self.extractor)
 
     def block(self, block: int, requests: list[DistillationRequest]) -> dict[str, Any]:
         """Distil ``requests``; credit each new entry with the reader's episode on it; CISPO when B_φ is full."""

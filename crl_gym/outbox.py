@@ -20,7 +20,7 @@ import time
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from crl_gym import spill
@@ -32,10 +32,25 @@ from crl_gym.errors import (
 )
 from crl_gym.protocol import DistillationRequest
 
-if TYPE_CHECKING:
-    from crl_gym.clients import RemoteClient
-
 logger = logging.getLogger(__name__)
+
+
+class OutboxClient(Protocol):
+    """What the outbox reads of the client it sends for (``crl_gym.clients.RemoteClient``): its
+    limits, its retry settings, its spill file and one POST of an encoded body."""
+
+    url: str
+    timeout: float
+    max_buffered: int
+    max_request_bytes: int
+    retries: int
+    retry_backoff_s: float
+
+    @property
+    def spill_file(self) -> Path: ...
+
+    def post_encoded(self, path: str, body: bytes) -> object: ...
+
 
 SUBMIT_BUFFER = 65_536
 """Default most requests a :class:`RemoteClient` holds undelivered in one process (``max_buffered``);
@@ -94,7 +109,7 @@ class SubmitOutbox:
     failures it must report are the ones collected meanwhile.
     """
 
-    def __init__(self, client: RemoteClient) -> None:
+    def __init__(self, client: OutboxClient) -> None:
         self.client = client
         self.pid = os.getpid()
         self._lock = threading.Lock()

@@ -40,9 +40,9 @@ import torch
 from crl_gym.envs.recall import ACTION_WORDS, RecallEnv, holds_secret
 from crl_gym.protocol import AddOp, DistillationRequest, ReturnOp, Step, Trajectory, UpdateOp
 from crl_train.config import TrainConfig, load_config
-from crl_train.experiment.stats import wilson
 from crl_train.extractor.worker import build_extractor
 from crl_train.policy.reader import named_actions
+from crl_train.run.stats import wilson
 from crl_train.service.build import extractor_spec
 
 SAMPLES_SHOWN = 4

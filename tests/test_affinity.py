@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from crl_train.run.affinity import CpuSplit, available_cpus, pin_process, split_cpus
+from crl_train.policy.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 
 
 def test_default_split_halves_the_cores_actor_takes_the_larger_half() -> None:

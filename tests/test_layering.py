@@ -1,4 +1,5 @@
-"""Imports point down the map of docs/architecture.md; the few that do not are named there.
+"""Imports point down the map of docs/architecture.md; the few that do not are named there, and
+no two packages import each other (a package-level cycle).
 
 Every import statement counts, those inside functions and under ``TYPE_CHECKING`` included: a
 lazy import is still a dependency; so does an import by a literal name
@@ -8,26 +9,22 @@ lazy import is still a dependency; so does an import by a literal name
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Collection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAYERS = ["cli", "serve", "integrations", "experiment", "openrlhf", "run", "methods", "rollout", "service", "extractor", "policy",
+LAYERS = ["cli", "serve", "integrations", "experiment", "openrlhf", "run", "methods", "service", "extractor", "rollout", "policy",
           "algorithms", "config"]
 """crl_train's packages from the top down (docs/architecture.md, "Which way the imports point");
 crl_gym is below all of them."""
 
 EXCEPTIONS = {
-    ("crl_train.run.evaluate", "crl_train.experiment.stats"): "a leaf: the intervals of eval.json and of reports",
-    ("crl_train.extractor.worker", "crl_train.run.affinity"): "a leaf: the worker pins its own process",
     ("crl_gym.envs.swebench.filter", "crl_train.policy"): "optional: a model directory as the filter's agent",
     ("crl_train.service.ray_actor", "crl_train.methods"): "the Ray actor builds a method's service options",
 }
 """(importer, imported) pairs that point up, each named in docs/architecture.md with its reason."""
-
-LEAVES = ("crl_train.experiment.stats", "crl_train.run.affinity")
-"""Modules any layer may import because they import nothing of the project."""
-
 
 def _module(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
@@ -118,13 +115,106 @@ def test_the_checker_sees_a_string_import(tmp_path: Path) -> None:
                                                             ("crl_gym.planted", "crl_train.run.trainer")}
 
 
-def test_leaves_import_nothing_of_the_project() -> None:
-    for leaf in LEAVES:
-        path = ROOT / (leaf.replace(".", "/") + ".py")
-        assert _imports(path) == [], f"{leaf} is named as a leaf but imports {_imports(path)}"
+def _package(module: str) -> str:
+    """``crl_train.run.trainer`` -> ``crl_train.run``; ``crl_gym.outbox`` stays itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_cycles(imports: dict[str, list[str]], skip: Collection[tuple[str, str]] = ()) -> list[list[str]]:
+    """The groups of packages (``crl_train.<x>``, ``crl_gym.<x>``) that import each other, directly or
+    round a loop, from module-level ``imports``; the (importer, imported) pairs in ``skip`` left out."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in imports.items():
+        for target in targets:
+            a, b = _package(module), _package(target)
+            if a != b and (module, target) not in skip:
+                graph.setdefault(a, set()).add(b)
+    # Tarjan's strongly connected components: a component of more than one package is a cycle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            if group:
+                cycles.append(sorted([v, *group]))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_package_imports_itself_round_a_loop() -> None:
+    """A cycle is allowed only through an upward import named in docs/architecture.md (EXCEPTIONS)."""
+    imports = {_module(p): _imports(p) for p in _project_files()}
+    assert package_cycles(imports, set(EXCEPTIONS)) == []
+
+
+def test_the_checker_sees_a_package_cycle() -> None:
+    imports = {"crl_train.run.evaluate": ["crl_train.experiment.stats"],
+               "crl_train.experiment.suite": ["crl_train.run.trainer"],
+               "crl_gym.clients": ["crl_gym.outbox"], "crl_gym.outbox": ["crl_gym.errors"],
+               "crl_train.policy.hf": ["crl_gym.protocol"]}
+    assert package_cycles(imports) == [["crl_train.experiment", "crl_train.run"]]
+    imports["crl_gym.outbox"].append("crl_gym.clients")  # lazy or TYPE_CHECKING: a cycle all the same
+    assert sorted(package_cycles(imports)) == [["crl_gym.clients", "crl_gym.outbox"],
+                                               ["crl_train.experiment", "crl_train.run"]]
+    assert package_cycles(imports, {("crl_train.run.evaluate", "crl_train.experiment.stats")}) == [
+        ["crl_gym.clients", "crl_gym.outbox"]]
+
+
+def test_every_exception_is_still_there() -> None:
+    """A named exception whose import is gone is dropped from the list (and from the doc)."""
+    assert set(EXCEPTIONS) <= upward_imports(), set(EXCEPTIONS) - upward_imports()
 
 
 def test_the_exceptions_are_named_in_the_architecture_doc() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     for importer, imported in EXCEPTIONS:
         assert f"`{importer}` → `{imported}`" in doc, (importer, imported)
+
+
+def package_imports(imports: dict[str, list[str]]) -> dict[str, set[str]]:
+    """crl_train's packages (``run``, ``cli``, …) -> the crl_train packages and ``crl_gym`` they import."""
+    out: dict[str, set[str]] = {}
+    for module, targets in imports.items():
+        parts = module.split(".")
+        if parts[0] != "crl_train" or len(parts) < 2:
+            continue
+        for target in targets:
+            t = target.split(".")
+            name = "crl_gym" if t[0] == "crl_gym" else t[1] if len(t) > 1 else "crl_train"
+            if name != parts[1]:
+                out.setdefault(parts[1], set()).add(name)
+    return out
+
+
+def _documented_package_imports() -> dict[str, set[str]]:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Which way the imports point"):doc.index("## Typing")]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`") and cells[0] != "package":
+            package = cells[0].strip("`").removesuffix("/").removesuffix(".py")
+            table[package] = {re.sub(r"\s*\(.*\)", "", name).strip() for name in cells[1].split(",")}
+    return table
+
+
+def test_the_doc_lists_what_each_package_imports() -> None:
+    actual = package_imports({_module(p): _imports(p) for p in _project_files()})
+    assert _documented_package_imports() == {k: v for k, v in actual.items() if k in LAYERS}
+

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from crl_train.experiment.stats import mean_t, paired_difference, ratio_of_means, wilson
+from crl_train.run.stats import mean_t, paired_difference, ratio_of_means, wilson
 
 Z = 1.959963984540054  # the 97.5 % normal quantile
 

@@ -30,15 +30,12 @@ this process or another, raises :class:`BankLockedError` and changes nothing.
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import json
 import logging
-import math
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,20 +43,27 @@ from typing import IO, Any
 
 import numpy as np
 
+from crl_gym.experience.bank_counters import BankCounters
+from crl_gym.experience.bank_files import (
+    DB_FILE,
+    LOCK_FILE,
+    BankEmbedderError,
+    BankLockedError,
+    check_embedder,
+    lock_directory,
+    same_embedder,
+    unlock_directory,
+)
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.eviction import EVICTIONS, victims
 from crl_gym.experience.rwlock import RWLock
 from crl_gym.experience.shared_embeddings import SharedEmbeddings
 from crl_gym.experience.store import BankCorruptError, EntryEvent, SQLiteStore
 from crl_gym.experience.vector_index import INDEX_FILE, INDEX_META_FILE, VectorIndex
-from crl_gym.protocol import ExtractorSample, check_int, finite_float
+from crl_gym.protocol import ExtractorSample, check_int
 
 log = logging.getLogger(__name__)
 MAX_ID = 2**63 - 1  # ids are uint64 restricted to SQLite's native INTEGER range
-DB_FILE = "bank.sqlite"
-LOCK_FILE = "bank.lock"
-"""Held with ``flock(LOCK_EX)`` by the one open bank of a directory; holds that process's PID."""
-_RETRIEVAL_SQL = "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?"
 
 
 @dataclass
@@ -83,64 +87,11 @@ class PendingUpdate:
     provenance: ExtractorSample | None = None
 
 
-class BankLockedError(RuntimeError):
-    """The bank directory is already open (in this process or another): one writer per bank."""
-
-
-class BankEmbedderError(ValueError):
-    """The bank was built with another embedder (name or dimension) than the one it is opened with."""
-
-
-def same_embedder(a: str, b: str) -> bool:
-    """Whether two embedder names denote one model: equal, or equal after the last ``/`` (a hub id
-    ``org/name`` and a local copy of it in a directory ``name``).
-
-    >>> same_embedder("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"), same_embedder("hashing:64", "hashing:32")
-    (True, False)
-    """
-    return a == b or a.rstrip("/").rsplit("/", 1)[-1] == b.rstrip("/").rsplit("/", 1)[-1]
-
 
 def _entry_text(text: object, what: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{what}: text must be a non-empty string, got {text!r:.80}")
     return text
-
-
-def _lock_directory(path: Path) -> IO[str]:
-    """Take the directory's exclusive lock without waiting; the open lock file holds it."""
-    f = open(path / LOCK_FILE, "a+", encoding="ascii")  # noqa: SIM115 - held until close()
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        try:
-            f.seek(0)
-            holder = f.read().strip() or "?"
-        finally:
-            f.close()
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise
-        raise BankLockedError(
-            f"bank {path} is locked by PID {holder}; only one ExperienceBank may have a bank directory "
-            f"open at a time: close the other one (bank.close(), or stop that process), or open a copy "
-            f"of the directory"
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")  # who holds it, for the next opener's message
-    f.flush()
-    return f
-
-
-def _unlock_directory(f: IO[str]) -> None:
-    """Release the lock explicitly, so a forked child that inherited the file does not keep it."""
-    try:
-        f.seek(0)
-        f.truncate()
-        f.flush()
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-    finally:
-        f.close()
 
 
 def _check_capacity(capacity: int | None, eviction: str) -> tuple[int | None, str]:
@@ -156,7 +107,7 @@ def _copy(e: ExperienceEntry) -> ExperienceEntry:
     return dataclasses.replace(e, history=list(e.history))
 
 
-class ExperienceBank:
+class ExperienceBank(BankCounters):
     """Persistent (``path`` = directory) or in-memory (``path=None``) experience bank."""
 
     def __init__(self, path: str | Path | None, dim: int, *, embedder_name: str | None = None,
@@ -184,19 +135,19 @@ class ExperienceBank:
         self._dir_lock: IO[str] | None = None
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._dir_lock = _lock_directory(self.path)  # before anything in the directory is read
+            self._dir_lock = lock_directory(self.path)  # before anything in the directory is read
         try:
             self._open_store()
         except BaseException:
             if self._dir_lock is not None:
-                _unlock_directory(self._dir_lock)
+                unlock_directory(self._dir_lock)
                 self._dir_lock = None
             raise
 
     def _open_store(self) -> None:
         self._store = SQLiteStore(None if self.path is None else self.path / DB_FILE, create=self._create)
         try:
-            self._check_embedder()
+            self.embedder_name = check_embedder(self._store, self.dim, self.embedder_name)
             self._next_id = int(self._store.get_meta("next_id") or 1)
             self._generation = int(self._store.get_meta("generation") or 0)
             self._entries = {e.id: e for e in self._store.load_all(self.dim)}
@@ -215,37 +166,6 @@ class ExperienceBank:
         self._index = self._open_index()
         if self.capacity is not None and len(self._entries) > self.capacity:
             self._evict_now()
-
-    def _check_embedder(self) -> None:
-        """Record the embedder in a new bank; refuse another one than an existing bank's, naming both."""
-        stored_dim, stored_name = self._store.get_meta("dim"), self._store.get_meta("embedder")
-        meta: dict[str, object] = {}
-        if stored_dim is None:
-            meta.update({"dim": self.dim, "next_id": 1, "generation": 0})
-        else:
-            try:
-                dim = int(stored_dim)
-            except ValueError:
-                raise BankCorruptError(f"{self._store.file}: meta.dim is {stored_dim!r}, not a dimension") from None
-            name_mismatch = (stored_name is not None and self.embedder_name is not None
-                             and not same_embedder(stored_name, self.embedder_name))
-            if dim != self.dim or name_mismatch:
-                built = f"embedding dim {dim}" + (f" (embedder {stored_name!r})" if stored_name else "")
-                asked = f"dim {self.dim}" + (f" (embedder {self.embedder_name!r})" if self.embedder_name else "")
-                raise BankEmbedderError(
-                    f"{self._store.file}: bank was created with {built}, but {asked} was requested; vectors of "
-                    f"different embedders are not comparable: open it with the embedder it was built with, or "
-                    f"export it (export_jsonl) and re-embed the texts into a new bank"
-                )
-        if self.embedder_name is not None and stored_name is None:
-            if stored_dim is not None and self._store.get_meta("next_id") not in (None, "1"):
-                log.warning("%s: the bank does not say which embedder built it; recording %r (dim %d)",
-                            self._store.file, self.embedder_name, self.dim)
-            meta["embedder"] = self.embedder_name
-        if meta:
-            self._store.commit([], [], meta)
-        if self.embedder_name is None and stored_name is not None:
-            self.embedder_name = stored_name
 
     # -- index maintenance (the index is a cache of SQLite: rebuilt, never trusted blindly) ---
     def _vectors(self) -> dict[int, np.ndarray]:
@@ -493,34 +413,6 @@ class ExperienceBank:
             out.append(EntryEvent(i, at, kind, old.version, detail=detail))
         return out
 
-    def record_credits(self, step: int, credits: Iterable[tuple[int, float, int]]) -> int:
-        """Log r̄(m) of a closed rollout step for each ``(entry id, r̄(m), episodes)`` and fold it into
-        the entry's r̄(m) over training (``entry_credit``); returns how many. The service calls this
-        as it credits a step: it is the only place r̄(m) is kept once B_φ has used it."""
-        rows = [(int(i), finite_float(v, f"record_credits: r̄({i})"), check_int(n, f"record_credits: episodes of {i}", low=0))
-                for i, v, n in credits]
-        if not rows:
-            return 0
-        with self._db_lock:
-            n = self._store.record_credits(int(step), rows)
-            for i, v, k in rows:
-                if i in self._entries:  # the store keeps a row only for an entry still in the bank
-                    total, episodes = self._credit.get(i, (0.0, 0))
-                    self._credit[i] = (total + v * k, episodes + k)
-        self._last_step = max(self._last_step, int(step))
-        return n
-
-    def credit_stats(self, ids: Iterable[int]) -> dict[int, tuple[float, int]]:
-        """``{id: (r̄(m), credited episodes)}`` for the ids that have been credited (the running r̄(m)
-        of :meth:`record_credits`, kept in memory); an id never credited is absent."""
-        with self._db_lock:
-            out: dict[int, tuple[float, int]] = {}
-            for i in ids:
-                c = self._credit.get(i)
-                if c is not None:
-                    out[i] = (c[0] / max(1, c[1]), c[1])
-            return out
-
     def read_sql(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one read-only query on the bank's own connection (an in-memory bank has no file
         for a reader of its own to open); a statement that would write is refused by SQLite."""
@@ -595,81 +487,10 @@ class ExperienceBank:
             snapshot = [_copy(self._entries[i]) for i in sorted(self._entries)]
         return iter(snapshot)
 
-    # -- statistics (not part of atomic batches; persisted immediately) -----------------------
-    def _bump(self, sql: str, ids: Iterable[int], fn: Callable[[ExperienceEntry], tuple[Any, ...]],
-              persist: bool = True) -> int:
-        # The read lock keeps writers out: an update copies the counters of the entry it
-        # replaces, so a concurrent increment on the old object would be lost.
-        with self.lock.read(), self._db_lock:
-            params: list[tuple[Any, ...]] = []
-            for i in ids:
-                e = self._entries.get(int(i))
-                if e is not None:  # an entry merged away since retrieval is skipped
-                    params.append(fn(e))
-            if not persist:
-                self._dirty_stats.update(p[-1] for p in params)
-            elif params:
-                self._store.update_stats(sql, params)
-            return len(params)
-
     @property
     def generation(self) -> int:
         """Write counter: changes whenever entries or vectors change (not on counters)."""
         return self._generation
-
-    def retrieval_stats(self, ids: Iterable[int]) -> dict[int, tuple[int, float]]:
-        """``{id: (retrieval_count, last_retrieved)}`` for the ids that exist."""
-        with self._db_lock:
-            return {
-                i: (e.retrieval_count, e.last_retrieved)
-                for i in ids if (e := self._entries.get(i)) is not None
-            }
-
-    def record_retrieval(self, ids: Iterable[int], now: float, *, persist: bool = True) -> int:
-        """c(m) += 1 and last_retrieved = now per occurrence of each id; returns how many.
-
-        ``persist=False`` updates memory now and leaves SQLite to :meth:`flush_stats` (the
-        manager's hot path); retrieval counters are statistics, not acknowledged data.
-        """
-        if not math.isfinite(now):
-            raise ValueError(f"record_retrieval: now must be a finite number, got {now!r}")
-        def fn(e: ExperienceEntry) -> tuple[Any, ...]:
-            e.retrieval_count += 1
-            e.last_retrieved = max(e.last_retrieved, float(now))
-            return (e.retrieval_count, e.last_retrieved, e.id)
-        return self._bump(_RETRIEVAL_SQL, ids, fn, persist)
-
-    def flush_stats(self) -> int:
-        """Persist retrieval counters recorded with ``persist=False``; returns rows written."""
-        with self._db_lock:
-            params = [
-                (e.retrieval_count, e.last_retrieved, e.id)
-                for i in self._dirty_stats if (e := self._entries.get(i)) is not None
-            ]
-            self._dirty_stats.clear()
-            if params and not getattr(self, "_closed", False):
-                self._store.update_stats(_RETRIEVAL_SQL, params)
-            return len(params)
-
-    def record_training(self, ids: Iterable[int], step: int) -> int:
-        """c_train(m) += 1 and t_last(m) = step for each id (the trainer calls this per update)."""
-        def fn(e: ExperienceEntry) -> tuple[Any, ...]:
-            e.train_count += 1
-            e.last_trained_step = max(e.last_trained_step, int(step))
-            return (e.train_count, e.last_trained_step, e.id)
-        return self._bump(
-            "UPDATE entries SET train_count=?, last_trained_step=? WHERE id=?", ids, fn
-        )
-
-    def set_utility(self, id: int, value: float) -> None:
-        """Set the EDGE EMA utility of ``id`` (``KeyError`` if absent; a NaN or inf value is refused)."""
-        if int(id) not in self._entries:
-            raise KeyError(f"set_utility: no entry with id {id}")
-        utility = finite_float(value, f"set_utility({id}): utility")
-        def fn(e: ExperienceEntry) -> tuple[Any, ...]:
-            e.utility = utility
-            return (e.utility, e.id)
-        self._bump("UPDATE entries SET utility=? WHERE id=?", [int(id)], fn)
 
     # -- JSONL ---------------------------------------------------------------------------------
     def export_jsonl(self, path: str | Path) -> int:
@@ -723,7 +544,7 @@ class ExperienceBank:
                 self._closed = True
         finally:
             if self._dir_lock is not None:  # released even when saving failed: the process may go on
-                _unlock_directory(self._dir_lock)
+                unlock_directory(self._dir_lock)
                 self._dir_lock = None
 
     def __enter__(self) -> ExperienceBank:

@@ -380,7 +380,7 @@ class ExperienceConfig:
     """torch intra-op threads of the extractor process (its share of the cores; in process, torch's
     pool is process-wide and ``actor_threads`` applies to both tracks)."""
     pin_cpus: bool = True
-    """Pin each track to its own cores (``os.sched_setaffinity``; see ``crl_train.run.affinity``): the trainer
+    """Pin each track to its own cores (``os.sched_setaffinity``; see ``crl_train.policy.affinity``): the trainer
     process to ``actor_cpus``, the extractor process to ``extractor_cpus``. False = no pinning."""
     actor_cpus: tuple[int, ...] | None = None
     """Cores of the trainer process (primary loop; grpo and an in-process extractor get these too).

@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from crl_train.experiment.stats import LEVEL, mean_t, paired_difference
 from crl_train.experiment.suite import record_dir
+from crl_train.run.stats import LEVEL, mean_t, paired_difference
 
 RECALL = "crl/Recall-v0"
 PARTS = 5
@@ -155,7 +155,7 @@ class Measure:
 
 
 def _guided(cell_dir: Path, record: dict[str, Any]) -> Parts:
-    from crl_train.run.outputs import read_metrics
+    from crl_train.run.metrics import read_metrics
 
     path = cell_dir / "metrics.jsonl"
     return guided_success_by_part(read_metrics(path), int(record["steps"])) if path.exists() else [None] * PARTS

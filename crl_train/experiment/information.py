@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from crl_train.experiment.stats import LEVEL, mean_t
 from crl_train.experiment.suite import record_dir
+from crl_train.run.stats import LEVEL, mean_t
 
 RECALL = "crl/Recall-v0"
 PARTS = 5
@@ -47,7 +47,7 @@ def gap_by_part(rows: Sequence[dict[str, Any]], parts: int = PARTS) -> list[floa
 
 def gap_table(records: Sequence[dict[str, Any]], methods: Sequence[str], out: Path) -> list[str]:
     """Markdown: one row per guided method, one column per fifth of training."""
-    from crl_train.run.outputs import read_metrics
+    from crl_train.run.metrics import read_metrics
 
     head = ["| method | " + " | ".join(f"steps {p * 100 // PARTS}–{(p + 1) * 100 // PARTS} %" for p in range(PARTS)) + " |",
             "| --- |" + " --- |" * PARTS]

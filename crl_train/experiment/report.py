@@ -29,8 +29,8 @@ from crl_train.experiment.fifths import (
     part_of,
 )
 from crl_train.experiment.information import gap_table, secret_table
-from crl_train.experiment.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 from crl_train.experiment.suite import Suite, record_dir
+from crl_train.run.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 
 CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("success", ("success",), "success rate (all episodes)"),
@@ -109,7 +109,7 @@ def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from crl_train.run.outputs import read_metrics
+    from crl_train.run.metrics import read_metrics
 
     series: dict[tuple[str, str], list[list[dict[str, Any]]]] = defaultdict(list)
     for r in records:
@@ -210,8 +210,8 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
 def cells_table(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
     """Per cell: steps, whether it was resumed, the extractor's CISPO updates and the background track's
     failed passes at its last metrics row (read by column name), entries written, final bank, training time."""
+    from crl_train.run.metrics import read_metrics
     from crl_train.run.new_entries import read_new_entries
-    from crl_train.run.outputs import read_metrics
 
     lines = ["## Cells", "", "Resumed: the checkpoint step(s) a cell's later starts continued from (no: one start). "
              "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or weightless extractor); "
@@ -246,7 +246,7 @@ def _column(row: dict[str, Any], name: str) -> str:
 
 
 def _bank_sizes(cell_dir: Path) -> str:
-    from crl_train.run.outputs import read_metrics
+    from crl_train.run.metrics import read_metrics
 
     path = cell_dir / "metrics.jsonl"
     if not path.exists():

@@ -202,8 +202,8 @@ def resumed_from(cell_dir: Path) -> list[int]:
 
 def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Train and evaluate one cell (or resume it); returns what ``cell.json`` holds."""
+    from crl_train.run.checkpoints import resolve_checkpoint
     from crl_train.run.evaluate import evaluate_run
-    from crl_train.run.outputs import resolve_checkpoint
     from crl_train.run.trainer import Trainer
 
     cell_dir = out / "cells" / cell.name

@@ -97,7 +97,7 @@ class ExtractorSpec:
     """torch intra-op threads of the child (its share of the cores)."""
     cpus: tuple[int, ...] | None = None
     """Cores the child is pinned to (``os.sched_setaffinity``, before torch starts threads); None = not pinned.
-    See :func:`crl_train.run.affinity.split_cpus`."""
+    See :func:`crl_train.policy.affinity.split_cpus`."""
     nice: int = 0
     """Added to the child's scheduling niceness: when cores are oversubscribed the actor's process
     runs first (the extractor is off the critical path; on free cores it changes nothing)."""
@@ -173,7 +173,7 @@ _HANDLERS: dict[str, Any] = {
 def _serve(conn: Connection, spec: ExtractorSpec) -> None:
     """Child main loop: build π_φ, then answer ``(op, args)`` with ``("ok", result)`` / ``("error", tb)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (it checkpoints through us)
-    from crl_train.run.affinity import pin_process
+    from crl_train.policy.affinity import pin_process
 
     pin_process(spec.cpus)  # first: threads torch starts later inherit the extractor's cores
     import torch

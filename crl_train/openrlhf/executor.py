@@ -145,9 +145,9 @@ class EpisodeRuntime:
         if self._raw_env is not None:
             env = self._raw_env(env_id)
         else:
-            from crl_train.service.build import make_raw_env
+            from crl_train.rollout.envs import make_raw_env
 
-            env = make_raw_env(self.cfg, env_id)
+            env = make_raw_env(self.cfg.env, env_id)
         if self.client is None:  # a method without experience (the constructor checks the others have one)
             return env
         from crl_gym.wrappers.experience import ExperienceWrapper

@@ -7,7 +7,6 @@ nothing here looks at a method's name.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,18 +14,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from crl_gym.clients import LocalClient
+from crl_gym.experience.bank import ExperienceBank
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
-from crl_train.config import TrainConfig
+from crl_train.config import ExperienceConfig, ModelConfig, TrainConfig
 from crl_train.extractor import ORACLE_MODEL
 from crl_train.methods import Method
 from crl_train.policy import rng_state
+from crl_train.policy.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
+from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, tokenizer_texts
 from crl_train.rollout.runner import RolloutRunner
-from crl_train.run.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.run.unsent import unsent_path
 from crl_train.service import ExperienceService, ServiceOptions, start_service
-from crl_train.service.build import make_raw_env, tokenizer_texts
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -49,6 +49,11 @@ class Run:
     """Cores of the actor and the extractor (``experience.pin_cpus`` / ``actor_cpus`` / ``extractor_cpus``)."""
     cpus_before: tuple[int, ...] | None = None
     """This process's cores before it was pinned to the actor's (restored by :meth:`close`)."""
+
+    @property
+    def bank(self) -> ExperienceBank:
+        """The run's experience bank (what the trainer trims on a resume, logs the new entries of and exports)."""
+        return self.service.manager.bank
 
     def save(self, target: Path, previous: Path | None = None) -> dict[str, Any]:
         """The service's, the runner's and the generators' part of a checkpoint: ``extractor/`` and
@@ -86,22 +91,22 @@ class Run:
             pin_process(self.cpus_before)  # the caller (a test, a benchmark) gets its cores back
 
 
-def use_extractor_process(cfg: TrainConfig, options: ServiceOptions) -> bool:
+def use_extractor_process(experience: ExperienceConfig, extractor: ModelConfig, options: ServiceOptions) -> bool:
     """``experience.extractor_process``, with None = on for asynchronous runs that have an extractor
     with model work (the oracle has none: a process would only cost its start)."""
-    if cfg.experience.extractor_process is not None:
-        return cfg.experience.extractor_process
-    return cfg.experience.asynchronous and options.extractor and cfg.extractor.model != ORACLE_MODEL
+    if experience.extractor_process is not None:
+        return experience.extractor_process
+    return experience.asynchronous and options.extractor and extractor.model != ORACLE_MODEL
 
 
 def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Path | None = None,
-              env_factory: Callable[[str], Any] | None = None, generator_factory: GeneratorFactory | None = None,
+              env_factory: RawEnvFactory | None = None, generator_factory: GeneratorFactory | None = None,
               bank_dir: Path | None = None) -> Run:
     """Everything a run needs. ``env_factory(env_id)`` replaces ``crl_gym.envs.make`` (tests, custom envs);
     ``generator_factory`` replaces the vLLM generator for the actor; ``bank_dir`` replaces ``run_dir/bank``
     (a read-only evaluation's copy: its wrappers then spill nowhere in ``run_dir``, they keep what their
     client refuses in memory)."""
-    raw_env = env_factory or (lambda env_id: make_raw_env(cfg, env_id))
+    raw_env = env_factory or raw_env_factory(cfg.env)
     options = method.service_options()
     torch.manual_seed(cfg.seed)
     # The trainer process's intra-op pool is the actor's share of the cores (see crl_train.service.track);
@@ -113,14 +118,14 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     if options.extractor and ext_ckpt is not None and not ext_ckpt.is_dir() and cfg.extractor.model != ORACLE_MODEL:
         log.error("%s is missing (the extractor worker died before any checkpoint): starting a fresh extractor", ext_ckpt)
         ext_ckpt = None
-    in_worker = options.extractor and use_extractor_process(cfg, options)
+    in_worker = options.extractor and use_extractor_process(ex, cfg.extractor, options)
     # each model on its own cores (the paper: its own GPUs); without a worker everything is the actor's share
     split = split_cpus(available_cpus(), ex.actor_cpus, ex.extractor_cpus, pin=ex.pin_cpus)
     log.info("core split: %s%s", split.describe(), "" if in_worker or split.actor is None else
              " (no extractor process: this run uses the actor's cores only)")
     need_texts = (cfg.actor.model == "tiny" and checkpoint is None) or (
         options.extractor and cfg.extractor.model == "tiny" and ext_ckpt is None)
-    texts = tokenizer_texts(cfg, raw_env, ACTOR_TEXTS) if need_texts else None
+    texts = tokenizer_texts(cfg.env, raw_env, ACTOR_TEXTS, seed_entries=ex.seed_entries) if need_texts else None
     pinned: list[tuple[int, ...] | None] = []
     built: list[Policy] = []
 
@@ -141,7 +146,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     actor, before = built[0], pinned[0]
     client = LocalClient(service)
     unsent = unsent_path(run_dir) if bank_dir is None else None
-    runner = RolloutRunner(actor, _env_maker(cfg, method, raw_env, client, unsent),
+    runner = RolloutRunner(actor, _env_maker(cfg.experience, method, raw_env, client, unsent),
                            client=client if method.guided else None, group_size=cfg.env.group_size,
                            max_turns=cfg.env.max_turns, max_new_tokens=cfg.actor.max_new_tokens,
                            max_context_tokens=cfg.actor.max_context_tokens, constrained=cfg.actor.constrained,
@@ -151,8 +156,8 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     return Run(actor, service, client, runner, split, before)
 
 
-def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], client: LocalClient,
-               unsent: Path | None) -> Callable[[str], Any]:
+def _env_maker(ex: ExperienceConfig, method: Method, raw_env: RawEnvFactory, client: LocalClient,
+               unsent: Path | None) -> RawEnvFactory:
     """Envs as the method sees them: guided methods get the experience wrappers around each, which
     spill what their client refuses to ``unsent`` (client side: not the bank directory)."""
     if not method.guided:
@@ -163,11 +168,10 @@ def _env_maker(cfg: TrainConfig, method: Method, raw_env: Callable[[str], Any], 
         from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
 
         env = raw_env(env_id)
-        if cfg.experience.search_and_ask:
-            env = SearchAndAskWrapper(env, client, max_calls=cfg.experience.max_search_calls)
-        return ExperienceWrapper(env, client, env_id=env_id, spill_path=unsent, retrieve=cfg.experience.retrieve,
-                                 warmup_steps=cfg.experience.warmup_steps,
-                                 entries_per_episode=cfg.experience.entries_per_episode,
+        if ex.search_and_ask:
+            env = SearchAndAskWrapper(env, client, max_calls=ex.max_search_calls)
+        return ExperienceWrapper(env, client, env_id=env_id, spill_path=unsent, retrieve=ex.retrieve,
+                                 warmup_steps=ex.warmup_steps, entries_per_episode=ex.entries_per_episode,
                                  defer_turn_search=True)  # the runner searches for all its envs at once
 
     return make_env

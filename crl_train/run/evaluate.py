@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from crl_train.config import TrainConfig
-from crl_train.experiment.stats import LEVEL, mean_t, ratio_of_means, wilson
 from crl_train.rollout.tasks import eval_task_seeds
+from crl_train.run.stats import LEVEL, mean_t, ratio_of_means, wilson
 from crl_train.run.trainer import Trainer
 
 
@@ -22,7 +22,7 @@ def evaluate_run(trainer: Trainer, episodes: int, modes: tuple[bool, ...] = (Tru
 
     Per mode: ``success`` with its Wilson interval, ``actions_per_episode`` with its t interval;
     with both modes, ``internalisation`` = success without / with experience, bootstrap interval
-    (``crl_train.experiment.stats``). Every interval is 95 %.
+    (``crl_train.run.stats``). Every interval is 95 %.
     """
     cfg: TrainConfig = trainer.cfg
     runner = trainer.c.runner

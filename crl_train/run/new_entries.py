@@ -98,7 +98,7 @@ def read_new_entries(run_dir: Path) -> list[dict[str, Any]]:
 def trim_new_entries(run_dir: Path, bank: ExperienceBank) -> int:
     """Drop the rows of entries ``bank`` never issued (written after the checkpoint it was rolled
     back to); returns how many were dropped."""
-    from crl_train.run.outputs import truncate_jsonl
+    from crl_train.run.trim import truncate_jsonl
 
     _, dropped = truncate_jsonl(Path(run_dir) / NEW_ENTRIES, lambda r: isinstance(r.get("id"), int) and bank.was_issued(r["id"]))
     return dropped

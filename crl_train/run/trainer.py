@@ -31,25 +31,27 @@ from crl_train.policy.factory import GeneratorFactory, trains
 from crl_train.rollout.runner import Episode
 from crl_train.rollout.tasks import task_seeds
 from crl_train.run.build import Run, build_run
-from crl_train.run.new_entries import NewEntryLog, trim_new_entries
-from crl_train.run.outputs import (
-    CKPT,
-    STATE,
+from crl_train.run.checkpoints import (
     Checkpoint,
-    MetricsWriter,
     ResumeError,
-    begin_checkpoint,
-    commit_checkpoint,
     find_checkpoint,
-    make_row,
-    metric_fields,
-    plot_curves,
     read_checkpoint_state,
-    save_run_config,
     settle_checkpoint,
-    trim_run_outputs,
 )
+from crl_train.run.columns import (
+    RL_TERM,
+    actor_columns,
+    rollout_columns,
+    service_columns,
+    time_columns,
+)
+from crl_train.run.config_file import save_run_config
+from crl_train.run.metrics import MetricsWriter, make_row, metric_fields
+from crl_train.run.new_entries import NewEntryLog, trim_new_entries
+from crl_train.run.plots import plot_curves
+from crl_train.run.trim import trim_run_outputs
 from crl_train.run.unsent import deliver_unsent, unsent_paths
+from crl_train.service.checkpoint import CKPT, STATE, begin_checkpoint, commit_checkpoint
 from crl_train.service.service import check_service_state, row_columns
 
 log = logging.getLogger(__name__)
@@ -61,9 +63,6 @@ class TrackFailure(RuntimeError):
 
 FAILURE_COLUMNS = ("track_errors", "skipped_updates", "unreplayable")
 """Metrics columns that count what kept the extractor from training (``train.max_track_failures``)."""
-
-RL_TERM = "rl"
-"""Name of the RL loss among the terms of the actor's objective (its loss is ``actor_loss``)."""
 
 class Trainer:
     """One run in ``run_dir`` (fresh, or resumed from its last checkpoint).
@@ -108,12 +107,12 @@ class Trainer:
                 if resume and ckpt is not None:
                     settle_checkpoint(self.run_dir, ckpt)
                     trim_run_outputs(self.run_dir, ckpt.step)
-                    trim_new_entries(self.run_dir, self.c.service.manager.bank)
+                    trim_new_entries(self.run_dir, self.c.bank)
                 save_run_config(cfg, self.run_dir, self.start_step if resume else None)
                 # what the wrappers of an earlier start could not submit (this run dir's, or an older run's bank dir's)
                 deliver_unsent(self.c.service, unsent_paths(self.run_dir, self.run_dir / "bank"))
             self.metrics = None if read_only else MetricsWriter(self.run_dir, purge_step=self.start_step if resume else None)
-            self.new_entries = None if read_only else NewEntryLog(self.c.service.manager.bank, self.run_dir)
+            self.new_entries = None if read_only else NewEntryLog(self.c.bank, self.run_dir)
         except BaseException:
             self.c.close()  # the extractor's process, the bank's lock
             raise
@@ -207,9 +206,7 @@ class Trainer:
         if not terms:
             return row
         m = actor.train_objective(terms)
-        row.update({"actor_loss": m.get(f"loss_{RL_TERM}"), "actor_objective": m.get("loss"),
-                    "actor_clip_frac": m.get("clip_frac"), "actor_approx_kl": m.get("approx_kl"),
-                    "actor_grad_norm": m.get("grad_norm")})
+        row.update(actor_columns(m))
         for u in extra_terms:
             row.update({k: m.get(src) for k, src in u.metrics.items()})
         return row
@@ -230,27 +227,9 @@ class Trainer:
                     f.write(e.request.to_json() + "\n")
 
     def _row(self, rollout: Rollout, adv: torch.Tensor, total: float, rollout_s: float, update_s: float) -> dict[str, Any]:
-        eps, runner = rollout.episodes, self.c.runner
         stats = self.c.client.stats()
-
-        def rate(cond: str) -> float | None:
-            xs = [e.success for e in eps if e.condition == cond]
-            return sum(xs) / len(xs) if xs else None
-
-        row: dict[str, Any] = {k: stats.get(src) for k, src in {**row_columns(), **self.method.service_metrics}.items()}
-        row.update({
-            "success": float(rollout.reward.mean()), "success_guided": rate("guided"), "success_free": rate("free"),
-            "success_by_env": {env: sum(e.success for e in eps if e.env_id == env) / sum(e.env_id == env for e in eps)
-                               for env in dict.fromkeys(e.env_id for e in eps)},
-            "actions_per_episode": sum(e.num_actions for e in eps) / len(eps),
-            "turns_per_episode": sum(e.turns for e in eps) / len(eps),
-            "adv_mean": float(adv.mean()), "adv_std": float(adv.std(unbiased=False)), "adv_abs_mean": float(adv.abs().mean()),
-            "search_latency_s": runner.last_search_s, "env_errors": runner.errors,
-            "context_truncations": runner.context_truncations,
-            "extractor_alive": None if stats.get("extractor") is None else stats["extractor"] == "alive",
-            "step_time_s": total, "rollout_time_s": rollout_s, "update_time_s": update_s,
-        })
-        return row
+        return {**service_columns(stats, self.method.service_metrics), **rollout_columns(rollout, adv, self.c.runner, stats),
+                **time_columns(total, rollout_s, update_s)}
 
     # ------------------------------------------------------------------ loop
     def checkpoint(self, step: int) -> None:
@@ -294,7 +273,7 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
         plot_curves(self.run_dir)
-        self.c.service.manager.bank.export_jsonl(self.run_dir / "bank" / "bank.jsonl")
+        self.c.bank.export_jsonl(self.run_dir / "bank" / "bank.jsonl")
         return self.last_row
 
     def _check_track(self, row: dict[str, Any]) -> int:

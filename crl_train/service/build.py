@@ -15,57 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from crl_gym.experience.bank import ExperienceBank
+from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.embedders import Embedder, embedder_name, load_embedder
 from crl_gym.experience.manager import ExperienceManager
-from crl_gym.experience.schemas import example_answers
 from crl_gym.protocol import DistillationRequest
-from crl_gym.templates import (
-    DISTILLATION_TEMPLATE,
-    GUIDED_OBSERVATION_TEMPLATE,
-    MERGE_TEMPLATE,
-    REFINEMENT_TEMPLATE,
-)
-from crl_train.config import TrainConfig
+from crl_train.config import ExperienceConfig, TrainConfig
 from crl_train.extractor import AnyExtractor, ExtractorSpec, ExtractorWorker, build_extractor
+from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, tokenizer_texts
 from crl_train.service.service import ExperienceService, ServiceOptions
 
 log = logging.getLogger(__name__)
 
-CARRIED_TEXT_WEIGHT = 8
-"""How many times the tiny tokenizer's corpus repeats the texts guided prompts carry."""
-
-def make_raw_env(cfg: TrainConfig, env_id: str) -> Any:
-    """``crl_gym.envs.make(env_id, **env.kwargs)``."""
-    from crl_gym.envs import make
-
-    return make(env_id, **dict(cfg.env.kwargs))
-
-
-def tokenizer_texts(cfg: TrainConfig, raw_env: Callable[[str], Any], actor_texts: tuple[str, ...] = ()) -> list[str]:
-    """The tiny preset's tokenizer corpus: what the envs show, and every prompt the models read."""
-    from crl_train.policy.tiny import gather_env_texts
-
-    envs = [raw_env(env_id) for env_id in cfg.env.ids]
-    try:
-        texts = gather_env_texts(envs, [], seeds=(0, 1), steps=4)
-    finally:
-        for e in envs:
-            e.close()
-    # What every guided prompt carries (the wrapper's header, the seed entries) and the JSON the
-    # extractor's schemas force (op, advice and Merge skeletons): BPE merges the most frequent pairs,
-    # so these are weighed like the observations they ride with. Seen once, they would stay near
-    # one token per character, and a prompt or a structured answer would take far more tokens than
-    # a real tokenizer gives the same text.
-    carried = [GUIDED_OBSERVATION_TEMPLATE.format(experience="", observation=""), *example_answers(),
-               *cfg.experience.seed_entries]
-    return texts + [*actor_texts, DISTILLATION_TEMPLATE, REFINEMENT_TEMPLATE, MERGE_TEMPLATE,
-                    "accept refine reject"] + carried * CARRIED_TEXT_WEIGHT
-
-
-def embedder_of(cfg: TrainConfig, device: str = "cpu") -> Embedder:
+def embedder_of(experience: ExperienceConfig, device: str = "cpu") -> Embedder:
     """``experience.embedder`` on ``device``: ``hashing`` (of ``embed_dim``), ``minilm`` (bundled) or a model path."""
-    name = cfg.experience.embedder
-    spec = f"hashing:{cfg.experience.embed_dim}" if name == "hashing" else None if name == "minilm" else name
+    name = experience.embedder
+    spec = f"hashing:{experience.embed_dim}" if name == "hashing" else None if name == "minilm" else name
     return load_embedder(spec, device=device)
 
 
@@ -97,28 +61,30 @@ def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
     return ServiceOptions(**{**base, **method_side})
 
 
-def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | None,
+def build_service(experience: ExperienceConfig, manager_config: ManagerConfig, options: ServiceOptions,
+                  bank_dir: Path | None,
                   extractor: AnyExtractor | None, *, fresh: bool = True,
                   last_ended: int = -1, embedder: Embedder | None = None) -> ExperienceService:
     """The bank in ``bank_dir`` (None: in memory), its manager, and the service around ``extractor``.
 
-    ``embedder`` replaces the config's (e.g. a pool of them on GPUs). ``fresh``: a new run; an
+    ``experience`` / ``manager_config``: the config's sections (its embedder and seed entries, the
+    manager's knobs). ``embedder`` replaces the config's (e.g. a pool of them on GPUs). ``fresh``: a new run; an
     empty bank gets ``experience.seed_entries`` and, for a frozen offline
     bank, ``experience.offline_source``. Not fresh (a resume), ``bank_dir`` must hold a bank. The
     bank records the embedder it is built with and refuses another one (``BankEmbedderError``).
     """
-    embedder = embedder if embedder is not None else embedder_of(cfg)
+    embedder = embedder if embedder is not None else embedder_of(experience)
     # a resumed run's bank must be there (create=False): an empty one in its place would lose it
     bank = ExperienceBank(bank_dir, dim=int(embedder.dim), embedder_name=embedder_name(embedder), create=fresh)
     try:
-        manager = ExperienceManager(bank, embedder, cfg.manager)
+        manager = ExperienceManager(bank, embedder, manager_config)
     except BaseException:
         bank.close()
         raise
     service = ExperienceService(manager, extractor, options, last_ended=last_ended)
     try:
         if fresh and len(bank) == 0 and options.seed_bank:
-            for text in cfg.experience.seed_entries:
+            for text in experience.seed_entries:
                 bank.add(text, embedder.encode([text])[0])
         if fresh and len(bank) == 0 and options.offline_source is not None:
             load_offline_bank(Path(options.offline_source), manager, extractor)
@@ -129,7 +95,7 @@ def build_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
 
 
 def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | None, *,
-                  texts: list[str] | None = None, raw_env: Callable[[str], Any] | None = None,
+                  texts: list[str] | None = None, raw_env: RawEnvFactory | None = None,
                   extractor_checkpoint: Path | None = None, in_worker: bool = True,
                   cpus: tuple[int, ...] | None = None, state: dict[str, Any] | None = None,
                   fresh: bool | None = None, embedder: Embedder | None = None, start: bool = True,
@@ -139,7 +105,8 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
     1. π_φ (when ``options.extractor``): in its worker process (``in_worker``; started first, so
        ``meanwhile`` runs while the child loads: the trainer builds its actor there), else in this
        process; from ``extractor_checkpoint`` when given. The tiny extractor's tokenizer is trained on
-       ``texts`` (None: the config's envs, made by ``raw_env``, default ``crl_gym.envs.make``).
+       ``texts`` (None: :func:`crl_train.rollout.envs.tokenizer_texts` of the config's envs, made by
+       ``raw_env``, default ``crl_gym.envs.make``).
     2. the bank in ``bank_dir``, its manager and the service (:func:`build_service`); ``fresh``
        (default: no ``state``) seeds an empty bank, a resume needs the bank to be there.
     3. ``state`` (a checkpoint's service part) loaded, and the extractor's thread started (``start``).
@@ -148,7 +115,7 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
     """
     ext_model = cfg.extractor.model
     if options.extractor and texts is None and ext_model == "tiny" and extractor_checkpoint is None:
-        texts = tokenizer_texts(cfg, raw_env or (lambda env_id: make_raw_env(cfg, env_id)))
+        texts = tokenizer_texts(cfg.env, raw_env or raw_env_factory(cfg.env), seed_entries=cfg.experience.seed_entries)
     spec = extractor_spec(cfg, texts, checkpoint=extractor_checkpoint, cpus=cpus)
     worker = None
     if options.extractor and in_worker:
@@ -163,7 +130,7 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
         elif options.extractor:
             extractor = build_extractor(spec)
         last_ended = int(state.get("last_ended", -1)) if state is not None else -1
-        service = build_service(cfg, options, bank_dir, extractor, fresh=state is None if fresh is None else fresh,
+        service = build_service(cfg.experience, cfg.manager, options, bank_dir, extractor, fresh=state is None if fresh is None else fresh,
                                 last_ended=last_ended, embedder=embedder)
     except BaseException:
         if worker is not None:
@@ -205,5 +172,4 @@ def load_offline_bank(src: Path, manager: ExperienceManager, extractor: AnyExtra
     log.info("offline bank: distilled %d trajectories into %d entries", len(reqs), len(manager.bank))
 
 
-__all__ = ["build_service", "embedder_of", "extractor_spec", "load_offline_bank",
-           "make_raw_env", "service_options", "start_service", "tokenizer_texts"]
+__all__ = ["build_service", "embedder_of", "extractor_spec", "load_offline_bank", "service_options", "start_service"]

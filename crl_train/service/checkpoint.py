@@ -84,7 +84,7 @@ def commit_checkpoint(root: Path, tmp: Path, state: dict[str, Any]) -> Path:
 
     ``state.json`` is written last and atomically, so a directory with one is complete. A kill
     between the two renames leaves two complete directories and no ``checkpoint/``, which a
-    resume repairs (:func:`crl_train.run.outputs.find_checkpoint`, the service actor's own lookup).
+    resume repairs (:func:`crl_train.run.checkpoints.find_checkpoint`, the service actor's own lookup).
     """
     atomic_write_text(tmp / STATE, json.dumps(state))
     fault_point("checkpoint-written")

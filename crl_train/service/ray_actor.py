@@ -118,7 +118,7 @@ class ServiceActor:
         state = found[1]["service"] if found is not None else None
         ext_ckpt = found[0] / "extractor" if found is not None and (found[0] / "extractor").is_dir() else None
         self._ckpt_lock = threading.Lock()
-        embedder = EmbedderPool([embedder_of(cfg, embedder_device) for _ in range(max(1, embedding_workers))])
+        embedder = EmbedderPool([embedder_of(cfg.experience, embedder_device) for _ in range(max(1, embedding_workers))])
         self.service = start_service(cfg, options, self.dir / "bank", extractor_checkpoint=ext_ckpt, state=state,
                                      embedder=embedder)
         self.service.checkpoint_dir = self.dir  # closing checkpoints B_φ and π_φ, as the HTTP server does

@@ -1,4 +1,5 @@
-"""The Docker engine side of the sandbox: a checked client and the reaping of stale containers.
+"""The Docker engine side of the sandbox: a checked client, the reaping of stale containers and
+the size-capped tmpfs volumes a container's writable directories live on.
 
 Every sandbox container (and each of its tmpfs volumes) carries the label ``crl.sandbox=1`` and
 its owner (``host:pid``); :func:`reap` removes those whose owner process is gone (a crashed
@@ -11,10 +12,11 @@ import logging
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from docker import DockerClient
+    from docker.models.containers import Container
 
 log = logging.getLogger(__name__)
 
@@ -96,3 +98,23 @@ def reap_once(client: DockerClient) -> None:
         if not _REAPED:
             reap(client)
             _REAPED = True
+
+
+def tmpfs_volume(target: str, size: str, labels: dict[str, str], owner: tuple[int, int, int] = (0, 0, 0o1777),
+                  noexec: bool = False) -> Any:
+    """An anonymous local volume on a size-capped tmpfs: it lives in memory, never on the host's disk."""
+    from docker.types import DriverConfig, Mount
+
+    uid, gid, mode = owner
+    opts = f"size={size},uid={uid},gid={gid},mode={mode:o},nosuid,nodev" + (",noexec" if noexec else "")
+    # no_copy: the engine's own copy of the image's files would land in a tmpfs it unmounts again
+    return Mount(target, None, type="volume", no_copy=True, labels=labels,
+                 driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": opts}))
+
+
+def remove_quietly(container: Container) -> None:
+    """Remove a container; one already gone (or left to the reaper) is no error."""
+    try:
+        container.remove(force=True)
+    except Exception as exc:
+        log.debug("could not remove %s: %s", getattr(container, "name", container), exc)

@@ -23,8 +23,10 @@ episode told. ``shell="exec"`` keeps the former path: ``timeout -k 2 T bash -c C
 host-side deadline kills the agent's processes and, as the last resort, restarts the container
 (its work tree is copied in again from the image).
 
-The engine client and reaping live in :mod:`~crl_gym.envs.swebench.docker_engine`, the editor's
-file system in :mod:`~crl_gym.envs.swebench.container_fs`; both are re-exported here.
+The engine client, reaping and the tmpfs volumes live in :mod:`~crl_gym.envs.swebench.docker_engine`,
+the editor's file system in :mod:`~crl_gym.envs.swebench.container_fs`, the limits
+(:class:`SandboxConfig`) and a command's result in :mod:`~crl_gym.envs.swebench.sandbox_config`;
+all are re-exported here.
 """
 
 from __future__ import annotations
@@ -32,13 +34,11 @@ from __future__ import annotations
 import io
 import logging
 import os
-import re
 import tarfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 # The engine helpers and ContainerFS are re-exported: callers import them from here.
@@ -52,25 +52,30 @@ from crl_gym.envs.swebench.docker_engine import (
     owner_id,
     reap,
     reap_once,
+    remove_quietly,
+    tmpfs_volume,
+)
+from crl_gym.envs.swebench.sandbox_config import (
+    EpisodeTimeoutError,
+    ExecResult,
+    SandboxConfig,
 )
 from crl_gym.envs.swebench.shell import _PYTHON, PersistentShell, ShellDiedError
 from crl_gym.envs.swebench.tools import truncate_output
 from crl_gym.envs.swebench.worktree import image_tree
 
 if TYPE_CHECKING:
-    from docker.models.containers import Container
+    pass
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-_SIZE_RE = re.compile(r"^[1-9][0-9]*[kmgKMG]?$")
 STAGE_FILE = f"{STAGE_DIR}/edit"
 """Where :meth:`DockerSandbox.stage` puts the editor's next write (a root-only tmpfs)."""
 OUT_DIR = "/run/crl-out"
 """Where a command's output file goes (``exec`` shell; the persistent shell writes it to the
 root-only staging tmpfs) and where the persistent shell keeps the agent's environment and working
 directory between commands: a tmpfs of its own, so a full ``/tmp`` hides no output."""
-SHELL_MODES = ("persistent", "exec")
 STATE_FILE = f"{OUT_DIR}/.shell-state"
 PRELUDE_NAME = "prelude.sh"
 # Sourced by every command's bash (BASH_ENV) in the persistent shell: the previous command's shell
@@ -83,94 +88,6 @@ if [ -f {state} ]; then . {state} 2>/dev/null; else {setup}:; fi
 __crl_save() {{ {{ declare -p; declare -f; printf 'cd -- %q 2>/dev/null\\n' "$PWD"; }} > {state} 2>/dev/null; }}
 trap __crl_save EXIT
 """
-
-
-class EpisodeTimeoutError(RuntimeError):
-    """The episode's wall-clock budget is spent."""
-
-
-@dataclass
-class SandboxConfig:
-    """Limits of one episode's container."""
-
-    mem_limit: str = "2g"
-    """Memory (and memory+swap) limit, Docker syntax."""
-    cpus: float = 1.0
-    """CPU quota in cores."""
-    pids_limit: int = 256
-    """Maximum number of processes; what stops a fork bomb."""
-    user: str = "1000:1000"
-    """uid:gid the agent's commands run as (never root)."""
-    keeper_user: str = "65534:65534"
-    """uid:gid of the container's idle main process: another non-root uid, so that killing every
-    process of the agent's uid (the last-resort clean-up) leaves the container running."""
-    chown_workdir: bool = False
-    """chown the work tree to ``user`` at start (images whose repository belongs to root)."""
-    workdir: str = "/testbed"
-    """The repository inside the container; the editor refuses paths outside it."""
-    command_timeout: float = 60.0
-    """Default wall-clock limit of one ``execute_bash`` command, seconds."""
-    max_command_timeout: float = 600.0
-    """Cap on a timeout the agent asks for."""
-    episode_timeout: float = 3600.0
-    """Wall-clock budget of a whole episode, seconds."""
-    max_output_chars: int = 10_000
-    """Characters of a command's output shown to the agent (head + tail)."""
-    output_file_cap_kb: int = 64 * 1024
-    """Size cap of the file a command's output goes to (``ulimit -f``): a flood ends there."""
-    env_setup: str = ""
-    """Shell prefix run before each command (e.g. activating a conda env of a sweb.eval image)."""
-    disk_quota: bool = True
-    """Read-only root file system, with the work tree and ``/tmp`` on size-capped tmpfs volumes:
-    what the agent writes never reaches the host's disk. ``False`` keeps the image's writable
-    layer (only for root-side image builds that ``commit`` it; never for an agent)."""
-    workdir_size: str = "4g"
-    """Cap of the work tree's tmpfs (the repository copied in from the image included)."""
-    tmp_size: str = "512m"
-    """Cap of ``/tmp``'s tmpfs. Both count against ``mem_limit`` as they fill."""
-    shell: str = "persistent"
-    """How commands reach the container. ``"persistent"``: one shell server per container, started
-    with it and kept for the episode (:mod:`~crl_gym.envs.swebench.shell`); each command costs a few
-    milliseconds plus its own time, and exported variables and the working directory carry over
-    from one command to the next. ``"exec"``: a fresh ``docker exec`` per command (tens to hundreds
-    of milliseconds each, nothing carried over); kept for comparison and for images without Python."""
-    extra_labels: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.shell not in SHELL_MODES:
-            raise ValueError(f"SandboxConfig.shell must be one of {', '.join(SHELL_MODES)}, got {self.shell!r}")
-        for name in ("user", "keeper_user"):
-            if getattr(self, name).split(":")[0] in ("0", "root"):
-                raise ValueError(f"SandboxConfig.{name} must not be root")
-        if self.user.split(":")[0] == self.keeper_user.split(":")[0]:
-            raise ValueError("SandboxConfig.user and keeper_user must be different uids")
-        for name in ("cpus", "command_timeout", "max_command_timeout", "episode_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)}")
-        if self.pids_limit < 16:
-            raise ValueError(f"SandboxConfig.pids_limit must be >= 16, got {self.pids_limit}")
-        if self.max_output_chars < 100:
-            raise ValueError(f"SandboxConfig.max_output_chars must be >= 100, got {self.max_output_chars}")
-        for name in ("workdir_size", "tmp_size"):
-            if not _SIZE_RE.match(getattr(self, name)):
-                raise ValueError(f"SandboxConfig.{name} must look like 512m or 4g, got {getattr(self, name)!r}")
-        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", STAGE_DIR):
-            raise ValueError(f"SandboxConfig.workdir must be an absolute directory other than / and {STAGE_DIR}")
-
-
-@dataclass
-class ExecResult:
-    """What one command did."""
-
-    exit_code: int | None
-    output: str
-    """Output shown to the agent, already truncated with a note saying how much was cut."""
-    timed_out: bool = False
-    output_bytes: int = 0
-    """Size of the full output (before truncation)."""
-    duration: float = 0.0
-    note: str = ""
-    """How the limits intervened, if they did."""
 
 
 def _call_with_deadline(fn: Callable[[], _T], seconds: float) -> tuple[bool, _T | None]:
@@ -217,26 +134,6 @@ rm -f "$out"
 _AGENT_RUN = '"$@"; rc=$?; kill -KILL -1 2>/dev/null; exit "$rc"'
 
 
-def _tmpfs_volume(target: str, size: str, labels: dict[str, str], owner: tuple[int, int, int] = (0, 0, 0o1777),
-                  noexec: bool = False) -> Any:
-    """An anonymous local volume on a size-capped tmpfs: it lives in memory, never on the host's disk."""
-    from docker.types import DriverConfig, Mount
-
-    uid, gid, mode = owner
-    opts = f"size={size},uid={uid},gid={gid},mode={mode:o},nosuid,nodev" + (",noexec" if noexec else "")
-    # no_copy: the engine's own copy of the image's files would land in a tmpfs it unmounts again
-    return Mount(target, None, type="volume", no_copy=True, labels=labels,
-                 driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": opts}))
-
-
-def _remove_quietly(container: Container) -> None:
-    """Remove a container; one already gone (or left to the reaper) is no error."""
-    try:
-        container.remove(force=True)
-    except Exception as exc:
-        log.debug("could not remove %s: %s", getattr(container, "name", container), exc)
-
-
 class DockerSandbox:
     """One container for one episode; use as a context manager or call :meth:`close`."""
 
@@ -270,14 +167,14 @@ class DockerSandbox:
             tree: Iterator[bytes] | None = None
             uid, _, gid = cfg.user.partition(":")
             agent = (int(uid), int(gid or uid), 0o700) if f"{uid}{gid}".isdigit() else (0, 0, 0o1777)
-            mounts = [_tmpfs_volume(STAGE_DIR, cfg.workdir_size, labels, (0, 0, 0o755), noexec=True),
-                      _tmpfs_volume(OUT_DIR, f"{cfg.output_file_cap_kb + 1024}k", labels, agent, noexec=True)]
+            mounts = [tmpfs_volume(STAGE_DIR, cfg.workdir_size, labels, (0, 0, 0o755), noexec=True),
+                      tmpfs_volume(OUT_DIR, f"{cfg.output_file_cap_kb + 1024}k", labels, agent, noexec=True)]
             if cfg.disk_quota:
                 source, info, tree = self._image_tree(labels)
                 owner = (info.uid, info.gid, info.mode & 0o7777) if info is not None and info.isdir() else (0, 0, 0o1777)
-                mounts.append(_tmpfs_volume(cfg.workdir, cfg.workdir_size, labels, owner))
+                mounts.append(tmpfs_volume(cfg.workdir, cfg.workdir_size, labels, owner))
                 if cfg.workdir.rstrip("/") != "/tmp":
-                    mounts.append(_tmpfs_volume("/tmp", cfg.tmp_size, labels))
+                    mounts.append(tmpfs_volume("/tmp", cfg.tmp_size, labels))
             self.container = self.client.containers.create(
                 self.image,
                 command=["sleep", "infinity"],
@@ -321,7 +218,7 @@ class DockerSandbox:
             raise
         finally:
             if source is not None:  # off the start's critical path; a non-daemon thread, so exit waits for it
-                threading.Thread(target=_remove_quietly, args=(source,), name="crl-sandbox-src-rm").start()
+                threading.Thread(target=remove_quietly, args=(source,), name="crl-sandbox-src-rm").start()
         self.started_at = time.monotonic()
         self.start_latency = self.started_at - t0
         return self
