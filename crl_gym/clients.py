@@ -17,11 +17,11 @@ ops, ``stats`` / ``health`` report.
 >>> from crl_gym.experience.manager import ExperienceManager
 >>> from crl_gym.protocol import AddOp
 >>> client = LocalClient(ExperienceManager(ExperienceBank(None, dim=64), HashingEmbedder(64)))
->>> client.apply_ops([AddOp("Walk east until the stairs.")])["added"]
+>>> client.apply_ops([AddOp("Walk east until the stairs.")]).added
 1
 >>> client.search("reach the stairs").text
 'Walk east until the stairs.'
->>> client.end_step(0)["ended"]
+>>> client.end_step(0).ended
 [0]
 >>> client.service.close()
 """
@@ -43,6 +43,7 @@ from crl_gym.errors import ProcessBoundaryError as ProcessBoundaryError
 from crl_gym.errors import RequestTooLarge as RequestTooLarge
 from crl_gym.errors import SubmitUndelivered as SubmitUndelivered
 from crl_gym.experience.batching import BatchLine, answer
+from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.service import (
     ASK_FALLBACKS as ASK_FALLBACKS,  # re-exported: the wrappers' callers read it here
 )
@@ -96,8 +97,8 @@ class ExperienceClient(Protocol):
         """Take up to ``max_n`` queued requests (a trainer that distils on its own)."""
         ...
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
-        """Flush, then close rollout ``step`` (and earlier open ones): ``{step, ended, requests, credited}``.
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
+        """Flush, then close rollout ``step`` (and earlier open ones): the steps closed, their requests and credits.
 
         Raises :class:`~crl_gym.experience.service.StepOrderError` for a step already ended. It
         flushes this process's submits only: when envs submit from worker processes
@@ -106,16 +107,16 @@ class ExperienceClient(Protocol):
         """
         ...
 
-    def apply_ops(self, ops: list[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
-        """Apply Add / Update / Delete / Return ops: ``{added, added_ids, updated, deleted, returned, malformed}``."""
+    def apply_ops(self, ops: list[ExperienceOp], *, step: int | None = None) -> OpsApplied:
+        """Apply Add / Update / Delete / Return ops: how many were added (their ids), updated, deleted, returned, malformed."""
         ...
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ServiceStats:
         """``bank_size``, ``queue_depth``, the extractor's counters and the manager's (``manager``)."""
         ...
 
-    def health(self) -> dict[str, Any]:
-        """``{"status": "ok", "pending": n, "extractor": ...}`` (cheap; no token needed over HTTP)."""
+    def health(self) -> Health:
+        """``status`` "ok", ``pending`` and ``extractor`` (cheap; no token needed over HTTP)."""
         ...
 
     def close(self) -> None:
@@ -123,7 +124,7 @@ class ExperienceClient(Protocol):
         ...
 
 
-def as_service(target: object) -> RetrievalService:
+def as_service(target: RetrievalService | ExperienceManager) -> RetrievalService:
     """``target`` itself when it is a service; a bare ``ExperienceManager`` wrapped in a
     :class:`~crl_gym.experience.service.RetrievalService` (old callers pass a manager)."""
     from crl_gym.experience.manager import ExperienceManager
@@ -205,17 +206,17 @@ class LocalClient:
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
         return self._svc().get_requests(max_n, timeout)
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
         return self._svc().end_step(check_step(step), bonus)
 
-    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
         return self._svc().apply_ops(list(ops), step=step)
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._svc().stats())
+    def stats(self) -> ServiceStats:
+        return self._svc().stats()
 
-    def health(self) -> dict[str, Any]:
-        return dict(self._svc().health())
+    def health(self) -> Health:
+        return self._svc().health()
 
     def close(self) -> None:
         """Nothing to release: the service (and its manager) belong to the caller."""
@@ -549,7 +550,7 @@ class RemoteClient:
                              self.url, i, len(out["requests"]), type(exc).__name__, exc, d)
         return got
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
         """:meth:`flush`, then close the step: the server counts and credits the step's requests
         only once it has them. A flush error is raised before the step is closed (it stays open:
         call ``end_step`` again to close it without the spilled requests). Only this process's
@@ -557,16 +558,16 @@ class RemoteClient:
         use :func:`crl_gym.wrappers.vector.end_step` (it flushes every worker, then calls this)."""
         body = {"step": check_step(step), "bonus": None if bonus is None else {str(k): float(v) for k, v in bonus.items()}}
         self.flush()
-        return dict(self._call("POST", "/end_step", body))
+        return StepEnded.from_dict(self._call("POST", "/end_step", body))
 
-    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
-        return dict(self._call("POST", "/apply_ops", {"ops": [op_to_dict(op) for op in ops], "step": step}))
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
+        return OpsApplied.from_dict(self._call("POST", "/apply_ops", {"ops": [op_to_dict(op) for op in ops], "step": step}))
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/stats"))
+    def stats(self) -> ServiceStats:
+        return ServiceStats.from_dict(self._call("GET", "/stats"))
 
-    def health(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/health"))
+    def health(self) -> Health:
+        return Health.from_dict(self._call("GET", "/health"))
 
     def close(self) -> None:
         """Flush, stop the sender thread and close the connection pool. What could not be

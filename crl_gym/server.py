@@ -45,6 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crl_gym.clients import as_service
 from crl_gym.experience.batching import BatchLine, answer
+from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import RetrievalService, StepOrderError
 from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
@@ -367,7 +368,7 @@ class GuardedRoute(APIRoute):
         return guarded
 
 
-def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(service: RetrievalService | ExperienceManager, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """A FastAPI app serving ``service`` (an ``ExperienceManager`` is wrapped in a RetrievalService).
 
     With ``token``, every route except ``/health`` needs ``Authorization: Bearer <token>``.
@@ -397,11 +398,11 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
 
     @open_routes.get("/health")
     def health() -> Response:
-        return _json(_jsonable(svc.health()))
+        return _json(_jsonable(svc.health().to_dict()))
 
     @router.get("/stats")
     def stats() -> Response:
-        return _json(_jsonable(svc.stats()))
+        return _json(_jsonable(svc.stats().to_dict()))
 
     @router.post("/search")
     async def search(body: SearchBody) -> Response:
@@ -439,7 +440,7 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
 
     @router.post("/end_step")
     def end_step(body: EndStepBody) -> Response:
-        return _json(_jsonable(svc.end_step(body.step, body.bonus)))
+        return _json(_jsonable(svc.end_step(body.step, body.bonus).to_dict()))
 
     @router.post("/apply_ops")
     def apply_ops(body: ApplyOpsBody) -> Response:
@@ -448,7 +449,7 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
             result = svc.apply_ops(ops, step=body.step)
         except ValueError as exc:  # the bank refused an op's content (a text the embedder maps to zero)
             raise HTTPException(status_code=422, detail=f"ops: {exc}") from exc
-        return _json(_jsonable(result))
+        return _json(_jsonable(result.to_dict()))
 
     app.include_router(open_routes)
     app.include_router(router)
@@ -469,12 +470,12 @@ class BackgroundServer:
     >>> from crl_gym.clients import RemoteClient
     >>> service = RetrievalService(ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32)))
     >>> with BackgroundServer(service, token="s3cret") as server:
-    ...     RemoteClient(server.url, token="s3cret").end_step(0)["ended"]
+    ...     RemoteClient(server.url, token="s3cret").end_step(0).ended
     [0]
     >>> service.close()
     """
 
-    def __init__(self, service: Any, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+    def __init__(self, service: RetrievalService | ExperienceManager, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  startup_timeout: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         import threading
         import time

@@ -21,7 +21,6 @@ EXCEPTIONS = {
     ("crl_train.run.evaluate", "crl_train.experiment.stats"): "a leaf: the intervals of eval.json and of reports",
     ("crl_train.extractor.worker", "crl_train.run.affinity"): "a leaf: the worker pins its own process",
     ("crl_gym.envs.swebench.filter", "crl_train.policy"): "optional: a model directory as the filter's agent",
-    ("crl_train.service.ray_actor", "crl_train.methods"): "the Ray actor builds a method's service options",
 }
 """(importer, imported) pairs that point up, each named in docs/architecture.md with its reason."""
 

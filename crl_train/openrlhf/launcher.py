@@ -367,7 +367,10 @@ def launch(plan: LaunchPlan, cfg: TrainConfig, ocfg: OpenRLHFConfig, *, echo: Ca
     dump_config(cfg, plan.run_dir / "config.yaml")
     (plan.run_dir / "openrlhf" / "command.txt").write_text(plan.describe() + "\n", encoding="utf-8")
     echo(f"starting the experience service {plan.service_name!r} on the head node …")
-    client = deploy_service(config_to_dict(cfg), plan.run_dir / "service", name=plan.service_name,
+    from crl_train.methods import make_method
+
+    client = deploy_service(config_to_dict(cfg), plan.run_dir / "service",
+                            options=make_method(cfg).service_options(), name=plan.service_name,
                             namespace=plan.namespace, num_gpus=ocfg.service_gpus, num_cpus=ocfg.service_cpus,
                             max_concurrency=ocfg.max_concurrency, embedding_workers=ocfg.embedding_workers,
                             embedder_device=ocfg.embedder_device)

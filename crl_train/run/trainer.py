@@ -247,7 +247,7 @@ class Trainer:
             "adv_mean": float(adv.mean()), "adv_std": float(adv.std(unbiased=False)), "adv_abs_mean": float(adv.abs().mean()),
             "search_latency_s": runner.last_search_s, "env_errors": runner.errors,
             "context_truncations": runner.context_truncations,
-            "extractor_alive": None if stats.get("extractor") is None else stats["extractor"] == "alive",
+            "extractor_alive": None if stats.extractor is None else stats.extractor == "alive",
             "step_time_s": total, "rollout_time_s": rollout_s, "update_time_s": update_s,
         })
         return row
@@ -307,7 +307,7 @@ class Trainer:
             return failures
         self._failures_seen = failures
         stats = self.c.client.stats()
-        cause = stats.get("last_error") or ""
+        cause = stats.last_error
         for key, what in (("skipped_updates", "CISPO batches dropped: the extractor's worker is gone"),
                           ("unreplayable", "samples left out of CISPO: they do not replay under their grammar")):
             if row.get(key):
