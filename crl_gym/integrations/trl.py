@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from crl_gym.experience.results import StepEnded
-from crl_gym.protocol import CONDITIONS, DistillationRequest
+from crl_gym.protocol import CONDITIONS, FREE_CONDITION, DistillationRequest
 from crl_gym.wrappers.experience import ExperienceWrapper
 from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
 
@@ -187,11 +187,11 @@ class EndStepCallback(TrainerCallback):
         self.session = session
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                      **kwargs: Any) -> None:
+                      **kwargs: object) -> None:
         self.session.step = int(state.global_step)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> None:
+                    **kwargs: object) -> None:
         result = self.session.end_step(int(state.global_step) - 1)
         logger.info("experience: step %d ended: %s", state.global_step - 1, result)
 
@@ -210,7 +210,7 @@ class ExperienceEnv:
         self._open = False
         self._return = 0.0
         self._success = False
-        self._condition = "free"
+        self._condition: str = FREE_CONDITION
         self._request: DistillationRequest | None = None
         self._turns = 0
 

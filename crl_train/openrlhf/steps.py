@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from crl_gym.clients import ExperienceClient, ExperienceUnavailable
+from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.openrlhf.advantages import GUIDED_KEY
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def rollout_metrics(samples: Iterable[object] | None) -> dict[str, float]:
         guided += torch.as_tensor(g, dtype=torch.float32).reshape(-1).tolist()
         success += torch.as_tensor(ok, dtype=torch.float32).reshape(-1).tolist()
     out: dict[str, float] = {}
-    for name, flag in (("guided", 1.0), ("free", 0.0)):
+    for name, flag in ((GUIDED_CONDITION, 1.0), (FREE_CONDITION, 0.0)):
         vals = [s for g, s in zip(guided, success, strict=True) if g == flag]
         if vals:
             out[f"crl/success_{name}"] = sum(vals) / len(vals)

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from crl_gym.experience.store import BankCorruptError, verify_bank_copy
-from crl_train.algorithms import LOSSES, PolicyLoss, loss_scale_for, sequence_weights
+from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
+from crl_train.algorithms import ClipParams, PolicyLoss, sequence_weights
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
 from crl_train.policy.base import LossTerm, TrainBatch
@@ -199,11 +200,9 @@ class Trainer:
             batch = TrainBatch.from_sequences([rollout.episodes[i].sequence for i in idx], adv[idx], actor.pad_token_id,
                                               group_ids=g.tolist(), condition_ids=cond.tolist(), extra={"weights": w})
             self._recompute_old_logprobs(batch)
-            terms.append(LossTerm(batch, LOSSES.get(PolicyLoss.CLIP), loss_scale_for(PolicyLoss.CLIP),
-                                  {"clip_eps": algo.clip_eps, "ratio_level": algo.ratio_level}, name=RL_TERM))
+            terms.append(LossTerm.registered(batch, PolicyLoss.CLIP, ClipParams(algo.clip_eps, algo.ratio_level), RL_TERM))
         extra_terms, row = method.extra_terms(rollout, actor)
-        terms += [LossTerm(u.batch, LOSSES.get(u.loss), loss_scale_for(u.loss), u.kwargs, name=u.loss.value)
-                  for u in extra_terms]
+        terms += [LossTerm.registered(u.batch, u.loss, u.params, u.loss.value) for u in extra_terms]
         if not terms:
             return row
         m = actor.train_objective(terms)
@@ -239,7 +238,7 @@ class Trainer:
 
         row: dict[str, Any] = {k: stats.get(src) for k, src in {**row_columns(), **self.method.service_metrics}.items()}
         row.update({
-            "success": float(rollout.reward.mean()), "success_guided": rate("guided"), "success_free": rate("free"),
+            "success": float(rollout.reward.mean()), "success_guided": rate(GUIDED_CONDITION), "success_free": rate(FREE_CONDITION),
             "success_by_env": {env: sum(e.success for e in eps if e.env_id == env) / sum(e.env_id == env for e in eps)
                                for env in dict.fromkeys(e.env_id for e in eps)},
             "actions_per_episode": sum(e.num_actions for e in eps) / len(eps),

@@ -26,6 +26,7 @@ from crl_gym.templates import (
     REFINEMENT_TEMPLATE,
 )
 from crl_train.config import TrainConfig
+from crl_train.config.names import ModelKind
 from crl_train.extractor import AnyExtractor, ExtractorSpec, ExtractorWorker, build_extractor
 from crl_train.service.service import ExperienceService, ServiceOptions
 
@@ -146,8 +147,7 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
 
     Whatever fails on the way closes what was started (the worker, the bank).
     """
-    ext_model = cfg.extractor.model
-    if options.extractor and texts is None and ext_model == "tiny" and extractor_checkpoint is None:
+    if options.extractor and texts is None and cfg.extractor.kind is ModelKind.TINY and extractor_checkpoint is None:
         texts = tokenizer_texts(cfg, raw_env or (lambda env_id: make_raw_env(cfg, env_id)))
     spec = extractor_spec(cfg, texts, checkpoint=extractor_checkpoint, cpus=cpus)
     worker = None
