@@ -34,7 +34,17 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    NoReturn,
+    Protocol,
+    SupportsIndex,
+    TypeVar,
+    cast,
+    runtime_checkable,
+)
 
 # the errors are re-exported: callers catch them from here
 from crl_gym.errors import ExperienceAuthError as ExperienceAuthError
@@ -176,7 +186,7 @@ class LocalClient:
         """Raise :class:`ProcessBoundaryError` when called from another process than the client's."""
         self._svc()
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         raise ProcessBoundaryError(_process_boundary_message(self._pid, pickled=True))
 
     @property
@@ -231,21 +241,25 @@ def _process_boundary_message(pid: int, *, pickled: bool = False) -> str:
             f"crl_gym.clients.RemoteClient(url) instead")
 
 
-class _Slot:
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Slot(Generic[T, R]):
     """One caller's place in a :class:`Combiner` batch."""
 
     __slots__ = ("item", "result", "error", "batch", "wake")
 
-    def __init__(self, item: Any) -> None:
+    def __init__(self, item: T) -> None:
         self.item = item
-        self.result: Any = None
+        self.result: R | None = None
         self.error: BaseException | None = None
-        self.batch: list[_Slot] | None = None
+        self.batch: list[_Slot[T, R]] | None = None
         self.wake = threading.Lock()
         self.wake.acquire()  # released once: by the leader that answered it, or to make it lead
 
 
-class Combiner:
+class Combiner(Generic[T, R]):
     """Concurrent calls from this process's threads ride one HTTP request (flat combining).
 
     A caller that finds fewer than ``max_inflight`` batches on the wire sends its own call at
@@ -257,10 +271,10 @@ class Combiner:
     exception is raised to its caller, and when ``send`` raises, every caller of the batch gets it.
     """
 
-    def __init__(self, send: Callable[[list[Any]], list[Any]], max_batch: int = 1024, max_inflight: int = 2) -> None:
+    def __init__(self, send: Callable[[list[T]], list[R]], max_batch: int = 1024, max_inflight: int = 2) -> None:
         self._send = send
         self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
-        self._line: BatchLine[_Slot] = BatchLine(self.max_batch, max_inflight=self.max_inflight)
+        self._line: BatchLine[_Slot[T, R]] = BatchLine(self.max_batch, max_inflight=self.max_inflight)
 
     @property
     def waiting(self) -> int:
@@ -272,8 +286,8 @@ class Combiner:
         """Batches on the wire."""
         return self._line.inflight
 
-    def __call__(self, item: Any) -> Any:
-        slot = _Slot(item)
+    def __call__(self, item: T) -> R:
+        slot: _Slot[T, R] = _Slot(item)
         slot.batch = self._line.offer(slot)
         if slot.batch is None:
             slot.wake.acquire()  # answered, or handed a batch to send (which holds this slot first)
@@ -282,9 +296,9 @@ class Combiner:
             self._run(batch, slot)
         if slot.error is not None:
             raise slot.error
-        return slot.result
+        return cast(R, slot.result)  # answered without an error: its result is set
 
-    def _run(self, batch: list[_Slot], own: _Slot) -> None:
+    def _run(self, batch: list[_Slot[T, R]], own: _Slot[T, R]) -> None:
         # not isolated: retrying each call alone would send one request per caller to a server that is down
         results = answer(self._send, [s.item for s in batch], isolate=False, catch=BaseException)
         for s, r in zip(batch, results, strict=True):
@@ -383,7 +397,7 @@ class RemoteClient:
         self._search = Combiner(self._send_searches, max_batch=512, max_inflight=2)
         self._box = SubmitOutbox(self)
 
-    def _here(self) -> tuple[Combiner, SubmitOutbox]:
+    def _here(self) -> tuple[Combiner[str, ExperienceRef | None], SubmitOutbox]:
         """The search combiner and the submit buffer of this process (a forked child must not
         inherit a parent's queues, requests the parent will send itself, or its held locks)."""
         if self._box.pid != os.getpid():

@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Send
 
 from crl_gym.clients import as_service
 from crl_gym.experience.batching import BatchLine, answer
@@ -79,7 +80,7 @@ def clean_text(s: str) -> str:
         return _SURROGATE.sub("\ufffd", s)
 
 
-def clean_json(value: Any) -> Any:
+def clean_json(value: object) -> object:
     """``value`` (parsed JSON) with :func:`clean_text` applied to every string, keys included."""
     if isinstance(value, str):
         return clean_text(value)
@@ -90,7 +91,7 @@ def clean_json(value: Any) -> Any:
     return value
 
 
-def renderable(value: Any) -> Any:
+def renderable(value: object) -> object:
     """``value`` (an error's payload) ready for a strict JSON encoder: texts cleaned, and each
     non-finite float (``inf``, ``nan``: not JSON) replaced by its name as a string."""
     if isinstance(value, float):
@@ -136,7 +137,7 @@ class SubmitBody(BaseModel):
 
     @field_validator("requests", mode="before")
     @classmethod
-    def _clean(cls, v: Any) -> Any:
+    def _clean(cls, v: object) -> object:
         return clean_json(v)
 
 
@@ -181,7 +182,7 @@ class ApplyOpsBody(BaseModel):
     step: int | None = Field(default=None, ge=0, lt=STEP_LIMIT)
 
 
-def _json(payload: Any) -> Response:
+def _json(payload: object) -> Response:
     """A JSON response encoded once with the stdlib (FastAPI's own path validates and re-walks it)."""
     return Response(json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(), media_type="application/json")
 
@@ -277,7 +278,7 @@ class BodyLimit:
     recurses into it.
     """
 
-    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH,
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH,
                  max_items: int = MAX_JSON_ITEMS) -> None:
         self.app, self.max_bytes = app, int(max_bytes)
         self.max_depth, self.max_items = int(max_depth), int(max_items)
@@ -313,7 +314,7 @@ class BodyLimit:
             return
         replayed = False
 
-        async def replay() -> Any:
+        async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
@@ -338,7 +339,7 @@ class BodyLimit:
         return None
 
 
-async def _refuse(send: Callable[[Any], Any], status: int, detail: str) -> None:
+async def _refuse(send: Send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

@@ -37,7 +37,7 @@ from crl_gym.experience.results import StepEnded
 class CallsEachCopy(Protocol):
     """A vector env that runs a method of every copy (Gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv``)."""
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]: ...
+    def call(self, name: str, *args: object, **kwargs: object) -> tuple[Any, ...]: ...
 
 
 def flush_workers(envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None = None) -> list[dict[str, Any]]:
