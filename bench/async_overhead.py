@@ -119,7 +119,7 @@ class Arm:
         try:
             if pid is not None:
                 os.kill(pid, signal.SIGCONT)  # a stopped child could not answer close()
-            st = c.service.stats()
+            st = c.service.stats().to_dict()
             out = {"distilled": st["distilled"], "distill_batches": st.get("distill_batches", 0),
                    "extractor_updates": st["extractor_updates"], "merges": st["merges"],
                    "queue_depth_end": st["queue_depth"], "track_errors": st.get("errors", 0),

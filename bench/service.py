@@ -417,8 +417,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 out["round_over_floor"] = [round(m / f, 3) for m, f in zip(means, floors, strict=False)]
                 out["round_floor_ms"] = [round(f, 1) for f in floors]
             result["cases"][case] = out
-        result["server_stats"] = {k: v for k, v in remote.stats().items() if k != "manager"}
-        result["server_mean_batch"] = round(float(remote.stats()["manager"]["mean_batch"]), 1)
+        result["server_stats"] = {k: v for k, v in remote.stats().to_dict().items() if k != "manager"}
+        result["server_mean_batch"] = round(float(remote.stats().manager["mean_batch"]), 1)
     finally:
         sys.setswitchinterval(switch_before)
         for c in separate:

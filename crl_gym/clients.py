@@ -17,11 +17,11 @@ ops, ``stats`` / ``health`` report.
 >>> from crl_gym.experience.manager import ExperienceManager
 >>> from crl_gym.protocol import AddOp
 >>> client = LocalClient(ExperienceManager(ExperienceBank(None, dim=64), HashingEmbedder(64)))
->>> client.apply_ops([AddOp("Walk east until the stairs.")])["added"]
+>>> client.apply_ops([AddOp("Walk east until the stairs.")]).added
 1
 >>> client.search("reach the stairs").text
 'Walk east until the stairs.'
->>> client.end_step(0)["ended"]
+>>> client.end_step(0).ended
 [0]
 >>> client.service.close()
 """
@@ -34,7 +34,17 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    NoReturn,
+    Protocol,
+    SupportsIndex,
+    TypeVar,
+    cast,
+    runtime_checkable,
+)
 
 # the errors are re-exported: callers catch them from here
 from crl_gym.errors import ExperienceAuthError as ExperienceAuthError
@@ -43,6 +53,7 @@ from crl_gym.errors import ProcessBoundaryError as ProcessBoundaryError
 from crl_gym.errors import RequestTooLarge as RequestTooLarge
 from crl_gym.errors import SubmitUndelivered as SubmitUndelivered
 from crl_gym.experience.batching import BatchLine, answer
+from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.service import (
     ASK_FALLBACKS as ASK_FALLBACKS,  # re-exported: the wrappers' callers read it here
 )
@@ -96,8 +107,8 @@ class ExperienceClient(Protocol):
         """Take up to ``max_n`` queued requests (a trainer that distils on its own)."""
         ...
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
-        """Flush, then close rollout ``step`` (and earlier open ones): ``{step, ended, requests, credited}``.
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
+        """Flush, then close rollout ``step`` (and earlier open ones): the steps closed, their requests and credits.
 
         Raises :class:`~crl_gym.experience.service.StepOrderError` for a step already ended. It
         flushes this process's submits only: when envs submit from worker processes
@@ -106,16 +117,16 @@ class ExperienceClient(Protocol):
         """
         ...
 
-    def apply_ops(self, ops: list[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
-        """Apply Add / Update / Delete / Return ops: ``{added, added_ids, updated, deleted, returned, malformed}``."""
+    def apply_ops(self, ops: list[ExperienceOp], *, step: int | None = None) -> OpsApplied:
+        """Apply Add / Update / Delete / Return ops: how many were added (their ids), updated, deleted, returned, malformed."""
         ...
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ServiceStats:
         """``bank_size``, ``queue_depth``, the extractor's counters and the manager's (``manager``)."""
         ...
 
-    def health(self) -> dict[str, Any]:
-        """``{"status": "ok", "pending": n, "extractor": ...}`` (cheap; no token needed over HTTP)."""
+    def health(self) -> Health:
+        """``status`` "ok", ``pending`` and ``extractor`` (cheap; no token needed over HTTP)."""
         ...
 
     def close(self) -> None:
@@ -123,7 +134,7 @@ class ExperienceClient(Protocol):
         ...
 
 
-def as_service(target: object) -> RetrievalService:
+def as_service(target: RetrievalService | ExperienceManager) -> RetrievalService:
     """``target`` itself when it is a service; a bare ``ExperienceManager`` wrapped in a
     :class:`~crl_gym.experience.service.RetrievalService` (old callers pass a manager)."""
     from crl_gym.experience.manager import ExperienceManager
@@ -175,7 +186,7 @@ class LocalClient:
         """Raise :class:`ProcessBoundaryError` when called from another process than the client's."""
         self._svc()
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         raise ProcessBoundaryError(_process_boundary_message(self._pid, pickled=True))
 
     @property
@@ -205,17 +216,17 @@ class LocalClient:
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
         return self._svc().get_requests(max_n, timeout)
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
         return self._svc().end_step(check_step(step), bonus)
 
-    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
         return self._svc().apply_ops(list(ops), step=step)
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._svc().stats())
+    def stats(self) -> ServiceStats:
+        return self._svc().stats()
 
-    def health(self) -> dict[str, Any]:
-        return dict(self._svc().health())
+    def health(self) -> Health:
+        return self._svc().health()
 
     def close(self) -> None:
         """Nothing to release: the service (and its manager) belong to the caller."""
@@ -230,21 +241,25 @@ def _process_boundary_message(pid: int, *, pickled: bool = False) -> str:
             f"crl_gym.clients.RemoteClient(url) instead")
 
 
-class _Slot:
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Slot(Generic[T, R]):
     """One caller's place in a :class:`Combiner` batch."""
 
     __slots__ = ("item", "result", "error", "batch", "wake")
 
-    def __init__(self, item: Any) -> None:
+    def __init__(self, item: T) -> None:
         self.item = item
-        self.result: Any = None
+        self.result: R | None = None
         self.error: BaseException | None = None
-        self.batch: list[_Slot] | None = None
+        self.batch: list[_Slot[T, R]] | None = None
         self.wake = threading.Lock()
         self.wake.acquire()  # released once: by the leader that answered it, or to make it lead
 
 
-class Combiner:
+class Combiner(Generic[T, R]):
     """Concurrent calls from this process's threads ride one HTTP request (flat combining).
 
     A caller that finds fewer than ``max_inflight`` batches on the wire sends its own call at
@@ -256,10 +271,10 @@ class Combiner:
     exception is raised to its caller, and when ``send`` raises, every caller of the batch gets it.
     """
 
-    def __init__(self, send: Callable[[list[Any]], list[Any]], max_batch: int = 1024, max_inflight: int = 2) -> None:
+    def __init__(self, send: Callable[[list[T]], list[R]], max_batch: int = 1024, max_inflight: int = 2) -> None:
         self._send = send
         self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
-        self._line: BatchLine[_Slot] = BatchLine(self.max_batch, max_inflight=self.max_inflight)
+        self._line: BatchLine[_Slot[T, R]] = BatchLine(self.max_batch, max_inflight=self.max_inflight)
 
     @property
     def waiting(self) -> int:
@@ -271,8 +286,8 @@ class Combiner:
         """Batches on the wire."""
         return self._line.inflight
 
-    def __call__(self, item: Any) -> Any:
-        slot = _Slot(item)
+    def __call__(self, item: T) -> R:
+        slot: _Slot[T, R] = _Slot(item)
         slot.batch = self._line.offer(slot)
         if slot.batch is None:
             slot.wake.acquire()  # answered, or handed a batch to send (which holds this slot first)
@@ -281,9 +296,9 @@ class Combiner:
             self._run(batch, slot)
         if slot.error is not None:
             raise slot.error
-        return slot.result
+        return cast(R, slot.result)  # answered without an error: its result is set
 
-    def _run(self, batch: list[_Slot], own: _Slot) -> None:
+    def _run(self, batch: list[_Slot[T, R]], own: _Slot[T, R]) -> None:
         # not isolated: retrying each call alone would send one request per caller to a server that is down
         results = answer(self._send, [s.item for s in batch], isolate=False, catch=BaseException)
         for s, r in zip(batch, results, strict=True):
@@ -382,7 +397,7 @@ class RemoteClient:
         self._search = Combiner(self._send_searches, max_batch=512, max_inflight=2)
         self._box = SubmitOutbox(self)
 
-    def _here(self) -> tuple[Combiner, SubmitOutbox]:
+    def _here(self) -> tuple[Combiner[str, ExperienceRef | None], SubmitOutbox]:
         """The search combiner and the submit buffer of this process (a forked child must not
         inherit a parent's queues, requests the parent will send itself, or its held locks)."""
         if self._box.pid != os.getpid():
@@ -549,7 +564,7 @@ class RemoteClient:
                              self.url, i, len(out["requests"]), type(exc).__name__, exc, d)
         return got
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
         """:meth:`flush`, then close the step: the server counts and credits the step's requests
         only once it has them. A flush error is raised before the step is closed (it stays open:
         call ``end_step`` again to close it without the spilled requests). Only this process's
@@ -557,16 +572,16 @@ class RemoteClient:
         use :func:`crl_gym.wrappers.vector.end_step` (it flushes every worker, then calls this)."""
         body = {"step": check_step(step), "bonus": None if bonus is None else {str(k): float(v) for k, v in bonus.items()}}
         self.flush()
-        return dict(self._call("POST", "/end_step", body))
+        return StepEnded.from_dict(self._call("POST", "/end_step", body))
 
-    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
-        return dict(self._call("POST", "/apply_ops", {"ops": [op_to_dict(op) for op in ops], "step": step}))
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
+        return OpsApplied.from_dict(self._call("POST", "/apply_ops", {"ops": [op_to_dict(op) for op in ops], "step": step}))
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/stats"))
+    def stats(self) -> ServiceStats:
+        return ServiceStats.from_dict(self._call("GET", "/stats"))
 
-    def health(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/health"))
+    def health(self) -> Health:
+        return Health.from_dict(self._call("GET", "/health"))
 
     def close(self) -> None:
         """Flush, stop the sender thread and close the connection pool. What could not be

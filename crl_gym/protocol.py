@@ -16,10 +16,13 @@ import json
 import math
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, SupportsFloat, SupportsIndex
+from typing import Any, Final, Literal, SupportsFloat, SupportsIndex, get_args
 
 Condition = Literal["guided", "free"]
-CONDITIONS: tuple[str, ...] = ("guided", "free")
+"""How an episode ran: with a retrieved entry in its context (guided) or without (free)."""
+GUIDED_CONDITION: Final[Condition] = "guided"
+FREE_CONDITION: Final[Condition] = "free"
+CONDITIONS: tuple[Condition, ...] = get_args(Condition)
 STEP_KINDS: tuple[str, ...] = ("env", "search_and_ask")
 UINT64_MAX = 2**64 - 1
 
@@ -319,7 +322,7 @@ class DistillationRequest:
     """Whether the episode counts as a success (r(m) = +1 else −1)."""
     experience: ExperienceRef | None
     """Entry m the episode was guided by (None for a free episode)."""
-    condition: Condition = "free"
+    condition: Condition = FREE_CONDITION
     """``guided`` or ``free``: the subgroup of the rollout group."""
     env_id: str = ""
     seed: int | None = None
@@ -392,7 +395,7 @@ class DistillationRequest:
             outcome=finite_float(_required(d, "outcome", ""), "outcome"),
             success=check_flag(_required(d, "success", ""), "success"),
             experience=ExperienceRef.from_dict(d.get("experience")),
-            condition=d.get("condition", "free"),
+            condition=d.get("condition", FREE_CONDITION),
             env_id=check_str(d.get("env_id", ""), "env_id"),
             seed=None if seed is None else check_int(seed, "seed"),
             rollout_step=None if step is None else check_int(step, "rollout_step"),

@@ -42,9 +42,11 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Send
 
 from crl_gym.clients import as_service
 from crl_gym.experience.batching import BatchLine, answer
+from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.service import RetrievalService, StepOrderError
 from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
@@ -78,7 +80,7 @@ def clean_text(s: str) -> str:
         return _SURROGATE.sub("\ufffd", s)
 
 
-def clean_json(value: Any) -> Any:
+def clean_json(value: object) -> object:
     """``value`` (parsed JSON) with :func:`clean_text` applied to every string, keys included."""
     if isinstance(value, str):
         return clean_text(value)
@@ -89,7 +91,7 @@ def clean_json(value: Any) -> Any:
     return value
 
 
-def renderable(value: Any) -> Any:
+def renderable(value: object) -> object:
     """``value`` (an error's payload) ready for a strict JSON encoder: texts cleaned, and each
     non-finite float (``inf``, ``nan``: not JSON) replaced by its name as a string."""
     if isinstance(value, float):
@@ -135,7 +137,7 @@ class SubmitBody(BaseModel):
 
     @field_validator("requests", mode="before")
     @classmethod
-    def _clean(cls, v: Any) -> Any:
+    def _clean(cls, v: object) -> object:
         return clean_json(v)
 
 
@@ -180,7 +182,7 @@ class ApplyOpsBody(BaseModel):
     step: int | None = Field(default=None, ge=0, lt=STEP_LIMIT)
 
 
-def _json(payload: Any) -> Response:
+def _json(payload: object) -> Response:
     """A JSON response encoded once with the stdlib (FastAPI's own path validates and re-walks it)."""
     return Response(json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(), media_type="application/json")
 
@@ -276,7 +278,7 @@ class BodyLimit:
     recurses into it.
     """
 
-    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH,
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH,
                  max_items: int = MAX_JSON_ITEMS) -> None:
         self.app, self.max_bytes = app, int(max_bytes)
         self.max_depth, self.max_items = int(max_depth), int(max_items)
@@ -312,7 +314,7 @@ class BodyLimit:
             return
         replayed = False
 
-        async def replay() -> Any:
+        async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
@@ -337,7 +339,7 @@ class BodyLimit:
         return None
 
 
-async def _refuse(send: Callable[[Any], Any], status: int, detail: str) -> None:
+async def _refuse(send: Send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -367,7 +369,7 @@ class GuardedRoute(APIRoute):
         return guarded
 
 
-def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(service: RetrievalService | ExperienceManager, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """A FastAPI app serving ``service`` (an ``ExperienceManager`` is wrapped in a RetrievalService).
 
     With ``token``, every route except ``/health`` needs ``Authorization: Bearer <token>``.
@@ -397,11 +399,11 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
 
     @open_routes.get("/health")
     def health() -> Response:
-        return _json(_jsonable(svc.health()))
+        return _json(_jsonable(svc.health().to_dict()))
 
     @router.get("/stats")
     def stats() -> Response:
-        return _json(_jsonable(svc.stats()))
+        return _json(_jsonable(svc.stats().to_dict()))
 
     @router.post("/search")
     async def search(body: SearchBody) -> Response:
@@ -439,7 +441,7 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
 
     @router.post("/end_step")
     def end_step(body: EndStepBody) -> Response:
-        return _json(_jsonable(svc.end_step(body.step, body.bonus)))
+        return _json(_jsonable(svc.end_step(body.step, body.bonus).to_dict()))
 
     @router.post("/apply_ops")
     def apply_ops(body: ApplyOpsBody) -> Response:
@@ -448,7 +450,7 @@ def create_app(service: Any, token: str | None = None, max_body_bytes: int = MAX
             result = svc.apply_ops(ops, step=body.step)
         except ValueError as exc:  # the bank refused an op's content (a text the embedder maps to zero)
             raise HTTPException(status_code=422, detail=f"ops: {exc}") from exc
-        return _json(_jsonable(result))
+        return _json(_jsonable(result.to_dict()))
 
     app.include_router(open_routes)
     app.include_router(router)
@@ -469,12 +471,12 @@ class BackgroundServer:
     >>> from crl_gym.clients import RemoteClient
     >>> service = RetrievalService(ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32)))
     >>> with BackgroundServer(service, token="s3cret") as server:
-    ...     RemoteClient(server.url, token="s3cret").end_step(0)["ended"]
+    ...     RemoteClient(server.url, token="s3cret").end_step(0).ended
     [0]
     >>> service.close()
     """
 
-    def __init__(self, service: Any, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+    def __init__(self, service: RetrievalService | ExperienceManager, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  startup_timeout: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         import threading
         import time

@@ -66,6 +66,9 @@ def train(config_path: Path | None, overrides: tuple[str, ...], method: str | No
     try:
         source = config_path or (resume / "config.yaml" if resume is not None else None)
         cfg = load_config(source, list(overrides))
+        from crl_train.methods import check_method_config
+
+        check_method_config(cfg)
         run_dir = resume if resume is not None else out or Path("runs") / cfg.method
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None

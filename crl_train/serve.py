@@ -12,6 +12,7 @@ from pathlib import Path
 
 from crl_gym.experience.bank import DB_FILE
 from crl_train.config import load_config
+from crl_train.config.names import ModelKind
 from crl_train.methods import make_method
 from crl_train.service import ExperienceService, start_service
 from crl_train.service.ray_actor import newest_checkpoint
@@ -37,10 +38,10 @@ def build_served_service(bank_dir: Path, extractor: str, embedder: str | None = 
     (``BANK/service/checkpoint``, written when the server stopped); the bank itself is kept as it is.
     """
     overrides = [] if embedder is None else [f"experience.embedder={embedder}"]
-    cfg = load_config(None if extractor == "tiny" else Path(extractor), overrides)
+    cfg = load_config(None if extractor == ModelKind.TINY else Path(extractor), overrides)
     options = make_method(cfg).service_options()
     if not options.extractor:
-        raise ValueError(f"method {cfg.method!r} has no extractor: serve without --extractor instead")
+        raise ValueError(f"method {cfg.method.value!r} has no extractor: serve without --extractor instead")
     # a server never waits inside end_step; a user's own entries survive the untrained merges
     options = dataclasses.replace(options, asynchronous=True, merge_seeded=merge_seeded)
     service_dir = Path(bank_dir) / SERVICE_DIR

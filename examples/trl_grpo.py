@@ -79,7 +79,7 @@ def wait_healthy(client: RemoteClient, proc: subprocess.Popen[bytes] | None, log
             err = log.read_text(errors="replace") if log is not None else ""
             raise SystemExit(f"crl-experience serve exited with {proc.returncode}:\n{err[-3000:]}")
         try:
-            if client.health()["status"] == "ok":
+            if client.health().status == "ok":
                 return
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(0.5)
@@ -125,7 +125,7 @@ def train(client: RemoteClient, args: argparse.Namespace, out: Path) -> dict[str
             continue
         keys = ("step", "reward", "crl/guided_reward", "crl/free_reward", "tools/call_frequency")
         print(json.dumps({k: entry[k] for k in keys if k in entry}))
-    return {"ended_steps": [r["step"] for r in session.ended]}
+    return {"ended_steps": [r.step for r in session.ended]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             client.flush(timeout=60)
             stats = client.stats()
             deadline = time.monotonic() + 60  # distillation runs in the background: let it catch up
-            while stats["distilled"] < stats["submitted"] and time.monotonic() < deadline:
+            while stats.distilled < stats.submitted and time.monotonic() < deadline:
                 time.sleep(1.0)
                 stats = client.stats()
             print(json.dumps({**run, **{k: stats.get(k) for k in STATS_KEYS}}))

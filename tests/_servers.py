@@ -23,7 +23,7 @@ def wait_healthy(client: RemoteClient, proc: subprocess.Popen[bytes], timeout: f
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"server exited early with {proc.returncode}"
         try:
-            if client.health()["status"] == "ok":
+            if client.health().status == "ok":
                 return
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(0.5)

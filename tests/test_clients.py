@@ -159,8 +159,8 @@ def test_stats_and_health(setup: tuple[Any, RetrievalService]) -> None:
     client.submit(request_with_call())
     client.flush()
     health = client.health()
-    assert health == {"status": "ok", "pending": 1, "extractor": None}
-    stats = client.stats()
+    assert health.to_dict() == {"status": "ok", "pending": 1, "extractor": None}
+    stats = client.stats().to_dict()
     for key in ("bank_size", "distilled", "credited", "extractor_updates", "merges", "queue_depth"):
         assert isinstance(stats[key], int), key
     assert stats["bank_size"] == len(TEXTS) and stats["queue_depth"] == 1 and stats["submitted"] == 1
@@ -172,13 +172,13 @@ def test_end_step_closes_steps_once_in_order(setup: tuple[Any, RetrievalService]
     first, second = request_with_call(), request_with_call()
     client.submit(first)  # no rollout step: the open one, 0
     client.submit(second)
-    assert client.end_step(0, bonus={first.request_id: 0.5}) == {"step": 0, "ended": [0], "requests": 2, "credited": 0}
+    assert client.end_step(0, bonus={first.request_id: 0.5}).to_dict() == {"step": 0, "ended": [0], "requests": 2, "credited": 0}
     with pytest.raises(StepOrderError, match="already ended"):
         client.end_step(0)  # twice
     later = request_with_call()
     later.rollout_step = 2
     client.submit(later)
-    assert client.end_step(3) == {"step": 3, "ended": [2, 3], "requests": 1, "credited": 0}
+    assert client.end_step(3).to_dict() == {"step": 3, "ended": [2, 3], "requests": 1, "credited": 0}
     with pytest.raises(StepOrderError, match="out of order"):
         client.end_step(1)
     with pytest.raises(StepOrderError, match="int >= 0"):
@@ -187,7 +187,7 @@ def test_end_step_closes_steps_once_in_order(setup: tuple[Any, RetrievalService]
     late.rollout_step = 1
     client.submit(late)  # its step is over: queued, but counted late and kept out of credit
     client.flush()
-    stats = client.stats()
+    stats = client.stats().to_dict()
     assert stats["steps_ended"] == 3 and stats["last_ended_step"] == 3  # the refused calls counted nothing
     assert stats["late_requests"] == 1 and stats["open_requests"] == 0 and stats["submitted"] == 4
     assert service.ledger.last_ended == 3
@@ -197,19 +197,19 @@ def test_apply_ops_changes_the_bank(setup: tuple[Any, RetrievalService]) -> None
     client, service = setup
     bank = service.manager.bank
     out = client.apply_ops([AddOp("Crafter: collect wood before night falls.", tags=("crafter",)),
-                            AddOp("WebShop: filter by price first.")])
+                            AddOp("WebShop: filter by price first.")]).to_dict()
     assert out["added"] == 2 and len(out["added_ids"]) == 2 and out["malformed"] == 0
     wood, shop = out["added_ids"]
     assert len(bank) == len(TEXTS) + 2 and bank.get(wood).text.startswith("Crafter") and "crafter" in bank.get(wood).tags
     assert client.search("collect wood in Crafter at night").id == wood
     out = client.apply_ops([UpdateOp(wood, "Crafter: collect wood, then build a table."), DeleteOp(shop),
-                            UpdateOp(10**9, "nobody"), ReturnOp("nothing to add")])
+                            UpdateOp(10**9, "nobody"), ReturnOp("nothing to add")]).to_dict()
     assert (out["added"], out["updated"], out["deleted"], out["returned"], out["malformed"]) == (0, 1, 1, 2, 1)
     entry = bank.get(wood)
     assert entry.text == "Crafter: collect wood, then build a table." and entry.version == 1
     assert shop not in bank and len(bank) == len(TEXTS) + 1
-    assert client.apply_ops([]) == {"added": 0, "added_ids": [], "updated": 0, "deleted": 0, "returned": 0, "malformed": 0}
-    assert client.stats()["ops_applied"] == 3
+    assert client.apply_ops([]).to_dict() == {"added": 0, "added_ids": [], "updated": 0, "deleted": 0, "returned": 0, "malformed": 0}
+    assert client.stats().ops_applied == 3
 
 
 def test_concurrent_searches_each_get_their_own_answer(setup: tuple[Any, RetrievalService]) -> None:
@@ -236,7 +236,7 @@ def test_local_client_wraps_a_manager_and_closes_nothing() -> None:
     manager = make_manager()
     client = LocalClient(manager)
     assert isinstance(client.service, RetrievalService) and client.manager is manager
-    assert client.end_step(0)["ended"] == [0]
+    assert client.end_step(0).ended == [0]
     client.close()
     assert client.search("Sokoban box").text == TEXTS[1]  # the manager is still open
     service = RetrievalService(manager)
@@ -258,7 +258,7 @@ def test_remote_errors_of_the_service_are_unavailable() -> None:
             client.search("x")
         with pytest.raises(ExperienceUnavailable, match="500"):
             client.search_many(["x"])
-        assert client.health()["status"] == "ok"  # the server itself survives
+        assert client.health().status == "ok"  # the server itself survives
         client.close()
     service.close()
 
@@ -273,7 +273,7 @@ def test_remote_client_is_picklable_and_reconnects(tmp_path: Path) -> None:
         assert clone.url == client.url and clone.timeout == 3 and clone.token is None
         assert (clone.max_buffered, clone.spill_path, clone.retries, clone.retry_backoff_s) == (7, tmp_path / "s.jsonl", 1, 0.5)
         found = clone.search("Sokoban")  # diversified: any bank entry, not necessarily the same
-        assert found is not None and found.text in TEXTS and clone.health()["status"] == "ok"
+        assert found is not None and found.text in TEXTS and clone.health().status == "ok"
         client.close()
         clone.close()
     manager.close()
@@ -458,7 +458,7 @@ def test_remote_end_step_delivers_the_step_requests_first(gated: tuple[GatedServ
     assert service.entered.wait(10)
     threading.Timer(0.3, service.gate.set).start()  # the server takes them a moment later
     # Without the flush, /end_step would overtake the /submit the server is still holding.
-    assert client.end_step(0) == {"step": 0, "ended": [0], "requests": 5, "credited": 0}
+    assert client.end_step(0).to_dict() == {"step": 0, "ended": [0], "requests": 5, "credited": 0}
     client.close()
 
 

@@ -77,16 +77,16 @@ def test_end_step_credits_its_entries_once_in_sync_mode(extractor: Extractor) ->
         for r in (_req(a, True, 0), _req(a, False, 0), _req(a, True, 0), _req(b, False, 0)):
             service.submit(r)
         out = service.end_step(0)
-        assert out["ended"] == [0] and out["requests"] == 4 and out["credited"] == 2
+        assert out.ended == [0] and out.requests == 4 and out.credited == 2
         buffer = service.track.buffer if service.track is not None else []
         assert sorted((it.entry_id, round(it.reward, 6)) for it in buffer) == sorted([(a, round(1 / 3, 6)), (b, -1.0)])
         stats = service.stats()
-        assert stats["credited"] == 2 and stats["last_ended_step"] == 0
+        assert stats.credited == 2 and stats.last_ended_step == 0
         with pytest.raises(StepOrderError, match="already ended"):
             service.end_step(0)
         service.submit(_req(a, True, 0))  # late: its step's rewards are already computed
         service.end_step(1)
-        assert service.stats()["late_requests"] == 1 and len(buffer) == 2  # nothing credited twice
+        assert service.stats().late_requests == 1 and len(buffer) == 2  # nothing credited twice
         with pytest.raises(StepOrderError, match="out of order"):
             service.end_step(0)
     finally:
@@ -100,7 +100,7 @@ def test_end_step_ends_every_earlier_open_step_and_open_step_requests(extractor:
         service.submit(_req(a, False, None))  # no step given: belongs to the open step, 0
         service.submit(_req(a, True, 1))
         out = service.end_step(2)
-        assert out["ended"] == [0, 1, 2] and out["requests"] == 3
+        assert out.ended == [0, 1, 2] and out.requests == 3
         assert sorted(round(it.reward, 6) for it in service.track.buffer) == [0.0, 1.0]  # type: ignore[union-attr]
     finally:
         service.close()
@@ -117,7 +117,7 @@ def test_edge_options_update_utilities_and_prune_through_the_service(extractor: 
         bank = service.manager.bank
         entry_a = bank.get(a)
         assert entry_a is not None and entry_a.utility == pytest.approx(0.5)  # 0.5·0 + 0.5·1
-        assert bank.get(b) is None and service.stats()["pruned"] == 1  # 0.5·0 + 0.5·(−1) = −0.5 < −0.2
+        assert bank.get(b) is None and service.stats().counters["pruned"] == 1  # 0.5·0 + 0.5·(−1) = −0.5 < −0.2
     finally:
         service.close()
 
@@ -168,8 +168,8 @@ def test_held_out_requests_are_counted_and_never_credited(extractor: Extractor) 
     service, (a, _) = _service(extractor)
     try:
         service.submit(_req(a, True, -1))  # an evaluation episode
-        assert service.end_step(0)["requests"] == 0
-        assert service.stats()["held_out_requests"] == 1 and service.stats()["late_requests"] == 0
+        assert service.end_step(0).requests == 0
+        assert service.stats().held_out_requests == 1 and service.stats().late_requests == 0
     finally:
         service.close()
 
@@ -202,8 +202,8 @@ def test_a_service_without_an_extractor_counts_requests_without_holding_them() -
     try:
         for _ in range(3):
             service.submit(_req(None, True, 0, cond="free"))
-        assert service.stats()["open_requests"] == 3 and not service.ledger._open  # counted, not kept
-        assert service.end_step(0)["requests"] == 3
+        assert service.stats().open_requests == 3 and not service.ledger._open  # counted, not kept
+        assert service.end_step(0).requests == 3
     finally:
         service.close()
 
@@ -235,7 +235,7 @@ def test_the_service_reflects_within_the_step_budget(extractor: Extractor) -> No
         for r in (_cat(False, "pick"), _cat(False, "pick"), _cat(True, "heat"), _cat(True, "heat")):
             service.submit(r)
         service.end_step(0)  # synchronous: distillation and the one reflection ran inside end_step
-        st = service.stats()
+        st = service.stats().to_dict()
         assert st["reflections"] == 1  # "pick" failed; "heat" did not
         assert 0 <= st["reflected"] <= 2
         assert len(service.manager.bank) == size + st["added"] + st["reflected"]

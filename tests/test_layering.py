@@ -22,7 +22,6 @@ crl_gym is below all of them."""
 
 EXCEPTIONS = {
     ("crl_gym.envs.swebench.filter", "crl_train.policy"): "optional: a model directory as the filter's agent",
-    ("crl_train.service.ray_actor", "crl_train.methods"): "the Ray actor builds a method's service options",
 }
 """(importer, imported) pairs that point up, each named in docs/architecture.md with its reason."""
 

@@ -102,7 +102,7 @@ def extractor_rates(rounds: int) -> list[tuple[int, int]]:
             new = [(e.id, e.text) for e in service.manager.bank if e.id not in before]
             previous = new or previous
             out.append((len(new), sum(text.startswith(GOAL) for _, text in new)))
-        assert service.stats()["extractor_updates"] >= 10  # the rule was learned (or not) by CISPO updates
+        assert service.stats().extractor_updates >= 10  # the rule was learned (or not) by CISPO updates
     finally:
         service.close()
     return out

@@ -155,7 +155,7 @@ def test_edge_distillation_term_uses_lambda_and_the_configured_estimator(tmp_pat
         from crl_train.methods import Rollout
 
         terms, _ = trainer.method.extra_terms(Rollout.of(eps), trainer.c.actor)
-        assert [(u.loss.value, u.kwargs) for u in terms] == [(loss, {"coef": 0.3})]
+        assert [(u.loss.value, u.params.kwargs()) for u in terms] == [(loss, {"coef": 0.3})]
         batch, actor = terms[0].batch, trainer.c.actor
         if estimator == "topk":
             ids, own = actor.support_logprobs(batch, k=3)

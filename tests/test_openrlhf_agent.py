@@ -96,7 +96,7 @@ def test_group_runs_guided_then_free_with_experience_and_requests(tmp_path: Path
     # every episode reached the service once (the env's own end or the executor's cut), then the step ends
     assert service.counters["submitted"] == K
     ended = service.end_step(0)
-    assert ended["requests"] == K
+    assert ended.requests == K
     runtime.close()
 
 

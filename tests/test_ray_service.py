@@ -28,8 +28,10 @@ from crl_gym.experience.service import StepOrderError  # noqa: E402
 from crl_gym.protocol import AddOp, DistillationRequest, ExperienceRef, Step, Trajectory  # noqa: E402
 from crl_gym.wrappers.examples import CorridorEnv  # noqa: E402
 from crl_gym.wrappers.experience import ExperienceWrapper  # noqa: E402
-from crl_train.config import config_to_dict, load_config  # noqa: E402
+from crl_train.config import config_from_dict, config_to_dict, load_config  # noqa: E402
+from crl_train.methods import make_method  # noqa: E402
 from crl_train.openrlhf.steps import ServiceStepMixin  # noqa: E402
+from crl_train.service import ServiceOptions  # noqa: E402
 from crl_train.service.ray_actor import (  # noqa: E402
     EmbedderPool,
     RayServiceClient,
@@ -49,6 +51,10 @@ def service_config() -> dict[str, Any]:
                              "extractor.tiny_hidden=32", "extractor.tiny_layers=1", "extractor.tiny_intermediate=64",
                              "extractor.max_context_tokens=512", "extractor.max_new_tokens=32"])
     return config_to_dict(cfg)
+
+
+def service_options() -> ServiceOptions:
+    return make_method(config_from_dict(service_config())).service_options()
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +83,12 @@ def client(cluster: str, service_dir: Path) -> Iterator[RayServiceClient]:
     code = (
         "import json, ray\n"
         f"ray.init(address={cluster!r}, namespace={NAMESPACE!r}, log_to_driver=False)\n"
+        "from crl_train.config import config_from_dict\n"
+        "from crl_train.methods import make_method\n"
         "from crl_train.service.ray_actor import deploy_service\n"
-        f"c = deploy_service(json.loads(open({str(cfg_file)!r}).read()), {str(service_dir)!r}, name={NAME!r}, "
+        f"cfg = json.loads(open({str(cfg_file)!r}).read())\n"
+        f"c = deploy_service(cfg, {str(service_dir)!r}, options=make_method(config_from_dict(cfg)).service_options(), "
+        f"name={NAME!r}, "
         f"namespace={NAMESPACE!r}, num_cpus=1, max_concurrency=16, embedding_workers=2, reuse=False)\n"
         "print('NODE', c.node_id())\n"
     )
@@ -131,7 +141,7 @@ def test_embedder_pool_spreads_encodes_over_its_copies() -> None:
 
 
 def test_service_is_detached_named_and_pinned_to_the_head_node(client: RayServiceClient) -> None:
-    assert client.health()["status"] == "ok" and client.health()["extractor"] == "alive"
+    assert client.health().status == "ok" and client.health().extractor == "alive"
     head = head_node_id()
     assert client.node_id() == head == client.deployed_on  # type: ignore[attr-defined]
     assert isinstance(client, ExperienceClient)
@@ -144,14 +154,14 @@ def test_client_has_the_whole_interface(client: RayServiceClient) -> None:
     hit = client.search("Find the staircase")
     assert isinstance(hit, ExperienceRef) and hit.text == SEED_ENTRY
     assert [r.text if r else None for r in client.search_many(["stairs", "map"])] == [SEED_ENTRY, SEED_ENTRY]
-    assert client.apply_ops([AddOp("Walk east until the corridor ends.")])["added"] == 1
+    assert client.apply_ops([AddOp("Walk east until the corridor ends.")]).added == 1
     answer, provenance = client.ask("which way?", hit, "a corridor")
     assert answer and provenance is not None and provenance["token_ids"]  # the tiny extractor answered
-    step = int(client.stats()["last_ended_step"]) + 1
+    step = int(client.stats().last_ended_step) + 1
     for i in range(3):
         client.submit(request(hit, i % 2 == 0, seed=i))
     ended = client.end_step(step)
-    assert ended["ended"] == [step] and ended["requests"] == 3 and ended["credited"] >= 1
+    assert ended.ended == [step] and ended.requests == 3 and ended.credited >= 1
     with pytest.raises(StepOrderError, match="already ended"):
         client.end_step(step)
     with pytest.raises(StepOrderError):
@@ -159,13 +169,13 @@ def test_client_has_the_whole_interface(client: RayServiceClient) -> None:
     with pytest.raises(TypeError, match="DistillationRequest"):
         client.submit({"task": "x"})  # type: ignore[arg-type]
     stats = client.stats()
-    assert stats["bank_size"] >= 2 and stats["submitted"] >= 3 and stats["last_ended_step"] == step
+    assert stats.bank_size >= 2 and stats.submitted >= 3 and stats.last_ended_step == step
     # the extractor inside the actor distils what it was sent
-    wait_for(lambda: client.stats()["distilled"] >= 3, "distillation inside the actor")
+    wait_for(lambda: client.stats().distilled >= 3, "distillation inside the actor")
 
 
 def test_concurrent_searches_are_batched_by_the_manager(client: RayServiceClient) -> None:
-    before = client.stats()["manager"]
+    before = client.stats().manager
     barrier = threading.Barrier(16)
     errors: list[BaseException] = []
 
@@ -182,8 +192,8 @@ def test_concurrent_searches_are_batched_by_the_manager(client: RayServiceClient
     for t in threads:
         t.join()
     assert not errors
-    after = client.stats()["manager"]
-    requests, batches = after["requests"] - before["requests"], after["batches"] - before["batches"]
+    after = client.stats().manager
+    requests, batches = after["requests"] - before["requests"], after["batches"] - before["batches"]  # type: ignore[operator]
     assert requests == 16
     assert batches < requests / 2, f"{requests} concurrent searches went out in {batches} batches"
 
@@ -211,12 +221,12 @@ def test_awaitable_twins_from_async_code(client: RayServiceClient) -> None:
 def test_wrappers_run_over_the_ray_client_and_it_pickles(client: RayServiceClient) -> None:
     copy = pickle.loads(pickle.dumps(client))
     env = ExperienceWrapper(CorridorEnv(length=1), copy, env_id="crl/Corridor")
-    submitted = client.stats()["submitted"]
+    submitted = client.stats().submitted
     obs, info = env.reset(seed=0, options={"experience": "guided"})
     assert info["experience"] is not None and info["experience"]["text"] in obs
     *_, info = env.step("east")
     assert info["distillation_request"].success
-    assert client.stats()["submitted"] == submitted + 1
+    assert client.stats().submitted == submitted + 1
 
 
 def test_trainer_mixin_ends_steps_and_checkpoints_the_service(client: RayServiceClient, service_dir: Path) -> None:
@@ -231,7 +241,7 @@ def test_trainer_mixin_ends_steps_and_checkpoints_the_service(client: RayService
     trainer.crl_setup(client, checkpoint_every=1)
     first = trainer.crl_step
     status, _ = trainer.train_step([], 0)
-    assert status["crl/service_up"] == 1.0 and client.stats()["last_ended_step"] == first
+    assert status["crl/service_up"] == 1.0 and client.stats().last_ended_step == first
     ckpt = service_dir / "checkpoint"
     state = json.loads((ckpt / "state.json").read_text())
     assert state["service"]["last_ended"] == first and (ckpt / "extractor").is_dir()
@@ -243,7 +253,7 @@ def test_bank_and_state_survive_the_actor(client: RayServiceClient, service_dir:
     client.shutdown()
     with pytest.raises(ExperienceUnavailable):
         client.health()
-    again = deploy_service(service_config(), service_dir, name=NAME, namespace=NAMESPACE, num_cpus=1,
+    again = deploy_service(service_config(), service_dir, options=service_options(), name=NAME, namespace=NAMESPACE, num_cpus=1,
                            max_concurrency=4)
     resumed = again.stats()
     assert resumed["bank_size"] == stats["bank_size"] and resumed["last_ended_step"] == stats["last_ended_step"]

@@ -31,6 +31,7 @@ from crl_gym.wrappers.experience import ExperienceWrapper  # noqa: E402
 from crl_train.config import ConfigError, ModelConfig, load_config  # noqa: E402
 from crl_train.config.docs import config_reference  # noqa: E402
 from crl_train.extractor.oracle import oracle_entry  # noqa: E402
+from crl_train.methods import make_method  # noqa: E402
 from crl_train.policy.base import TokenSequence, TrainBatch  # noqa: E402
 from crl_train.policy.checkpoint import verify_checkpoint  # noqa: E402
 from crl_train.policy.factory import build_policy, trains  # noqa: E402
@@ -153,7 +154,7 @@ def test_it_is_never_trained_and_the_config_keeps_it_an_actor() -> None:
         load_config(None, ["extractor.model=reader"])
     for bad in ("method=edge", "algo.self_distill=true", "algo.gate.enabled=true"):
         with pytest.raises(ConfigError, match="needs a model actor"):
-            load_config(None, ["actor.model=reader", bad])
+            make_method(load_config(None, ["actor.model=reader", bad]))  # method=edge: checked by the method
     doc = {k.key: k.doc for k in config_reference()}["actor.model"]
     assert "reader" in doc and "never a default" in doc
     assert load_config(None, []).actor.model == "tiny"

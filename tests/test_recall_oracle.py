@@ -114,7 +114,7 @@ def test_the_service_distils_with_the_oracle_and_never_trains_it() -> None:
         for r in (_request(["north", "east"], True, experience=ref.ref()), _request(["east"], False, experience=ref.ref())):
             service.submit(r)
         service.end_step(0)
-        stats = service.stats()
+        stats = service.stats().to_dict()
         assert stats["added"] == 1 and stats["returned"] == 1 and stats["extractor_updates"] == 0
         assert stats["merges"] == 1 and len(mgr.bank) == 2  # the merge kept both entries
         assert stats["uncreditable"] == 1  # the entry the guided episodes used has no sample to train on

@@ -164,9 +164,9 @@ def _settle(service: Any, done: Any, timeout: float = 600.0) -> dict[str, Any]:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        stats = service.stats()
+        stats = service.stats().to_dict()
         if done(stats):
-            return dict(stats)
+            return stats
         time.sleep(0.2)
     raise AssertionError(f"the served extractor did not get there: {service.stats()}")
 
@@ -201,7 +201,7 @@ def test_a_restarted_extractor_server_keeps_its_buffer_and_trains(tmp_path: Path
     assert (bank_dir / SERVICE_DIR / "checkpoint" / "state.json").is_file()
     restarted = build_served_service(bank_dir, "tiny")
     try:
-        again = restarted.stats()
+        again = restarted.stats().to_dict()
         for key in ("buffer_size", "extractor_updates", "credited", "distilled", "errors"):
             assert again[key] == before[key], key
         assert restarted.ledger.last_ended == 1

@@ -141,14 +141,14 @@ def test_remote_client_sends_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
         assert isinstance(info.value, ValueError) and isinstance(info.value, PermissionError)
         with pytest.raises(ExperienceAuthError, match="wrong token"):
             RemoteClient(server.url, token="nope").stats()
-        assert RemoteClient(server.url).health()["status"] == "ok"
+        assert RemoteClient(server.url).health().status == "ok"
         assert RemoteClient(server.url, token="t0ken").search("Sokoban").text == TIP
         monkeypatch.setenv(TOKEN_ENV, "t0ken")
         from_env = RemoteClient(server.url)
         assert from_env.token == "t0ken" and from_env.search("Sokoban boxes").text == TIP
         clone = pickle.loads(pickle.dumps(from_env))
         monkeypatch.delenv(TOKEN_ENV)
-        assert clone.token == "t0ken" and clone.end_step(0)["ended"] == [0]  # the token travels with it
+        assert clone.token == "t0ken" and clone.end_step(0).ended == [0]  # the token travels with it
         assert "t0ken" not in repr(clone)
         with pytest.raises(StepOrderError, match="already ended"):
             clone.end_step(0)
@@ -247,9 +247,9 @@ def test_serve_command_runs_a_real_server(tmp_path: Path) -> None:
         assert client.search("Sokoban boxes").text == TIP
         client.submit(a_request())
         client.flush()  # submit only buffers; the sender thread delivers
-        assert client.health()["pending"] == 1
-        assert client.apply_ops([AddOp("Sokoban: solve the corner box first.")])["added"] == 1
-        assert client.end_step(0)["requests"] == 1
+        assert client.health().pending == 1
+        assert client.apply_ops([AddOp("Sokoban: solve the corner box first.")]).added == 1
+        assert client.end_step(0).requests == 1
         with pytest.raises(ExperienceAuthError):
             RemoteClient(url, timeout=10, token="other").search("x")
         client.close()
@@ -311,7 +311,7 @@ def test_a_sigkill_loses_no_request_queued_before_the_persist_interval(tmp_path:
         for r in sent[3:]:
             client.submit(r)
         client.flush()
-        assert client.health()["pending"] == 6
+        assert client.health().pending == 6
         time.sleep(1.0)  # > the persist interval
         client.close()
         proc.send_signal(signal.SIGKILL)

@@ -75,7 +75,7 @@ def test_get_reward_ends_an_open_episode_and_submits_it(service: RetrievalServic
     assert request.condition == "free" and len(request.trajectory.steps) == 1
     assert env.get_reward() == 0.0 and env.request is request  # idempotent: one request per episode
     assert "over" in env.take_action("east")  # a call after the end steps nothing
-    assert service.stats()["open_requests"] == 1
+    assert service.stats().open_requests == 1
 
 
 def test_success_and_return_rewards(service: RetrievalService) -> None:
@@ -93,7 +93,7 @@ def test_reset_of_an_open_episode_submits_it_first(service: RetrievalService) ->
     env = TRLExperience(LocalClient(service), lambda: CorridorEnv(length=2)).environment_factory()
     env.reset(prompt=[], seed=0, experience="free")
     env.reset(prompt=[], seed=1, experience="free")  # TRL reuses pooled instances
-    assert service.stats()["open_requests"] == 1
+    assert service.stats().open_requests == 1
 
 
 def test_guided_episode_shows_the_entry_and_search_and_ask_answers(service: RetrievalService) -> None:
@@ -127,8 +127,8 @@ def test_callback_sets_the_open_step_and_ends_each_optimizer_step(service: Retri
         env.take_action("east")
         state.global_step = step + 1  # the Trainer counts the step before on_step_end
         callback.on_step_end(args, state, control)
-    assert [r["step"] for r in session.ended] == [0, 1, 2]
-    assert [r["requests"] for r in session.ended] == [1, 1, 1]
+    assert [r.step for r in session.ended] == [0, 1, 2]
+    assert [r.requests for r in session.ended] == [1, 1, 1]
 
 
 def test_end_episode_of_the_wrapper(service: RetrievalService) -> None:

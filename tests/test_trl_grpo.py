@@ -133,7 +133,7 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
         trainer.train()
 
         assert trainer.state.global_step == 2
-        assert [r["step"] for r in session.ended] == [0, 1]
+        assert [r.step for r in session.ended] == [0, 1]
         assert len(trainer.batches) == 2
         for batch in list(trainer.batches):
             assert sum(batch["turns"]) > 0, "no tool call was parsed and run"
@@ -162,10 +162,10 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
 
         stats = client.stats()
         deadline = time.monotonic() + 120
-        while not (stats["distilled"] > 0 and stats["credited"] > 0) and time.monotonic() < deadline:
+        while not (stats.distilled > 0 and stats.credited > 0) and time.monotonic() < deadline:
             time.sleep(1.0)
             stats = client.stats()
-        assert stats["distilled"] > 0 and stats["credited"] > 0, stats
+        assert stats.distilled > 0 and stats.credited > 0, stats
     finally:
         err = stop_server(proc, client)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]

@@ -68,9 +68,9 @@ def test_every_episode_of_a_step_reaches_the_server_before_the_step_ends(served:
                 break
         assert all(info["_distillation_request"])
         ended = end_step(vec, served, step)  # each worker's sender is flushed first
-        assert ended["requests"] == n, ended
-        assert [w["undelivered"] for w in ended["workers"]] == [None] * n
-        assert served.stats()["late_requests"] == 0
+        assert ended.requests == n, ended
+        assert [w["undelivered"] for w in ended.workers or []] == [None] * n
+        assert served.stats().late_requests == 0
     finally:
         vec.close()
         worker_client.close()
@@ -108,5 +108,5 @@ def test_a_sync_vector_env_with_a_local_client_still_works(manager: ExperienceMa
     vec.reset(seed=0, options={"rollout_step": 0})
     vec.step(["east", "east"])
     vec.step(["east", "east"])
-    assert end_step(vec, client, 0)["requests"] == 2
+    assert end_step(vec, client, 0).requests == 2
     vec.close()

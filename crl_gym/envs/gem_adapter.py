@@ -31,7 +31,7 @@ class GEMMissingError(ImportError):
     """``gem-llm`` is not installed."""
 
 
-def _gem_make(env_id: str, **kwargs: Any) -> Any:
+def _gem_make(env_id: str, **kwargs: object) -> Any:
     try:
         import gem
     except ImportError as exc:
@@ -61,7 +61,7 @@ class GEMEnv(TextEnv):
         max_turns: int = 30,
         render_mode: str | None = None,
         success_reward: float = 1.0,
-        **env_kwargs: Any,
+        **env_kwargs: object,
     ) -> None:
         if env_id is None and env is None:
             raise MissingEnvArgumentError(f"GEMEnv needs {GEM_USAGE}")

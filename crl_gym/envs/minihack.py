@@ -153,7 +153,7 @@ class MiniHackEnv(TextEnv):
         max_turns: int = 30,
         render_mode: str | None = None,
         legend: bool = True,
-        **minihack_kwargs: Any,
+        **minihack_kwargs: object,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if task not in TASKS:

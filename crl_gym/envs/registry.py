@@ -100,7 +100,7 @@ def _check_requirements(env_id: str, spec: EnvSpec) -> None:
 
 
 def _creator(env_id: str, spec: EnvSpec) -> Callable[..., gym.Env]:
-    def create(**kwargs: Any) -> gym.Env:
+    def create(**kwargs: object) -> gym.Env:
         if spec.needs:
             check_arguments(env_id, spec, kwargs)
         _check_requirements(env_id, spec)

@@ -208,7 +208,7 @@ def _embedded(text: str, spans: _Spans, accept: Callable[[Any], bool]) -> Any | 
     own inner spans are. Spans deeper than :data:`MAX_JSON_DEPTH` are only looked into. So each
     character is decoded about twice at most.
     """
-    found: Any = None
+    found: object = None
     decoded_until = 0
     # the enclosing spans that were not decoded: (end, where it failed, or -1 when not known)
     outer: list[tuple[int, int]] = []
@@ -236,7 +236,7 @@ def _embedded(text: str, spans: _Spans, accept: Callable[[Any], bool]) -> Any | 
     return found
 
 
-def _last_accepted(value: Any, accept: Callable[[Any], bool], found: Any) -> Any:
+def _last_accepted(value: object, accept: Callable[[Any], bool], found: object) -> object:
     """``value`` if accepted, else the last accepted object or list inside it (pre-order), else ``found``."""
     if not isinstance(value, dict | list):
         return found
@@ -337,7 +337,7 @@ def ops_from_lines(text: str) -> list[dict[str, Any]]:
             continue
         rest = (m.group("text") or "").strip().lstrip("*_").strip()
         bracket = m.group("bracket")
-        raw_id: Any = m.group("id")
+        raw_id: object = m.group("id")
         tags: list[str] = []
         if bracket is not None:
             if kind == "add":

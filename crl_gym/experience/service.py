@@ -16,11 +16,11 @@ CISPO → merge): it overrides :meth:`RetrievalService._closed` to credit the cl
 >>> from crl_gym.protocol import AddOp, DistillationRequest, Trajectory
 >>> emb = HashingEmbedder(32)
 >>> service = RetrievalService(ExperienceManager(ExperienceBank(None, dim=32), emb))
->>> service.apply_ops([AddOp("walk east")])["added"]
+>>> service.apply_ops([AddOp("walk east")]).added
 1
 >>> service.submit(DistillationRequest(task="t", trajectory=Trajectory(), outcome=1.0, success=True,
 ...                                    experience=None, rollout_step=0))
->>> service.end_step(0)["requests"]
+>>> service.end_step(0).requests
 1
 >>> service.end_step(0)
 Traceback (most recent call last):
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager, Refiner
+from crl_gym.experience.results import STATS_FIELDS, Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 
 log = logging.getLogger(__name__)
@@ -203,11 +204,10 @@ class RetrievalService:
         """Take up to ``max_n`` queued requests (a trainer that distils on its own)."""
         return list(self.manager.get_requests(max_n, timeout))
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
         """Close rollout ``step`` (and any earlier step still open).
 
         ``bonus`` maps a ``request_id`` of the step to an extra reward for the entry it used.
-        Returns ``{"step", "ended": [steps], "requests": n, "credited": n}``.
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise StepOrderError(f"end_step: step must be an int >= 0, got {step!r}")
@@ -216,8 +216,8 @@ class RetrievalService:
             closed[-1].bonus = dict(bonus)
         self.counters["steps_ended"] += len(closed)
         credited = self._closed(closed)
-        return {"step": step, "ended": [c.step for c in closed], "requests": sum(c.count for c in closed),
-                "credited": credited}
+        return StepEnded(step=step, ended=[c.step for c in closed], requests=sum(c.count for c in closed),
+                         credited=credited)
 
     def _closed(self, closed: list[ClosedStep]) -> int:
         """What ending ``closed`` does; returns how many credits it made. Nothing without an extractor."""
@@ -225,27 +225,26 @@ class RetrievalService:
         return 0
 
     # ---------------------------------------------------------------- bank writes from outside
-    def apply_ops(self, ops: Iterable[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
+    def apply_ops(self, ops: Iterable[ExperienceOp], *, step: int | None = None) -> OpsApplied:
         """Apply Add / Update / Delete / Return ops (seeding a bank, a user's own extractor)."""
         res = self.manager.apply_ops(list(ops), step=self.ledger.last_ended + 1 if step is None else step)
         self.counters["ops_applied"] += 1
-        return {"added": len(res.added), "added_ids": res.added, "updated": len(res.updated),
-                "deleted": len(res.deleted), "returned": res.returned, "malformed": res.malformed}
+        return OpsApplied(added=len(res.added), added_ids=list(res.added), updated=len(res.updated),
+                          deleted=len(res.deleted), returned=res.returned, malformed=res.malformed)
 
     # ---------------------------------------------------------------- state
-    def stats(self) -> dict[str, Any]:
-        """``bank_size``, ``queue_depth``, the extractor's counters (0 without one) and the manager's."""
-        out: dict[str, Any] = {"manager": self.manager.stats()}
-        out.update(self.counters)
-        out.update({"bank_size": len(self.manager.bank), "queue_depth": self.manager.pending(),
-                    "last_ended_step": self.ledger.last_ended, "late_requests": self.ledger.late,
-                    "held_out_requests": self.ledger.held_out,
-                    "open_requests": self.ledger.open_requests(), "extractor": None,
-                    "distilled": 0, "credited": 0, "extractor_updates": 0, "merges": 0})
-        return out
+    def stats(self) -> ServiceStats:
+        """``bank_size``, ``queue_depth``, the step ledger's figures, this service's counters and the
+        manager's report (the extractor's figures are 0 without one)."""
+        return ServiceStats(bank_size=len(self.manager.bank), queue_depth=int(self.manager.pending()),
+                            last_ended_step=self.ledger.last_ended, late_requests=self.ledger.late,
+                            held_out_requests=self.ledger.held_out, open_requests=self.ledger.open_requests(),
+                            submitted=self.counters["submitted"], steps_ended=self.counters["steps_ended"],
+                            ops_applied=self.counters["ops_applied"], manager=self.manager.stats(),
+                            counters={k: v for k, v in self.counters.items() if k not in STATS_FIELDS})
 
-    def health(self) -> dict[str, Any]:
-        return {"status": "ok", "pending": int(self.manager.pending()), "extractor": None}
+    def health(self) -> Health:
+        return Health(pending=int(self.manager.pending()))
 
     def close(self) -> None:
         """Close the manager (queue persisted) and the bank; safe to call twice."""

@@ -8,7 +8,7 @@ pages and their JSON routes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.params import Depends
@@ -16,8 +16,11 @@ from fastapi.params import Depends
 from crl_gym.explorer.routes import PREFIX, mount_explorer
 from crl_gym.explorer.source import BankSource, find_bank
 
+if TYPE_CHECKING:
+    from crl_gym.experience.service import RetrievalService
 
-def mount_service_explorer(app: FastAPI, service: Any, dependencies: list[Depends] | None = None) -> None:
+
+def mount_service_explorer(app: FastAPI, service: RetrievalService, dependencies: list[Depends] | None = None) -> None:
     """The explorer of a running service's bank on its app (closed with the app's service)."""
     source = BankSource.live(service)
     app.state.explorer = source

@@ -59,7 +59,7 @@ def mount_explorer(app: FastAPI, source: BankSource, dependencies: list[Depends]
     pages = APIRouter(prefix=PREFIX)
     api = APIRouter(prefix=f"{PREFIX}/api", dependencies=list(dependencies or []))
 
-    def page(request: Request, name: str, **context: Any) -> Response:
+    def page(request: Request, name: str, **context: object) -> Response:
         return templates.TemplateResponse(request, f"{name}.html", {"page": name, "base": PREFIX, **context},
                                           headers=_HEADERS)
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.embedders import Embedder, load_embedder
 from crl_gym.experience.store import BankCorruptError, open_readonly
 from crl_gym.experience.vector_index import VectorIndex
+
+if TYPE_CHECKING:
+    from crl_gym.experience.service import RetrievalService
 
 RUN_FILES = ("trajectories.jsonl", "metrics.jsonl")
 
@@ -110,7 +113,7 @@ class BankSource:
             self._closer = None
 
     @classmethod
-    def live(cls, service: Any) -> BankSource:
+    def live(cls, service: RetrievalService) -> BankSource:
         """The bank of a running service (a ``RetrievalService`` or subclass)."""
         manager = service.manager
         bank = manager.bank

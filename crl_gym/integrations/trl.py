@@ -42,9 +42,9 @@ Admissible actions: east, west
 >>> print(env.take_action("east"))
 You are at cell 1 of a corridor; the exit is at cell 1, to the east.
 The episode is over: success.
->>> env.get_reward(), env.condition, service.stats()["queue_depth"]
+>>> env.get_reward(), env.condition, service.stats().queue_depth
 (1.0, 'guided', 1)
->>> client.end_step(0)["step"]
+>>> client.end_step(0).step
 0
 >>> client.close()
 """
@@ -58,7 +58,8 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
-from crl_gym.protocol import CONDITIONS, DistillationRequest
+from crl_gym.experience.results import StepEnded
+from crl_gym.protocol import CONDITIONS, FREE_CONDITION, DistillationRequest
 from crl_gym.wrappers.experience import ExperienceWrapper
 from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
 
@@ -148,7 +149,7 @@ class TRLExperience:
         self.reward = reward
         self.spill_path = spill_path
         self.step = 0
-        self.ended: list[dict[str, Any]] = []
+        self.ended: list[StepEnded] = []
         """What each ``end_step`` answered, in order (``step``, ``credited``, ...)."""
         self.envs_made = 0
 
@@ -163,7 +164,7 @@ class TRLExperience:
         self.envs_made += 1
         return SearchAndAskEnv(self) if self.search_and_ask else ExperienceEnv(self)
 
-    def end_step(self, step: int) -> dict[str, Any]:
+    def end_step(self, step: int) -> StepEnded:
         """``client.end_step(step)``: the service credits every entry used in ``step``."""
         result = self.client.end_step(step)
         self.ended.append(result)
@@ -186,11 +187,11 @@ class EndStepCallback(TrainerCallback):
         self.session = session
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                      **kwargs: Any) -> None:
+                      **kwargs: object) -> None:
         self.session.step = int(state.global_step)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> None:
+                    **kwargs: object) -> None:
         result = self.session.end_step(int(state.global_step) - 1)
         logger.info("experience: step %d ended: %s", state.global_step - 1, result)
 
@@ -209,7 +210,7 @@ class ExperienceEnv:
         self._open = False
         self._return = 0.0
         self._success = False
-        self._condition = "free"
+        self._condition: str = FREE_CONDITION
         self._request: DistillationRequest | None = None
         self._turns = 0
 

@@ -65,7 +65,14 @@ import gymnasium as gym
 
 from crl_gym import spill
 from crl_gym.errors import ProcessBoundaryError
-from crl_gym.protocol import CONDITIONS, DistillationRequest, ExperienceRef, TurnGuidance
+from crl_gym.protocol import (
+    CONDITIONS,
+    FREE_CONDITION,
+    GUIDED_CONDITION,
+    DistillationRequest,
+    ExperienceRef,
+    TurnGuidance,
+)
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
 from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD, episode_success, warn_if_guessed
@@ -204,7 +211,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         client: ExperienceClient | Shared[ExperienceClient],
         template: str = DEFAULT_TEMPLATE,
         task_key: str = "task",
-        default_condition: str = "free",
+        default_condition: str = FREE_CONDITION,
         env_id: str | None = None,
         spill_path: str | Path | None = None,
         max_unsent: int = 10_000,
@@ -278,7 +285,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._task = ""
         self._initial_obs = ""
         self._experience: ExperienceRef | None = None
-        self._condition = "free"
+        self._condition: str = FREE_CONDITION
         self._seed: int | None = None
         self._rollout_step: int | None = None
         self._meta: dict[str, Any] | None = None
@@ -306,10 +313,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         experience: ExperienceRef | None = None
         if self._more:
             self._more = []
-        if condition == "guided" and rollout_step is not None and 0 <= rollout_step < self.warmup_steps:
-            condition = "free"  # warm-up: nothing is retrieved, so the episode really is free
+        if condition == GUIDED_CONDITION and rollout_step is not None and 0 <= rollout_step < self.warmup_steps:
+            condition = FREE_CONDITION  # warm-up: nothing is retrieved, so the episode really is free
             info["experience_warmup"] = True
-        if condition == "guided" and searches_at_start(self.retrieve):
+        if condition == GUIDED_CONDITION and searches_at_start(self.retrieve):
             if has_prefetched:
                 experience = prefetched
             else:
@@ -318,7 +325,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 except Exception as exc:  # noqa: BLE001 - a down client must not cost the episode
                     _reraise_misuse(exc)
                     self._note_error("search", exc)
-                    condition = "free"  # nothing was shown: the episode really is free
+                    condition = FREE_CONDITION  # nothing was shown: the episode really is free
         self._condition = condition
         self._experience = experience
         if experience is not None:
@@ -330,7 +337,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 info["experience_more"] = [e.to_dict() for e in self._more]
         else:
             info["experience"] = None
-        self._turn_guided = self.turns is not None and condition == "guided"
+        self._turn_guided = self.turns is not None and condition == GUIDED_CONDITION
         if self.turns is not None:
             self.turns.start()
         if self._turn_guided:

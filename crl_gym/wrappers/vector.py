@@ -16,26 +16,28 @@ Each ``AsyncVectorEnv`` worker holds its own :class:`~crl_gym.clients.RemoteClie
 >>> client = LocalClient(ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32)))
 >>> envs = SyncVectorEnv([lambda: ExperienceWrapper(CorridorEnv(length=1), client)] * 2)
 >>> _ = envs.reset(seed=0, options={"rollout_step": 0}); _ = envs.step(["east", "east"])
->>> end_step(envs, client, 0)["requests"]
+>>> end_step(envs, client, 0).requests
 2
 >>> client.service.close()
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 
 from crl_gym.clients import ExperienceClient
+from crl_gym.experience.results import StepEnded
 
 
 @runtime_checkable
 class CallsEachCopy(Protocol):
     """A vector env that runs a method of every copy (Gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv``)."""
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]: ...
+    def call(self, name: str, *args: object, **kwargs: object) -> tuple[Any, ...]: ...
 
 
 def flush_workers(envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None = None) -> list[dict[str, Any]]:
@@ -47,11 +49,9 @@ def flush_workers(envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None
 
 
 def end_step(envs: CallsEachCopy | Iterable[gym.Env], client: ExperienceClient, step: int,
-             bonus: dict[str, float] | None = None, timeout: float | None = None) -> dict[str, Any]:
-    """:func:`flush_workers`, then ``client.end_step(step, bonus)``; the answer gains ``"workers"``
+             bonus: dict[str, float] | None = None, timeout: float | None = None) -> StepEnded:
+    """:func:`flush_workers`, then ``client.end_step(step, bonus)``; the answer gains ``workers``
     (the per-copy reports). A copy that reports undelivered requests (they are in its client's
     spill file) does not stop the step from closing: the answer says so, and it is logged."""
     reports = flush_workers(envs, timeout)
-    result = dict(client.end_step(step, bonus))
-    result["workers"] = reports
-    return result
+    return dataclasses.replace(client.end_step(step, bonus), workers=reports)

@@ -33,6 +33,9 @@ from crl_train.algorithms.extractor_rewards import (
     relative_outcomes,
 )
 from crl_train.algorithms.losses import (
+    CispoParams,
+    ClipParams,
+    CoefParams,
     cispo_loss,
     clip_surrogate_loss,
     loss_scale_for,
@@ -41,11 +44,17 @@ from crl_train.algorithms.losses import (
     reverse_kl_topk_loss,
     self_distill_nll_loss,
 )
-from crl_train.algorithms.registry import ADVANTAGES, LOSSES, AdvantageEstimator, PolicyLoss
+from crl_train.algorithms.registry import (
+    ADVANTAGES,
+    LOSSES,
+    AdvantageEstimator,
+    LossParams,
+    PolicyLoss,
+)
 from crl_train.algorithms.reweighting import training_count_weights
 
 __all__ = [
-    "ADVANTAGES", "LOSSES", "AdvantageEstimator", "PolicyLoss", "FREE", "GUIDED", "GATE_SCORES",
+    "ADVANTAGES", "LOSSES", "AdvantageEstimator", "CispoParams", "ClipParams", "CoefParams", "LossParams", "PolicyLoss", "FREE", "GUIDED", "GATE_SCORES",
     "grpo_advantages", "split_subgroup_advantages", "sequence_weights", "edge_pooled_advantages",
     "edge_train_mask", "ema_utility", "gain_gate", "marginal_gain", "prune_mask", "batch_advantages",
     "entry_rewards", "episode_rewards", "free_baselines", "entry_mean_rewards", "relative_outcomes", "perplexity_bonus", "PERPLEXITY_TRANSFORMS",

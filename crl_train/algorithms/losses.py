@@ -32,14 +32,38 @@ give the same value and gradient (``tests/test_losses.py``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from crl_train.algorithms.registry import LOSSES, LossScale, PolicyLoss
+from crl_train.algorithms.registry import LOSSES, LossParams, LossScale, PolicyLoss
 
 Metrics = dict[str, float]
 RatioLevel = Literal["token", "sequence"]
+
+
+@dataclass(frozen=True)
+class ClipParams(LossParams):
+    """:func:`clip_surrogate_loss`'s hyper-parameters."""
+
+    clip_eps: float = 0.2
+    ratio_level: RatioLevel = "token"
+
+
+@dataclass(frozen=True)
+class CispoParams(LossParams):
+    """:func:`cispo_loss` / :func:`cispo_sequences_loss`'s IS-weight clip range [1 − eps_low, 1 + eps_high]."""
+
+    eps_low: float = 0.1
+    eps_high: float = 0.1
+
+
+@dataclass(frozen=True)
+class CoefParams(LossParams):
+    """The weight of a distillation term (the reverse KLs, the self-distillation NLL)."""
+
+    coef: float = 1.0
 
 
 def _batch_context_only(loss: str, kw: dict[str, Any]) -> None:
@@ -59,7 +83,7 @@ def _check(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tenso
         raise ValueError(f"advantages must be [B]={logprobs.shape[0]}, got {tuple(advantages.shape)}")
 
 
-@LOSSES.register(PolicyLoss.CLIP, scale="none")
+@LOSSES.register(PolicyLoss.CLIP, scale="none", params=ClipParams)
 def clip_surrogate_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -144,7 +168,7 @@ def _cispo_terms(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages:
     return -(is_w * adv * logprobs * m), m, is_w, clipped
 
 
-@LOSSES.register(PolicyLoss.CISPO_SEQUENCES, scale="samples")
+@LOSSES.register(PolicyLoss.CISPO_SEQUENCES, scale="samples", params=CispoParams)
 def cispo_sequences_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -181,7 +205,7 @@ def cispo_sequences_loss(
                   "is_weight_mean": float((is_w * m).sum() / total), "num_tokens": float(m.sum())}
 
 
-@LOSSES.register(PolicyLoss.CISPO, scale="tokens")
+@LOSSES.register(PolicyLoss.CISPO, scale="tokens", params=CispoParams)
 def cispo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -269,7 +293,7 @@ def reverse_kl_topk_loss(
     return loss, {"reverse_kl": float(loss.detach()), "topk_mass": float(mass.detach())}
 
 
-@LOSSES.register(PolicyLoss.REVERSE_KL_TOPK, scale="tokens")
+@LOSSES.register(PolicyLoss.REVERSE_KL_TOPK, scale="tokens", params=CoefParams)
 def reverse_kl_support_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -335,7 +359,7 @@ def reverse_kl_support_loss(
     return coef * kl, {"edge_kl": float(kl.detach()), "topk_mass": float(mass.detach())}
 
 
-@LOSSES.register(PolicyLoss.REVERSE_KL_SAMPLED, scale="tokens")
+@LOSSES.register(PolicyLoss.REVERSE_KL_SAMPLED, scale="tokens", params=CoefParams)
 def reverse_kl_sampled_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -381,7 +405,7 @@ def reverse_kl_sampled_loss(
     return coef * (diff * logprobs).sum() / denom, {"edge_kl": float(diff.sum() / denom)}
 
 
-@LOSSES.register(PolicyLoss.SELF_DISTILL_NLL, scale="tokens")
+@LOSSES.register(PolicyLoss.SELF_DISTILL_NLL, scale="tokens", params=CoefParams)
 def self_distill_nll_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -1,6 +1,7 @@
 """Decorator registries keyed by ``str`` Enums (verl ``core_algos`` style), each with the type of
 what it holds: :class:`AdvantageFn` in ``ADVANTAGES``; :class:`PolicyLossFn` in ``LOSSES``, each loss
-registered together with its :data:`LossScale` (adding a loss is its function and one decorator).
+registered together with its :data:`LossScale` and its :class:`LossParams` (adding a loss is its function,
+its parameters' dataclass and one decorator).
 
 >>> from crl_train.algorithms.registry import ADVANTAGES, AdvantageEstimator
 >>> sorted(e.value for e in ADVANTAGES.names())
@@ -10,11 +11,14 @@ registered together with its :data:`LossScale` (adding a loss is its function an
 ['cispo', 'cispo_sequences', 'clip', 'reverse_kl_sampled', 'reverse_kl_topk', 'self_distill_nll']
 >>> LOSSES.scale("cispo")
 'tokens'
+>>> LOSSES.params_type("clip")(clip_eps=0.1).kwargs()
+{'clip_eps': 0.1, 'ratio_level': 'token'}
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from enum import Enum, StrEnum
 from typing import Any, Generic, Literal, Protocol, TypeVar, get_args
 
@@ -29,6 +33,16 @@ one: ``samples`` (n_mb / B: the loss is a mean over sequences), ``tokens`` (mask
 micro-batch / in the batch: the loss is a mean over the mask's tokens) or ``none`` (the loss is a
 sum whose weights the caller normalised over the full batch). ``OptimConfig.loss_scale`` is a
 policy's default; ``train_step(..., loss_scale=...)`` overrides it for one call."""
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """A loss's hyper-parameters: the keyword arguments it takes besides the batch's tensors. Each
+    loss registers a frozen subclass whose fields are those keywords (this base: a loss without any)."""
+
+    def kwargs(self) -> dict[str, float | int | str]:
+        """The fields as the loss's keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class PolicyLossFn(Protocol):
@@ -113,23 +127,31 @@ class Registry(Generic[K, F]):
 
 
 class LossRegistry(Registry[PolicyLoss, PolicyLossFn]):
-    """The losses, each registered with the :data:`LossScale` a train step must use for it."""
+    """The losses, each registered with the :data:`LossScale` a train step must use for it and the
+    :class:`LossParams` subclass of its hyper-parameters."""
 
     def __init__(self) -> None:
         super().__init__(PolicyLoss, "policy loss")
         self._scales: dict[PolicyLoss, LossScale] = {}
+        self._params: dict[PolicyLoss, type[LossParams]] = {}
 
-    def register(self, name: PolicyLoss, *, scale: LossScale | None = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
-        """Decorator: ``@LOSSES.register(PolicyLoss.X, scale="tokens")`` adds the loss and its scale."""
+    def register(self, name: PolicyLoss, *, scale: LossScale | None = None,
+                 params: type[LossParams] = LossParams) -> Callable[[PolicyLossFn], PolicyLossFn]:
+        """Decorator: ``@LOSSES.register(PolicyLoss.X, scale="tokens", params=XParams)`` adds the loss,
+        its scale and the dataclass of its hyper-parameters."""
         if scale is None or scale not in get_args(LossScale):
             raise ValueError(f"policy loss {name.value!r} is registered with its loss scale "
                              f"('samples', 'tokens' or 'none'), got {scale!r}")
         add = super().register(name)
         checked: LossScale = scale
 
+        if not (isinstance(params, type) and issubclass(params, LossParams)):
+            raise TypeError(f"policy loss {name.value!r}: params must be a LossParams subclass, got {params!r}")
+
         def deco(fn: PolicyLossFn) -> PolicyLossFn:
             add(fn)
             self._scales[name] = checked
+            self._params[name] = params
             return fn
 
         return deco
@@ -138,6 +160,17 @@ class LossRegistry(Registry[PolicyLoss, PolicyLossFn]):
         """The loss scale registered with ``name`` (``KeyError`` naming the accepted losses for an unknown one)."""
         self.get(name)
         return self._scales[PolicyLoss(name)]
+
+    def params_type(self, name: PolicyLoss | str) -> type[LossParams]:
+        """The :class:`LossParams` subclass registered with ``name``."""
+        self.get(name)
+        return self._params[PolicyLoss(name)]
+
+    def check_params(self, name: PolicyLoss | str, params: LossParams) -> None:
+        """``TypeError`` unless ``params`` is an instance of the class registered with ``name``."""
+        want = self.params_type(name)
+        if type(params) is not want:
+            raise TypeError(f"policy loss {PolicyLoss(name).value!r} takes {want.__name__}, got {type(params).__name__}")
 
 
 ADVANTAGES: Registry[AdvantageEstimator, AdvantageFn] = Registry(AdvantageEstimator, "advantage estimator")

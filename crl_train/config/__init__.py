@@ -6,7 +6,7 @@ None), applies ``--set a.b=c`` overrides (the value is parsed as YAML: ``3``, ``
 raises :class:`ConfigError` naming the key and the accepted keys or type.
 
 >>> cfg = load_config(None, ["train.steps=3", "method=grpo"])
->>> cfg.train.steps, cfg.method
+>>> cfg.train.steps, cfg.method.value
 (3, 'grpo')
 >>> load_config(None, ["train.stepz=3"])
 Traceback (most recent call last):
@@ -29,6 +29,7 @@ from crl_train.config.io import (
     build_dataclass,
     check_choices,
     config_to_dict,
+    enum_member,
     parse_override,
     read_yaml,
     renamed_attribute,
@@ -39,7 +40,9 @@ from crl_train.config.names import (
     EntryReward,
     KLEstimator,
     MethodName,
+    ModelKind,
     PerplexityChoice,
+    model_kind,
 )
 
 METHOD_NAMES: tuple[str, ...] = tuple(m.value for m in MethodName)
@@ -160,6 +163,11 @@ class ModelConfig:
     tiny_intermediate: int = 128
     """Tiny preset: MLP width."""
 
+    @property
+    def kind(self) -> ModelKind:
+        """What :attr:`model` names: a built-in kind, or a model to load."""
+        return model_kind(self.model)
+
     def __post_init__(self) -> None:
         for name in ("lr", "temperature"):
             if not getattr(self, name) > 0:
@@ -189,7 +197,7 @@ class ModelConfig:
                               f"< max_context_tokens ({self.max_context_tokens})")
 
 
-def _at_least(obj: Any, prefix: str, low: float, *names: str) -> None:
+def _at_least(obj: object, prefix: str, low: float, *names: str) -> None:
     for name in names:
         if getattr(obj, name) < low:
             raise ConfigError(f"{prefix}.{name} must be >= {low:g}, got {getattr(obj, name)}")
@@ -476,8 +484,9 @@ class RunConfig:
 class TrainConfig:
     """The whole run."""
 
-    method: str = "complementary"
-    """One of grpo, complementary, static_online, exp_only, offline_exp, edge (``crl_train.methods``)."""
+    method: MethodName = MethodName.COMPLEMENTARY
+    """One of grpo, complementary, static_online, exp_only, offline_exp, edge (``crl_train.methods``; each
+    checks the settings it needs when it is made)."""
     seed: int = 0
     """Seed of torch and the samplers."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -496,16 +505,14 @@ class TrainConfig:
     """Run length and outputs."""
 
     def __post_init__(self) -> None:
-        if self.method not in METHOD_NAMES:
-            raise ConfigError(f"method: unknown method {self.method!r}; accepted: {', '.join(METHOD_NAMES)}")
-        if self.actor.model == "oracle":
+        object.__setattr__(self, "method", enum_member(MethodName, self.method, "method"))
+        if self.actor.kind is ModelKind.ORACLE:
             raise ConfigError("actor.model: 'oracle' is an extractor, not an actor (use it as extractor.model)")
-        if self.extractor.model == "reader":
+        if self.extractor.kind is ModelKind.READER:
             raise ConfigError("extractor.model: 'reader' is an actor, not an extractor (use it as actor.model)")
-        if self.actor.model == "reader":
+        if self.actor.kind is ModelKind.READER:
             # the reader has no distribution to distil, judge with or measure the entropy of
-            needs = [what for what, on in (("method: edge", self.method == "edge"),
-                                           ("algo.self_distill", self.algo.self_distill),
+            needs = [what for what, on in (("algo.self_distill", self.algo.self_distill),
                                            ("algo.gate.enabled", self.algo.gate.enabled),
                                            ("algo.perplexity.transform", self.algo.perplexity.transform != "off"))
                      if on]
@@ -518,8 +525,6 @@ class TrainConfig:
         if self.extractor.constrained and not self.extractor.structured:
             raise ConfigError("extractor.constrained=true (a model that cannot write an answer on its own) needs "
                               "extractor.structured=true: its answers are generated under their schemas")
-        if self.method == "offline_exp" and not self.experience.offline_source:
-            raise ConfigError("experience.offline_source must name a trajectories.jsonl or bank .jsonl for method offline_exp")
 
 
 # ------------------------------------------------------------------------------------ loading

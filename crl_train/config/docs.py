@@ -39,11 +39,15 @@ import textwrap
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import yaml
 
 from crl_train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,7 @@ class ConfigKey:
     """Dotted path, e.g. ``train.steps`` (``method`` for a top-level field)."""
     type: str
     """The annotation in words: ``int``, ``list of str``, ``one of 'token', 'sequence'``, ``bool or null``."""
-    default: Any
+    default: object
     """Value in a default-constructed top-level config (YAML-ready: tuples as lists)."""
     doc: str
     """The field's attribute docstring, whitespace-normalised; empty when the field has none."""
@@ -131,6 +135,8 @@ def type_name(tp: object) -> str:
         return "mapping"
     if dataclasses.is_dataclass(tp):
         return "section"
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
     return getattr(tp, "__name__", str(tp))
 
 
@@ -146,7 +152,7 @@ def _section_class(tp: object) -> type | None:
     return None
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """YAML-safe form of a config value (tuples → lists, dataclasses → dicts)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -154,6 +160,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Enum):
+        return value.value
     return value
 
 
@@ -223,7 +231,7 @@ def _comment(text: str, indent: str) -> list[str]:
     return [f"{indent}# {line}" for line in textwrap.wrap(text, width)] if text else []
 
 
-def render_config_yaml(cfg: Any, header: str | None = None) -> str:
+def render_config_yaml(cfg: DataclassInstance, header: str | None = None) -> str:
     """``cfg`` as YAML, every field preceded by comments: its doc, then ``type: …; default: …``.
 
     ``yaml.safe_load`` of the text gives the plain dict of ``cfg`` (comments are ignored), so
@@ -236,7 +244,7 @@ def render_config_yaml(cfg: Any, header: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _render(obj: Any, prefix: str, depth: int, ref: dict[str, ConfigKey], lines: list[str]) -> None:
+def _render(obj: DataclassInstance, prefix: str, depth: int, ref: dict[str, ConfigKey], lines: list[str]) -> None:
     indent = "  " * depth
     for f in dataclasses.fields(obj):
         key = f"{prefix}{f.name}"

@@ -18,6 +18,7 @@ import math
 import re
 import types
 import typing
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -52,10 +53,12 @@ def _type_name(tp: object) -> str:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
         return "mapping"
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def _coerce(value: object, tp: object, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; return it in the field's Python type."""
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
@@ -79,6 +82,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value in typing.get_args(tp):
             return value
         raise bad
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return enum_member(tp, value, key)
     if origin is tuple:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise bad
@@ -115,6 +120,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
+E = typing.TypeVar("E", bound=Enum)
+
+
+def enum_member(enum: type[E], value: object, key: str) -> E:
+    """The member of ``enum`` whose value is ``value`` (or ``value`` itself), else :class:`ConfigError`
+    naming the accepted values."""
+    try:
+        return enum(value)
+    except ValueError:
+        accepted = ", ".join(str(m.value) for m in enum)
+        raise ConfigError(f"{key}: unknown {key.rsplit('.', 1)[-1]} {value!r}; accepted: {accepted}") from None
+
+
 def _finite(number: float, value: object, key: str) -> float:
     """A float field's value, refused when NaN or ±inf (YAML's ``.nan``/``.inf``, or ``1e999``): a
     NaN learning rate or clip range trains nothing and says nothing, so it never enters a config."""
@@ -123,7 +141,7 @@ def _finite(number: float, value: object, key: str) -> float:
     return number
 
 
-def _finite_inside(value: Any, key: str) -> Any:
+def _finite_inside(value: object, key: str) -> object:
     """``value`` (a free-form mapping such as ``env.kwargs``) with every float inside it finite."""
     if isinstance(value, float):
         return _finite(value, value, key)
@@ -263,7 +281,7 @@ def set_path(data: dict[str, Any], dotted: str, value: object) -> None:
     node[parts[-1]] = value
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str) -> tuple[str, object]:
     """``"a.b=c"`` → ``("a.b", yaml.safe_load("c"))``."""
     if "=" not in text:
         raise ConfigError(f"--set expects key=value, got {text!r}")
@@ -303,10 +321,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def config_to_dict(cfg: Any) -> dict[str, Any]:
+def config_to_dict(cfg: DataclassInstance) -> dict[str, Any]:
     """A plain, YAML-safe dict (tuples become lists)."""
 
-    def plain(v: Any) -> Any:
+    def plain(v: object) -> Any:
+        if isinstance(v, Enum):
+            return v.value
         if isinstance(v, tuple):
             return [plain(x) for x in v]
         if isinstance(v, dict):

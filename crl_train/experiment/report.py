@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from crl_gym.protocol import GUIDED_CONDITION
+from crl_train.config.names import MethodName
 from crl_train.experiment.fifths import (
     PARTS,
     fifths_tables,
@@ -71,7 +73,7 @@ def results_table(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> 
             recs = [r for r in records if r["method"] == m]
             per_seed = _by(recs, "seed")
             avg = [{"seed": s, "eval": _mean_eval(rs)} for (s,), rs in sorted(per_seed.items())]
-            grpo_seed = _by([r for r in records if r["method"] == "grpo"], "seed")
+            grpo_seed = _by([r for r in records if r["method"] == MethodName.GRPO], "seed")
             grpo_avg = {s: {"seed": s, "eval": _mean_eval(rs)} for (s,), rs in grpo_seed.items()}
             rows.append(_row("**mean over envs**", m, avg, grpo_avg))
     return head + rows
@@ -91,8 +93,8 @@ def _row(env: str, method: str, recs: Sequence[dict[str, Any]], grpo: dict[int, 
     with_exp = mean_t(_final(recs, "with_experience"))
     without = mean_t(_final(recs, "without_experience"))
     paired = [(r, grpo[r["seed"]]) for r in recs if r["seed"] in grpo and "without_experience" in r["eval"]]
-    if method == "grpo" or not paired:
-        delta = "—" if method == "grpo" else "n/a"
+    if method == MethodName.GRPO or not paired:
+        delta = "—" if method == MethodName.GRPO else "n/a"
     else:
         delta = paired_difference([a["eval"]["without_experience"]["success"] for a, _ in paired],
                                   [b["eval"]["without_experience"]["success"] for _, b in paired]).text()
@@ -169,7 +171,7 @@ def bank_snapshot(cell_dir: Path, top: int = 10) -> list[str]:
     if traj.exists():
         for line in traj.read_text(encoding="utf-8").splitlines():
             req = json.loads(line)
-            if req.get("condition") == "guided" and req.get("experience"):
+            if req.get("condition") == GUIDED_CONDITION and req.get("experience"):
                 outcomes[int(req["experience"]["id"])].append(1.0 if req.get("success") else -1.0)
     entries.sort(key=lambda e: (-int(e.get("retrieval_count", 0)), int(e.get("id", 0))))
     rows = [f"Final bank: {len(entries)} entries. Most retrieved:", "",

@@ -33,6 +33,7 @@ from typing import Any
 
 from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
 from crl_train.config.io import build_dataclass, read_yaml
+from crl_train.config.names import MethodName
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ class Suite:
         """The contrasts the report shows (see ``contrasts``)."""
         if self.contrasts:
             return tuple((a, b) for a, b in self.contrasts)
-        return (("complementary", "static_online"),) if {"complementary", "static_online"} <= set(self.rows) else ()
+        pair = (MethodName.COMPLEMENTARY.value, MethodName.STATIC_ONLINE.value)
+        return (pair,) if set(pair) <= set(self.rows) else ()
 
     @property
     def rows(self) -> tuple[str, ...]:
@@ -185,7 +187,11 @@ def cell_config(suite: Suite, cell: Cell) -> TrainConfig:
     method, extra = (variant.method, variant.set) if variant else (cell.method, suite.method_set.get(cell.method, ()))
     overrides = [*suite.set, *extra, f"method={method}", f"seed={cell.seed}",
                  f"env.seed={cell.seed}", f"env.ids={ids}", "train.eval_episodes=0"]
-    return load_config(Path(suite.config) if suite.config else None, overrides)
+    from crl_train.methods import check_method_config
+
+    cfg = load_config(Path(suite.config) if suite.config else None, overrides)
+    check_method_config(cfg)
+    return cfg
 
 
 def is_finished(cell_dir: Path) -> bool:

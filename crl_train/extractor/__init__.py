@@ -11,7 +11,7 @@ from crl_train.extractor.model import (
     reasoning_end_token,
     sample_key,
 )
-from crl_train.extractor.oracle import ORACLE_MODEL, OracleExtractor
+from crl_train.extractor.oracle import OracleExtractor
 from crl_train.extractor.worker import (
     ExtractorError,
     ExtractorSpec,
@@ -24,6 +24,6 @@ AnyExtractor = Extractor | ExtractorWorker | OracleExtractor
 """The built-in :class:`ExtractorBackend` implementations: π_φ in process, π_φ in its worker
 process, or the oracle."""
 
-__all__ = ["ORACLE_MODEL", "AnyExtractor", "BufferItem", "Extractor", "ExtractorBackend", "ExtractorError", "ExtractorSpec",
+__all__ = ["AnyExtractor", "BufferItem", "Extractor", "ExtractorBackend", "ExtractorError", "ExtractorSpec",
            "ExtractorUnavailable", "ExtractorWorker", "OracleExtractor", "build_extractor", "cispo_update",
            "grammar_key", "reasoning_end_token", "sample_key"]

@@ -75,6 +75,7 @@ from crl_gym.protocol import (
 )
 from crl_train.algorithms import (
     LOSSES,
+    CispoParams,
     PolicyLoss,
     batch_advantages,
     loss_scale_for,
@@ -412,8 +413,10 @@ class Extractor:
             return {"skipped": 1.0, "unreplayable": dropped}
         batch = TrainBatch.from_sequences(seqs, adv[keep], self.policy.pad_token_id)
         with self.lock:
+            params = CispoParams(eps_low=self.eps_low, eps_high=self.eps_high)
+            LOSSES.check_params(self.loss, params)
             metrics = self.policy.train_step(batch, LOSSES.get(self.loss), loss_scale=loss_scale_for(self.loss),
-                                             eps_low=self.eps_low, eps_high=self.eps_high)
+                                             **params.kwargs())
             self.version += 1
         metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(keep)),
                         "unreplayable": dropped})

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from crl_gym.experience.bank import ExperienceBank
     from crl_train.extractor.model import BufferItem
 
-ORACLE_MODEL = "oracle"
-"""The ``extractor.model`` value that selects the oracle."""
 ENTRY_TEMPLATE = "{task} Winning actions, one per line:\n{actions}"
 """An oracle entry: the task text (ended with a full stop) and the episode's env actions in order,
 one per line. Each action then starts its line as it starts the actor's answer, so a byte-level BPE
@@ -145,4 +143,4 @@ class OracleExtractor:
         """Nothing to release."""
 
 
-__all__ = ["ENTRY_TEMPLATE", "ORACLE_MODEL", "OracleExtractor", "oracle_entry", "winning_actions"]
+__all__ = ["ENTRY_TEMPLATE", "OracleExtractor", "oracle_entry", "winning_actions"]

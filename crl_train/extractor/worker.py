@@ -56,8 +56,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.config import ModelConfig
+from crl_train.config.names import ModelKind
 from crl_train.extractor.model import BufferItem, Extractor, cispo_update
-from crl_train.extractor.oracle import ORACLE_MODEL, OracleExtractor
+from crl_train.extractor.oracle import OracleExtractor
 from crl_train.policy.base import AllowedRow
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ actor's guided prompts (and the merge windows) small."""
 def extractor_options(spec: ExtractorSpec) -> dict[str, Any]:
     """The Extractor's keyword arguments: ``spec.options`` over the model config's defaults."""
     defaults: dict[str, Any] = {"structured": spec.model.structured}
-    if spec.model.model == "tiny":
+    if spec.model.kind is ModelKind.TINY:
         defaults["max_entry_chars"] = TINY_ENTRY_CHARS
     return {**defaults, **spec.options}
 
@@ -119,7 +120,7 @@ def extractor_options(spec: ExtractorSpec) -> dict[str, Any]:
 def build_extractor(spec: ExtractorSpec) -> Extractor | OracleExtractor:
     """π_φ as the spec says (used in the child, and in process for ``experience.extractor_process=false``);
     the weightless oracle for ``model: oracle``."""
-    if spec.model.model == ORACLE_MODEL:
+    if spec.model.kind is ModelKind.ORACLE:
         return OracleExtractor()
     from crl_train.policy.factory import build_policy
 
@@ -255,7 +256,7 @@ class ExtractorWorker:
         self.poll_s = poll_s
         self.version = 0
         """π_φ's version as of the last update / state call (the child holds the truth)."""
-        self.trainable = spec.model.model != ORACLE_MODEL
+        self.trainable = spec.model.kind is not ModelKind.ORACLE
         """Whether the child's extractor has weights to train (the oracle has none)."""
         self._lock = threading.Lock()
         self._ready = False

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from crl_gym.integrations.trl import SPLIT
-from crl_gym.protocol import Condition
+from crl_gym.protocol import CONDITIONS, Condition
 from crl_train.algorithms import sequence_weights, split_subgroup_advantages
 from crl_train.algorithms.advantages import FREE, GUIDED
 from crl_train.rollout.contract import (
@@ -121,10 +121,10 @@ def split_conditions(experience: list[object], positions: list[int], num_generat
     for value, j in zip(experience, positions, strict=True):
         if value is None or value == SPLIT:
             out.append(condition_of(j, num_generations, guided=guided))
-        elif value == "guided" or value == "free":
+        elif value in CONDITIONS:
             out.append(value)
         else:
-            raise ValueError(f"a row's experience must be 'split', 'guided' or 'free', got {value!r}")
+            raise ValueError(f"a row's experience must be 'split', {' or '.join(map(repr, CONDITIONS))}, got {value!r}")
     return out
 
 

@@ -15,9 +15,13 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.algorithms import (
     ADVANTAGES,
+    LOSSES,
     AdvantageEstimator,
+    CoefParams,
+    LossParams,
     PolicyLoss,
     perplexity_bonus,
 )
@@ -40,14 +44,17 @@ GATE_FIELDS: tuple[str, ...] = ("gate_judged", "gate_accept", "gate_refine", "ga
 class ActorTerm:
     """One more term of the actor's objective, added to the RL loss of the same optimizer step (EDGE's
     joint objective), with a loss looked up by name in ``LOSSES`` (micro-batch losses add up as that
-    loss says: ``loss_scale_for``)."""
+    loss says: ``loss_scale_for``) and its hyper-parameters, of the class registered with it."""
 
     batch: TrainBatch
     loss: PolicyLoss
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the loss (e.g. ``coef``)."""
+    params: LossParams
+    """The loss's hyper-parameters (e.g. ``CoefParams(coef)``); ``TypeError`` for another loss's."""
     metrics: dict[str, str] = field(default_factory=dict)
     """Row key → key of the train step's metrics."""
+
+    def __post_init__(self) -> None:
+        LOSSES.check_params(self.loss, self.params)
 
 
 @runtime_checkable
@@ -119,8 +126,15 @@ class MethodBase:
     :data:`~crl_train.methods.METHODS`); :meth:`metric_fields` picks those of one config."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        self.check_config(cfg)
         self.cfg = cfg
         self.algo = cfg.algo
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        """Raise :class:`~crl_train.config.ConfigError` when ``cfg`` lacks what this method needs (the
+        config itself checks only what holds for every method)."""
+        del cfg
 
     # ---------------------------------------------------------------- service side
     def service_options(self) -> ServiceOptions:
@@ -176,9 +190,9 @@ def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[lis
     eps = rollout.episodes
     seqs = []
     for e, ok in zip(eps, rollout.valid.tolist(), strict=True):
-        if e.condition != "guided" or not ok or not e.success:
+        if e.condition != GUIDED_CONDITION or not ok or not e.success:
             continue
-        free = [x for x, v in zip(eps, rollout.valid.tolist(), strict=True) if v and x.group == e.group and x.condition == "free"]
+        free = [x for x, v in zip(eps, rollout.valid.tolist(), strict=True) if v and x.group == e.group and x.condition == FREE_CONDITION]
         free_mean = sum(1.0 if x.success else 0.0 for x in free) / max(1, len(free))
         prompt = next((x.prompt_ids for x in free if x.prompt_ids), None)
         if prompt is not None and 1.0 > free_mean:
@@ -186,7 +200,7 @@ def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[lis
     if not seqs:
         return [], {"self_distill_samples": 0}
     batch = TrainBatch.from_sequences(seqs, [0.0] * len(seqs), actor.pad_token_id)
-    term = ActorTerm(batch, PolicyLoss.SELF_DISTILL_NLL, {"coef": coef}, {"self_distill_nll": "self_distill_nll"})
+    term = ActorTerm(batch, PolicyLoss.SELF_DISTILL_NLL, CoefParams(coef), {"self_distill_nll": "self_distill_nll"})
     return [term], {"self_distill_samples": len(seqs)}
 
 
@@ -215,11 +229,11 @@ def perplexity_bonuses(rollout: Rollout, *, transform: PerplexityTransform, weig
     valid = rollout.valid.tolist()
     free_h: dict[int, list[float]] = {}
     for e, ok in zip(rollout.episodes, valid, strict=True):
-        if ok and e.condition == "free" and (h := nll(e)) is not None:
+        if ok and e.condition == FREE_CONDITION and (h := nll(e)) is not None:
             free_h.setdefault(e.group, []).append(h)
     ids, delta, h_without = [], [], []
     for e, ok in zip(rollout.episodes, valid, strict=True):
-        h = nll(e) if ok and e.condition == "guided" and e.experience is not None and e.request is not None else None
+        h = nll(e) if ok and e.condition == GUIDED_CONDITION and e.experience is not None and e.request is not None else None
         if h is None or e.group not in free_h or e.request is None:
             continue
         base = sum(free_h[e.group]) / len(free_h[e.group])

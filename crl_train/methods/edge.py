@@ -19,10 +19,19 @@ from typing import Any
 
 import torch
 
-from crl_train.algorithms import AdvantageEstimator, PolicyLoss, edge_train_mask, marginal_gain
+from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
+from crl_train.algorithms import (
+    AdvantageEstimator,
+    CoefParams,
+    PolicyLoss,
+    edge_train_mask,
+    marginal_gain,
+)
+from crl_train.config import ConfigError, TrainConfig
 from crl_train.config.names import MethodName
 from crl_train.methods.base import ActorTerm, MethodBase, Rollout
 from crl_train.policy.base import SUPPORT_IDS, Policy, TrainBatch
+from crl_train.policy.factory import trains
 from crl_train.rollout.contract import Outcomes
 from crl_train.rollout.runner import Episode, swap_prompt
 from crl_train.service import EdgeReflection, EdgeUtility, ServiceOptions, service_options
@@ -39,6 +48,12 @@ class Edge(MethodBase):
     service_metrics = {"edge_pruned": "pruned", "edge_reflections": "reflections", "edge_reflected": "reflected",
                        "edge_refused": "refused"}
     declared_fields = (*EDGE_FIELDS, *MethodBase.declared_fields)
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig) -> None:
+        if not trains(cfg.actor):  # the distillation needs the actor's distribution
+            raise ConfigError(f"actor.model: {cfg.actor.model!r} is a script without weights; method: edge needs a "
+                              "model actor")
 
     def service_options(self) -> ServiceOptions:
         # EDGE's bank starts empty (every entry with utility 0) and grows from the actor's episodes
@@ -79,10 +94,10 @@ def distillation_pairs(rollout: Rollout, open_groups: set[int]) -> list[tuple[Ep
     eps = [e for e, ok in zip(rollout.episodes, valid, strict=True) if ok and e.prompt_ids]
     pairs = []
     for g in sorted(open_groups):
-        guided = next((e for e in eps if e.group == g and e.condition == "guided"), None)
+        guided = next((e for e in eps if e.group == g and e.condition == GUIDED_CONDITION), None)
         if guided is None:
             continue
-        pairs += [(e, guided.prompt_ids) for e in eps if e.group == g and e.condition == "free"]
+        pairs += [(e, guided.prompt_ids) for e in eps if e.group == g and e.condition == FREE_CONDITION]
     return pairs
 
 
@@ -110,7 +125,7 @@ def distillation_term(pairs: list[tuple[Episode, list[int]]], actor: Policy, coe
         for i, (s0, t0, n) in enumerate(spans):
             teacher[i, s0:s0 + n] = t_lp[i, t0:t0 + n]
         sb.extra["teacher"] = teacher
-        return ActorTerm(sb, PolicyLoss.REVERSE_KL_SAMPLED, {"coef": coef}, {"edge_kl": "edge_kl"})
+        return ActorTerm(sb, PolicyLoss.REVERSE_KL_SAMPLED, CoefParams(coef), {"edge_kl": "edge_kl"})
     ids, _ = actor.support_logprobs(sb, k=top_k)  # the student's top-k: the weights the term is trained under
     t_ids = torch.zeros((tb.batch_size, tb.input_ids.shape[1], ids.shape[-1]), dtype=torch.long)
     for i, (s0, t0, n) in enumerate(spans):
@@ -121,4 +136,4 @@ def distillation_term(pairs: list[tuple[Episode, list[int]]], actor: Policy, coe
         teacher_support[i, s0:s0 + n] = t_lp3[i, t0:t0 + n]
     sb.extra[SUPPORT_IDS] = ids
     sb.extra["teacher_support"] = teacher_support
-    return ActorTerm(sb, PolicyLoss.REVERSE_KL_TOPK, {"coef": coef}, {"edge_kl": "edge_kl", "edge_topk_mass": "topk_mass"})
+    return ActorTerm(sb, PolicyLoss.REVERSE_KL_TOPK, CoefParams(coef), {"edge_kl": "edge_kl", "edge_topk_mass": "topk_mass"})

@@ -6,7 +6,7 @@ validated exactly as ``crl-train --config`` validates it, and ``--set openrlhf.v
 works like any other override.
 
 >>> cfg, ocfg = load_cluster_config(None, ["openrlhf.actor_gpus_per_node=4"])
->>> cfg.method, ocfg.actor_gpus_per_node, ocfg.total_gpus()
+>>> cfg.method.value, ocfg.actor_gpus_per_node, ocfg.total_gpus()
 ('complementary', 4, 12)
 >>> load_cluster_config(None, ["openrlhf.gpus=3"])
 Traceback (most recent call last):

@@ -46,13 +46,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
 from crl_gym.experience.prompts import truncate_middle
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, TurnGuidance
+from crl_gym.protocol import (
+    CONDITIONS,
+    GUIDED_CONDITION,
+    DistillationRequest,
+    ExperienceRef,
+    Step,
+    TurnGuidance,
+)
 from crl_gym.templates import SYSTEM_REACT
 from crl_train.config import TrainConfig
 from crl_train.openrlhf.tasks import ConditionAssigner, TaskLabel
@@ -67,6 +74,8 @@ if TYPE_CHECKING:
     from crl_train.openrlhf.settings import ClusterSettings
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 EXTRA_LOG_KEYS: tuple[str, ...] = ("crl_guided", "crl_experience", "crl_success", "crl_valid", "crl_turns",
                                    "crl_search_calls", "crl_turn_cap", "crl_context_truncated", "crl_env_error")
@@ -99,7 +108,7 @@ class EpisodeRuntime:
         self.method = make_method(cfg)
         self.guided = bool(self.method.guided)
         if self.guided and client is None:
-            raise ValueError(f"method {cfg.method!r} uses experience: the runtime needs a service client")
+            raise ValueError(f"method {cfg.method.value!r} uses experience: the runtime needs a service client")
         self.client = client if self.guided else None
         self.assigner = ConditionAssigner(cfg.env.group_size, self.guided)
         self._raw_env = env_factory
@@ -122,7 +131,7 @@ class EpisodeRuntime:
         return cls(cfg, client, env_threads=settings.env_threads)
 
     # ------------------------------------------------------------------ helpers
-    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)`` in the env thread pool, awaited (the event loop keeps generating)."""
         return await asyncio.get_running_loop().run_in_executor(self.threads, partial(fn, *args, **kwargs))
 
@@ -240,8 +249,8 @@ class CRLAgentInstance(AgentInstanceBase):
     def __init__(self, runtime: EpisodeRuntime | None = None, condition: str | None = None,
                  tokenizer: Any = None) -> None:
         self.runtime = runtime if runtime is not None else default_runtime()
-        if condition not in (None, "guided", "free"):
-            raise ValueError(f"condition must be 'guided', 'free' or None, got {condition!r}")
+        if condition is not None and condition not in CONDITIONS:
+            raise ValueError(f"condition must be {', '.join(map(repr, CONDITIONS))} or None, got {condition!r}")
         self.condition = condition
         self.tokenizer = tokenizer
         self.task: TaskLabel | None = None
@@ -262,7 +271,7 @@ class CRLAgentInstance(AgentInstanceBase):
         self.request: DistillationRequest | None = None
 
     # ------------------------------------------------------------------ protocol
-    async def reset(self, states: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    async def reset(self, states: dict[str, Any], **kwargs: object) -> dict[str, Any]:
         """``{"observation": the chat-rendered first prompt}`` (system prompt + first observation)."""
         rt = self.runtime
         label = states.get("label")
@@ -288,7 +297,7 @@ class CRLAgentInstance(AgentInstanceBase):
         self.observation = str(obs)
         return {"observation": self._render_first(self._user_text(self.observation))}
 
-    async def step(self, states: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    async def step(self, states: dict[str, Any], **kwargs: object) -> dict[str, Any]:
         """One env turn on the model's ``action_text``: the next user turn as ``environment_feedback``."""
         if self.done:  # failed at reset: this turn's text is not an action
             return self._result("")
@@ -373,7 +382,7 @@ class CRLAgentInstance(AgentInstanceBase):
         return user_text(obs, self.admissible)
 
     def extra_logs(self) -> dict[str, float]:
-        return {"crl_guided": float(self.condition == "guided"), "crl_experience": float(self.experience is not None),
+        return {"crl_guided": float(self.condition == GUIDED_CONDITION), "crl_experience": float(self.experience is not None),
                 "crl_success": float(self.success), "crl_valid": float(self.error is None),
                 "crl_turns": float(self.turns), "crl_search_calls": float(self.search_calls),
                 "crl_turn_cap": float(self.cut_reason == "turn_cap"),

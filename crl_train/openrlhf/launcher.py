@@ -35,6 +35,7 @@ from typing import Any
 
 from crl_train.config import TrainConfig, config_to_dict, dump_config
 from crl_train.config.io import ConfigError
+from crl_train.config.names import MethodName, ModelKind
 from crl_train.openrlhf.config import OpenRLHFConfig, load_cluster_config
 from crl_train.openrlhf.settings import SETTINGS_ENV, ClusterSettings
 from crl_train.openrlhf.tasks import TaskLabel
@@ -46,7 +47,8 @@ AGENT_FILE = Path(__file__).with_name("agent.py")
 """``--train.agent_func_path``: OpenRLHF executes it in every vLLM engine actor."""
 
 ENTRY_MODULE = "openrlhf.cli.train_ppo_ray"
-SUPPORTED_METHODS: tuple[str, ...] = ("grpo", "complementary", "static_online", "offline_exp")
+SUPPORTED_METHODS: tuple[MethodName, ...] = (MethodName.GRPO, MethodName.COMPLEMENTARY, MethodName.STATIC_ONLINE,
+                                             MethodName.OFFLINE_EXP)
 """Methods whose actor side is one RL update on (split-subgroup or GRPO) advantages."""
 
 OPENRLHF_ENV_DEFAULTS: dict[str, str] = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
@@ -150,13 +152,13 @@ def check_supported(cfg: TrainConfig, ocfg: OpenRLHFConfig) -> None:
     """Refuse, with the reason, what the ``openrlhf`` backend cannot run (:class:`ConfigError`)."""
     problems = []
     if cfg.method not in SUPPORTED_METHODS:
-        problems.append(f"method {cfg.method!r}: the openrlhf backend runs {', '.join(SUPPORTED_METHODS)} "
+        problems.append(f"method {cfg.method.value!r}: the openrlhf backend runs {', '.join(SUPPORTED_METHODS)} "
                         "(EDGE's distillation update and exp_only's frozen actor have no OpenRLHF counterpart: "
                         "use --backend hf)")
     if cfg.algo.gate.enabled or cfg.algo.self_distill:
         problems.append("algo.gate / algo.self_distill need extra actor passes that OpenRLHF's trainer does not "
                         "make: use --backend hf")
-    if cfg.actor.model == "tiny":
+    if cfg.actor.kind is ModelKind.TINY:
         problems.append("actor.model: tiny exists only in memory; OpenRLHF loads an HF model id or directory")
     if cfg.actor.constrained:
         problems.append("actor.constrained: constrained decoding is an hf-backend feature (vLLM samples free text)")
@@ -367,7 +369,10 @@ def launch(plan: LaunchPlan, cfg: TrainConfig, ocfg: OpenRLHFConfig, *, echo: Ca
     dump_config(cfg, plan.run_dir / "config.yaml")
     (plan.run_dir / "openrlhf" / "command.txt").write_text(plan.describe() + "\n", encoding="utf-8")
     echo(f"starting the experience service {plan.service_name!r} on the head node …")
-    client = deploy_service(config_to_dict(cfg), plan.run_dir / "service", name=plan.service_name,
+    from crl_train.methods import make_method
+
+    client = deploy_service(config_to_dict(cfg), plan.run_dir / "service",
+                            options=make_method(cfg).service_options(), name=plan.service_name,
                             namespace=plan.namespace, num_gpus=ocfg.service_gpus, num_cpus=ocfg.service_cpus,
                             max_concurrency=ocfg.max_concurrency, embedding_workers=ocfg.embedding_workers,
                             embedder_device=ocfg.embedder_device)

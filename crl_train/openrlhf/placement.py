@@ -17,13 +17,13 @@ class OnNode:
         self.actor_cls = actor_cls
         self.node_id = node_id
 
-    def options(self, **kwargs: Any) -> Any:
+    def options(self, **kwargs: object) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         kwargs.setdefault("scheduling_strategy", NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False))
         return self.actor_cls.options(**kwargs)
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
+    def remote(self, *args: object, **kwargs: object) -> Any:
         return self.options().remote(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # everything else is the actor class's

@@ -48,7 +48,7 @@ class ClusterSettings:
 
     @classmethod
     def of(cls, cfg: TrainConfig, *, service_name: str, namespace: str, run_dir: str, env_threads: int = 128,
-           **extra: Any) -> ClusterSettings:
+           **extra: object) -> ClusterSettings:
         return cls(config_to_dict(cfg), service_name, namespace, str(run_dir), int(env_threads), dict(extra))
 
     def train_config(self) -> TrainConfig:

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from crl_gym.clients import ExperienceUnavailable
+from crl_gym.clients import ExperienceClient, ExperienceUnavailable
+from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.openrlhf.advantages import GUIDED_KEY
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,11 @@ LOGGED_STATS: tuple[str, ...] = ("bank_size", "queue_depth", "distilled", "credi
 class ServiceStepMixin:
     """See the module docstring. The host calls :meth:`crl_setup` at the end of its ``__init__``."""
 
-    crl_client: Any = None
+    crl_client: ExperienceClient | None = None
     crl_step: int = 0
     crl_checkpoint_every: int = 0
 
-    def crl_setup(self, client: Any = None, *, checkpoint_every: int | None = None) -> None:
+    def crl_setup(self, client: ExperienceClient | None = None, *, checkpoint_every: int | None = None) -> None:
         """Connect to the service (default: the launcher's settings) and read where its steps are."""
         if client is None or checkpoint_every is None:
             from crl_train.openrlhf.settings import load_settings
@@ -56,7 +57,7 @@ class ServiceStepMixin:
         self.crl_client = client
         self.crl_checkpoint_every = int(checkpoint_every)
         try:
-            self.crl_step = int(client.stats().get("last_ended_step", -1)) + 1
+            self.crl_step = client.stats().last_ended_step + 1
         except ExperienceUnavailable as exc:
             log.error("experience service unreachable at start (%s): its steps are counted from 0", exc)
             self.crl_step = 0
@@ -69,22 +70,25 @@ class ServiceStepMixin:
 
     def crl_end_step(self) -> dict[str, float]:
         """End the service's open step (and checkpoint it when due); the metrics to log."""
+        client = self.crl_client
+        if client is None:
+            raise RuntimeError("ServiceStepMixin.crl_setup was not called: no experience service to end the step on")
         out: dict[str, float] = {"crl/service_step": float(self.crl_step)}
         step, self.crl_step = self.crl_step, self.crl_step + 1
         try:
-            ended = self.crl_client.end_step(step)
-            stats = self.crl_client.stats()
+            ended = client.end_step(step)
+            stats = client.stats()
         except ExperienceUnavailable as exc:
             log.error("experience service unreachable: step %d is not credited (%s)", step, exc)
             out["crl/service_up"] = 0.0
             return out
         out["crl/service_up"] = 1.0
-        out["crl/step_requests"] = float(ended.get("requests", 0))
+        out["crl/step_requests"] = float(ended.requests)
         for key in LOGGED_STATS:
             value = stats.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"crl/{key}"] = float(value)
-        checkpoint = getattr(self.crl_client, "checkpoint", None)  # the Ray face has one; in process, the caller's
+        checkpoint = getattr(client, "checkpoint", None)  # the Ray face has one; in process, the caller's
         if checkpoint is not None and self.crl_checkpoint_every and (step + 1) % self.crl_checkpoint_every == 0:
             try:
                 checkpoint()
@@ -105,7 +109,7 @@ def rollout_metrics(samples: Iterable[object] | None) -> dict[str, float]:
         guided += torch.as_tensor(g, dtype=torch.float32).reshape(-1).tolist()
         success += torch.as_tensor(ok, dtype=torch.float32).reshape(-1).tolist()
     out: dict[str, float] = {}
-    for name, flag in (("guided", 1.0), ("free", 0.0)):
+    for name, flag in ((GUIDED_CONDITION, 1.0), (FREE_CONDITION, 0.0)):
         vals = [s for g, s in zip(guided, success, strict=True) if g == flag]
         if vals:
             out[f"crl/success_{name}"] = sum(vals) / len(vals)

@@ -46,14 +46,14 @@ def install_experience_maker(trainer: Any) -> None:
 
 
 class _CRLPPOTrainer(ServiceStepMixin, PPOTrainer.__ray_actor_class__):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         install_experience_maker(self)
         self.crl_setup()
 
 
 class _CRLTrainingActor(ServiceStepMixin, TrainingActor.__ray_actor_class__):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         install_experience_maker(self)
         self.crl_setup()
@@ -64,7 +64,7 @@ CRLTrainingActor = ray.remote(_CRLTrainingActor)
 
 
 class _CRLPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         # PPOTrainerAsync.__init__ looks its actor classes up in its module when it runs (in this
         # actor's own process): ours are put there for the duration of the call. The generator
         # reads the prompt dataset, so it stays on this (the head) node.

@@ -33,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 import torch
 
+from crl_train.algorithms.registry import LOSSES, LossParams, PolicyLoss, PolicyLossFn
 from crl_train.algorithms.registry import LossScale as LossScale
-from crl_train.algorithms.registry import PolicyLossFn
 
 if TYPE_CHECKING:  # typing only: importing this module loads neither transformers nor llguidance
     from transformers import PreTrainedTokenizerBase
@@ -350,10 +350,17 @@ class LossTerm:
     loss_fn: LossFn
     loss_scale: LossScale | None = None
     """``None``: the policy's ``OptimConfig.loss_scale``."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """The loss's own keyword arguments (``clip_eps``, ``coef`` …)."""
+    kwargs: Mapping[str, object] = field(default_factory=dict)
+    """The loss's own keyword arguments (``clip_eps``, ``coef`` …: a ``LossParams``'s ``kwargs()``)."""
     name: str | None = None
     """Reported as ``loss_<name>`` in the step's metrics (None: not reported on its own)."""
+
+    @classmethod
+    def registered(cls, batch: TrainBatch, loss: PolicyLoss, params: LossParams, name: str | None = None) -> LossTerm:
+        """The term of the loss registered as ``loss`` in ``LOSSES``, with its registered scale and
+        ``params`` (``TypeError`` when they are not of the class registered with it)."""
+        LOSSES.check_params(loss, params)
+        return cls(batch, LOSSES.get(loss), LOSSES.scale(loss), params.kwargs(), name=name)
 
 
 @runtime_checkable

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from crl_train.config import ModelConfig
+from crl_train.config.names import ModelKind
 from crl_train.policy.base import Generator, LossScale, OptimConfig, Policy, SamplingConfig
 from crl_train.policy.checkpoint import resolve_dtype
-from crl_train.policy.reader import READER_MODEL
 
 if TYPE_CHECKING:
     from crl_train.policy.hf import HFPolicy
@@ -68,7 +68,7 @@ def trains(mc: ModelConfig) -> bool:
     >>> trains(ModelConfig(model="tiny")), trains(ModelConfig(model="reader"))
     (True, False)
     """
-    return mc.model != READER_MODEL
+    return mc.kind is not ModelKind.READER
 
 
 def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
@@ -79,7 +79,7 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossSc
     ``role`` (:data:`PolicyRole`) says whether an inexact generator is acceptable: only for the
     ``"actor"``; an extractor, or a caller that does not say, needs exact engine log-probs.
     """
-    if mc.model == READER_MODEL:  # no weights and no generator: a seeded script (crl_train.policy.reader)
+    if mc.kind is ModelKind.READER:  # no weights and no generator: a seeded script (crl_train.policy.reader)
         from crl_train.policy.reader import ReaderPolicy
 
         if checkpoint is not None:
@@ -108,7 +108,7 @@ def model_dtype(mc: ModelConfig) -> str:
     >>> model_dtype(ModelConfig(model="tiny")), model_dtype(ModelConfig(model="smollm2-135m"))
     ('float32', 'auto')
     """
-    if mc.dtype == "auto" and mc.model == "tiny" and torch.device(mc.device).type == "cpu":
+    if mc.dtype == "auto" and mc.kind is ModelKind.TINY and torch.device(mc.device).type == "cpu":
         return "float32"
     return mc.dtype
 
@@ -122,7 +122,7 @@ def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: Lo
         return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=dtype)
     sampling = SamplingConfig(temperature=mc.temperature, top_p=mc.top_p)
     optim = OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale=loss_scale)
-    if mc.model == "tiny":
+    if mc.kind is ModelKind.TINY:
         from crl_train.policy.tiny import build_tiny_policy
 
         assert texts is not None

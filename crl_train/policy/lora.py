@@ -29,6 +29,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,7 +81,7 @@ class LoraSpec:
         return cls(int(d["rank"]), float(d["alpha"]), tuple(str(t) for t in d["targets"]))
 
 
-def _peft() -> Any:
+def _peft() -> ModuleType:
     try:
         import peft
     except ImportError as exc:

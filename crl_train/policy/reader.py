@@ -78,8 +78,6 @@ if TYPE_CHECKING:
 
     from .grammar import JsonGrammar
 
-READER_MODEL = "reader"
-"""The ``actor.model`` value that selects the reader."""
 READER_NAME = "reader (scripted: plays the actions its experience names; no weights)"
 """The name the reader carries in logs, metrics and checkpoints."""
 EXPERIENCE_HEADERS: tuple[str, ...] = tuple(
@@ -309,5 +307,5 @@ def _valid_actions(prompt: str) -> list[str]:
     return [a.strip() for a in last.rsplit(_VALID_ACTIONS, 1)[1].splitlines()[0].split(",") if a.strip()]
 
 
-__all__ = ["EXPERIENCE_HEADERS", "READER_MODEL", "READER_NAME", "ReaderNotTrainable", "ReaderPolicy",
+__all__ = ["EXPERIENCE_HEADERS", "READER_NAME", "ReaderNotTrainable", "ReaderPolicy",
            "experience_section", "named_actions"]

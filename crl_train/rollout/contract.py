@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from crl_gym.protocol import Condition
+from crl_gym.protocol import CONDITIONS, FREE_CONDITION, GUIDED_CONDITION, Condition
 from crl_train.algorithms.advantages import FREE, GUIDED
 
 if TYPE_CHECKING:
     from crl_train.rollout.runner import Episode
 
-CONDITION_IDS: dict[Condition, int] = {"guided": GUIDED, "free": FREE}
+CONDITION_IDS: dict[Condition, int] = {GUIDED_CONDITION: GUIDED, FREE_CONDITION: FREE}
 """A condition's id in a ``condition`` tensor (``crl_train.algorithms``: GUIDED 0, FREE 1)."""
 
 
@@ -41,7 +41,7 @@ def condition_of(copy: int, group_size: int, *, guided: bool = True) -> Conditio
     guided for the first ``group_size // 2`` copies of each group when ``guided``, else free."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    return "guided" if guided and copy % group_size < group_size // 2 else "free"
+    return GUIDED_CONDITION if guided and copy % group_size < group_size // 2 else FREE_CONDITION
 
 
 def condition_ids(conditions: Sequence[str]) -> torch.Tensor:
@@ -53,7 +53,7 @@ def condition_ids(conditions: Sequence[str]) -> torch.Tensor:
     try:
         return torch.tensor([CONDITION_IDS[c] for c in conditions], dtype=torch.long)  # type: ignore[index]
     except KeyError as exc:
-        raise ValueError(f"a condition is 'guided' or 'free', got {exc.args[0]!r}") from None
+        raise ValueError(f"a condition is {' or '.join(map(repr, CONDITIONS))}, got {exc.args[0]!r}") from None
 
 
 @dataclass(eq=False)

@@ -17,7 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crl_gym.experience.prompts import truncate_middle
-from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory, TurnGuidance
+from crl_gym.protocol import (
+    FREE_CONDITION,
+    GUIDED_CONDITION,
+    DistillationRequest,
+    ExperienceRef,
+    Step,
+    Trajectory,
+    TurnGuidance,
+)
 
 MAX_OBS_CHARS = 4000
 """Observations are shortened to this many characters (middle elided) before the actor reads them."""
@@ -58,7 +66,7 @@ def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience:
     flags = {k: v for k, v in reasons.items() if k in CUT_REASONS}
     return DistillationRequest(
         task=task, trajectory=Trajectory(steps=list(steps)), outcome=float(outcome), success=False,
-        experience=experience, condition="guided" if condition == "guided" else "free", env_id=env_id, seed=seed,
+        experience=experience, condition=GUIDED_CONDITION if condition == GUIDED_CONDITION else FREE_CONDITION, env_id=env_id, seed=seed,
         meta={**(meta or {}), **flags}, turn_experience=list(turn_experience),
     )
 

@@ -30,7 +30,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from crl_gym.protocol import Condition, DistillationRequest, ExperienceRef, Step, TurnGuidance
+from crl_gym.protocol import (
+    FREE_CONDITION,
+    GUIDED_CONDITION,
+    Condition,
+    DistillationRequest,
+    ExperienceRef,
+    Step,
+    TurnGuidance,
+)
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
@@ -218,12 +226,12 @@ class RolloutRunner:
         # 1. free copies first: they give the task text of each group
         task_text: dict[int, str] = {}
         for ep, env in zip(episodes, envs, strict=True):
-            if ep.condition == "free":
-                self._reset(ep, env, {"experience": "free", "rollout_step": step} if self.client is not None else None)
+            if ep.condition == FREE_CONDITION:
+                self._reset(ep, env, {"experience": FREE_CONDITION, "rollout_step": step} if self.client is not None else None)
                 if not ep.failed_by_error:
                     task_text.setdefault(ep.group, ep.task)
         # 2. one batched search for all guided halves
-        guided_groups = sorted({ep.group for ep in episodes if ep.condition == "guided"})
+        guided_groups = sorted({ep.group for ep in episodes if ep.condition == GUIDED_CONDITION})
         prefetched: dict[int, ExperienceRef | None] = {}
         if guided_groups and self.client is not None and self.episode_search:
             queries = [task_text.get(g, "") for g in guided_groups]
@@ -236,10 +244,10 @@ class RolloutRunner:
                 refs = [None] * len(queries)
             self.last_search_s = time.perf_counter() - t0
             prefetched = dict(zip(guided_groups, refs, strict=True))
-        judged = self._judge([ep for ep in episodes if ep.condition == "guided"], prefetched, task_text)
+        judged = self._judge([ep for ep in episodes if ep.condition == GUIDED_CONDITION], prefetched, task_text)
         for ep, env in zip(episodes, envs, strict=True):
-            if ep.condition == "guided":
-                options: dict[str, Any] = {"experience": "guided", "rollout_step": step}
+            if ep.condition == GUIDED_CONDITION:
+                options: dict[str, Any] = {"experience": GUIDED_CONDITION, "rollout_step": step}
                 if self.episode_search:
                     options["prefetched"] = prefetched.get(ep.group)
                 if id(ep) in judged:

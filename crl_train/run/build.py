@@ -17,7 +17,7 @@ from crl_gym.clients import LocalClient
 from crl_gym.experience.bank import ExperienceBank
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.config import ExperienceConfig, ModelConfig, TrainConfig
-from crl_train.extractor import ORACLE_MODEL
+from crl_train.config.names import ModelKind
 from crl_train.methods import Method
 from crl_train.policy import rng_state
 from crl_train.policy.affinity import CpuSplit, available_cpus, pin_process, split_cpus
@@ -96,7 +96,7 @@ def use_extractor_process(experience: ExperienceConfig, extractor: ModelConfig, 
     with model work (the oracle has none: a process would only cost its start)."""
     if experience.extractor_process is not None:
         return experience.extractor_process
-    return experience.asynchronous and options.extractor and extractor.model != ORACLE_MODEL
+    return experience.asynchronous and options.extractor and extractor.kind is not ModelKind.ORACLE
 
 
 def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Path | None = None,
@@ -115,7 +115,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     ex = cfg.experience
     ext_ckpt = checkpoint / "extractor" if checkpoint is not None else None
     # the oracle's checkpoints have no extractor/ (it has no weights)
-    if options.extractor and ext_ckpt is not None and not ext_ckpt.is_dir() and cfg.extractor.model != ORACLE_MODEL:
+    if options.extractor and ext_ckpt is not None and not ext_ckpt.is_dir() and cfg.extractor.kind is not ModelKind.ORACLE:
         log.error("%s is missing (the extractor worker died before any checkpoint): starting a fresh extractor", ext_ckpt)
         ext_ckpt = None
     in_worker = options.extractor and use_extractor_process(ex, cfg.extractor, options)
@@ -123,8 +123,8 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
     split = split_cpus(available_cpus(), ex.actor_cpus, ex.extractor_cpus, pin=ex.pin_cpus)
     log.info("core split: %s%s", split.describe(), "" if in_worker or split.actor is None else
              " (no extractor process: this run uses the actor's cores only)")
-    need_texts = (cfg.actor.model == "tiny" and checkpoint is None) or (
-        options.extractor and cfg.extractor.model == "tiny" and ext_ckpt is None)
+    need_texts = (cfg.actor.kind is ModelKind.TINY and checkpoint is None) or (
+        options.extractor and cfg.extractor.kind is ModelKind.TINY and ext_ckpt is None)
     texts = tokenizer_texts(cfg.env, raw_env, ACTOR_TEXTS, seed_entries=ex.seed_entries) if need_texts else None
     pinned: list[tuple[int, ...] | None] = []
     built: list[Policy] = []

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from crl_gym.experience.results import ServiceStats
+from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.rollout.contract import Rollout
 from crl_train.rollout.runner import RolloutRunner
 from crl_train.service.service import row_columns
@@ -37,7 +39,7 @@ ROLLOUT_FIELDS: tuple[str, ...] = (
 
 
 def rollout_columns(rollout: Rollout, adv: torch.Tensor, runner: RolloutRunner,
-                    stats: Mapping[str, Any]) -> dict[str, Any]:
+                    stats: ServiceStats) -> dict[str, Any]:
     """:data:`ROLLOUT_FIELDS` of one step: its episodes, their advantages, the runner's counters and
     the service's ``stats()`` (whether the extractor is alive)."""
     eps = rollout.episodes
@@ -47,7 +49,7 @@ def rollout_columns(rollout: Rollout, adv: torch.Tensor, runner: RolloutRunner,
         return sum(xs) / len(xs) if xs else None
 
     return {
-        "success": float(rollout.reward.mean()), "success_guided": rate("guided"), "success_free": rate("free"),
+        "success": float(rollout.reward.mean()), "success_guided": rate(GUIDED_CONDITION), "success_free": rate(FREE_CONDITION),
         "success_by_env": {env: sum(e.success for e in eps if e.env_id == env) / sum(e.env_id == env for e in eps)
                            for env in dict.fromkeys(e.env_id for e in eps)},
         "actions_per_episode": sum(e.num_actions for e in eps) / len(eps),
@@ -55,7 +57,7 @@ def rollout_columns(rollout: Rollout, adv: torch.Tensor, runner: RolloutRunner,
         "adv_mean": float(adv.mean()), "adv_std": float(adv.std(unbiased=False)), "adv_abs_mean": float(adv.abs().mean()),
         "search_latency_s": runner.last_search_s, "env_errors": runner.errors,
         "context_truncations": runner.context_truncations,
-        "extractor_alive": None if stats.get("extractor") is None else stats["extractor"] == "alive",
+        "extractor_alive": None if stats.extractor is None else stats.extractor == "alive",
     }
 
 
@@ -63,7 +65,7 @@ SERVICE_FIELDS: tuple[str, ...] = tuple(row_columns())
 """The experience service's columns, declared by the service (:func:`crl_train.service.service.row_columns`)."""
 
 
-def service_columns(stats: Mapping[str, Any], method_columns: Mapping[str, str]) -> dict[str, Any]:
+def service_columns(stats: ServiceStats, method_columns: Mapping[str, str]) -> dict[str, Any]:
     """:data:`SERVICE_FIELDS` and a method's own service columns (``Method.service_metrics``:
     column -> ``stats()`` key) from the service's ``stats()``."""
     return {k: stats.get(src) for k, src in {**row_columns(), **method_columns}.items()}

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from crl_gym.protocol import GUIDED_CONDITION
 from crl_train.config import TrainConfig
 from crl_train.rollout.tasks import eval_task_seeds
 from crl_train.run.stats import LEVEL, mean_t, ratio_of_means, wilson
@@ -35,7 +36,7 @@ def evaluate_run(trainer: Trainer, episodes: int, modes: tuple[bool, ...] = (Tru
         with torch.no_grad():
             if with_exp:  # only the guided half of each group counts: run twice as many groups
                 eps = [e for e in runner.collect(eval_task_seeds(cfg.env, 2 * groups), guided=True, step=-1)
-                       if e.condition == "guided"]
+                       if e.condition == GUIDED_CONDITION]
             else:
                 eps = runner.collect(eval_task_seeds(cfg.env, groups), guided=False, step=-1)
         key = "with_experience" if with_exp else "without_experience"

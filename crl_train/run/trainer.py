@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from crl_gym.experience.store import BankCorruptError, verify_bank_copy
-from crl_train.algorithms import LOSSES, PolicyLoss, loss_scale_for, sequence_weights
+from crl_train.algorithms import ClipParams, PolicyLoss, sequence_weights
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
 from crl_train.policy.base import LossTerm, TrainBatch
@@ -198,11 +198,9 @@ class Trainer:
             batch = TrainBatch.from_sequences([rollout.episodes[i].sequence for i in idx], adv[idx], actor.pad_token_id,
                                               group_ids=g.tolist(), condition_ids=cond.tolist(), extra={"weights": w})
             self._recompute_old_logprobs(batch)
-            terms.append(LossTerm(batch, LOSSES.get(PolicyLoss.CLIP), loss_scale_for(PolicyLoss.CLIP),
-                                  {"clip_eps": algo.clip_eps, "ratio_level": algo.ratio_level}, name=RL_TERM))
+            terms.append(LossTerm.registered(batch, PolicyLoss.CLIP, ClipParams(algo.clip_eps, algo.ratio_level), RL_TERM))
         extra_terms, row = method.extra_terms(rollout, actor)
-        terms += [LossTerm(u.batch, LOSSES.get(u.loss), loss_scale_for(u.loss), u.kwargs, name=u.loss.value)
-                  for u in extra_terms]
+        terms += [LossTerm.registered(u.batch, u.loss, u.params, u.loss.value) for u in extra_terms]
         if not terms:
             return row
         m = actor.train_objective(terms)
@@ -286,7 +284,7 @@ class Trainer:
             return failures
         self._failures_seen = failures
         stats = self.c.client.stats()
-        cause = stats.get("last_error") or ""
+        cause = stats.last_error
         for key, what in (("skipped_updates", "CISPO batches dropped: the extractor's worker is gone"),
                           ("unreplayable", "samples left out of CISPO: they do not replay under their grammar")):
             if row.get(key):

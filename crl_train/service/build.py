@@ -20,6 +20,7 @@ from crl_gym.experience.embedders import Embedder, embedder_name, load_embedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.protocol import DistillationRequest
 from crl_train.config import ExperienceConfig, TrainConfig
+from crl_train.config.names import ModelKind
 from crl_train.extractor import AnyExtractor, ExtractorSpec, ExtractorWorker, build_extractor
 from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, tokenizer_texts
 from crl_train.service.service import ExperienceService, ServiceOptions
@@ -113,8 +114,7 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
 
     Whatever fails on the way closes what was started (the worker, the bank).
     """
-    ext_model = cfg.extractor.model
-    if options.extractor and texts is None and ext_model == "tiny" and extractor_checkpoint is None:
+    if options.extractor and texts is None and cfg.extractor.kind is ModelKind.TINY and extractor_checkpoint is None:
         texts = tokenizer_texts(cfg.env, raw_env or raw_env_factory(cfg.env), seed_entries=cfg.experience.seed_entries)
     spec = extractor_spec(cfg, texts, checkpoint=extractor_checkpoint, cpus=cpus)
     worker = None

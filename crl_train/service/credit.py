@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from crl_gym.experience.service import ClosedStep
-from crl_gym.protocol import DistillationRequest, ExtractorSample, guiding_entries
+from crl_gym.protocol import GUIDED_CONDITION, DistillationRequest, ExtractorSample, guiding_entries
 from crl_train.algorithms import FREE, GUIDED, ema_utility, marginal_gain
 from crl_train.algorithms.extractor_rewards import entry_rewards, episode_rewards, free_baselines
 from crl_train.service.track import Credit, Reflection
@@ -32,7 +32,7 @@ from crl_train.service.track import Credit, Reflection
 def judged_entry(request: DistillationRequest) -> int | None:
     """The entry a guided episode is credited to: the one it saw, or the one the actor-critic gate
     judged (a rejected entry guided nothing, yet its r̃(m) = s_c + r(m) still counts)."""
-    if request.condition != "guided":
+    if request.condition != GUIDED_CONDITION:
         return None
     if request.experience is not None:
         return request.experience.id
@@ -44,7 +44,7 @@ def credited_entries(request: DistillationRequest) -> list[int]:
     """Every entry a guided episode is credited to, each once: :func:`judged_entry`, then the
     entries of its turns (per-turn retrieval) that it does not already hold. An entry shown at many
     turns of one episode is one episode of its r̄(m), not one per turn."""
-    if request.condition != "guided":
+    if request.condition != GUIDED_CONDITION:
         return []
     first = judged_entry(request)
     out = [] if first is None else [first]
@@ -80,7 +80,7 @@ def step_credits(closed: ClosedStep, *, relative: bool = False) -> list[Credit]:
             keys = {k: i for i, k in enumerate(dict.fromkeys((r.env_id, r.seed) for r in everyone))}
             base = free_baselines(torch.tensor([bool(r.success) for r in everyone]),
                                   torch.tensor([keys[(r.env_id, r.seed)] for r in everyone]),
-                                  torch.tensor([GUIDED if r.condition == "guided" else FREE for r in everyone]))
+                                  torch.tensor([GUIDED if r.condition == GUIDED_CONDITION else FREE for r in everyone]))
             by_id = {id(r): float(v) for r, v in zip(everyone, base.tolist(), strict=True)}
             baseline = torch.tensor([by_id[id(r)] for r in guided])
         ids, rbar = entry_rewards(
@@ -123,7 +123,7 @@ def group_gains(requests: list[DistillationRequest]) -> dict[tuple[str, int | No
     requests = [q for q in requests if (q.env_id, q.seed) in index]
     r = torch.tensor([1.0 if q.success else 0.0 for q in requests])
     g = torch.tensor([index[(q.env_id, q.seed)] for q in requests])
-    cond = torch.tensor([GUIDED if q.condition == "guided" else FREE for q in requests])
+    cond = torch.tensor([GUIDED if q.condition == GUIDED_CONDITION else FREE for q in requests])
     gain = marginal_gain(r, g, cond)
     return {k: float(v) for k, v in zip(keys, gain.tolist(), strict=True)}
 
@@ -138,7 +138,7 @@ def utility_updates(closed: ClosedStep, utility_of: dict[int, float], *, momentu
     current = dict(utility_of)
     touched: list[int] = []
     for key, gain in group_gains(closed.requests).items():
-        used = dict.fromkeys(e.id for r in closed.requests if (r.env_id, r.seed) == key and r.condition == "guided"
+        used = dict.fromkeys(e.id for r in closed.requests if (r.env_id, r.seed) == key and r.condition == GUIDED_CONDITION
                              for e in guiding_entries(r))
         for entry_id in used:
             if entry_id in current:

@@ -32,14 +32,15 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
 from crl_gym.clients import ExperienceUnavailable, check_step
 from crl_gym.experience.embedders import Embedder
+from crl_gym.experience.results import Health, JSONValue, OpsApplied, ServiceStats, StepEnded
 from crl_gym.protocol import (
     DistillationRequest,
     ExperienceOp,
@@ -48,12 +49,15 @@ from crl_gym.protocol import (
     op_to_dict,
 )
 from crl_train.service.checkpoint import CKPT, OLD, STATE, TMP
+from crl_train.service.service import ServiceOptions
 
 log = logging.getLogger(__name__)
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 """Ray's resource that only the head node has."""
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class EmbedderPool:
@@ -94,24 +98,24 @@ class ServiceActor:
     """The body of the Ray actor: one :class:`~crl_train.service.ExperienceService`, started.
 
     Args:
-        config: the crl-train config (``config_to_dict``): its method's extractor side, the
-            extractor, manager, experience and algo sections are used.
+        config: the crl-train config (``config_to_dict``): its extractor, manager, experience and
+            algo sections are used.
+        options: the method's extractor side (``Method.service_options()``), run asynchronously.
         service_dir: the service's directory on this node: ``bank/`` and ``checkpoint/``. A
             directory with a checkpoint is resumed (B_φ, π_φ, counters, the last ended step).
         embedding_workers: copies of the embedder (:class:`EmbedderPool`).
         embedder_device: where they run.
     """
 
-    def __init__(self, config: dict[str, Any], service_dir: str, *, embedding_workers: int = 1,
+    def __init__(self, config: dict[str, Any], service_dir: str, *, options: ServiceOptions, embedding_workers: int = 1,
                  embedder_device: str = "cpu") -> None:
         from crl_train.config import config_from_dict
-        from crl_train.methods import make_method
         from crl_train.service.build import embedder_of, start_service
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         cfg = config_from_dict(dict(config))
         self.cfg = cfg
-        options = dataclasses.replace(make_method(cfg).service_options(), asynchronous=True)
+        options = dataclasses.replace(options, asynchronous=True)
         self.dir = Path(service_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         found = newest_checkpoint(self.dir)
@@ -145,17 +149,17 @@ class ServiceActor:
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.service.get_requests(max_n, timeout)]
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
-        return self.service.end_step(check_step(step), bonus)
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, JSONValue]:
+        return self.service.end_step(check_step(step), bonus).to_dict()
 
-    def apply_ops(self, ops: list[dict[str, Any]], step: int | None = None) -> dict[str, Any]:
-        return self.service.apply_ops([op_from_dict(d) for d in ops], step=step)
+    def apply_ops(self, ops: list[dict[str, Any]], step: int | None = None) -> dict[str, JSONValue]:
+        return self.service.apply_ops([op_from_dict(d) for d in ops], step=step).to_dict()
 
-    def stats(self) -> dict[str, Any]:
-        return _plain(self.service.stats())
+    def stats(self) -> dict[str, JSONValue]:
+        return _plain(self.service.stats().to_dict())
 
-    def health(self) -> dict[str, Any]:
-        return dict(self.service.health())
+    def health(self) -> dict[str, JSONValue]:
+        return self.service.health().to_dict()
 
     # ------------------------------------------------------------------ the actor's own
     def node_id(self) -> str:
@@ -202,7 +206,7 @@ def newest_checkpoint(service_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return best, state
 
 
-def _plain(d: dict[str, Any]) -> dict[str, Any]:
+def _plain(d: dict[str, JSONValue]) -> dict[str, JSONValue]:
     """``stats()`` with every value JSON-ready (what every face returns)."""
     return dict(json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o))))
 
@@ -220,11 +224,13 @@ def head_node_id() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
-def deploy_service(config: dict[str, Any], service_dir: str | Path, *, name: str, namespace: str = "crl",
+def deploy_service(config: dict[str, Any], service_dir: str | Path, *, options: ServiceOptions, name: str, namespace: str = "crl",
                    num_gpus: float = 0, num_cpus: float = 1, max_concurrency: int = 64, embedding_workers: int = 1,
                    embedder_device: str = "cpu", node_id: str | None = None, reuse: bool = True,
                    max_restarts: int = 3, ready_timeout_s: float = 1800.0, timeout: float = 120.0) -> RayServiceClient:
     """Start (or, with ``reuse``, find) the named service actor and wait until it answers.
+
+    ``options`` is the extractor side of the config's method (``make_method(cfg).service_options()``).
 
     The actor is detached (it outlives the driver that made it), pinned to ``node_id`` (default:
     the head node, where ``service_dir`` is), and restarted up to ``max_restarts`` times by Ray
@@ -242,7 +248,8 @@ def deploy_service(config: dict[str, Any], service_dir: str | Path, *, name: str
             name=name, namespace=namespace, lifetime="detached", get_if_exists=reuse,
             max_concurrency=max_concurrency, num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-        ).remote(dict(config), str(service_dir), embedding_workers=embedding_workers, embedder_device=embedder_device)
+        ).remote(dict(config), str(service_dir), options=options, embedding_workers=embedding_workers,
+                 embedder_device=embedder_device)
     except ValueError as exc:  # the name is taken and reuse is off
         raise RuntimeError(f"an experience service named {name!r} already exists in namespace {namespace!r}: "
                            f"reuse it (reuse=True) or remove it with ray.kill(ray.get_actor({name!r}, "
@@ -299,8 +306,9 @@ class RayServiceClient:
             self._pid = os.getpid()
             return self._handle
 
-    def _ref(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self._actor(), method).remote(*args, **kwargs)
+    def _ref(self, method: Callable[..., object], /, *args: object, **kwargs: object) -> Any:
+        # the name comes from ServiceActor's own method, so mypy checks the call against its signature
+        return getattr(self._actor(), method.__name__).remote(*args, **kwargs)
 
     def _failed(self, exc: BaseException) -> BaseException:
         """What the caller sees for ``exc`` raised by ``ray.get`` (see the module docstring)."""
@@ -315,97 +323,104 @@ class RayServiceClient:
             return ExperienceUnavailable(f"experience service {self.name!r}: {type(exc).__name__}: {exc}")
         return exc
 
-    def _call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def _call(self, method: Callable[Concatenate[ServiceActor, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``method`` of the actor with these arguments, waited for :attr:`timeout` s."""
+        return self._call_within(self.timeout, method, *args, **kwargs)
+
+    def _call_within(self, timeout: float, method: Callable[Concatenate[ServiceActor, P], R], /,
+                     *args: P.args, **kwargs: P.kwargs) -> R:
         import ray
 
         try:
-            return ray.get(self._ref(method, *args, **kwargs), timeout=timeout or self.timeout)
+            result: R = ray.get(self._ref(method, *args, **kwargs), timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - translated, see _failed
             raise self._failed(exc) from exc
+        return result
 
-    async def _acall(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    async def _acall(self, method: Callable[Concatenate[ServiceActor, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         ref = self._ref(method, *args, **kwargs)
         try:
-            return await asyncio.wait_for(ref, timeout or self.timeout)
+            result: R = await asyncio.wait_for(ref, self.timeout)
         except TimeoutError as exc:
-            raise ExperienceUnavailable(f"experience service {self.name!r}: {method} got no answer within "
-                                        f"{timeout or self.timeout} s") from exc
+            raise ExperienceUnavailable(f"experience service {self.name!r}: {method.__name__} got no answer within "
+                                        f"{self.timeout} s") from exc
         except Exception as exc:  # noqa: BLE001 - translated, see _failed
             raise self._failed(exc) from exc
+        return result
 
     # ------------------------------------------------------------------ ExperienceClient
     def search(self, query: str) -> ExperienceRef | None:
-        return _ref_of(self._call("search", str(query)))
+        return _ref_of(self._call(ServiceActor.search, str(query)))
 
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         if not queries:
             return []
-        return [_ref_of(d) for d in self._call("search_many", [str(q) for q in queries])]
+        return [_ref_of(d) for d in self._call(ServiceActor.search_many, [str(q) for q in queries])]
 
     def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        answer, provenance = self._call("ask", query, entry.to_dict(), context)
+        answer, provenance = self._call(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 
     def submit(self, request: DistillationRequest) -> None:
-        self._call("submit", _request_dict(request))
+        self._call(ServiceActor.submit, _request_dict(request))
 
     def flush(self, timeout: float | None = None) -> None:
         """Nothing to wait for: :meth:`submit` returns once the actor has the request."""
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
-        out = self._call("get_requests", max_n, timeout, timeout=self.timeout + timeout)
+        out = self._call_within(self.timeout + timeout, ServiceActor.get_requests, max_n, timeout)
         return [DistillationRequest.from_dict(d) for d in out]
 
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
-        return dict(self._call("end_step", check_step(step), _bonus(bonus)))
+    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
+        return StepEnded.from_dict(self._call(ServiceActor.end_step, check_step(step), _bonus(bonus)))
 
-    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
-        return dict(self._call("apply_ops", [op_to_dict(op) for op in ops], step))
+    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
+        return OpsApplied.from_dict(self._call(ServiceActor.apply_ops, [op_to_dict(op) for op in ops], step))
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._call("stats"))
+    def stats(self) -> ServiceStats:
+        return ServiceStats.from_dict(self._call(ServiceActor.stats))
 
-    def health(self, timeout: float | None = None) -> dict[str, Any]:
-        return dict(self._call("health", timeout=timeout))
+    def health(self, timeout: float | None = None) -> Health:
+        return Health.from_dict(self._call_within(timeout or self.timeout, ServiceActor.health))
 
     def close(self) -> None:
         """Nothing to release: the actor belongs to whoever deployed it (see :meth:`shutdown`)."""
 
     # ------------------------------------------------------------------ awaitable twins
     async def asearch(self, query: str) -> ExperienceRef | None:
-        return _ref_of(await self._acall("search", str(query)))
+        return _ref_of(await self._acall(ServiceActor.search, str(query)))
 
     async def asearch_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         if not queries:
             return []
-        return [_ref_of(d) for d in await self._acall("search_many", [str(q) for q in queries])]
+        return [_ref_of(d) for d in await self._acall(ServiceActor.search_many, [str(q) for q in queries])]
 
     async def aask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        answer, provenance = await self._acall("ask", query, entry.to_dict(), context)
+        answer, provenance = await self._acall(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 
     async def asubmit(self, request: DistillationRequest) -> None:
-        await self._acall("submit", _request_dict(request))
+        await self._acall(ServiceActor.submit, _request_dict(request))
 
-    async def aend_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, Any]:
-        return dict(await self._acall("end_step", check_step(step), _bonus(bonus)))
+    async def aend_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
+        return StepEnded.from_dict(await self._acall(ServiceActor.end_step, check_step(step), _bonus(bonus)))
 
-    async def aapply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> dict[str, Any]:
-        return dict(await self._acall("apply_ops", [op_to_dict(op) for op in ops], step))
+    async def aapply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
+        return OpsApplied.from_dict(await self._acall(ServiceActor.apply_ops, [op_to_dict(op) for op in ops], step))
 
-    async def astats(self) -> dict[str, Any]:
-        return dict(await self._acall("stats"))
+    async def astats(self) -> ServiceStats:
+        return ServiceStats.from_dict(await self._acall(ServiceActor.stats))
 
-    async def ahealth(self) -> dict[str, Any]:
-        return dict(await self._acall("health"))
+    async def ahealth(self) -> Health:
+        return Health.from_dict(await self._acall(ServiceActor.health))
 
     # ------------------------------------------------------------------ the actor's own
     def checkpoint(self, timeout: float = 3600.0) -> dict[str, Any]:
         """The service's checkpoint (``ServiceActor.checkpoint``): may take minutes with a real π_φ."""
-        return dict(self._call("checkpoint", timeout=timeout))
+        return dict(self._call_within(timeout, ServiceActor.checkpoint))
 
     def node_id(self) -> str:
-        return str(self._call("node_id"))
+        return str(self._call(ServiceActor.node_id))
 
     def shutdown(self, timeout: float = 600.0) -> None:
         """Close the service (queue persisted, bank closed) and end the actor; returns once it is
@@ -414,7 +429,7 @@ class RayServiceClient:
         from ray.exceptions import GetTimeoutError, RayActorError
 
         try:
-            self._call("close", timeout=timeout)
+            self._call_within(timeout, ServiceActor.close)
         finally:
             try:
                 handle = self._actor()

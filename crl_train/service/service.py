@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
+from crl_gym.experience.results import Health, ServiceStats
 from crl_gym.experience.service import ClosedStep, RetrievalService
 from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float, guiding_entries
 from crl_train.config.io import check_choices
@@ -359,25 +360,26 @@ class ExperienceService(RetrievalService):
             self.counters["pruned"] += len(doomed)
 
     # ---------------------------------------------------------------- state
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ServiceStats:
         out = super().stats()
         if self.track is None:
             return out
         st = self.track.stats
         rewards = st.rewards[-200:]
-        out.update({k: v for k, v in dataclasses.asdict(st).items() if k not in ("rewards", "last_update")})
-        out.update({
-            "extractor": "alive" if self.extractor is not None and self.extractor.alive else "gone",
-            "extractor_updates": st.updates, "extractor_loss": st.last_update.get("loss"),
-            "extractor_reward": sum(rewards) / len(rewards) if rewards else None,
-            "buffer_size": len(self.track.buffer),
-        })
-        return out
+        track = {k: v for k, v in dataclasses.asdict(st).items()
+                 if k not in ("rewards", "last_update", "distilled", "credited", "merges")}
+        loss = st.last_update.get("loss")
+        return dataclasses.replace(
+            out, extractor="alive" if self.extractor is not None and self.extractor.alive else "gone",
+            distilled=st.distilled, credited=st.credited, merges=st.merges, extractor_updates=st.updates,
+            counters={**out.counters, **track, "extractor_loss": None if loss is None else float(loss),
+                      "extractor_reward": sum(rewards) / len(rewards) if rewards else None,
+                      "buffer_size": len(self.track.buffer)})
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         out = super().health()
         if self.extractor is not None:
-            out["extractor"] = "alive" if self.extractor.alive else "gone"
+            return dataclasses.replace(out, extractor="alive" if self.extractor.alive else "gone")
         return out
 
     def flush(self) -> None:
