@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
@@ -46,7 +46,7 @@ _HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
 PAGES = ("bank", "entry", "search", "training")
 
 
-def _json(payload: Any) -> Response:
+def _json(payload: object) -> Response:
     body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8", "replace")
     return Response(body, media_type="application/json", headers=_HEADERS)
 

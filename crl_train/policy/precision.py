@@ -33,7 +33,7 @@ def cpu_bf16_supported() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (``BF16_FLAGS``): torch's own CPU
     capability report (cpuinfo), else ``/proc/cpuinfo``'s flags."""
     try:
-        caps: Any = torch._C._cpu._get_cpu_capability()
+        caps: object = torch._C._cpu._get_cpu_capability()
         if isinstance(caps, dict) and all(f in caps for f in BF16_FLAGS):
             return any(bool(caps[f]) for f in BF16_FLAGS)
     except (AttributeError, RuntimeError):

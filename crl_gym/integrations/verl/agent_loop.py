@@ -92,7 +92,7 @@ def with_actions(obs: object, info: Mapping[str, Any]) -> str:
     return text
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """An OmegaConf node from the YAML as plain Python (hydra passes nested config as DictConfig)."""
     if isinstance(value, DictConfig | ListConfig):
         return OmegaConf.to_container(value, resolve=True)
@@ -126,7 +126,10 @@ class ExperienceAgentLoop(AgentLoopBase):
         if int(max_turns) < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.env_id = env_id
-        self.env_kwargs = dict(_plain(env_kwargs) or {})
+        plain_kwargs = _plain(env_kwargs) or {}
+        if not isinstance(plain_kwargs, Mapping):
+            raise TypeError(f"env_kwargs: a mapping, got {type(plain_kwargs).__name__}")
+        self.env_kwargs = dict(plain_kwargs)
         self.client = service_client(service_url, token_file, timeout_s=float(timeout_s))
         self.search_and_ask = bool(search_and_ask)
         self.max_calls = int(max_calls)
@@ -161,7 +164,10 @@ class ExperienceAgentLoop(AgentLoopBase):
                     env.reset, seed=seed, options={"experience": condition, "rollout_step": step})
             shown = info.get("experience")
             episode.entry = shown.get("id") if isinstance(shown, Mapping) else None
-            messages = [*(dict(m) for m in (_plain(kwargs.get("raw_prompt")) or [])),
+            prompt = _plain(kwargs.get("raw_prompt")) or []
+            if not isinstance(prompt, list):
+                raise TypeError(f"raw_prompt: a list of chat messages, got {type(prompt).__name__}")
+            messages = [*(dict(m) for m in prompt),
                         {"role": "user", "content": with_actions(obs, info)}]
             ids = episode.ids = await self.ct_build_initial_tokens(messages)
             await self._play(env, episode, messages, ids, sampling_params, metrics)

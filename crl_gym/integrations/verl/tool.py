@@ -105,7 +105,7 @@ class SearchAndAskTool(BaseTool):
         return ToolResponse(text=text), 0.0, {"status": status, "refined": bool(call is not None and call.refined)}
 
 
-def _situation(agent_data: Any) -> str:
+def _situation(agent_data: object) -> str:
     """The last message's text: what the agent sees when it asks (the extractor tailors the answer to it)."""
     messages = getattr(agent_data, "messages", None) or []
     for message in reversed(messages):
