@@ -204,7 +204,7 @@ def test_awaitable_twins_from_async_code(client: RayServiceClient) -> None:
         many = await client.asearch_many(["stairs"])
         answer = await client.aask("which way?", hits[0], "a room")
         await client.asubmit(request(hits[0], True, seed=9))
-        step = int((await client.astats())["last_ended_step"]) + 1
+        step = int((await client.astats()).last_ended_step) + 1
         ended = await client.aend_step(step)
         added = await client.aapply_ops([AddOp("Keys open doors.")])
         with pytest.raises(StepOrderError):
@@ -249,13 +249,13 @@ def test_trainer_mixin_ends_steps_and_checkpoints_the_service(client: RayService
 
 def test_bank_and_state_survive_the_actor(client: RayServiceClient, service_dir: Path) -> None:
     client.checkpoint()
-    stats = client.stats()
+    stats = client.stats().to_dict()
     client.shutdown()
     with pytest.raises(ExperienceUnavailable):
         client.health()
     again = deploy_service(service_config(), service_dir, options=service_options(), name=NAME, namespace=NAMESPACE, num_cpus=1,
                            max_concurrency=4)
-    resumed = again.stats()
+    resumed = again.stats().to_dict()
     assert resumed["bank_size"] == stats["bank_size"] and resumed["last_ended_step"] == stats["last_ended_step"]
     assert again.search("Keys open doors") is not None
     with pytest.raises(StepOrderError):
@@ -297,7 +297,7 @@ def _play(client: RayServiceClient, entries: list[ExperienceRef], step: int) -> 
 def _settle(client: RayServiceClient, done: Any, what: str, timeout: float = 300.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        stats = client.stats()
+        stats = client.stats().to_dict()
         if done(stats):
             return stats
         time.sleep(0.2)
@@ -313,7 +313,7 @@ def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, t
     config["algo"]["buffer_size"] = 2  # a CISPO update per two credited entries
 
     def start() -> RayServiceClient:
-        return deploy_service(config, service_dir, name="resumed", namespace=NAMESPACE, num_cpus=1, max_concurrency=4)
+        return deploy_service(config, service_dir, options=service_options(), name="resumed", namespace=NAMESPACE, num_cpus=1, max_concurrency=4)
 
     first = start()
     try:
@@ -332,7 +332,7 @@ def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, t
     assert (service_dir / "checkpoint" / "state.json").is_file()
     again = start()
     try:
-        resumed = again.stats()
+        resumed = again.stats().to_dict()
         for key in ("buffer_size", "extractor_updates", "credited", "distilled", "bank_size", "last_ended_step"):
             assert resumed[key] == before[key], (key, resumed[key], before[key])
         _play(again, _written_entries(service_dir)[:1], 2)  # the restored sample and a new one: the extractor trains
