@@ -53,8 +53,9 @@ def service_config() -> dict[str, Any]:
     return config_to_dict(cfg)
 
 
-def service_options() -> ServiceOptions:
-    return make_method(config_from_dict(service_config())).service_options()
+def service_options(config: dict[str, Any] | None = None) -> ServiceOptions:
+    """The method's extractor side of ``config`` (default: :func:`service_config`)."""
+    return make_method(config_from_dict(config or service_config())).service_options()
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ def test_awaitable_twins_from_async_code(client: RayServiceClient) -> None:
 
     hits, many, answer, ended, added, health = asyncio.run(main())
     assert all(isinstance(h, ExperienceRef) for h in hits) and len(many) == 1
-    assert isinstance(answer[0], str) and ended["requests"] == 1 and added["added"] == 1 and health["status"] == "ok"
+    assert isinstance(answer[0], str) and ended.requests == 1 and added.added == 1 and health.status == "ok"
 
 
 def test_wrappers_run_over_the_ray_client_and_it_pickles(client: RayServiceClient) -> None:
@@ -313,7 +314,7 @@ def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, t
     config["algo"]["buffer_size"] = 2  # a CISPO update per two credited entries
 
     def start() -> RayServiceClient:
-        return deploy_service(config, service_dir, options=service_options(), name="resumed", namespace=NAMESPACE, num_cpus=1, max_concurrency=4)
+        return deploy_service(config, service_dir, options=service_options(config), name="resumed", namespace=NAMESPACE, num_cpus=1, max_concurrency=4)
 
     first = start()
     try:
