@@ -250,17 +250,17 @@ def test_trainer_mixin_ends_steps_and_checkpoints_the_service(client: RayService
 
 def test_bank_and_state_survive_the_actor(client: RayServiceClient, service_dir: Path) -> None:
     client.checkpoint()
-    stats = client.stats().to_dict()
+    stats = client.stats()
     client.shutdown()
     with pytest.raises(ExperienceUnavailable):
         client.health()
     again = deploy_service(service_config(), service_dir, options=service_options(), name=NAME, namespace=NAMESPACE, num_cpus=1,
                            max_concurrency=4)
-    resumed = again.stats().to_dict()
-    assert resumed["bank_size"] == stats["bank_size"] and resumed["last_ended_step"] == stats["last_ended_step"]
+    resumed = again.stats()
+    assert resumed.bank_size == stats.bank_size and resumed.last_ended_step == stats.last_ended_step
     assert again.search("Keys open doors") is not None
     with pytest.raises(StepOrderError):
-        again.end_step(int(stats["last_ended_step"]))  # steps ended before the restart stay ended
+        again.end_step(stats.last_ended_step)  # steps ended before the restart stay ended
 
 
 def test_on_node_keeps_an_actor_made_by_plain_remote_on_its_node(cluster: str) -> None:
