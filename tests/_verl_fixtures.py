@@ -11,21 +11,17 @@ of the turn: which one is the model's own sample.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
-from _servers import free_port, wait_healthy
+from _servers import seed_recall_secrets, start_extractor_server
 from transformers import AddedToken
 
 from crl_gym.clients import RemoteClient
-from crl_gym.envs.recall import task_name, task_secret
-from crl_gym.protocol import AddOp
+from crl_gym.envs.recall import task_name
 from crl_train.policy.tiny import build_tiny_model, train_tiny_tokenizer
 
 ENV_ID = "crl/Recall-v0"
@@ -101,20 +97,7 @@ def verl_config(model_dir: Path, overrides: list[str]) -> Any:
 def start_service(tmp_path: Path, *, seed_entries: bool = True) -> tuple[subprocess.Popen[bytes], RemoteClient]:
     """``crl-experience serve --extractor`` with the tiny preset on Recall (a real subprocess), seeded
     with one entry per task (what the guided episodes are shown) unless ``seed_entries`` is False."""
-    preset = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny.yaml").read_text())
-    preset["env"].update({"ids": [ENV_ID], "kwargs": ENV_KWARGS})
-    preset["algo"].update({"buffer_size": 2, "cooldown": 0, "merge_every": 0})
-    preset["experience"].update({"distill_linger_s": 0.1, "seed_entries": []})
-    config = tmp_path / "extractor.yaml"
-    config.write_text(yaml.safe_dump(preset))
-    port = free_port()
-    cmd = [sys.executable, "-m", "crl_gym.cli", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
-           "--extractor", str(config)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    client = RemoteClient(f"http://127.0.0.1:{port}", timeout=60)
-    wait_healthy(client, proc)
+    proc, client = start_extractor_server(tmp_path, env_ids=[ENV_ID], env_kwargs=ENV_KWARGS)
     if seed_entries:
-        client.apply_ops([AddOp(f"In task {task_name(i)} play {' then '.join(task_secret(i, 2, 2))}.")
-                          for i in range(4)])
+        seed_recall_secrets(client, **ENV_KWARGS)
     return proc, client

@@ -7,20 +7,15 @@ and each rollout step is closed with ``end_step``.
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
-import yaml
-from _servers import free_port, stop_server, wait_healthy
+from _servers import start_extractor_server, stop_server
 
 import crl_gym  # noqa: F401  (registers the crl/ envs)
-from crl_gym.clients import RemoteClient
 from crl_gym.protocol import AddOp
 from crl_gym.wrappers.experience import ExperienceWrapper
 
@@ -29,19 +24,8 @@ pytestmark = pytest.mark.slow
 
 def test_plain_gym_loop_drives_the_served_extractor(tmp_path: Path) -> None:
     # the tiny preset, with a small B_φ so that a few steps reach a CISPO update
-    preset = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny.yaml").read_text())
-    preset["algo"].update({"buffer_size": 2, "cooldown": 0, "merge_every": 0})
-    preset["experience"].update({"distill_linger_s": 0.1, "seed_entries": []})
-    config = tmp_path / "extractor.yaml"
-    config.write_text(yaml.safe_dump(preset))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "crl_gym.cli", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
-           "--extractor", str(config)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    client = RemoteClient(url, timeout=60)
+    proc, client = start_extractor_server(tmp_path)
     try:
-        wait_healthy(client, proc)
         client.apply_ops([AddOp("Find the staircase down (>) on the map and walk towards it.")])
         size0 = client.stats().bank_size
         envs = [ExperienceWrapper(gym.make("crl/MiniHack-Room-5x5-v0", max_turns=8), client) for _ in range(4)]

@@ -19,29 +19,24 @@ its episodes as held out (``rollout_step`` -1).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import yaml
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from _servers import free_port, stop_server, wait_healthy  # noqa: E402
+from _servers import seed_recall_secrets, start_extractor_server, stop_server, wait_healthy  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AddedToken  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 from trl.chat_template_utils import qwen2_5_chat_template  # noqa: E402
 
 import crl_gym  # noqa: E402,F401  (registers the crl/ envs)
-from crl_gym.clients import RemoteClient  # noqa: E402
-from crl_gym.envs.recall import task_name, task_secret  # noqa: E402
+from crl_gym.envs.recall import task_name  # noqa: E402
 from crl_gym.integrations.trl import TRLExperience, dataset_rows  # noqa: E402
-from crl_gym.protocol import AddOp  # noqa: E402
 from crl_train.algorithms import split_subgroup_advantages  # noqa: E402
 from crl_train.algorithms.advantages import FREE, GUIDED  # noqa: E402
 from crl_train.integrations.trl import PAPER_SETTINGS, ComplementaryGRPOTrainer  # noqa: E402
@@ -100,23 +95,11 @@ class RecordingTrainer(ComplementaryGRPOTrainer):
 
 
 def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
-    preset = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny.yaml").read_text())
-    preset["env"].update({"ids": ["crl/Recall-v0"], "kwargs": ENV_KWARGS})
-    preset["algo"].update({"buffer_size": 2, "cooldown": 0, "merge_every": 0})
-    preset["experience"].update({"distill_linger_s": 0.1, "seed_entries": []})
-    config = tmp_path / "extractor.yaml"
-    config.write_text(yaml.safe_dump(preset))
-    port = free_port()
-    cmd = [sys.executable, "-m", "crl_gym.cli", "serve", "--bank", str(tmp_path / "bank"), "--port", str(port),
-           "--extractor", str(config)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    client = RemoteClient(f"http://127.0.0.1:{port}", timeout=60)
+    proc, client = start_extractor_server(tmp_path, env_ids=["crl/Recall-v0"], env_kwargs=ENV_KWARGS, wait=False)
     try:
         model, tokenizer, bias = tool_calling_tiny_actor()  # built while the server starts
         wait_healthy(client, proc)
-        client.apply_ops([AddOp(f"In task {task_name(i)} play {' then '.join(task_secret(i, 2, 2))}.")
-                          for i in range(4)])
+        seed_recall_secrets(client, **ENV_KWARGS)
         session = TRLExperience(client, "crl/Recall-v0", env_kwargs=ENV_KWARGS)
         args = GRPOConfig(
             output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=2 * GENERATIONS,
