@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-try:
+from crl_gym.integrations.verl import verl_required
+
+with verl_required(__name__):
     from verl.trainer.ppo.core_algos import register_adv_est
     from verl.trainer.ppo.v1.trainer_base import register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-except ImportError as exc:  # pragma: no cover - exercised only without verl
-    raise ImportError("crl_train.integrations.verl needs verl==0.9.1 (pip install 'complementary-rl[verl]'; this project's tests: make install-verl)") from exc
 
 from crl_gym.integrations.verl.rows import task_rows
 from crl_gym.integrations.verl.service import service_client

@@ -9,5 +9,35 @@
 
 The trainer side (split-subgroup advantages, ``end_step`` once per training step) is
 ``crl_train.integrations.verl``. Importing this package imports no verl module; the two
-submodules that subclass verl's classes import verl themselves (docs/wrappers.md, "From verl").
+submodules that subclass verl's classes import verl themselves, inside :func:`verl_required`
+(docs/wrappers.md, "From verl").
 """
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+VERL_REQUIREMENT = "verl==0.9.1"
+"""The verl release these integrations are written against."""
+
+
+@contextmanager
+def verl_required(module: str) -> Iterator[None]:
+    """Import verl inside it: an ``ImportError`` becomes one that says ``module`` needs verl and
+    how to install it (for this package's modules and ``crl_train.integrations.verl``).
+
+    >>> with verl_required("crl_gym.integrations.verl.example"):
+    ...     import a_module_that_is_not_installed
+    Traceback (most recent call last):
+    ...
+    ImportError: crl_gym.integrations.verl.example needs verl==0.9.1 (pip install 'complementary-rl[verl]'; this project's tests: make install-verl)
+    """
+    try:
+        yield
+    except ImportError as exc:  # pragma: no cover - exercised only without verl
+        raise ImportError(f"{module} needs {VERL_REQUIREMENT} (pip install 'complementary-rl[verl]'; "
+                          "this project's tests: make install-verl)") from exc
+
+
+__all__ = ["VERL_REQUIREMENT", "verl_required"]

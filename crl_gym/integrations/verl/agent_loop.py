@@ -46,7 +46,9 @@ from uuid import uuid4
 
 import gymnasium as gym
 
-try:
+from crl_gym.integrations.verl import verl_required
+
+with verl_required(__name__):
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from verl.experimental.agent_loop.agent_loop import (
         AgentLoopBase,
@@ -55,8 +57,6 @@ try:
         _agent_loop_registry,
     )
     from verl.utils.profiler import simple_timer
-except ImportError as exc:  # pragma: no cover - exercised only without verl
-    raise ImportError("crl_gym.integrations.verl.agent_loop needs verl==0.9.1 (pip install 'complementary-rl[verl]'; this project's tests: make install-verl)") from exc
 
 from crl_gym.integrations.verl.rows import AGENT_NAME, row_extra
 from crl_gym.integrations.verl.service import DEFAULT_TIMEOUT_S, service_client

@@ -25,11 +25,11 @@ import asyncio
 import logging
 from typing import Any
 
-try:
+from crl_gym.integrations.verl import verl_required
+
+with verl_required(__name__):
     from verl.tools.base_tool import BaseTool
     from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-except ImportError as exc:  # pragma: no cover - exercised only without verl
-    raise ImportError("crl_gym.integrations.verl.tool needs verl==0.9.1 (pip install 'complementary-rl[verl]'; this project's tests: make install-verl)") from exc
 
 from crl_gym.integrations.verl.service import DEFAULT_TIMEOUT_S, service_client
 from crl_gym.templates import (
