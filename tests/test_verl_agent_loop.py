@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
+from crl_gym.clients import RemoteClient
+from crl_gym.experience.results import ServiceStats
 from crl_gym.integrations.verl.service import close_clients
 from crl_train.algorithms import split_subgroup_advantages
 from crl_train.integrations.verl import (
@@ -119,9 +122,9 @@ def test_verl_worker_runs_crl_agent_against_the_service(tmp_path: Path) -> None:
             mp.setenv("CRL_EXPERIENCE_URL", client.url)
             trainer.global_steps = 1
             trainer.on_step_end()
-            assert client.stats()["steps_ended"] == 1
-            stats = _wait(client, lambda s: s["distilled"] >= size)
-            assert stats["bank_size"] > 0, f"the extractor wrote no entry from step 1's episodes: {stats}"
+            assert client.stats().steps_ended == 1
+            stats = _wait(client, lambda s: s.distilled >= size)
+            assert stats.bank_size > 0, f"the extractor wrote no entry from step 1's episodes: {stats}"
 
             # step 2: every copy runs its row's condition; the guided ones are shown what the extractor wrote
             server.weights_step = 1  # on_step_end synced step 1's update
@@ -134,17 +137,17 @@ def test_verl_worker_runs_crl_agent_against_the_service(tmp_path: Path) -> None:
             trainer.global_steps = 2
             trainer.on_step_end()
         assert trainer.checkpoint_manager.synced == [1, 2]
-        stats = _wait(client, lambda s: s["credited"] > 0)  # the entries step 2's guided episodes used
-        assert stats["steps_ended"] == 2 and stats["last_ended_step"] == 2
+        stats = _wait(client, lambda s: s.credited > 0)  # the entries step 2's guided episodes used
+        assert stats.steps_ended == 2 and stats.last_ended_step == 2
 
         # held-out evaluation: rollout_step -1; the service holds those requests out of every step
         evaluation = asyncio.run(worker.generate_sequences(batch_of(rows_for(SEEDS, evaluation=True), n, 2, config,
                                                                     tokenizer, tmp_path / "val.parquet")))
         assert set(evaluation.non_tensor_batch["crl_rollout_step"]) == {-1}
-        assert client.stats()["held_out_requests"] == size
-        assert client.end_step(3)["requests"] == 0
+        assert client.stats().held_out_requests == size
+        assert client.end_step(3).requests == 0
         stats = client.stats()
-        assert stats["distilled"] > 0 and stats["credited"] > 0
+        assert stats.distilled > 0 and stats.credited > 0
         print(f"\n/stats: {stats}")
     finally:
         close_clients()
@@ -200,7 +203,7 @@ class _WeightSync:
         self.synced.append(step)
 
 
-def _wait(client: Any, ok: Any, timeout: float = 180.0) -> dict[str, Any]:
+def _wait(client: RemoteClient, ok: Callable[[ServiceStats], bool], timeout: float = 180.0) -> ServiceStats:
     stats = client.stats()
     deadline = time.monotonic() + timeout
     while not ok(stats) and time.monotonic() < deadline:
