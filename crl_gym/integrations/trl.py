@@ -59,9 +59,9 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from crl_gym.experience.results import StepEnded
+from crl_gym.integrations.episodes import check_reward, rollout_reward, with_actions
 from crl_gym.protocol import CONDITIONS, FREE_CONDITION, DistillationRequest
-from crl_gym.wrappers.experience import ExperienceWrapper
-from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
+from crl_gym.wrappers import wrap
 
 try:  # transformers is in the [train] extra; the callback subclasses its TrainerCallback
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -78,7 +78,6 @@ logger = logging.getLogger(__name__)
 SPLIT = "split"
 """Row value of ``experience``: half of the row's generations guided, half free (the trainer decides which)."""
 EXPERIENCE_VALUES: tuple[str, ...] = (*CONDITIONS, SPLIT)
-REWARDS = ("success", "return")
 DEFAULT_INSTRUCTION = (
     "You play a text game. Each turn, call the take_action tool with exactly one of the admissible "
     "actions. Use any experience you are shown."
@@ -137,8 +136,7 @@ class TRLExperience:
         reward: str = "success",
         spill_path: str | Path | None = None,
     ) -> None:
-        if reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        check_reward(reward)
         if not isinstance(make_env, str) and not callable(make_env):
             raise TypeError(f"make_env must be an env id or a callable, got {type(make_env).__name__}")
         self.client = client
@@ -204,9 +202,8 @@ class ExperienceEnv:
 
     def __init__(self, session: TRLExperience) -> None:
         self._session = session
-        base = session.make_env()
-        inner = SearchAndAskWrapper(base, session.client, max_calls=session.max_calls) if session.search_and_ask else base
-        self._wrapper = ExperienceWrapper(inner, session.client, spill_path=session.spill_path)
+        self._wrapper = wrap(session.make_env(), session.client, search_and_ask=session.search_and_ask,
+                             max_calls=session.max_calls, spill_path=session.spill_path)
         self._open = False
         self._return = 0.0
         self._success = False
@@ -239,7 +236,7 @@ class ExperienceEnv:
         self._condition = str(experience)
         self._request = None
         self._turns = 0
-        return _with_actions(obs, info)
+        return with_actions(obs, info)
 
     def take_action(self, action: str) -> str:
         """Take one action in the environment (one turn of the episode).
@@ -258,9 +255,7 @@ class ExperienceEnv:
         """The rollout's reward; ends the episode (as truncated) when the model stopped before the env did."""
         if self._open:
             self._end()
-        if self._session.reward == "success":
-            return 1.0 if self._success else 0.0
-        return self._return
+        return rollout_reward(self._session.reward, success=self._success, ret=self._return)
 
     # ------------------------------------------------------------------ what the trainer reads
     @property
@@ -284,7 +279,7 @@ class ExperienceEnv:
         self._turns += 1
         self._return += float(reward)
         if not (terminated or truncated):
-            return _with_actions(obs, info)
+            return with_actions(obs, info)
         self._open = False
         self._success = bool(info.get("success", False))
         self._request = info.get("distillation_request")
@@ -310,15 +305,6 @@ class SearchAndAskEnv(ExperienceEnv):
         if not self._open:
             return OVER.format(outcome="success" if self._success else "failure")
         return self._step(f"search_and_ask[{query}]")
-
-
-def _with_actions(obs: object, info: Mapping[str, Any]) -> str:
-    """The observation, with the admissible actions named when the env lists them."""
-    text = obs if isinstance(obs, str) else str(obs)
-    actions = info.get("admissible_actions")
-    if actions:
-        text = f"{text}\nAdmissible actions: {', '.join(str(a) for a in actions)}"
-    return text
 
 
 __all__ = [

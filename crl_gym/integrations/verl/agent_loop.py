@@ -58,16 +58,16 @@ with verl_required(__name__):
     )
     from verl.utils.profiler import simple_timer
 
+from crl_gym.integrations.episodes import check_reward, rollout_reward, with_actions
 from crl_gym.integrations.verl.rows import AGENT_NAME, row_extra
 from crl_gym.integrations.verl.service import DEFAULT_TIMEOUT_S, service_client
 from crl_gym.protocol import CONDITIONS
+from crl_gym.wrappers import wrap
 from crl_gym.wrappers.experience import ExperienceWrapper
-from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
 
 logger = logging.getLogger(__name__)
 
 ACTION_PATTERN = re.compile(r"<action>(.*?)</action>", re.DOTALL)
-REWARDS = ("success", "return")
 DEFAULT_MAX_TURNS = 16
 
 
@@ -81,15 +81,6 @@ def parse_action(text: str) -> str:
     """
     found = ACTION_PATTERN.findall(text)
     return (found[-1] if found else text).strip()
-
-
-def with_actions(obs: object, info: Mapping[str, Any]) -> str:
-    """The observation, with the admissible actions named when the env lists them."""
-    text = obs if isinstance(obs, str) else str(obs)
-    actions = info.get("admissible_actions")
-    if actions:
-        text = f"{text}\nAdmissible actions: {', '.join(str(a) for a in actions)}"
-    return text
 
 
 def _plain(value: object) -> object:
@@ -121,8 +112,7 @@ class ExperienceAgentLoop(AgentLoopBase):
                  timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> None:
         kwargs.pop("name", None)  # the registry entry's own key, passed along by hydra
         super().__init__(*args, **kwargs)
-        if reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        check_reward(reward)
         if int(max_turns) < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.env_id = env_id
@@ -142,10 +132,8 @@ class ExperienceAgentLoop(AgentLoopBase):
         env_id = env_id or self.env_id
         if not env_id:
             raise ValueError("no env: give env_id in the agent loop's config or extra_info.env_id in the row")
-        env: gym.Env = gym.make(env_id, **self.env_kwargs)
-        if self.search_and_ask:
-            env = SearchAndAskWrapper(env, self.client, max_calls=self.max_calls)
-        return ExperienceWrapper(env, self.client, env_id=env_id)
+        return wrap(gym.make(env_id, **self.env_kwargs), self.client, search_and_ask=self.search_and_ask,
+                    max_calls=self.max_calls, env_id=env_id)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         extra = row_extra(kwargs)
@@ -232,12 +220,7 @@ class ExperienceAgentLoop(AgentLoopBase):
         prompt_ids = episode.ids[: len(episode.ids) - n_response]
         response_ids = episode.ids[len(episode.ids) - n_response:]
         cap = self.response_length
-        if not episode.valid:
-            score = 0.0
-        elif self.reward == "success":
-            score = 1.0 if episode.success else 0.0
-        else:
-            score = episode.ret
+        score = rollout_reward(self.reward, success=episode.success, ret=episode.ret) if episode.valid else 0.0
         group = extra.get("group")
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
