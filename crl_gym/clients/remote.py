@@ -1,30 +1,4 @@
-"""Clients of the experience service: in-process (:class:`LocalClient`) or over HTTP (:class:`RemoteClient`).
-
-Both implement :class:`ExperienceClient`, the whole interface of
-:class:`~crl_gym.experience.service.RetrievalService`, and behave identically (the same tests run
-against both): ``search`` / ``search_many`` return :class:`~crl_gym.protocol.ExperienceRef` (or
-``None`` when the bank has nothing), ``ask`` has the extractor refine an entry for the agent's own
-query (the raw entry when no extractor is attached), ``submit`` hands a finished episode's
-:class:`~crl_gym.protocol.DistillationRequest` to the service without waiting for the extractor
-(:class:`RemoteClient` not even for the HTTP round trip: it buffers, and a sender thread
-delivers), ``flush`` waits until every request submitted before it reached the service,
-``end_step`` flushes, then closes a rollout step (:class:`~crl_gym.experience.service.StepOrderError`
-for a step ended twice or out of order, on both faces), ``apply_ops`` writes Add / Update / Delete
-ops, ``stats`` / ``health`` report.
-
->>> from crl_gym.experience.bank import ExperienceBank
->>> from crl_gym.experience.embedders import HashingEmbedder
->>> from crl_gym.experience.manager import ExperienceManager
->>> from crl_gym.protocol import AddOp
->>> client = LocalClient(ExperienceManager(ExperienceBank(None, dim=64), HashingEmbedder(64)))
->>> client.apply_ops([AddOp("Walk east until the stairs.")]).added
-1
->>> client.search("reach the stairs").text
-'Walk east until the stairs.'
->>> client.end_step(0).ended
-[0]
->>> client.service.close()
-"""
+"""The HTTP client: :class:`RemoteClient` to ``crl-experience serve`` (:mod:`crl_gym.server`)."""
 
 from __future__ import annotations
 
@@ -32,33 +6,15 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Generic,
-    NoReturn,
-    Protocol,
-    SupportsIndex,
-    TypeVar,
-    cast,
-    runtime_checkable,
-)
+from typing import TYPE_CHECKING, Any
 
-# the errors are re-exported: callers catch them from here
-from crl_gym.errors import ExperienceAuthError as ExperienceAuthError
-from crl_gym.errors import ExperienceUnavailable as ExperienceUnavailable
-from crl_gym.errors import ProcessBoundaryError as ProcessBoundaryError
-from crl_gym.errors import RequestTooLarge as RequestTooLarge
-from crl_gym.errors import SubmitUndelivered as SubmitUndelivered
-from crl_gym.experience.batching import BatchLine, answer
+from crl_gym.clients.combiner import Combiner
+from crl_gym.clients.interface import TOKEN_ENV, check_step
+from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
-from crl_gym.experience.service import (
-    ASK_FALLBACKS as ASK_FALLBACKS,  # re-exported: the wrappers' callers read it here
-)
 from crl_gym.experience.service import StepOrderError
-from crl_gym.experience.service import ask_manager as ask_manager
 from crl_gym.limits import MAX_BATCH, MAX_BODY_BYTES, MAX_QUERY_CHARS, MAX_TEXT, check_request_size
 from crl_gym.outbox import SUBMIT_BUFFER, Rejected, SubmitOutbox, default_spill_path
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, op_to_dict
@@ -66,253 +22,7 @@ from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, o
 if TYPE_CHECKING:
     import httpx
 
-    from crl_gym.experience.manager import ExperienceManager
-    from crl_gym.experience.service import RetrievalService
-
 logger = logging.getLogger(__name__)
-
-TOKEN_ENV = "CRL_EXPERIENCE_TOKEN"
-"""Environment variable holding the bearer token of ``crl-experience serve`` (both sides read it)."""
-
-
-@runtime_checkable
-class ExperienceClient(Protocol):
-    """What the wrappers and trainers need from the experience service (every face has all of it)."""
-
-    def search(self, query: str) -> ExperienceRef | None:
-        """The best (diversified) entry for ``query``, or ``None`` when the bank is empty."""
-        ...
-
-    def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
-        """One :meth:`search` per query, batched (one embedding pass)."""
-        ...
-
-    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        """Refine ``entry`` for the agent's ``query`` in ``context``: ``(answer, provenance)``.
-
-        ``provenance`` is the extractor sample (``ExtractorSample.to_dict()``) that produced the
-        answer, or ``None`` when no extractor is attached (then ``answer`` is the entry's text).
-        """
-        ...
-
-    def submit(self, request: DistillationRequest) -> None:
-        """Queue a finished episode for distillation; never waits for the extractor."""
-        ...
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Return once every request submitted before the call has reached the service."""
-        ...
-
-    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
-        """Take up to ``max_n`` queued requests (a trainer that distils on its own)."""
-        ...
-
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
-        """Flush, then close rollout ``step`` (and earlier open ones): the steps closed, their requests and credits.
-
-        Raises :class:`~crl_gym.experience.service.StepOrderError` for a step already ended. It
-        flushes this process's submits only: when envs submit from worker processes
-        (``AsyncVectorEnv``), close the step with :func:`crl_gym.wrappers.vector.end_step`, which
-        flushes every worker first.
-        """
-        ...
-
-    def apply_ops(self, ops: list[ExperienceOp], *, step: int | None = None) -> OpsApplied:
-        """Apply Add / Update / Delete / Return ops: how many were added (their ids), updated, deleted, returned, malformed."""
-        ...
-
-    def stats(self) -> ServiceStats:
-        """``bank_size``, ``queue_depth``, the extractor's counters and the manager's (``manager``)."""
-        ...
-
-    def health(self) -> Health:
-        """``status`` "ok", ``pending`` and ``extractor`` (cheap; no token needed over HTTP)."""
-        ...
-
-    def close(self) -> None:
-        """Release what the client itself holds (never the service it was given)."""
-        ...
-
-
-def as_service(target: RetrievalService | ExperienceManager) -> RetrievalService:
-    """``target`` itself when it is a service; a bare ``ExperienceManager`` wrapped in a
-    :class:`~crl_gym.experience.service.RetrievalService` (old callers pass a manager)."""
-    from crl_gym.experience.manager import ExperienceManager
-    from crl_gym.experience.service import RetrievalService
-
-    if isinstance(target, RetrievalService):
-        return target
-    if isinstance(target, ExperienceManager):
-        return RetrievalService(target)
-    raise TypeError(f"expected a RetrievalService or an ExperienceManager, got {type(target).__name__}")
-
-
-def check_step(step: object) -> int:
-    """``step`` as a rollout step (int >= 0), else the service's own :class:`StepOrderError`."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise StepOrderError(f"end_step: step must be an int >= 0, got {step!r}")
-    return step
-
-
-class LocalClient:
-    """An :class:`ExperienceClient` over an in-process service (everything delegates to it).
-
-    Args:
-        target: a :class:`~crl_gym.experience.service.RetrievalService` (or subclass, e.g.
-            ``crl_train.service.ExperienceService``), or an ``ExperienceManager``, which is
-            wrapped in a ``RetrievalService`` of its own. :meth:`close` closes neither: they
-            belong to the caller.
-        max_request_bytes: ``submit`` refuses a request whose text is larger
-            (:class:`RequestTooLarge`), as a :class:`RemoteClient` to a server of this body limit does.
-
-    **One process only.** The service and its bank live in the process that made the client.
-    Used from another one (a worker forked or spawned by ``AsyncVectorEnv``), every call raises
-    :class:`ProcessBoundaryError` naming :class:`RemoteClient`, and pickling it (what a spawned
-    worker needs) raises the same: serve the bank (``crl-experience serve`` or
-    :class:`~crl_gym.server.BackgroundServer`) and give the workers a ``RemoteClient``.
-    """
-
-    def __init__(self, target: RetrievalService | ExperienceManager, *, max_request_bytes: int = MAX_BODY_BYTES) -> None:
-        self.service = as_service(target)
-        self.max_request_bytes = int(max_request_bytes)
-        self._pid = os.getpid()
-
-    def _svc(self) -> RetrievalService:
-        if os.getpid() != self._pid:
-            raise ProcessBoundaryError(_process_boundary_message(self._pid))
-        return self.service
-
-    def check_process(self) -> None:
-        """Raise :class:`ProcessBoundaryError` when called from another process than the client's."""
-        self._svc()
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
-        raise ProcessBoundaryError(_process_boundary_message(self._pid, pickled=True))
-
-    @property
-    def manager(self) -> ExperienceManager:
-        """The service's manager (older callers reach the bank through it)."""
-        return self._svc().manager
-
-    def search(self, query: str) -> ExperienceRef | None:
-        return self._svc().search(query)
-
-    def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
-        return self._svc().search_many(list(queries))
-
-    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        return self._svc().ask(str(query)[:MAX_TEXT], entry, str(context)[:MAX_TEXT])
-
-    def submit(self, request: DistillationRequest) -> None:
-        service = self._svc()
-        if isinstance(request, DistillationRequest):
-            check_request_size(request, self.max_request_bytes)
-        service.submit(request)
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Nothing to wait for: :meth:`submit` hands each request to the service before it returns."""
-        self._svc()
-
-    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
-        return self._svc().get_requests(max_n, timeout)
-
-    def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
-        return self._svc().end_step(check_step(step), bonus)
-
-    def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
-        return self._svc().apply_ops(list(ops), step=step)
-
-    def stats(self) -> ServiceStats:
-        return self._svc().stats()
-
-    def health(self) -> Health:
-        return self._svc().health()
-
-    def close(self) -> None:
-        """Nothing to release: the service (and its manager) belong to the caller."""
-
-
-def _process_boundary_message(pid: int, *, pickled: bool = False) -> str:
-    where = ("cannot be pickled for another process" if pickled else
-             f"was made in process {pid} and is used in process {os.getpid()}")
-    return (f"LocalClient {where} (a forked or spawned worker, e.g. of AsyncVectorEnv): its service and "
-            f"bank live in the process that made it, so nothing would reach them. Serve the bank "
-            f"(crl-experience serve, or crl_gym.server.BackgroundServer(service)) and give the workers "
-            f"crl_gym.clients.RemoteClient(url) instead")
-
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-class _Slot(Generic[T, R]):
-    """One caller's place in a :class:`Combiner` batch."""
-
-    __slots__ = ("item", "result", "error", "batch", "wake")
-
-    def __init__(self, item: T) -> None:
-        self.item = item
-        self.result: R | None = None
-        self.error: BaseException | None = None
-        self.batch: list[_Slot[T, R]] | None = None
-        self.wake = threading.Lock()
-        self.wake.acquire()  # released once: by the leader that answered it, or to make it lead
-
-
-class Combiner(Generic[T, R]):
-    """Concurrent calls from this process's threads ride one HTTP request (flat combining).
-
-    A caller that finds fewer than ``max_inflight`` batches on the wire sends its own call at
-    once; the others queue, and whoever finishes a batch hands the queue (up to ``max_batch``
-    calls) to its oldest caller, which sends it as one request. One thread alone pays one round
-    trip, as without it; 1,024 env threads that search together cost a handful of
-    requests instead of 1,024 (each of which would cost the server and this process far more
-    than its share of a batch). ``send(items) -> results`` does one request; a result that is an
-    exception is raised to its caller, and when ``send`` raises, every caller of the batch gets it.
-    """
-
-    def __init__(self, send: Callable[[list[T]], list[R]], max_batch: int = 1024, max_inflight: int = 2) -> None:
-        self._send = send
-        self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
-        self._line: BatchLine[_Slot[T, R]] = BatchLine(self.max_batch, max_inflight=self.max_inflight)
-
-    @property
-    def waiting(self) -> int:
-        """Calls queued behind the batches on the wire."""
-        return self._line.waiting
-
-    @property
-    def inflight(self) -> int:
-        """Batches on the wire."""
-        return self._line.inflight
-
-    def __call__(self, item: T) -> R:
-        slot: _Slot[T, R] = _Slot(item)
-        slot.batch = self._line.offer(slot)
-        if slot.batch is None:
-            slot.wake.acquire()  # answered, or handed a batch to send (which holds this slot first)
-        if slot.batch is not None:
-            batch, slot.batch = slot.batch, None
-            self._run(batch, slot)
-        if slot.error is not None:
-            raise slot.error
-        return cast(R, slot.result)  # answered without an error: its result is set
-
-    def _run(self, batch: list[_Slot[T, R]], own: _Slot[T, R]) -> None:
-        # not isolated: retrying each call alone would send one request per caller to a server that is down
-        results = answer(self._send, [s.item for s in batch], isolate=False, catch=BaseException)
-        for s, r in zip(batch, results, strict=True):
-            if isinstance(r, BaseException):
-                s.error = r
-            else:
-                s.result = r
-        nxt = self._line.finish()
-        if nxt is not None:
-            nxt[0].batch = nxt
-            nxt[0].wake.release()
-        for s in batch:
-            if s is not own:
-                s.wake.release()
 
 
 class RemoteClient:
@@ -608,3 +318,6 @@ def _detail(resp: httpx.Response) -> str:
     if isinstance(detail, str):
         return detail
     return json.dumps(detail, ensure_ascii=False)[:1000]
+
+
+__all__ = ["RemoteClient"]
