@@ -22,6 +22,8 @@ import pytest
 USEARCH_FIRST = "usearch.index" in sys.modules and "ray" not in sys.modules
 ray = pytest.importorskip("ray")
 
+from _waiting import settle  # noqa: E402
+
 from crl_gym.clients import ExperienceClient, ExperienceUnavailable  # noqa: E402
 from crl_gym.experience.embedders import HashingEmbedder  # noqa: E402
 from crl_gym.experience.service import StepOrderError  # noqa: E402
@@ -295,16 +297,6 @@ def _play(client: RayServiceClient, entries: list[ExperienceRef], step: int) -> 
     client.end_step(step)
 
 
-def _settle(client: RayServiceClient, done: Any, what: str, timeout: float = 300.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = client.stats().to_dict()
-        if done(stats):
-            return stats
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {client.stats()}")
-
-
 def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, tmp_path: Path) -> None:
     """As ``crl-experience serve --extractor`` restarted on its bank directory (tests/test_resume_state.py):
     stopping the actor checkpoints B_φ, π_φ and the counters; a new actor on the directory goes on
@@ -321,13 +313,13 @@ def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, t
         for i in range(4):  # free episodes: the extractor writes entries, each with its sample
             first.submit(request(None, success=True, seed=i))
         first.end_step(0)
-        _settle(first, lambda s: s["distilled"] >= 4 and s["queue_depth"] == 0, "4 distilled")
+        settle(first, lambda s: s["distilled"] >= 4 and s["queue_depth"] == 0, "4 distilled", timeout=300.0)
         written = _written_entries(service_dir)
         assert written, "the extractor wrote no entry"
         entries = written[:3] if len(written) >= 3 else written[:1]  # an odd number of credits: one stays in B_φ
         _play(first, entries, 1)
-        before = _settle(first, lambda s: s["distilled"] >= 4 + 2 * len(entries) and s["queue_depth"] == 0
-                         and s["credited"] == len(entries) and s["buffer_size"] == 1, "the credits in B_φ")
+        before = settle(first, lambda s: s["distilled"] >= 4 + 2 * len(entries) and s["queue_depth"] == 0
+                         and s["credited"] == len(entries) and s["buffer_size"] == 1, "the credits in B_φ", timeout=300.0)
     finally:
         first.shutdown()  # closing writes the checkpoint: no explicit checkpoint() before it
     assert (service_dir / "checkpoint" / "state.json").is_file()
@@ -337,7 +329,7 @@ def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, t
         for key in ("buffer_size", "extractor_updates", "credited", "distilled", "bank_size", "last_ended_step"):
             assert resumed[key] == before[key], (key, resumed[key], before[key])
         _play(again, _written_entries(service_dir)[:1], 2)  # the restored sample and a new one: the extractor trains
-        after = _settle(again, lambda s: s["extractor_updates"] > before["extractor_updates"], "an update after the restart")
+        after = settle(again, lambda s: s["extractor_updates"] > before["extractor_updates"], "an update after the restart", timeout=300.0)
         assert after["errors"] == 0 and after["unreplayable"] == 0 and after["extractor"] == "alive"
     finally:
         again.shutdown()

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _trainer_fixtures import tiny_policy
+from _waiting import settle
 
 from crl_gym.experience.bank import ExperienceBank
 from crl_gym.experience.distill_queue import DistillQueue
@@ -158,19 +159,6 @@ def _guided(task: str, entry: Any, step: int, success: bool) -> DistillationRequ
                                experience=entry, condition="guided", rollout_step=step)
 
 
-def _settle(service: Any, done: Any, timeout: float = 600.0) -> dict[str, Any]:
-    """Wait for the served extractor's thread until ``done(stats)``."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = service.stats().to_dict()
-        if done(stats):
-            return stats
-        time.sleep(0.2)
-    raise AssertionError(f"the served extractor did not get there: {service.stats()}")
-
-
 def _play(service: Any, step: int, n: int = 8) -> None:
     """One rollout step of ``n`` guided episodes, each on an entry the extractor wrote (it has a sample)."""
     from crl_gym.protocol import ExperienceRef
@@ -193,9 +181,10 @@ def test_a_restarted_extractor_server_keeps_its_buffer_and_trains(tmp_path: Path
             service.submit(DistillationRequest(f"task {i}", Trajectory([Step("cell 0", "east", 1.0)]), 1.0, True, None,
                                                condition="free", rollout_step=0))
         service.end_step(0)
-        _settle(service, lambda s: s["distilled"] >= 4 and s["queue_depth"] == 0)
+        settle(service, lambda s: s["distilled"] >= 4 and s["queue_depth"] == 0, "4 distilled", timeout=600.0)
         _play(service, 1, n=11)  # 11 credits: one update of 8, 3 left in B_φ
-        before = _settle(service, lambda s: s["distilled"] >= 15 and s["queue_depth"] == 0 and s["credited"] >= 1)
+        before = settle(service, lambda s: s["distilled"] >= 15 and s["queue_depth"] == 0 and s["credited"] >= 1,
+                        "15 distilled and a credit", timeout=600.0)
     finally:
         service.close()  # the server's SIGTERM path: the checkpoint is written here
     assert (bank_dir / SERVICE_DIR / "checkpoint" / "state.json").is_file()
@@ -206,7 +195,8 @@ def test_a_restarted_extractor_server_keeps_its_buffer_and_trains(tmp_path: Path
             assert again[key] == before[key], key
         assert restarted.ledger.last_ended == 1
         _play(restarted, 2)  # B_φ's restored samples and the new ones reach 8: the extractor trains
-        after = _settle(restarted, lambda s: s["extractor_updates"] > before["extractor_updates"])
+        after = settle(restarted, lambda s: s["extractor_updates"] > before["extractor_updates"],
+                       "an update after the restart", timeout=600.0)
         assert after["errors"] == 0 and after["unreplayable"] == 0 and after["extractor"] == "alive"
     finally:
         restarted.close()
