@@ -41,6 +41,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import re
 import sys
 import time
 import uuid
@@ -121,6 +122,22 @@ def reader_plays(entry: str, task: str, cfg: TrainConfig) -> tuple[str | None, s
     return (named[0] if named else None), task_secret(index, 1, num_actions, secret_seed)[0]
 
 
+EPISODE_ACTION = re.compile(r"^\s*action: (\S+)\s*$", re.MULTILINE)
+EPISODE_OUTCOME = re.compile(r"^## Outcome\n(SUCCESS|FAILURE)", re.MULTILINE)
+
+
+def episode_of(prompt: str) -> tuple[str | None, bool | None]:
+    """The last action the distilled episode played and whether it won, read from the distillation
+    prompt an entry was written from (None where the prompt does not say).
+
+    >>> episode_of("## Outcome\\nFAILURE: episode return +0 after 1 actions.\\n\\n    action: north")
+    ('north', False)
+    """
+    actions = EPISODE_ACTION.findall(prompt)
+    outcome = EPISODE_OUTCOME.search(prompt)
+    return (actions[-1] if actions else None), (outcome.group(1) == "SUCCESS" if outcome else None)
+
+
 class Arm:
     """One arm of one seed: the configured extractor behind a real service (CISPO on or off)."""
 
@@ -152,7 +169,9 @@ class Arm:
         for e in (e for e in service.manager.bank if e.id not in before):
             task = e.provenance.prompt if e.provenance is not None else ""
             played, secret = reader_plays(e.text, task, self.cfg)
-            rows.append({"secret": secret, "played": played, "correct": played == secret, "text": e.text})
+            episode_action, episode_won = episode_of(task)
+            rows.append({"secret": secret, "played": played, "correct": played == secret, "text": e.text,
+                         "episode_action": episode_action, "episode_won": episode_won})
             guided.append(DistillationRequest(task=task, trajectory=Trajectory(), outcome=float(played == secret),
                                               success=played == secret, experience=ExperienceRef(e.id, e.text),
                                               condition="guided", env_id="crl/Recall-v0", seed=e.id,
@@ -239,6 +258,8 @@ def block_row(block: int, requests: int, rows: list[dict[str, Any]], distill_s: 
         "updates": updates, "tied_updates": tied, "last_update": {k: round(v, 5) for k, v in last_update.items()},
         "distill_s": round(distill_s, 1), "train_s": round(train_s, 1),
         "shown": [r["text"] for r in rows[:SHOWN]],
+        # each entry: [its task's secret, the action the reader plays from it, the distilled episode's action, won]
+        "episodes": [[r["secret"], r["played"], r.get("episode_action"), r.get("episode_won")] for r in rows],
     }
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -96,6 +97,26 @@ def default_spill_path(url: str) -> Path:
     return root / "complementary-rl" / "unsent" / f"requests-{host}-{port}-{os.getpid()}.jsonl"
 
 
+@dataclass(frozen=True)
+class SubmitCounts:
+    """What became of the requests one process submitted through a client, at one instant.
+
+    ``failures`` (could not be delivered: the server down after the retries, a 401, the process
+    exiting) = ``spilled`` (appended to the spill file) + ``lost`` (the spill file could not take
+    them either; each logged by id).
+    """
+
+    buffered: int
+    """Submitted and not yet resolved (delivered, rejected or spilled)."""
+    delivered: int
+    """Accepted by the server."""
+    rejected: int
+    """Refused by the server as malformed (a 4xx), or not encodable: logged and dropped."""
+    failures: int
+    spilled: int
+    lost: int
+
+
 class SubmitOutbox:
     """The submit buffer of one :class:`RemoteClient` in one process, and the thread that empties it.
 
@@ -108,6 +129,11 @@ class SubmitOutbox:
     (the server stayed unreachable). So ``flush`` waits for a count, not for each request, and the
     failures it must report are the ones collected meanwhile.
     """
+
+    def counts(self) -> SubmitCounts:
+        """What became of this process's submitted requests, read at one instant."""
+        with self._lock:
+            return SubmitCounts(self.buffered, self.delivered, self.rejected, self.failures, self.spilled, self.lost)
 
     def __init__(self, client: OutboxClient) -> None:
         self.client = client

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from crl_gym.experience.results import ServiceStats
 
@@ -17,13 +17,15 @@ class HasStats(Protocol):
     def stats(self) -> ServiceStats: ...
 
 
-def settle(source: HasStats, done: Callable[[dict[str, Any]], bool], what: str, timeout: float) -> dict[str, Any]:
-    """Poll ``source.stats()`` (its flat JSON form) until ``done(stats)``; those stats, or an
+def settle(source: HasStats, done: Callable[[ServiceStats], bool], what: str, timeout: float,
+           poll: float = 0.2) -> ServiceStats:
+    """Poll ``source.stats()`` every ``poll`` seconds until ``done(stats)``; those stats, or an
     ``AssertionError`` naming ``what`` with the last stats after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = source.stats().to_dict()
+    while True:
+        stats = source.stats()
         if done(stats):
             return stats
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {source.stats()}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}: {stats}")
+        time.sleep(poll)

@@ -27,6 +27,7 @@ from crl_gym.clients import (
     ExperienceUnavailable,
     LocalClient,
     RemoteClient,
+    SubmitCounts,
     SubmitUndelivered,
 )
 from crl_gym.experience.bank import ExperienceBank
@@ -291,7 +292,7 @@ def test_remote_client_down_raises_unavailable() -> None:
         client.search("x")
     with pytest.raises(TypeError, match="DistillationRequest"):  # checked at once, never buffered
         client.submit({"task": "t"})  # type: ignore[arg-type]
-    assert client.buffered == 0
+    assert client.submit_counts.buffered == 0
 
 
 def test_remote_client_rejects_bad_arguments() -> None:
@@ -439,13 +440,13 @@ def test_remote_submit_returns_before_the_server_has_the_request(gated: tuple[Ga
     submitter.join(timeout=30)  # the server holds every request until the gate opens: a blocking submit stays here
     assert not submitter.is_alive() and not service.gate.is_set()
     assert service.entered.wait(10)  # the sender is on the wire, held by the server
-    assert service.manager.pending() == 0 and client.buffered == 3
+    assert service.manager.pending() == 0 and client.submit_counts.buffered == 3
     with pytest.raises(TimeoutError, match="3 submitted requests not yet delivered"):
         client.flush(timeout=0.2)
-    assert client.buffered == 3  # a flush that timed out dropped nothing
+    assert client.submit_counts.buffered == 3  # a flush that timed out dropped nothing
     service.gate.set()
     client.flush(timeout=10)
-    assert (client.buffered, client.delivered, client.submit_failures) == (0, 3, 0)
+    assert client.submit_counts == SubmitCounts(buffered=0, delivered=3, rejected=0, failures=0, spilled=0, lost=0)
     assert [r.request_id for r in client.get_requests(10)] == [r.request_id for r in reqs]  # FIFO
     client.close()
 
@@ -509,7 +510,7 @@ def test_remote_server_down_spills_and_flush_names_the_file(tmp_path: Path, capl
     assert info.value.count == 3 and info.value.spill_path == spill
     lines = spill.read_text(encoding="utf-8").splitlines()
     assert [DistillationRequest.from_dict(json.loads(line)).to_dict() for line in lines] == [r.to_dict() for r in reqs]
-    assert (client.spilled, client.submit_failures, client.lost, client.delivered, client.buffered) == (3, 3, 0, 0, 0)
+    assert client.submit_counts == SubmitCounts(buffered=0, delivered=0, rejected=0, failures=3, spilled=3, lost=0)
     assert str(spill) in caplog.text  # logged with its path when written
     client.flush()  # reported once: the next flush has nothing new to say
     with pytest.raises(ExperienceUnavailable, match="unreachable"):
@@ -547,7 +548,7 @@ def test_remote_submit_retries_a_transient_server_failure(tmp_path: Path) -> Non
         req = request_with_call()
         client.submit(req)
         client.flush(timeout=30)
-        assert (client.delivered, client.spilled, service.fails) == (1, 0, 0) and not spill.exists()
+        assert (client.submit_counts.delivered, client.submit_counts.spilled, service.fails) == (1, 0, 0) and not spill.exists()
         assert [r.request_id for r in client.get_requests(5)] == [req.request_id]
         client.close()
     service.close()
@@ -570,7 +571,7 @@ def test_remote_submit_with_a_wrong_token_raises_auth_error_at_flush(tmp_path: P
         with pytest.raises(ExperienceAuthError, match=re.escape(str(spill))):
             client.flush(timeout=30)
         # one POST, not 1 + retries: a 401 is not an outage
-        assert posts == ["/submit"] and client.spilled == 1 and service.manager.pending() == 0
+        assert posts == ["/submit"] and client.submit_counts.spilled == 1 and service.manager.pending() == 0
         assert len(spill.read_text(encoding="utf-8").splitlines()) == 1
         with pytest.raises(ExperienceAuthError, match="401"):
             client.end_step(0)  # the flush is clean now; /end_step itself is refused
@@ -593,7 +594,7 @@ def test_remote_malformed_requests_in_a_batch_do_not_block_the_others(gated: tup
     service.gate.set()
     with caplog.at_level("ERROR", logger="crl_gym.clients"):
         client.flush(timeout=30)  # no error: a malformed request is dropped, not undelivered
-    assert (client.rejected, client.delivered, client.submit_failures) == (3, 10, 0)
+    assert client.submit_counts == SubmitCounts(buffered=0, delivered=10, rejected=3, failures=0, spilled=0, lost=0)
     good = [r.request_id for r in [first, *reqs] if r.condition != "sometimes"]
     assert [r.request_id for r in client.get_requests(100, timeout=1.0)] == good  # the rest in order
     assert "condition" in caplog.text and all(reqs[i].request_id in caplog.text for i in (3, 7, 8))
@@ -613,7 +614,7 @@ def test_remote_an_oversized_request_is_rejected_alone() -> None:
             client.submit(r)
         service.gate.set()
         client.flush(timeout=30)
-        assert (client.rejected, client.delivered, client.submit_failures) == (1, 8, 0)
+        assert client.submit_counts == SubmitCounts(buffered=0, delivered=8, rejected=1, failures=0, spilled=0, lost=0)
         client.close()
     service.close()
 

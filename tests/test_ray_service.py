@@ -313,23 +313,25 @@ def test_a_restarted_service_actor_resumes_its_buffer_and_trains(cluster: str, t
         for i in range(4):  # free episodes: the extractor writes entries, each with its sample
             first.submit(request(None, success=True, seed=i))
         first.end_step(0)
-        settle(first, lambda s: s["distilled"] >= 4 and s["queue_depth"] == 0, "4 distilled", timeout=300.0)
+        settle(first, lambda s: s.distilled >= 4 and s.queue_depth == 0, "4 distilled", timeout=300.0)
         written = _written_entries(service_dir)
         assert written, "the extractor wrote no entry"
         entries = written[:3] if len(written) >= 3 else written[:1]  # an odd number of credits: one stays in B_φ
         _play(first, entries, 1)
-        before = settle(first, lambda s: s["distilled"] >= 4 + 2 * len(entries) and s["queue_depth"] == 0
-                         and s["credited"] == len(entries) and s["buffer_size"] == 1, "the credits in B_φ", timeout=300.0)
+        before = settle(first, lambda s: s.distilled >= 4 + 2 * len(entries) and s.queue_depth == 0
+                         and s.credited == len(entries) and s.get("buffer_size") == 1, "the credits in B_φ",
+                         timeout=300.0)
     finally:
         first.shutdown()  # closing writes the checkpoint: no explicit checkpoint() before it
     assert (service_dir / "checkpoint" / "state.json").is_file()
     again = start()
     try:
-        resumed = again.stats().to_dict()
+        resumed = again.stats()
         for key in ("buffer_size", "extractor_updates", "credited", "distilled", "bank_size", "last_ended_step"):
-            assert resumed[key] == before[key], (key, resumed[key], before[key])
+            assert resumed.get(key) == before.get(key), (key, resumed.get(key), before.get(key))
         _play(again, _written_entries(service_dir)[:1], 2)  # the restored sample and a new one: the extractor trains
-        after = settle(again, lambda s: s["extractor_updates"] > before["extractor_updates"], "an update after the restart", timeout=300.0)
-        assert after["errors"] == 0 and after["unreplayable"] == 0 and after["extractor"] == "alive"
+        after = settle(again, lambda s: s.extractor_updates > before.extractor_updates, "an update after the restart",
+                       timeout=300.0)
+        assert after.get("errors") == 0 and after.get("unreplayable") == 0 and after.extractor == "alive"
     finally:
         again.shutdown()

@@ -14,6 +14,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 from _servers import start_extractor_server, stop_server
+from _waiting import settle
 
 import crl_gym  # noqa: F401  (registers the crl/ envs)
 from crl_gym.protocol import AddOp
@@ -44,11 +45,8 @@ def test_plain_gym_loop_drives_the_served_extractor(tmp_path: Path) -> None:
             if stats.extractor_updates > 0:
                 break
             time.sleep(1.0)  # the extractor distils in the background; give it time between steps
-        deadline = time.monotonic() + 120
-        while stats.extractor_updates == 0 and time.monotonic() < deadline:
-            time.sleep(1.0)
-            stats = client.stats()
-        assert stats.distilled > 0 and stats.credited > 0 and stats.extractor_updates > 0, stats
+        stats = settle(client, lambda s: s.extractor_updates > 0, "an extractor update", timeout=120.0, poll=1.0)
+        assert stats.distilled > 0 and stats.credited > 0, stats
         assert stats.bank_size != size0 or stats.get("updated") > 0  # type: ignore[operator]
         for env in envs:
             env.close()

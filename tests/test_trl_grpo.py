@@ -19,7 +19,6 @@ its episodes as held out (``rollout_step`` -1).
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from _servers import seed_recall_secrets, start_extractor_server, stop_server, wait_healthy  # noqa: E402
+from _waiting import settle  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AddedToken  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
@@ -143,12 +143,8 @@ def test_trl_grpo_trainer_drives_the_served_extractor(tmp_path: Path) -> None:
         assert {r.rollout_step for r in trainer.batches[-1]["requests"]} == {-1}
         assert session.step == 1
 
-        stats = client.stats()
-        deadline = time.monotonic() + 120
-        while not (stats.distilled > 0 and stats.credited > 0) and time.monotonic() < deadline:
-            time.sleep(1.0)
-            stats = client.stats()
-        assert stats.distilled > 0 and stats.credited > 0, stats
+        settle(client, lambda s: s.distilled > 0 and s.credited > 0, "a distillation and a credit", timeout=120.0,
+               poll=1.0)
     finally:
         err = stop_server(proc, client)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]

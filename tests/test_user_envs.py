@@ -202,7 +202,7 @@ def test_a_dead_server_spills_and_the_flush_says_so(tmp_path: Path) -> None:
     _episode(env)
     report = env.flush_experience()
     assert report["undelivered"] is not None and "unsent.jsonl" in report["undelivered"]
-    assert client.spilled == 1 and len((tmp_path / "unsent.jsonl").read_text().splitlines()) == 1
+    assert client.submit_counts.spilled == 1 and len((tmp_path / "unsent.jsonl").read_text().splitlines()) == 1
     client.close()
 
 
@@ -252,6 +252,6 @@ def test_a_request_that_encodes_above_the_body_limit_is_spilled_not_dropped(serv
     client.submit(_request("数" * 2_000_000))  # 2 M characters, 6 MB of UTF-8
     with pytest.raises(SubmitUndelivered, match="body limit"):
         client.flush()
-    assert client.spilled == 1 and client.rejected == 0
+    assert client.submit_counts.spilled == 1 and client.submit_counts.rejected == 0
     assert len((tmp_path / "unsent.jsonl").read_text(encoding="utf-8").splitlines()) == 1
     client.close()

@@ -20,8 +20,6 @@ evaluation rows carry ``rollout_step`` -1 and are held out of every step (``/sta
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +38,12 @@ from _verl_fixtures import (
     start_service,
     verl_config,
 )
+from _waiting import settle
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
-from crl_gym.clients import RemoteClient
-from crl_gym.experience.results import ServiceStats
 from crl_gym.integrations.verl.service import close_clients
 from crl_train.algorithms import split_subgroup_advantages
 from crl_train.integrations.verl import (
@@ -123,7 +120,7 @@ def test_verl_worker_runs_crl_agent_against_the_service(tmp_path: Path) -> None:
             trainer.global_steps = 1
             trainer.on_step_end()
             assert client.stats().steps_ended == 1
-            stats = _wait(client, lambda s: s.distilled >= size)
+            stats = settle(client, lambda s: s.distilled >= size, f"{size} distilled", timeout=180.0, poll=1.0)
             assert stats.bank_size > 0, f"the extractor wrote no entry from step 1's episodes: {stats}"
 
             # step 2: every copy runs its row's condition; the guided ones are shown what the extractor wrote
@@ -137,7 +134,7 @@ def test_verl_worker_runs_crl_agent_against_the_service(tmp_path: Path) -> None:
             trainer.global_steps = 2
             trainer.on_step_end()
         assert trainer.checkpoint_manager.synced == [1, 2]
-        stats = _wait(client, lambda s: s.credited > 0)  # the entries step 2's guided episodes used
+        stats = settle(client, lambda s: s.credited > 0, "a credit", timeout=180.0, poll=1.0)  # the entries step 2's guided episodes used
         assert stats.steps_ended == 2 and stats.last_ended_step == 2
 
         # held-out evaluation: rollout_step -1; the service holds those requests out of every step
@@ -203,11 +200,3 @@ class _WeightSync:
         self.synced.append(step)
 
 
-def _wait(client: RemoteClient, ok: Callable[[ServiceStats], bool], timeout: float = 180.0) -> ServiceStats:
-    stats = client.stats()
-    deadline = time.monotonic() + timeout
-    while not ok(stats) and time.monotonic() < deadline:
-        time.sleep(1.0)
-        stats = client.stats()
-    assert ok(stats), stats
-    return stats

@@ -54,9 +54,11 @@ from crl_gym.experience.service import (
 )
 from crl_gym.experience.service import StepOrderError as StepOrderError
 from crl_gym.experience.service import ask_manager as ask_manager
+from crl_gym.outbox import SubmitCounts as SubmitCounts
 
 __all__ = [
     "ASK_FALLBACKS", "TOKEN_ENV", "Combiner", "ExperienceAuthError", "ExperienceClient", "ExperienceUnavailable",
-    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "StepOrderError", "SubmitUndelivered",
+    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "StepOrderError", "SubmitCounts",
+    "SubmitUndelivered",
     "as_service", "ask_manager", "check_step",
 ]

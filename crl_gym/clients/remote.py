@@ -16,7 +16,7 @@ from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.service import StepOrderError
 from crl_gym.limits import MAX_BATCH, MAX_BODY_BYTES, MAX_QUERY_CHARS, MAX_TEXT, check_request_size
-from crl_gym.outbox import SUBMIT_BUFFER, Rejected, SubmitOutbox, default_spill_path
+from crl_gym.outbox import SUBMIT_BUFFER, Rejected, SubmitCounts, SubmitOutbox, default_spill_path
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, op_to_dict
 
 if TYPE_CHECKING:
@@ -60,8 +60,8 @@ class RemoteClient:
     Nothing else flushes: call :meth:`flush` before ``stats`` / ``health`` / ``get_requests``
     must see this process's own submits. As with :class:`LocalClient`, a request must not be
     changed after it was submitted.
-    Counters: :attr:`delivered`, :attr:`rejected`, :attr:`submit_failures` (could not be
-    delivered) = :attr:`spilled` + :attr:`lost` (the spill file could not be written either).
+    :attr:`submit_counts` says what became of this process's submits: delivered, rejected,
+    failures (could not be delivered) = spilled + lost (the spill file could not take them either).
 
     Picklable, token and options included (the HTTP connection pool, the submit buffer and its
     thread are made lazily in each process), so an env factory that captures it can be sent to
@@ -141,34 +141,10 @@ class RemoteClient:
         return self.spill_path if self.spill_path is not None else default_spill_path(self.url)
 
     @property
-    def buffered(self) -> int:
-        """Requests submitted in this process and not yet resolved (delivered, rejected or spilled)."""
-        return self._here()[1].buffered
-
-    @property
-    def delivered(self) -> int:
-        """Submitted requests the server accepted (this process)."""
-        return self._here()[1].delivered
-
-    @property
-    def rejected(self) -> int:
-        """Submitted requests the server refused as malformed (4xx), or that could not be encoded: dropped."""
-        return self._here()[1].rejected
-
-    @property
-    def submit_failures(self) -> int:
-        """Submitted requests that could not be delivered (server down after the retries, 401, exit)."""
-        return self._here()[1].failures
-
-    @property
-    def spilled(self) -> int:
-        """Of :attr:`submit_failures`, those appended to :attr:`spill_file`."""
-        return self._here()[1].spilled
-
-    @property
-    def lost(self) -> int:
-        """Of :attr:`submit_failures`, those the spill file could not take either (logged by id)."""
-        return self._here()[1].lost
+    def submit_counts(self) -> SubmitCounts:
+        """What became of the requests submitted in this process: buffered, delivered, rejected,
+        failures = spilled + lost (:class:`~crl_gym.outbox.SubmitCounts`), read at one instant."""
+        return self._here()[1].counts()
 
     def _client(self) -> httpx.Client:
         if self._http is None or self._pid != os.getpid():

@@ -13,6 +13,7 @@ from crl_train.algorithms.advantages import (
     split_subgroup_advantages,
 )
 from crl_train.algorithms.edge import (
+    EdgeAdvantageParams,
     edge_pooled_advantages,
     edge_train_mask,
     ema_utility,
@@ -48,13 +49,14 @@ from crl_train.algorithms.registry import (
     ADVANTAGES,
     LOSSES,
     AdvantageEstimator,
+    AdvantageParams,
     LossParams,
     PolicyLoss,
 )
 from crl_train.algorithms.reweighting import training_count_weights
 
 __all__ = [
-    "ADVANTAGES", "LOSSES", "AdvantageEstimator", "CispoParams", "ClipParams", "CoefParams", "LossParams", "PolicyLoss", "FREE", "GUIDED", "GATE_SCORES",
+    "ADVANTAGES", "LOSSES", "AdvantageEstimator", "AdvantageParams", "EdgeAdvantageParams", "CispoParams", "ClipParams", "CoefParams", "LossParams", "PolicyLoss", "FREE", "GUIDED", "GATE_SCORES",
     "grpo_advantages", "split_subgroup_advantages", "sequence_weights", "edge_pooled_advantages",
     "edge_train_mask", "ema_utility", "gain_gate", "marginal_gain", "prune_mask", "batch_advantages",
     "entry_rewards", "episode_rewards", "free_baselines", "entry_mean_rewards", "relative_outcomes", "perplexity_bonus", "PERPLEXITY_TRANSFORMS",

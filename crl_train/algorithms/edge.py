@@ -22,10 +22,12 @@ gate stays closed (callers skip NaN gains when they update an entry's utility).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from crl_train.algorithms.advantages import FREE, GUIDED, _segment_normalise, _valid_mask
-from crl_train.algorithms.registry import ADVANTAGES, AdvantageEstimator
+from crl_train.algorithms.registry import ADVANTAGES, AdvantageEstimator, AdvantageParams
 
 
 def _subgroup_means(
@@ -84,6 +86,13 @@ def _open_gates(
     _, g_inv = torch.unique(group_index, return_inverse=True)
     gates = gain_gate(marginal_gain(rewards, group_index, condition, valid=valid), threshold)[g_inv]
     return g_inv, gates
+
+
+@dataclass(frozen=True)
+class EdgeAdvantageParams(AdvantageParams):
+    """:func:`edge_pooled_advantages`' keywords: the common ones and the gain gate's ``threshold``."""
+
+    threshold: float = 0.0
 
 
 @ADVANTAGES.register(AdvantageEstimator.EDGE_POOLED)

@@ -62,6 +62,25 @@ class AdvantageFn(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class AdvantageParams:
+    """The keywords every estimator takes besides the batch's tensors; an estimator with more
+    (EDGE's gate ``threshold``) has a subclass that adds them.
+
+    >>> AdvantageParams(eps=1e-4).kwargs()
+    {'eps': 0.0001, 'unbiased': False}
+    """
+
+    eps: float = 1e-6
+    """Added to the std."""
+    unbiased: bool = False
+    """Bessel-corrected std instead of the population std."""
+
+    def kwargs(self) -> dict[str, Any]:
+        """The fields as the estimator's keyword arguments (each subclass's own types)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 class AdvantageEstimator(StrEnum):
     """How trajectory rewards become advantages."""
 

@@ -20,6 +20,7 @@ from crl_train.algorithms import (
     ADVANTAGES,
     LOSSES,
     AdvantageEstimator,
+    AdvantageParams,
     CoefParams,
     LossParams,
     PolicyLoss,
@@ -141,14 +142,14 @@ class MethodBase:
         return service_options(self.cfg)
 
     # ---------------------------------------------------------------- actor side
-    def advantage_kwargs(self) -> dict[str, Any]:
-        return {"eps": self.algo.adv_eps, "unbiased": self.algo.std_unbiased}
+    def advantage_params(self) -> AdvantageParams:
+        return AdvantageParams(eps=self.algo.adv_eps, unbiased=self.algo.std_unbiased)
 
     def advantages(self, outcomes: Outcomes) -> torch.Tensor:
         estimator = ADVANTAGES.get(self.advantage)
         condition = outcomes.condition if self.guided else None
         adv: torch.Tensor = estimator(outcomes.reward, outcomes.group, condition, valid=outcomes.valid,
-                                      **self.advantage_kwargs())
+                                      **self.advantage_params().kwargs())
         return adv
 
     def train_mask(self, outcomes: Outcomes) -> torch.Tensor:

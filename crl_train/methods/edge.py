@@ -23,6 +23,7 @@ from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.algorithms import (
     AdvantageEstimator,
     CoefParams,
+    EdgeAdvantageParams,
     PolicyLoss,
     edge_train_mask,
     marginal_gain,
@@ -62,8 +63,9 @@ class Edge(MethodBase):
                                edge=EdgeUtility(momentum=e.ema, prune_below=e.prune),
                                reflection=EdgeReflection(below=e.reflect_below, max_entries=e.reflection_entries))
 
-    def advantage_kwargs(self) -> dict[str, Any]:
-        return {**super().advantage_kwargs(), "threshold": self.algo.edge.threshold}
+    def advantage_params(self) -> EdgeAdvantageParams:
+        return EdgeAdvantageParams(eps=self.algo.adv_eps, unbiased=self.algo.std_unbiased,
+                                   threshold=self.algo.edge.threshold)
 
     def train_mask(self, outcomes: Outcomes) -> torch.Tensor:
         return edge_train_mask(outcomes.reward, outcomes.group, outcomes.condition, threshold=self.algo.edge.threshold,
