@@ -309,7 +309,32 @@ def summarise(setting: Setting, runs: dict[tuple[int, str], list[dict[str, Any]]
         if hit and goal_block is None:
             goal_block = b
         curve.append(row)
-    return {"blocks_done": blocks, "curve": curve, "meets_goal": goal_block is not None, "goal_block": goal_block}
+    return {"blocks_done": blocks, "curve": curve, "meets_goal": goal_block is not None, "goal_block": goal_block,
+            "by_episode": by_episode(runs, seeds, blocks)}
+
+
+def by_episode(runs: dict[tuple[int, str], list[dict[str, Any]]], seeds: list[int], blocks: int) -> list[dict[str, Any]]:
+    """Per seed, arm and half of the first ``blocks`` blocks: how the entries written from won and from
+    lost episodes were played. On a won episode the right action is the one it played; on a lost one
+    (L = 1, A = 2) it is the other, so ``lost_copied`` counts entries that repeat the lost episode's
+    own action. Reading the episode gets both right; copying the played action gets won right and
+    lost wrong. Entries whose prompt does not show its episode (the oracle's) and blocks that predate
+    the ``episodes`` field are left out."""
+    out = []
+    half = blocks // 2
+    for s in seeds:
+        for arm in ARMS:
+            for name, part in (("first", runs[(s, arm)][:half]), ("second", runs[(s, arm)][half:blocks])):
+                eps = [e for b in part for e in b.get("episodes", []) if e[3] is not None]
+                if not eps:
+                    continue
+                won = [e for e in eps if e[3] is True]
+                lost = [e for e in eps if e[3] is False]
+                out.append({"seed": s, "arm": arm, "half": name, "blocks": [part[0]["block"], part[-1]["block"]],
+                            "won": len(won), "won_right": sum(e[1] == e[0] for e in won),
+                            "lost": len(lost), "lost_right": sum(e[1] == e[0] for e in lost),
+                            "lost_copied": sum(e[1] == e[2] for e in lost)})
+    return out
 
 
 def figure(report: dict[str, Any], path: Path, baseline: dict[str, Any] | None = None) -> None:
@@ -370,6 +395,15 @@ def markdown(report: dict[str, Any], out: Path) -> str:
                      f"{_ci(row['frozen']['entry_share'])} | {_ci(row['trained_minus_frozen'])} | "
                      f"{_ci(row['trained']['add_rate'])} | {_ci(row['frozen']['add_rate'])} | "
                      f"{_ci(row['trained']['seconds'])} |")
+    if report.get("by_episode"):
+        lines += ["", "Per seed, arm and half: the entries written from won and from lost episodes, and how the "
+                  "reader plays them (right on a lost episode = the action it did not play; copied = its own "
+                  "losing action).", "",
+                  "| seed | arm | blocks | won: right | lost: right | lost: copied |", "|---|---|---|---|---|---|"]
+        for r in report["by_episode"]:
+            lines.append(f"| {r['seed']} | {r['arm']} | {r['blocks'][0]}–{r['blocks'][1]} | "
+                         f"{r['won_right']} of {r['won']} | {r['lost_right']} of {r['lost']} | "
+                         f"{r['lost_copied']} of {r['lost']} |")
     lines += ["", "Per seed and block: entries written, of them played correctly (by secret), the words played, "
               "CISPO updates (tied: every reward equal), and the entries as written (the first few).", ""]
     for seed in report["seeds"]:

@@ -38,6 +38,22 @@ def test_the_reader_plays_the_first_action_an_entry_names() -> None:
     assert bench.reader_plays("Nothing here.", task, cfg) == (None, secret)
 
 
+def test_entries_are_tallied_by_their_episode_s_outcome() -> None:
+    # [secret, played from the entry, the episode's action, won]; 2 blocks per arm, one per half
+    won_right, lost_copied, lost_right = ["east", "east", "east", True], ["east", "north", "north", False], \
+        ["north", "north", "east", False]
+    runs = {(0, "trained"): [{"block": 0, "episodes": [won_right, lost_copied, lost_copied]},
+                             {"block": 1, "episodes": [won_right, lost_right, ["east", "north", None, None]]}],
+            (0, "frozen"): [{"block": 0, "episodes": []}, {"block": 1}]}
+    rows = bench.by_episode(runs, [0], 2)
+    assert rows == [
+        {"seed": 0, "arm": "trained", "half": "first", "blocks": [0, 0], "won": 1, "won_right": 1, "lost": 2,
+         "lost_right": 0, "lost_copied": 2},
+        {"seed": 0, "arm": "trained", "half": "second", "blocks": [1, 1], "won": 1, "won_right": 1, "lost": 1,
+         "lost_right": 1, "lost_copied": 0},
+    ]  # the frozen arm wrote nothing with a known episode; the unknown one is left out
+
+
 def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*ORACLE, "--seeds", "0", "1", "--blocks", "2", "--requests-per-block", "8", "--out", str(tmp_path),
             "--figure", str(tmp_path / "curve.png"), "--markdown", str(tmp_path / "curve.md"), "--json"]
