@@ -370,8 +370,10 @@ def figure(report: dict[str, Any], path: Path, baseline: dict[str, Any] | None =
     top.set_title(f"{report['model']}, lr {report['lr']}, T {report['temperature']}, B_φ {report['buffer_size']}, "
                   f"{len(report['seeds'])} seeds (95 % t)", fontsize=9)
     top.legend(fontsize=8)
-    bottom.set_ylim(0, 1.02)
-    bottom.set_ylabel("add rate")
+    # an answer may add up to max_ops entries, so the add rate can pass 1
+    rates = [row[arm]["add_rate"][0] for row in curve for arm in ARMS]
+    bottom.set_ylim(0, max([1.02, *(1.05 * r for r in rates if r is not None)]))
+    bottom.set_ylabel("add rate (entries per request)")
     bottom.set_xlabel("requests distilled per arm")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
