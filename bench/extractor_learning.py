@@ -183,6 +183,7 @@ class Arm:
         row = block_row(block, len(requests) * self.samples_per_request, rows, t1 - t0, t2 - t1,
                         track.stats.updates - updates0, self.tied[0] - tied0, dict(track.stats.last_update))
         row["cpu_s"] = round(time.process_time() - c0, 1)  # one torch thread: this process's CPU is one core's time
+        row["track_errors"] = track.stats.errors  # the extractor track's failures so far (a failed update trains nothing)
         return row
 
     def close(self) -> None:
@@ -259,7 +260,7 @@ def block_row(block: int, requests: int, rows: list[dict[str, Any]], distill_s: 
         "distill_s": round(distill_s, 1), "train_s": round(train_s, 1),
         "shown": [r["text"] for r in rows[:SHOWN]],
         # each entry: [its task's secret, the action the reader plays from it, the distilled episode's action, won]
-        "episodes": [[r["secret"], r["played"], r.get("episode_action"), r.get("episode_won")] for r in rows],
+        "episodes": [[r["secret"], r["played"], r["episode_action"], r["episode_won"]] for r in rows],
     }
 
 
@@ -416,7 +417,7 @@ def markdown(report: dict[str, Any], out: Path) -> str:
                 secrets = ", ".join(f"{k} {v['correct']}/{v['entries']}" for k, v in b["by_secret"].items())
                 lines.append(f"* seed {seed}, {arm}, block {b['block']}: {b['entries']} entries of {b['requests']} "
                              f"requests, correct {b['correct']} ({secrets}); played {b['played']}; updates "
-                             f"{b['updates']} (tied {b['tied_updates']})")
+                             f"{b['updates']} (tied {b['tied_updates']}); track errors {b.get('track_errors', 'not recorded')}")
                 lines += [f"  * `{t}`" for t in b["shown"]]
     return "\n".join(lines) + "\n"
 

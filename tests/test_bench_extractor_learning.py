@@ -70,6 +70,7 @@ def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, cap
     assert "| 1 | 16 | 1.000 [1.000, 1.000] |" in table and "* seed 1, frozen, block 1:" in table
     blocks = [json.loads(line) for line in (tmp_path / "runs" / "seed0_trained.jsonl").read_text().splitlines()]
     assert [b["block"] for b in blocks] == [0, 1] and blocks[0]["updates"] == 0  # the oracle is never trained
+    assert [b["track_errors"] for b in blocks] == [0, 0]
     assert blocks[0]["by_secret"] and sum(v["entries"] for v in blocks[0]["by_secret"].values()) == 4
     # a second call finds the finished seeds and runs nothing; --report-only reads what is there
     assert bench.main([*argv[:-1], "--report-only", "--json"]) == 0
