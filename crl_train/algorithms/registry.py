@@ -36,13 +36,18 @@ policy's default; ``train_step(..., loss_scale=...)`` overrides it for one call.
 
 
 @dataclass(frozen=True)
-class LossParams:
+class Keywords:
+    """Hyper-parameters passed to a registered function as keyword arguments, one per field."""
+
+    def kwargs(self) -> dict[str, Any]:
+        """The fields as the function's keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class LossParams(Keywords):
     """A loss's hyper-parameters: the keyword arguments it takes besides the batch's tensors. Each
     loss registers a frozen subclass whose fields are those keywords (this base: a loss without any)."""
-
-    def kwargs(self) -> dict[str, float | int | str]:
-        """The fields as the loss's keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class PolicyLossFn(Protocol):
@@ -63,7 +68,7 @@ class AdvantageFn(Protocol):
 
 
 @dataclass(frozen=True)
-class AdvantageParams:
+class AdvantageParams(Keywords):
     """The keywords every estimator takes besides the batch's tensors; an estimator with more
     (EDGE's gate ``threshold``) has a subclass that adds them.
 
@@ -75,10 +80,6 @@ class AdvantageParams:
     """Added to the std."""
     unbiased: bool = False
     """Bessel-corrected std instead of the population std."""
-
-    def kwargs(self) -> dict[str, Any]:
-        """The fields as the estimator's keyword arguments (each subclass's own types)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class AdvantageEstimator(StrEnum):

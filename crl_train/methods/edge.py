@@ -64,8 +64,7 @@ class Edge(MethodBase):
                                reflection=EdgeReflection(below=e.reflect_below, max_entries=e.reflection_entries))
 
     def advantage_params(self) -> EdgeAdvantageParams:
-        return EdgeAdvantageParams(eps=self.algo.adv_eps, unbiased=self.algo.std_unbiased,
-                                   threshold=self.algo.edge.threshold)
+        return EdgeAdvantageParams(**super().advantage_params().kwargs(), threshold=self.algo.edge.threshold)
 
     def train_mask(self, outcomes: Outcomes) -> torch.Tensor:
         return edge_train_mask(outcomes.reward, outcomes.group, outcomes.condition, threshold=self.algo.edge.threshold,
