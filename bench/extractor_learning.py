@@ -8,7 +8,8 @@ answer schema). Each entry that lands in the bank then guides one reader episode
 first action the entry names (``named_actions``), and the episode succeeds iff that is the task's
 secret. Those guided episodes are credited by the service's own rule (``step_credits``: r̄(m) = ±1),
 their samples go into the service's B_φ, and a CISPO update (``Extractor.train``) runs whenever B_φ
-holds ``--buffer-size`` samples. A Return adds nothing and is never credited, as in the service.
+holds ``--buffer-size`` samples. A Return adds nothing and is never credited, as in the service
+(``--set algo.return_reward=V``: each Return-only answer enters B_φ with reward V, the service's option).
 
 Two arms per seed on the same episodes: ``trained`` (CISPO on) and ``frozen`` (CISPO off). Per block:
 ``entry_share`` = the share of the block's new entries the reader plays correctly, averaged over the
@@ -149,7 +150,7 @@ class Arm:
         self.tied = count_tied_batches(self.extractor)
         options = ServiceOptions(distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
                                  buffer_size=cfg.algo.buffer_size, distill_batch=cfg.experience.distill_batch,
-                                 seed_bank=False)
+                                 seed_bank=False, return_reward=cfg.algo.return_reward)
         self.service = build_service(cfg.experience, cfg.manager, options, None, self.extractor)
 
     def block(self, block: int, requests: list[DistillationRequest]) -> dict[str, Any]:
@@ -157,7 +158,7 @@ class Arm:
         service, track = self.service, self.service.track
         assert track is not None
         step = 2 * block
-        updates0, tied0 = track.stats.updates, self.tied[0]
+        updates0, tied0, returns0 = track.stats.updates, self.tied[0], track.stats.credited_returns
         before = set(service.manager.bank.ids())
         t0, c0 = time.perf_counter(), time.process_time()
         for r in requests:
@@ -184,6 +185,7 @@ class Arm:
                         track.stats.updates - updates0, self.tied[0] - tied0, dict(track.stats.last_update))
         row["cpu_s"] = round(time.process_time() - c0, 1)  # one torch thread: this process's CPU is one core's time
         row["track_errors"] = track.stats.errors  # the extractor track's failures so far (a failed update trains nothing)
+        row["credited_returns"] = track.stats.credited_returns - returns0  # only with algo.return_reward set
         return row
 
     def close(self) -> None:

@@ -179,3 +179,21 @@ def test_the_cispo_normalisation_option_reaches_the_extractors_loss() -> None:
         Extractor(policy, normalisation="bytes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cispo_normalisation"):
         load_config(None, ["algo.cispo_normalisation=bytes"])
+
+
+def test_the_return_reward_option_reaches_the_service_track() -> None:
+    from crl_train.config import ConfigError
+    from crl_train.service.build import service_options
+
+    assert load_config(None, []).algo.return_reward is None  # the paper's rule: a Return is never credited
+    options = service_options(load_config(None, ["algo.return_reward=0.0"]))
+    assert options.return_reward == 0.0
+    service = ExperienceService(manager(), Extractor(build_tiny_policy(
+        TEXTS, vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, seed=0)),
+        ServiceOptions(asynchronous=False, return_reward=-0.25))
+    try:
+        assert service.track is not None and service.track.return_reward == -0.25
+    finally:
+        service.close()
+    with pytest.raises(ConfigError, match="return_reward"):
+        load_config(None, ["algo.return_reward=.nan"])

@@ -97,6 +97,37 @@ def test_uncreditable_and_malformed_are_counted(policies: tuple[Any, Any]) -> No
     mgr.close()
 
 
+@pytest.mark.parametrize("return_reward", [None, 0.5])
+def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option(
+        policies: tuple[Any, Any], return_reward: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, ext_policy = policies
+    mgr = manager()
+    extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=800, constrained=True)
+    track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False, return_reward=return_reward)
+    answers: list[list[str]] = []
+    distill = extractor.distill
+
+    def recording(reqs: Any) -> Any:
+        out = distill(reqs)
+        answers.extend([json.loads(s.response)[i]["op"] for i in range(len(ops))] for s, ops in out)
+        return out
+
+    monkeypatch.setattr(extractor, "distill", recording)
+    torch.manual_seed(0)
+    for s in (True, False) * 4:
+        mgr.submit(_request(s))
+    track.run_until_idle()
+    returns = sum(all(op == "return" for op in a) for a in answers)
+    assert len(answers) == 8 and 0 < returns < 8, answers  # the seeded random extractor answers both ways
+    if return_reward is None:  # the paper's rule: nothing in B_φ until an entry is credited
+        assert track.buffer == [] and track.stats.credited_returns == 0
+    else:
+        assert track.stats.credited_returns == len(track.buffer) == returns
+        assert all(b.reward == 0.5 and b.entry_id is None and b.sample.token_ids for b in track.buffer)
+        assert all(all(op["op"] == "return" for op in json.loads(b.sample.response)) for b in track.buffer)
+    mgr.close()
+
+
 def test_async_track_never_blocks_and_drains_queue(policies: tuple[Any, Any]) -> None:
     actor, ext_policy = policies
     mgr = manager()

@@ -16,6 +16,7 @@ crl_train.config.io.ConfigError: unknown key 'train.stepz'; accepted keys: check
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -306,6 +307,11 @@ class AlgoConfig:
     a larger share of the push, e.g. toward short Returns when most advantages are negative)."""
     buffer_size: int = 64
     """|B_φ| that triggers a CISPO update of the extractor (paper: 64)."""
+    return_reward: float | None = None
+    """The reward of an answer that only Returns ("nothing new"), put into B_φ when it is distilled;
+    ``null`` (the paper's rule): a Return is never credited, since no episode is guided by it. An
+    option: without it an extractor that stops adding gets no sample that could raise an add again.
+    0 is the expected ±1 of an unguided coin-flip episode (docs/algorithms.md §6)."""
     cooldown: int = 2
     """δ: an entry trained fewer than δ extractor steps ago gets weight 0 (not given by the paper).
     With δ = 1 the rule never fires (t − t_last < 1 never holds); 0 and 1 both disable it."""
@@ -347,6 +353,8 @@ class AlgoConfig:
         _at_least(self, "algo", 0, "clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps",
                   "self_distill_coef", "cooldown", "merge_every", "merge_token_budget")
         _at_least(self, "algo", 1, "buffer_size")
+        if self.return_reward is not None and not math.isfinite(self.return_reward):
+            raise ConfigError(f"algo.return_reward must be a finite number or null, got {self.return_reward}")
 
     if not TYPE_CHECKING:  # old attribute names read at run time; the project's own code uses the sections
         def __getattr__(self, name: str) -> Any:

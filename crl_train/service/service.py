@@ -94,6 +94,9 @@ class ServiceOptions:
     ``trajectories.jsonl`` distilled once)."""
     buffer_size: int = 64
     """|B_φ| that triggers a CISPO update (paper: 64)."""
+    return_reward: float | None = None
+    """An answer that only Returns goes into B_φ with this reward when distilled; None (the paper's
+    rule): never credited (``algo.return_reward``)."""
     merge_every: int = 5
     """Merge the bank every this many ended steps (paper: 5; 0 disables). Only while distilling."""
     merge_token_budget: int = 6000
@@ -269,7 +272,7 @@ class ExperienceService(RetrievalService):
                                          train=options.train and extractor.trainable, distill=options.distill,
                                          merge_token_budget=options.merge_token_budget,
                                          merge_seeded=options.merge_seeded,
-                                         asynchronous=options.asynchronous)
+                                         asynchronous=options.asynchronous, return_reward=options.return_reward)
             self.track.actor_step = last_ended + 1
             if options.refine:
                 manager.refiner = extractor.refine

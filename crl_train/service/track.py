@@ -26,13 +26,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.merge import is_seeded, merge_bank
-from crl_gym.protocol import DistillationRequest, ExtractorSample
+from crl_gym.protocol import DistillationRequest, ExperienceOp, ExtractorSample, ReturnOp
 from crl_train.extractor import BufferItem, ExtractorBackend, ExtractorUnavailable
 from crl_train.service.checkpoint import fault_point
 
@@ -84,6 +84,8 @@ class TrackStats:
     stale: int = _column()
     """Ops on entries that changed after the episode saw them (merged away, pruned): redirected or kept as Adds."""
     credited: int = _column()
+    credited_returns: int = 0
+    """Return-only answers put into B_φ with ``return_reward`` (0 unless that option is set)."""
     uncreditable: int = _column()
     updates: int = 0
     merges: int = _column()
@@ -111,6 +113,16 @@ class TrackStats:
     rewards: list[float] = field(default_factory=list)
 
 
+def is_plain_return(ops: Sequence[ExperienceOp]) -> bool:
+    """Whether an answer's ops are well-formed Returns only ("nothing new"): what ``return_reward`` credits.
+    A malformed answer, which the parser turns into a Return, is not one.
+
+    >>> is_plain_return([ReturnOp()]), is_plain_return([ReturnOp(malformed=True)]), is_plain_return([])
+    (True, False, False)
+    """
+    return bool(ops) and all(isinstance(op, ReturnOp) and not op.malformed for op in ops)
+
+
 class BackgroundTrack:
     """See the module docstring."""
 
@@ -128,6 +140,7 @@ class BackgroundTrack:
         merge_seeded: bool = False,
         asynchronous: bool = True,
         num_threads: int = 1,
+        return_reward: float | None = None,
     ) -> None:
         self.manager = manager
         self.extractor = extractor
@@ -140,6 +153,8 @@ class BackgroundTrack:
         self.merge_seeded = merge_seeded
         self.asynchronous = asynchronous
         self.num_threads = num_threads
+        self.return_reward = return_reward
+        """The reward a Return-only answer enters B_φ with (None: never credited, the paper's rule)."""
         self.buffer: list[BufferItem] = []
         self.credits: queue.SimpleQueue[Credit] = queue.SimpleQueue()
         self.merge_requests: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -285,6 +300,9 @@ class BackgroundTrack:
             self.stats.malformed += res.malformed
             self.stats.refused += res.refused
             self.stats.stale += res.stale
+            if self.return_reward is not None and self.train and is_plain_return(ops) and sample.token_ids:
+                self.buffer.append(BufferItem(sample, self.return_reward, None, step))
+                self.stats.credited_returns += 1
 
     def _take_credit(self, c: Credit) -> None:
         self.stats.rewards.append(c.reward)
