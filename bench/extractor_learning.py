@@ -113,12 +113,13 @@ class Setting:
         return load_config(self.config, [*self.overrides, f"seed={seed}"])
 
 
-def reader_plays(entry: str, task: str, cfg: TrainConfig) -> tuple[str | None, str]:
-    """The action the reader plays from ``entry`` on ``task`` (the first admissible action it names;
-    None: it names none, and the reader would flip a coin) and the task's secret."""
+def reader_plays(entry: str, prompt: str, cfg: TrainConfig) -> tuple[str | None, str]:
+    """The action the reader plays from ``entry`` on the task that ``prompt`` (the distillation prompt
+    the entry was written from) names: the first admissible action the entry names (None: it names
+    none, and the reader would flip a coin); and that task's secret."""
     kwargs = cfg.env.kwargs
     num_actions, secret_seed = int(kwargs.get("num_actions", 2)), int(kwargs.get("secret_seed", 0))
-    index = next(i for i in range(int(kwargs.get("num_tasks", 16))) if task_name(i) in task)
+    index = next(i for i in range(int(kwargs.get("num_tasks", 16))) if task_name(i) in prompt)
     named = named_actions(entry, ACTION_WORDS[:num_actions])
     return (named[0] if named else None), task_secret(index, 1, num_actions, secret_seed)[0]
 
@@ -168,12 +169,12 @@ class Arm:
         t1 = time.perf_counter()
         rows, guided = [], []
         for e in (e for e in service.manager.bank if e.id not in before):
-            task = e.provenance.prompt if e.provenance is not None else ""
-            played, secret = reader_plays(e.text, task, self.cfg)
-            episode_action, episode_won = episode_of(task)
+            prompt = e.provenance.prompt if e.provenance is not None else ""
+            played, secret = reader_plays(e.text, prompt, self.cfg)
+            episode_action, episode_won = episode_of(prompt)
             rows.append({"secret": secret, "played": played, "correct": played == secret, "text": e.text,
                          "episode_action": episode_action, "episode_won": episode_won})
-            guided.append(DistillationRequest(task=task, trajectory=Trajectory(), outcome=float(played == secret),
+            guided.append(DistillationRequest(task=prompt, trajectory=Trajectory(), outcome=float(played == secret),
                                               success=played == secret, experience=ExperienceRef(e.id, e.text),
                                               condition="guided", env_id="crl/Recall-v0", seed=e.id,
                                               rollout_step=step + 1))
