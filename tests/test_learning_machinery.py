@@ -197,3 +197,15 @@ def test_the_return_reward_option_reaches_the_service_track() -> None:
         service.close()
     with pytest.raises(ConfigError, match="return_reward"):
         load_config(None, ["algo.return_reward=.nan"])
+
+
+def test_the_distill_fraction_option_reaches_the_service_track() -> None:
+    from crl_train.config import ConfigError
+    from crl_train.service.build import service_options
+
+    assert load_config(None, []).experience.distill_fraction == 1.0  # the paper: every episode is distilled
+    options = service_options(load_config(None, ["experience.distill_fraction=0.25", "seed=7"]))
+    assert (options.distill_fraction, options.draw_seed) == (0.25, 7)
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match="distill_fraction"):
+            load_config(None, [f"experience.distill_fraction={bad}"])

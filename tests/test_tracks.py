@@ -128,6 +128,40 @@ def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option
     mgr.close()
 
 
+def test_distill_fraction_distils_a_seeded_share_and_the_same_one_on_a_resend(
+        policies: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, ext_policy = policies
+    extractor = Extractor(ext_policy, max_new_tokens=16, max_context_tokens=1024, max_prompt_chars=400, constrained=True)
+    seen: list[str] = []
+    distill = extractor.distill
+
+    def recording(reqs: Any) -> Any:
+        seen.extend(r.task for r in reqs)
+        return distill(reqs)
+
+    monkeypatch.setattr(extractor, "distill", recording)
+
+    def distilled_tasks(fraction: float, seed: int) -> list[str]:
+        """The tasks the track distils out of 24 distinct episodes (new request ids on every call)."""
+        seen.clear()
+        mgr = manager()
+        track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False, train=False,
+                                distill_fraction=fraction, draw_seed=seed)
+        for i in range(24):
+            mgr.submit(DistillationRequest(task=f"Walk to cell {i}", trajectory=Trajectory(steps=[Step("cell 0", "east", 0.0)]),
+                                           outcome=0.0, success=False, experience=None))
+        track.run_until_idle()
+        assert track.stats.distilled == len(seen) and track.stats.undrawn == 24 - len(seen) and mgr.pending() == 0
+        mgr.close()
+        return list(seen)
+
+    assert len(distilled_tasks(1.0, 0)) == 24  # the default: every episode
+    half = distilled_tasks(0.5, 0)
+    assert 0 < len(half) < 24, half  # 24 draws of a fair coin: all or none has probability 2^-23
+    assert distilled_tasks(0.5, 0) == half  # new request ids, the same episodes: the same draw
+    assert distilled_tasks(0.5, 1) != half  # another seed draws others
+
+
 def test_async_track_never_blocks_and_drains_queue(policies: tuple[Any, Any]) -> None:
     actor, ext_policy = policies
     mgr = manager()

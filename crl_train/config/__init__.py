@@ -390,6 +390,11 @@ class ExperienceConfig:
     distill_linger_s: float = 2.0
     """Asynchronous track: after the first request, wait up to this long for a full ``distill_batch``
     (episodes end one by one; a full batch costs about what a single request does)."""
+    distill_fraction: float = 1.0
+    """Share of finished episodes the extractor distils (1: every one, the paper). Below 1 each one is
+    drawn by a hash of its content and the run's seed (the same draw on a resume; identical episodes
+    are drawn together); an undrawn episode still credits the entry that guided it. For CPU-sized runs
+    whose extractor cannot keep up with every episode."""
     actor_threads: int = 1
     """torch intra-op threads of the trainer process (the primary loop's share of the cores)."""
     extractor_threads: int = 1
@@ -436,6 +441,8 @@ class ExperienceConfig:
             raise ConfigError(f"experience.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.embed_dim < 8:
             raise ConfigError(f"experience.embed_dim must be >= 8, got {self.embed_dim}")
+        if not 0 < self.distill_fraction <= 1:
+            raise ConfigError(f"experience.distill_fraction must be in (0, 1], got {self.distill_fraction}")
         if self.distill_linger_s < 0:
             raise ConfigError(f"experience.distill_linger_s must be >= 0, got {self.distill_linger_s}")
         if not 0 <= self.extractor_nice <= 19:

@@ -109,6 +109,11 @@ class ServiceOptions:
     """Requests per distillation generate call."""
     distill_linger_s: float = 2.0
     """Asynchronously, after the first request wait up to this long for a full batch."""
+    distill_fraction: float = 1.0
+    """Share of requests distilled, each drawn by :func:`~crl_train.service.track.drawn_for_distillation`
+    (1: all, the paper; ``experience.distill_fraction``). Every request is still credited."""
+    draw_seed: int = 0
+    """Salt of that draw (a run's seed)."""
     asynchronous: bool = True
     """The extractor's loop runs in its own thread; False runs it to idle inside each ``end_step``."""
 
@@ -272,7 +277,8 @@ class ExperienceService(RetrievalService):
                                          train=options.train and extractor.trainable, distill=options.distill,
                                          merge_token_budget=options.merge_token_budget,
                                          merge_seeded=options.merge_seeded,
-                                         asynchronous=options.asynchronous, return_reward=options.return_reward)
+                                         asynchronous=options.asynchronous, return_reward=options.return_reward,
+                                         distill_fraction=options.distill_fraction, draw_seed=options.draw_seed)
             self.track.actor_step = last_ended + 1
             if options.refine:
                 manager.refiner = extractor.refine

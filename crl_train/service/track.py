@@ -22,6 +22,8 @@ and merges it had to skip are counted (``skipped_distill``, ``skipped_updates``,
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import queue
 import threading
@@ -73,6 +75,8 @@ COLUMN = "metrics_column"
 @dataclass
 class TrackStats:
     distilled: int = _column()
+    undrawn: int = _column()
+    """Requests left undistilled by the draw (``distill_fraction`` < 1); still credited."""
     distill_batches: int = _column()
     """Generate calls of distillation (distilled / distill_batches = the mean batch)."""
     added: int = _column()
@@ -113,6 +117,27 @@ class TrackStats:
     rewards: list[float] = field(default_factory=list)
 
 
+def drawn_for_distillation(request: DistillationRequest, fraction: float, seed: int) -> bool:
+    """Whether ``request`` is one of the ``fraction`` of requests the extractor distils: a uniform
+    number from a hash of the request's content (its id and meta left out, so a resumed run draws the
+    same episodes) and ``seed``, below ``fraction``. Identical episodes are drawn together: they would
+    give the extractor the same prompt.
+
+    >>> from crl_gym.protocol import Step, Trajectory
+    >>> reqs = [DistillationRequest(task=f"task {i}", trajectory=Trajectory(steps=[Step("o", "east", 0.0)]),
+    ...                             outcome=0.0, success=False, experience=None) for i in range(1000)]
+    >>> sum(drawn_for_distillation(r, 0.25, seed=0) for r in reqs)  # about a quarter (sd 14)
+    227
+    >>> all(drawn_for_distillation(r, 1.0, seed=0) for r in reqs)
+    True
+    """
+    if fraction >= 1:
+        return True
+    content = {k: v for k, v in request.to_dict().items() if k not in ("request_id", "meta")}
+    digest = hashlib.blake2b(f"{seed}\n{json.dumps(content, sort_keys=True)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < fraction
+
+
 def is_plain_return(ops: Sequence[ExperienceOp]) -> bool:
     """Whether an answer's ops are well-formed Returns only ("nothing new"): what ``return_reward`` credits.
     A malformed answer, which the parser turns into a Return, is not one.
@@ -141,6 +166,8 @@ class BackgroundTrack:
         asynchronous: bool = True,
         num_threads: int = 1,
         return_reward: float | None = None,
+        distill_fraction: float = 1.0,
+        draw_seed: int = 0,
     ) -> None:
         self.manager = manager
         self.extractor = extractor
@@ -154,6 +181,8 @@ class BackgroundTrack:
         self.asynchronous = asynchronous
         self.num_threads = num_threads
         self.return_reward = return_reward
+        self.distill_fraction = distill_fraction
+        self.draw_seed = draw_seed
         """The reward a Return-only answer enters B_φ with (None: never credited, the paper's rule)."""
         self.buffer: list[BufferItem] = []
         self.credits: queue.SimpleQueue[Credit] = queue.SimpleQueue()
@@ -264,20 +293,26 @@ class BackgroundTrack:
             return worked
 
     def _take_requests(self, wait: float) -> list[DistillationRequest]:
-        """Up to ``distill_batch`` requests. Asynchronously (``wait`` > 0) the batch is filled for up
+        """Up to ``distill_batch`` requests the draw keeps (:meth:`_drawn`). Asynchronously (``wait`` > 0) the batch is filled for up
         to ``distill_linger_s`` after the first request: episodes end one by one, and one batched
         generation of 8 costs about what one of 1 does (small models spend it in per-token Python),
         so distilling them as they trickle in would multiply the extractor's CPU time — taken from
         the actor's core when cores are shared. Synchronously, everything pending is taken now."""
-        reqs = self.manager.get_requests(self.distill_batch, timeout=wait)
+        reqs = self._drawn(self.manager.get_requests(self.distill_batch, timeout=wait))
         if wait > 0 and reqs and self.distill_linger_s > 0:
             deadline = time.monotonic() + self.distill_linger_s
             while len(reqs) < self.distill_batch and not self._stop.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                reqs += self.manager.get_requests(self.distill_batch - len(reqs), timeout=min(left, 0.1))
+                reqs += self._drawn(self.manager.get_requests(self.distill_batch - len(reqs), timeout=min(left, 0.1)))
         return reqs
+
+    def _drawn(self, reqs: list[DistillationRequest]) -> list[DistillationRequest]:
+        """The requests the draw keeps (``distill_fraction``); the others are counted as ``undrawn``."""
+        kept = [r for r in reqs if drawn_for_distillation(r, self.distill_fraction, self.draw_seed)]
+        self.stats.undrawn += len(reqs) - len(kept)
+        return kept
 
     def run_until_idle(self, max_rounds: int = 10_000) -> None:
         """Synchronous mode: process everything pending now (queue, credits, updates, merge)."""
