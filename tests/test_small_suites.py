@@ -40,6 +40,7 @@ def test_small_recall_is_the_whole_loop() -> None:
         cfg = cell_config(suite, c)
         assert cfg.actor.model != "reader"
         assert cfg.extractor.model == ("oracle" if c.method == "oracle" else "smollm2-135m")
+        assert cfg.experience.distill_fraction == 1 / 16  # every extractor, the oracle too, sees the same share
 
 
 def test_a_suite_with_the_oracle_reports_every_new_entry_holding_its_secret(tmp_path: Path) -> None:
