@@ -181,9 +181,10 @@ class BackgroundTrack:
         self.asynchronous = asynchronous
         self.num_threads = num_threads
         self.return_reward = return_reward
-        self.distill_fraction = distill_fraction
-        self.draw_seed = draw_seed
         """The reward a Return-only answer enters B_φ with (None: never credited, the paper's rule)."""
+        self.distill_fraction = distill_fraction
+        """The share of requests distilled (:func:`drawn_for_distillation`; 1: all, the paper's rule)."""
+        self.draw_seed = draw_seed
         self.buffer: list[BufferItem] = []
         self.credits: queue.SimpleQueue[Credit] = queue.SimpleQueue()
         self.merge_requests: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -293,11 +294,12 @@ class BackgroundTrack:
             return worked
 
     def _take_requests(self, wait: float) -> list[DistillationRequest]:
-        """Up to ``distill_batch`` requests the draw keeps (:meth:`_drawn`). Asynchronously (``wait`` > 0) the batch is filled for up
-        to ``distill_linger_s`` after the first request: episodes end one by one, and one batched
-        generation of 8 costs about what one of 1 does (small models spend it in per-token Python),
-        so distilling them as they trickle in would multiply the extractor's CPU time — taken from
-        the actor's core when cores are shared. Synchronously, everything pending is taken now."""
+        """Up to ``distill_batch`` requests that the draw keeps (:meth:`_drawn`). Asynchronously
+        (``wait`` > 0) the batch is filled for up to ``distill_linger_s`` after the first request:
+        episodes end one by one, and one batched generation of 8 costs about what one of 1 does (small
+        models spend it in per-token Python), so distilling them as they trickle in would multiply the
+        extractor's CPU time — taken from the actor's core when cores are shared. Synchronously,
+        everything pending is taken now."""
         reqs = self._drawn(self.manager.get_requests(self.distill_batch, timeout=wait))
         if wait > 0 and reqs and self.distill_linger_s > 0:
             deadline = time.monotonic() + self.distill_linger_s
