@@ -63,8 +63,7 @@ from crl_train.config import TrainConfig, load_config  # noqa: E402
 from crl_train.extractor.worker import build_extractor  # noqa: E402
 from crl_train.policy.reader import named_actions  # noqa: E402
 from crl_train.run.stats import mean_t, paired_difference  # noqa: E402
-from crl_train.service import ServiceOptions  # noqa: E402
-from crl_train.service.build import build_service, extractor_spec  # noqa: E402
+from crl_train.service.build import build_service, extractor_spec, service_options  # noqa: E402
 from crl_train.service.credit import step_credits  # noqa: E402
 
 GOAL_SHARE = 0.8
@@ -149,9 +148,9 @@ class Arm:
         self.samples_per_request = samples_per_request
         self.extractor = build_extractor(extractor_spec(cfg, None))
         self.tied = count_tied_batches(self.extractor)
-        options = ServiceOptions(distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
-                                 buffer_size=cfg.algo.buffer_size, distill_batch=cfg.experience.distill_batch,
-                                 seed_bank=False, return_reward=cfg.algo.return_reward)
+        # the config's own service options (B_φ, return_reward, ...), run synchronously without Merge
+        options = service_options(cfg, distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
+                                  seed_bank=False)
         self.service = build_service(cfg.experience, cfg.manager, options, None, self.extractor)
 
     def block(self, block: int, requests: list[DistillationRequest]) -> dict[str, Any]:
