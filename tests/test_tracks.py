@@ -97,6 +97,20 @@ def test_uncreditable_and_malformed_are_counted(policies: tuple[Any, Any]) -> No
     mgr.close()
 
 
+def recorded_distills(extractor: Extractor, monkeypatch: pytest.MonkeyPatch) -> list[tuple[DistillationRequest, Any]]:
+    """Every (request, (sample, ops)) that ``extractor.distill`` answers from now on, in order."""
+    calls: list[tuple[DistillationRequest, Any]] = []
+    distill = extractor.distill
+
+    def recording(reqs: Any) -> Any:
+        out = distill(reqs)
+        calls.extend(zip(reqs, out, strict=True))
+        return out
+
+    monkeypatch.setattr(extractor, "distill", recording)
+    return calls
+
+
 @pytest.mark.parametrize("return_reward", [None, 0.5])
 def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option(
         policies: tuple[Any, Any], return_reward: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,19 +118,12 @@ def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option
     mgr = manager()
     extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=800, constrained=True)
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False, return_reward=return_reward)
-    answers: list[list[str]] = []
-    distill = extractor.distill
-
-    def recording(reqs: Any) -> Any:
-        out = distill(reqs)
-        answers.extend([json.loads(s.response)[i]["op"] for i in range(len(ops))] for s, ops in out)
-        return out
-
-    monkeypatch.setattr(extractor, "distill", recording)
+    calls = recorded_distills(extractor, monkeypatch)
     torch.manual_seed(0)
     for s in (True, False) * 4:
         mgr.submit(_request(s))
     track.run_until_idle()
+    answers = [[json.loads(sample.response)[i]["op"] for i in range(len(ops))] for _, (sample, ops) in calls]
     returns = sum(all(op == "return" for op in a) for a in answers)
     assert len(answers) == 8 and 0 < returns < 8, answers  # the seeded random extractor answers both ways
     if return_reward is None:  # the paper's rule: nothing in B_φ until an entry is credited
@@ -132,18 +139,11 @@ def test_distill_fraction_distils_a_seeded_share_and_the_same_one_on_a_resend(
         policies: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     _, ext_policy = policies
     extractor = Extractor(ext_policy, max_new_tokens=16, max_context_tokens=1024, max_prompt_chars=400, constrained=True)
-    seen: list[str] = []
-    distill = extractor.distill
-
-    def recording(reqs: Any) -> Any:
-        seen.extend(r.task for r in reqs)
-        return distill(reqs)
-
-    monkeypatch.setattr(extractor, "distill", recording)
+    calls = recorded_distills(extractor, monkeypatch)
 
     def distilled_tasks(fraction: float, seed: int) -> list[str]:
         """The tasks the track distils out of 24 distinct episodes (new request ids on every call)."""
-        seen.clear()
+        calls.clear()
         mgr = manager()
         track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False, train=False,
                                 distill_fraction=fraction, draw_seed=seed)
@@ -151,9 +151,10 @@ def test_distill_fraction_distils_a_seeded_share_and_the_same_one_on_a_resend(
             mgr.submit(DistillationRequest(task=f"Walk to cell {i}", trajectory=Trajectory(steps=[Step("cell 0", "east", 0.0)]),
                                            outcome=0.0, success=False, experience=None))
         track.run_until_idle()
+        seen = [r.task for r, _ in calls]
         assert track.stats.distilled == len(seen) and track.stats.undrawn == 24 - len(seen) and mgr.pending() == 0
         mgr.close()
-        return list(seen)
+        return seen
 
     assert len(distilled_tasks(1.0, 0)) == 24  # the default: every episode
     half = distilled_tasks(0.5, 0)
