@@ -20,6 +20,7 @@ from _trainer_fixtures import TEXTS, manager
 
 import crl_train.extractor.model as extractor_model
 from crl_gym.envs.recall import RecallEnv
+from crl_gym.experience.schemas import MAX_OPS
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
 from crl_train.config import load_config
 from crl_train.extractor.model import Extractor
@@ -179,6 +180,34 @@ def test_the_cispo_normalisation_option_reaches_the_extractors_loss() -> None:
         Extractor(policy, normalisation="bytes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cispo_normalisation"):
         load_config(None, ["algo.cispo_normalisation=bytes"])
+
+
+def test_the_max_ops_option_bounds_every_distillation_answer() -> None:
+    from crl_train.config import ConfigError
+    from crl_train.service.build import extractor_spec
+
+    assert load_config(None, []).experience.max_ops == MAX_OPS
+    assert extractor_spec(load_config(None, ["experience.max_ops=1"]), None).options["max_ops"] == 1
+    with pytest.raises(ConfigError, match="max_ops"):
+        load_config(None, ["experience.max_ops=0"])
+    env = RecallEnv(num_tasks=4, length=1, num_actions=4)
+    requests = []
+    for seed in range(16):
+        task, trajectory, reward = _episode(env, seed)
+        requests.append(DistillationRequest(task=task, trajectory=trajectory, outcome=reward, success=reward > 0,
+                                            experience=None))
+
+    def ops_per_answer(max_ops: int) -> list[int]:
+        policy = build_tiny_policy([*TEXTS, "north east south west"], vocab_size=300, hidden=32, layers=1, heads=2,
+                                   kv_heads=1, intermediate=64, seed=1, sampling=SamplingConfig(seed=1))
+        extractor = Extractor(policy, max_new_tokens=24, max_context_tokens=1024, max_prompt_chars=500,
+                              constrained=True, max_entry_chars=8, action_slot=1, max_ops=max_ops)
+        return [len(ops) for _, ops in extractor.distill(requests)]
+
+    assert max(ops_per_answer(MAX_OPS)) > 1  # allowed several, the untrained model writes several
+    assert set(ops_per_answer(1)) == {1}
+    with pytest.raises(ValueError, match="max_ops"):
+        ops_per_answer(0)
 
 
 def test_the_return_reward_option_reaches_the_service_track() -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import yaml
 
 from crl_gym.experience.config import ManagerConfig
-from crl_gym.experience.schemas import MAX_ACTION_SLOT
+from crl_gym.experience.schemas import MAX_ACTION_SLOT, MAX_OPS
 from crl_train.config.io import (
     ConfigError,
     build_dataclass,
@@ -415,6 +415,10 @@ class ExperienceConfig:
     max_entry_chars: int | None = None
     """Longest entry text (and refined advice) the extractor's answer schemas allow; it also bounds
     a structured answer's token budget. None: 64 for the tiny extractor, 2000 otherwise."""
+    max_ops: int = MAX_OPS
+    """Most operations in one distillation answer (the length of its JSON list; the paper sets no
+    bound). Each entry of an answer is credited on its own and carries the whole answer as its
+    sample, so an answer of k adds enters B_φ k times; 1 makes every answer one entry and one sample."""
     action_slot: int = 0
     """The action slot (docs/experience.md, "The action slot"): N > 0 makes each distillation answer's add /
     update first choose 1 to N of its episode's admissible actions (an enum of the grammar, the union of
@@ -447,7 +451,8 @@ class ExperienceConfig:
             raise ConfigError(f"experience.distill_linger_s must be >= 0, got {self.distill_linger_s}")
         if not 0 <= self.extractor_nice <= 19:
             raise ConfigError(f"experience.extractor_nice must be in [0, 19], got {self.extractor_nice}")
-        for name in ("max_search_calls", "distill_batch", "actor_threads", "extractor_threads", "max_prompt_chars"):
+        for name in ("max_search_calls", "distill_batch", "actor_threads", "extractor_threads", "max_prompt_chars",
+                     "max_ops"):
             if getattr(self, name) < (0 if name == "max_search_calls" else 1):
                 raise ConfigError(f"experience.{name} is out of range: {getattr(self, name)}")
         if self.max_entry_chars is not None and self.max_entry_chars < 1:

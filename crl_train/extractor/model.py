@@ -168,6 +168,7 @@ class Extractor:
             ``structured`` (kept so configs that say ``extractor.constrained`` keep their meaning).
         think_tokens: free reasoning tokens before a structured distillation answer (tiny preset).
         max_entry_chars: longest entry text (and refined advice) a schema allows.
+        max_ops: most operations in one distillation answer (``experience.max_ops``).
         action_slot: N > 0: a distillation answer chooses up to N of its episode's admissible
             actions before each entry's text (see the module docstring); 0 = off.
         thinking: whether the model reasons before answering (``</think>``); None = detect it.
@@ -185,6 +186,7 @@ class Extractor:
         constrained: bool = False,
         think_tokens: int = 0,
         max_entry_chars: int = DEFAULT_MAX_LEN,
+        max_ops: int = MAX_OPS,
         action_slot: int = 0,
         thinking: bool | None = None,
         eps_low: float = AlgoConfig.cispo_eps_low,
@@ -205,6 +207,9 @@ class Extractor:
                              "(the free tokens precede a structured answer; a free-text model reasons on its own)")
         if max_entry_chars < 1:
             raise ValueError(f"Extractor: max_entry_chars must be >= 1, got {max_entry_chars}")
+        if max_ops < 1:
+            raise ValueError(f"Extractor: max_ops must be >= 1, got {max_ops}")
+        self.max_ops = max_ops
         if not 0 <= action_slot <= MAX_ACTION_SLOT:
             raise ValueError(f"Extractor: action_slot must be in [0, {MAX_ACTION_SLOT}], got {action_slot}")
         self.action_slot = action_slot
@@ -296,7 +301,7 @@ class Extractor:
     def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One batched generation over ``requests``; each answer parsed into ops (never raises)."""
         slots = [self._slot_actions(r) for r in requests]
-        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars, max_ops=MAX_OPS,
+        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars, max_ops=self.max_ops,
                                              max_entry_chars=self.max_entry_chars,
                                              action_slot=self.action_slot if a else 0)
                    for r, a in zip(requests, slots, strict=True)]
@@ -304,11 +309,11 @@ class Extractor:
         if not self.structured:
             samples = self.generate(prompts, None)
             return [(s, parse_ops(s.response, allowed_update_ids=t)) for s, t in zip(samples, targets, strict=True)]
-        grammars = [self._grammar(ops_schema(t, max_ops=MAX_OPS, max_text=self.max_entry_chars, slot_actions=a,
+        grammars = [self._grammar(ops_schema(t, max_ops=self.max_ops, max_text=self.max_entry_chars, slot_actions=a,
                                              slot_size=self.action_slot if a else 0), self.think_tokens)
                     for t, a in zip(targets, slots, strict=True)]
         samples = self._structured(prompts, grammars)
-        return [(s, parse_structured_ops(s.response, allowed_update_ids=t, max_len=self.max_entry_chars, max_ops=MAX_OPS))
+        return [(s, parse_structured_ops(s.response, allowed_update_ids=t, max_len=self.max_entry_chars, max_ops=self.max_ops))
                 for s, t in zip(samples, targets, strict=True)]
 
     def _slot_actions(self, request: DistillationRequest) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ def extractor_spec(cfg: TrainConfig, texts: list[str] | None, *, checkpoint: Pat
                  "think_tokens": cfg.extractor.think_tokens, "eps_low": cfg.algo.cispo_eps_low,
                  "eps_high": cfg.algo.cispo_eps_high, "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha,
                  "normalisation": cfg.algo.cispo_normalisation,
-                 "action_slot": cfg.experience.action_slot,
+                 "action_slot": cfg.experience.action_slot, "max_ops": cfg.experience.max_ops,
                  # None leaves the worker's default (the tiny extractor's short entries)
                  **({} if cfg.experience.max_entry_chars is None else {"max_entry_chars": cfg.experience.max_entry_chars})})
 
