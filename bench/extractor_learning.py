@@ -24,10 +24,14 @@ Goal (``meets_goal``): within ≤ 2,000 requests per arm and ≤ 60 min of one c
 block where the trained ``entry_share`` (mean over seeds) is ≥ 0.8 and the paired trained − frozen
 interval (t, 95 %, over seeds) excludes 0.
 
-Each seed runs both arms block by block (one process; ``--jobs`` seeds at once) and appends each block
-to ``<--out>/runs/seed<S>_<arm>.jsonl`` as it finishes. A rerun with the same ``--out`` and settings
-keeps the finished seeds and redoes unfinished ones from their start (an arm's extractor, buffer and
-bank are not checkpointed mid-run); ``--report-only`` summarises whatever blocks are there.
+Each seed runs both arms block by block (one process; ``--jobs`` seeds at once), appends each block
+to ``<--out>/runs/seed<S>_<arm>.jsonl`` as it finishes, and then checkpoints both arms (each service's
+extractor with its optimizer, B_φ, counters and bank, and the process's generators) into
+``<--out>/runs/seed<S>/checkpoint/`` (the run's checkpoint writer: the previous one stays beside it
+until the next is whole). A rerun with the same ``--out`` and settings keeps the finished seeds and
+resumes the others after their last checkpointed block, drawing what the uninterrupted run would have
+drawn; a larger ``--blocks`` extends finished seeds the same way. ``--report-only`` summarises
+whatever blocks are there.
 
     python bench/extractor_learning.py --json                                  # the defaults below
     python bench/extractor_learning.py --json --seeds 0 1 2 --blocks 10 --requests-per-block 48 --lr 3e-4
@@ -43,6 +47,7 @@ import dataclasses
 import importlib.util
 import json
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -59,11 +64,15 @@ sys.path.insert(0, str(ROOT))
 from crl_gym.envs.recall import ACTION_WORDS, task_name, task_secret  # noqa: E402
 from crl_gym.experience.service import ClosedStep  # noqa: E402
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory  # noqa: E402
-from crl_train.config import TrainConfig, load_config  # noqa: E402
+from crl_train.config import ModelKind, TrainConfig, load_config  # noqa: E402
 from crl_train.extractor.worker import build_extractor  # noqa: E402
+from crl_train.policy import rng_state  # noqa: E402
 from crl_train.policy.reader import named_actions  # noqa: E402
+from crl_train.rollout.envs import raw_env_factory, tokenizer_texts  # noqa: E402
+from crl_train.run.checkpoints import resolve_checkpoint  # noqa: E402
 from crl_train.run.stats import mean_t, paired_difference  # noqa: E402
 from crl_train.service.build import build_service, extractor_spec, service_options  # noqa: E402
+from crl_train.service.checkpoint import STATE, begin_checkpoint, commit_checkpoint  # noqa: E402
 from crl_train.service.credit import step_credits  # noqa: E402
 
 GOAL_SHARE = 0.8
@@ -101,7 +110,7 @@ def balanced_secret_seed(num_tasks: int, num_actions: int, start: int = 0) -> in
 
 @dataclass(frozen=True)
 class Setting:
-    config: str
+    config: str | None
     overrides: tuple[str, ...]
     blocks: int
     requests_per_block: int
@@ -140,18 +149,36 @@ def episode_of(prompt: str) -> tuple[str | None, bool | None]:
 
 
 class Arm:
-    """One arm of one seed: the configured extractor behind a real service (CISPO on or off)."""
+    """One arm of one seed: the configured extractor behind a real service (CISPO on or off), its
+    bank in ``bank_dir``; with ``checkpoint`` (a directory :meth:`save` wrote, and the state it
+    returned) the arm goes on from there."""
 
-    def __init__(self, cfg: TrainConfig, train: bool, samples_per_request: int = 1) -> None:
+    def __init__(self, cfg: TrainConfig, train: bool, bank_dir: Path, samples_per_request: int = 1,
+                 checkpoint: tuple[Path, dict[str, Any]] | None = None) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.samples_per_request = samples_per_request
-        self.extractor = build_extractor(extractor_spec(cfg, None))
+        saved = None if checkpoint is None else checkpoint[0] / "extractor"
+        # the tiny (random-initialised, test-only) extractor's tokenizer is trained on what the env shows
+        texts = (tokenizer_texts(cfg.env, raw_env_factory(cfg.env))
+                 if cfg.extractor.kind is ModelKind.TINY and saved is None else None)
+        self.extractor = build_extractor(extractor_spec(cfg, texts, checkpoint=saved))
         self.tied = count_tied_batches(self.extractor)
         # the config's own service options (B_φ, return_reward, ...), run synchronously without Merge
         options = service_options(cfg, distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
                                   seed_bank=False)
-        self.service = build_service(cfg.experience, cfg.manager, options, None, self.extractor)
+        if checkpoint is None and bank_dir.exists():
+            shutil.rmtree(bank_dir)  # a seed started over
+        self.service = build_service(cfg.experience, cfg.manager, options, bank_dir, self.extractor,
+                                     fresh=checkpoint is None)
+        if checkpoint is not None:
+            self.service.load_state(checkpoint[1])
+            self.service.restore(checkpoint[0] / "bank")
+
+    def save(self, target: Path) -> dict[str, Any]:
+        """The extractor (weights and optimizer) and the bank into ``target``; returns the service's
+        state (B_φ, counters) for the checkpoint's ``state.json``."""
+        return self.service.save(target)
 
     def block(self, block: int, requests: list[DistillationRequest]) -> dict[str, Any]:
         """Distil ``requests``; credit each new entry with the reader's episode on it; CISPO when B_φ is full."""
@@ -194,18 +221,34 @@ class Arm:
 
 def run_seed(setting: Setting, seed: int) -> dict[str, list[dict[str, Any]]]:
     """Both arms of one seed, block by block on the same episodes; each block appended to
-    ``runs/seed<S>_<arm>.jsonl`` as it finishes (a rerun starts the seed over)."""
+    ``runs/seed<S>_<arm>.jsonl`` as it finishes, then both arms checkpointed into ``runs/seed<S>/``.
+    A seed with a checkpoint goes on after its block (later rows, of a block that was not
+    checkpointed, are dropped); one without starts over."""
     runs = setting.out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     paths = {arm: runs / f"seed{seed}_{arm}.jsonl" for arm in ARMS}
-    for path in paths.values():
-        path.write_text("")
+    seed_dir = runs / f"seed{seed}"
+    ckpt = resolve_checkpoint(seed_dir) if seed_dir.is_dir() else None
+    state = json.loads((ckpt / STATE).read_text(encoding="utf-8")) if ckpt is not None else None
+    out: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    first = 0 if state is None else int(state["step"]) + 1
+    for arm, path in paths.items():
+        kept = [line for line in path.read_text().splitlines() if line][:first] if path.exists() else []
+        if len(kept) < first:
+            raise RuntimeError(f"{path} has {len(kept)} blocks but its checkpoint is of block {first - 1}")
+        out[arm] = [json.loads(line) for line in kept]
+        path.write_text("".join(line + "\n" for line in kept))
     cfg = setting.cfg(seed)
     torch.set_num_threads(cfg.experience.extractor_threads)
-    arms = {arm: Arm(cfg, train=arm == "trained", samples_per_request=setting.samples_per_request) for arm in ARMS}
-    out: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    arms = {arm: Arm(cfg, train=arm == "trained", bank_dir=seed_dir / f"bank_{arm}",
+                     samples_per_request=setting.samples_per_request,
+                     checkpoint=None if ckpt is None or state is None else (ckpt / arm, state["arms"][arm]))
+            for arm in ARMS}
+    if state is not None:
+        rng_state.restore(state["rng"])
+        print(f"seed {seed}: resumed after block {first - 1}", file=sys.stderr, flush=True)
     try:
-        for block in range(setting.blocks):
+        for block in range(first, setting.blocks):
             requests = play_episodes(cfg, setting.requests_per_block, seed * 100_003 + block)
             for arm in ARMS:
                 row = arms[arm].block(block, requests)
@@ -215,6 +258,10 @@ def run_seed(setting: Setting, seed: int) -> dict[str, list[dict[str, Any]]]:
                 print(f"seed {seed} {arm} block {block}: entry_share {row['entry_share']} adds {row['entries']}/"
                       f"{row['requests']} updates {row['updates']} ({row['distill_s']:.0f} + {row['train_s']:.0f} s)",
                       file=sys.stderr, flush=True)
+            tmp = begin_checkpoint(seed_dir)
+            saved = {arm: arms[arm].save(tmp / arm) for arm in ARMS}
+            # the checkpoint writer's "step" is the probe's block
+            commit_checkpoint(seed_dir, tmp, {"step": block, "arms": saved, "rng": rng_state.capture()})
     finally:
         for a in arms.values():
             a.close()
@@ -466,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                       args.samples_per_request)
     cfg = setting.cfg(args.seeds[0])
     if cfg.extractor.model == "tiny":
-        ap.error("the tiny extractor has no tokenizer of its own: probe a real model (extractor.model=smollm2-135m)")
+        ap.error("the tiny extractor is a random-initialised test model: probe a real one (extractor.model=smollm2-135m)")
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {"config": args.config, "overrides": overrides, "blocks": args.blocks,
                 "requests_per_block": args.requests_per_block, "samples_per_request": args.samples_per_request}

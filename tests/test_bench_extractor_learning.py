@@ -92,3 +92,35 @@ def test_several_samples_per_request_distil_each_episode_that_many_times(tmp_pat
     assert report["curve"][0]["requests_so_far"] == 24 and report["samples_per_request"] == 3
     (block,) = [json.loads(line) for line in (tmp_path / "runs" / "seed0_frozen.jsonl").read_text().splitlines()]
     assert block["requests"] == 24 and block["entries"] == 12  # every copy of the 4 won episodes adds one
+
+
+TINY = ("env.kwargs={num_tasks: 8, length: 1, num_actions: 2, secret_seed: 3}", "env.ids=[crl/Recall-v0]",
+        "env.max_turns=2", "experience.action_slot=1", "experience.seed_entries=[]", "algo.buffer_size=4",
+        "experience.extractor_threads=1", "manager.dedup_similarity=null")
+"""The probe's setting on the tiny random-initialised extractor (a test model: it learns nothing here,
+but it trains, samples and checkpoints as a real one does)."""
+
+
+def _blocks(out: Path, arm: str) -> list[dict[str, object]]:
+    """A seed's blocks without their timings (the only part of a row that may differ between two runs)."""
+    rows = [json.loads(line) for line in (out / "runs" / f"seed0_{arm}.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("distill_s", "train_s", "cpu_s")} for r in rows]
+
+
+def test_a_stopped_seed_resumes_after_its_last_checkpointed_block_as_if_never_stopped(tmp_path: Path) -> None:
+    def setting(name: str, blocks: int) -> object:
+        return bench.Setting(None, TINY, blocks, 8, tmp_path / name)
+
+    bench.run_seed(setting("straight", 3), 0)
+    bench.run_seed(setting("stopped", 1), 0)
+    # stopped after block 1's trained row was written but before its checkpoint: the row is dropped
+    row = (tmp_path / "straight" / "runs" / "seed0_trained.jsonl").read_text().splitlines()[1]
+    with (tmp_path / "stopped" / "runs" / "seed0_trained.jsonl").open("a", encoding="utf-8") as f:
+        f.write(row + "\n")
+    bench.run_seed(setting("stopped", 3), 0)
+    for arm in bench.ARMS:
+        assert _blocks(tmp_path / "stopped", arm) == _blocks(tmp_path / "straight", arm)
+    trained = _blocks(tmp_path / "straight", "trained")
+    assert [r["block"] for r in trained] == [0, 1, 2]
+    assert sum(int(r["updates"]) for r in trained[1:]) > 0  # the resumed arm trained on restored weights and B_φ
+    assert trained != _blocks(tmp_path / "straight", "frozen")
