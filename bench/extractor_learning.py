@@ -120,6 +120,11 @@ class Setting:
     def cfg(self, seed: int) -> TrainConfig:
         return load_config(self.config, [*self.overrides, f"seed={seed}"])
 
+    def identity(self) -> dict[str, Any]:
+        """What a resumed seed must share with the run it goes on (all but the number of blocks)."""
+        return {"config": self.config, "overrides": list(self.overrides),
+                "requests_per_block": self.requests_per_block, "samples_per_request": self.samples_per_request}
+
 
 def reader_plays(entry: str, prompt: str, cfg: TrainConfig) -> tuple[str | None, str]:
     """The action the reader plays from ``entry`` on the task that ``prompt`` (the distillation prompt
@@ -231,6 +236,9 @@ def run_seed(setting: Setting, seed: int) -> dict[str, list[dict[str, Any]]]:
     ckpt = resolve_checkpoint(seed_dir) if seed_dir.is_dir() else None
     state = json.loads((ckpt / STATE).read_text(encoding="utf-8")) if ckpt is not None else None
     out: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    if state is not None and state.get("setting") != setting.identity():
+        raise RuntimeError(f"{seed_dir} holds a run of another setting ({state.get('setting')}): rerun with its "
+                           f"settings, or use another --out")
     first = 0 if state is None else int(state["step"]) + 1
     for arm, path in paths.items():
         kept = [line for line in path.read_text().splitlines() if line][:first] if path.exists() else []
@@ -261,7 +269,8 @@ def run_seed(setting: Setting, seed: int) -> dict[str, list[dict[str, Any]]]:
             tmp = begin_checkpoint(seed_dir)
             saved = {arm: arms[arm].save(tmp / arm) for arm in ARMS}
             # the checkpoint writer's "step" is the probe's block
-            commit_checkpoint(seed_dir, tmp, {"step": block, "arms": saved, "rng": rng_state.capture()})
+            commit_checkpoint(seed_dir, tmp, {"step": block, "setting": setting.identity(), "arms": saved,
+                                                "rng": rng_state.capture()})
     finally:
         for a in arms.values():
             a.close()

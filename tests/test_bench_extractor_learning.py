@@ -124,3 +124,5 @@ def test_a_stopped_seed_resumes_after_its_last_checkpointed_block_as_if_never_st
     assert [r["block"] for r in trained] == [0, 1, 2]
     assert sum(int(r["updates"]) for r in trained[1:]) > 0  # the resumed arm trained on restored weights and B_φ
     assert trained != _blocks(tmp_path / "straight", "frozen")
+    with pytest.raises(RuntimeError, match="another setting"):  # a resume never mixes two settings
+        bench.run_seed(bench.Setting(None, (*TINY, "extractor.lr=0.1"), 4, 8, tmp_path / "stopped"), 0)
