@@ -64,14 +64,12 @@ sys.path.insert(0, str(ROOT))
 from crl_gym.envs.recall import ACTION_WORDS, task_name, task_secret  # noqa: E402
 from crl_gym.experience.service import ClosedStep  # noqa: E402
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory  # noqa: E402
-from crl_train.config import ModelKind, TrainConfig, load_config  # noqa: E402
-from crl_train.extractor.worker import build_extractor  # noqa: E402
+from crl_train.config import TrainConfig, load_config  # noqa: E402
 from crl_train.policy import rng_state  # noqa: E402
 from crl_train.policy.reader import named_actions  # noqa: E402
-from crl_train.rollout.envs import raw_env_factory, tokenizer_texts  # noqa: E402
 from crl_train.run.checkpoints import resolve_checkpoint  # noqa: E402
 from crl_train.run.stats import mean_t, paired_difference  # noqa: E402
-from crl_train.service.build import build_service, extractor_spec, service_options  # noqa: E402
+from crl_train.service.build import service_options, start_service  # noqa: E402
 from crl_train.service.checkpoint import STATE, begin_checkpoint, commit_checkpoint  # noqa: E402
 from crl_train.service.credit import step_credits  # noqa: E402
 
@@ -163,22 +161,17 @@ class Arm:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.samples_per_request = samples_per_request
-        saved = None if checkpoint is None else checkpoint[0] / "extractor"
-        # the tiny (random-initialised, test-only) extractor's tokenizer is trained on what the env shows
-        texts = (tokenizer_texts(cfg.env, raw_env_factory(cfg.env))
-                 if cfg.extractor.kind is ModelKind.TINY and saved is None else None)
-        self.extractor = build_extractor(extractor_spec(cfg, texts, checkpoint=saved))
-        self.tied = count_tied_batches(self.extractor)
         # the config's own service options (B_φ, return_reward, ...), run synchronously without Merge
         options = service_options(cfg, distill=True, train=train, refine=False, asynchronous=False, merge_every=0,
                                   seed_bank=False)
         if checkpoint is None and bank_dir.exists():
             shutil.rmtree(bank_dir)  # a seed started over
-        self.service = build_service(cfg.experience, cfg.manager, options, bank_dir, self.extractor,
-                                     fresh=checkpoint is None)
+        self.service = start_service(cfg, options, bank_dir, in_worker=False,
+                                     extractor_checkpoint=None if checkpoint is None else checkpoint[0] / "extractor",
+                                     state=None if checkpoint is None else checkpoint[1])
         if checkpoint is not None:
-            self.service.load_state(checkpoint[1])
             self.service.restore(checkpoint[0] / "bank")
+        self.tied = count_tied_batches(self.service.extractor)
 
     def save(self, target: Path) -> dict[str, Any]:
         """The extractor (weights and optimizer) and the bank into ``target``; returns the service's

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _bench import load_bench
 
 from crl_gym.envs.recall import task_name, task_secret
+from crl_gym.experience.bank import ExperienceBank
 from crl_train.config import load_config
+from crl_train.service.build import embedder_of
 
 bench = load_bench("extractor_learning")
 ORACLE = ["--set", "extractor.model=oracle", "--set", "manager.dedup_similarity=null"]
@@ -107,8 +110,17 @@ def _blocks(out: Path, arm: str) -> list[dict[str, object]]:
     return [{k: v for k, v in r.items() if k not in ("distill_s", "train_s", "cpu_s")} for r in rows]
 
 
+def _bank(out: Path, arm: str, dim: int) -> list[str]:
+    """A seed's final bank, entry by entry."""
+    bank = ExperienceBank(out / "runs" / "seed0" / f"bank_{arm}", dim=dim, create=False)
+    try:
+        return [e.text for e in bank]
+    finally:
+        bank.close()
+
+
 def test_a_stopped_seed_resumes_after_its_last_checkpointed_block_as_if_never_stopped(tmp_path: Path) -> None:
-    def setting(name: str, blocks: int) -> object:
+    def setting(name: str, blocks: int) -> Any:
         return bench.Setting(None, TINY, blocks, 8, tmp_path / name)
 
     bench.run_seed(setting("straight", 3), 0)
@@ -117,9 +129,16 @@ def test_a_stopped_seed_resumes_after_its_last_checkpointed_block_as_if_never_st
     row = (tmp_path / "straight" / "runs" / "seed0_trained.jsonl").read_text().splitlines()[1]
     with (tmp_path / "stopped" / "runs" / "seed0_trained.jsonl").open("a", encoding="utf-8") as f:
         f.write(row + "\n")
+    # ... and after block 1 had written an entry into the live bank, which the checkpoint's bank replaces
+    cfg = setting("stopped", 1).cfg(0)
+    embedder = embedder_of(cfg.experience)
+    torn = ExperienceBank(tmp_path / "stopped" / "runs" / "seed0" / "bank_trained", dim=int(embedder.dim), create=False)
+    torn.add("a torn block's entry", embedder.encode(["a torn block's entry"])[0])
+    torn.close()
     bench.run_seed(setting("stopped", 3), 0)
     for arm in bench.ARMS:
         assert _blocks(tmp_path / "stopped", arm) == _blocks(tmp_path / "straight", arm)
+        assert _bank(tmp_path / "stopped", arm, int(embedder.dim)) == _bank(tmp_path / "straight", arm, int(embedder.dim))
     trained = _blocks(tmp_path / "straight", "trained")
     assert [r["block"] for r in trained] == [0, 1, 2]
     assert sum(int(r["updates"]) for r in trained[1:]) > 0  # the resumed arm trained on restored weights and B_φ
