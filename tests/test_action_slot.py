@@ -256,8 +256,9 @@ def test_the_config_key_is_validated_and_reaches_the_extractor() -> None:
 
 def test_the_slot_suite_is_small_recall_extractor_before_its_resizing_with_the_slot_on_every_row() -> None:
     """small_recall_slot ran the earlier small_recall_extractor with the slot on; that suite now has
-    the slot itself and was re-sized to learn (balanced secrets, 8 tasks a step, B_phi 12, lr 3e-4,
-    T 1.0, 40 steps): the two differ in exactly those settings."""
+    the slot itself and was re-sized to learn (balanced secrets, 8 tasks a step, B_phi 8, lr 3e-4,
+    T 1.0, 50 steps, and the probe's one op per answer and per-sample normaliser): the two differ in
+    exactly those settings."""
     import dataclasses
     from pathlib import Path
 
@@ -273,11 +274,15 @@ def test_the_slot_suite_is_small_recall_extractor_before_its_resizing_with_the_s
         cfg, ref = cell_config(slot, c), cell_config(base, b)
         assert cfg.experience.action_slot == 1 and ref.experience.action_slot == 1
         assert (cfg.env.tasks_per_step, ref.env.tasks_per_step) == (2, 8)
-        assert (cfg.algo.buffer_size, ref.algo.buffer_size) == (4, 12)
-        assert (cfg.train.steps, ref.train.steps) == (15, 40)
+        assert (cfg.algo.buffer_size, ref.algo.buffer_size) == (4, 8)
+        assert (cfg.train.steps, ref.train.steps) == (15, 50)
+        assert (cfg.experience.max_ops, ref.experience.max_ops) == (3, 1)
+        assert (cfg.algo.cispo_normalisation, ref.algo.cispo_normalisation) == ("tokens", "sequences")
         assert "secret_seed" not in cfg.env.kwargs and ref.env.kwargs["secret_seed"] == 3
         resized_env = dataclasses.replace(ref.env, tasks_per_step=cfg.env.tasks_per_step,
                                           kwargs={k: v for k, v in ref.env.kwargs.items() if k != "secret_seed"})
         resized_extractor = dataclasses.replace(ref.extractor, lr=cfg.extractor.lr, temperature=cfg.extractor.temperature)
         assert (ref.extractor.lr, ref.extractor.temperature) == (3e-4, 1.0)
         assert cfg.extractor == resized_extractor and cfg.env == resized_env and cfg.method == ref.method
+        assert cfg.experience == dataclasses.replace(ref.experience, max_ops=cfg.experience.max_ops)
+        assert cfg.algo == dataclasses.replace(ref.algo, buffer_size=4, cispo_normalisation="tokens")

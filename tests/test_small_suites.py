@@ -40,7 +40,19 @@ def test_small_recall_is_the_whole_loop() -> None:
         cfg = cell_config(suite, c)
         assert cfg.actor.model != "reader"
         assert cfg.extractor.model == ("oracle" if c.method == "oracle" else "smollm2-135m")
-        assert cfg.experience.distill_fraction == 1 / 16  # every extractor, the oracle too, sees the same share
+        assert cfg.experience.distill_fraction == 1 / 20  # every extractor, the oracle too, sees the same share
+
+
+@pytest.mark.parametrize("name", ["small_recall_extractor", "small_recall"])
+def test_the_recall_suites_train_the_extractor_as_the_probe_learnt(name: str) -> None:
+    """docs/results/extractor_learning/max_ops: the probe met its goal with one op per answer, the
+    per-sample normaliser, B_phi 8, lr 3e-4 and temperature 1.0; the suites ask whether that carries
+    over to the loop, so every extractor cell runs with exactly those."""
+    suite = load_suite(EXPERIMENTS / f"{name}.yaml")
+    for c in cells(suite):
+        cfg = cell_config(suite, c)
+        assert cfg.experience.max_ops == 1 and cfg.algo.cispo_normalisation == "sequences"
+        assert cfg.algo.buffer_size == 8 and cfg.extractor.lr == 3e-4 and cfg.extractor.temperature == 1.0
 
 
 def test_a_suite_with_the_oracle_reports_every_new_entry_holding_its_secret(tmp_path: Path) -> None:
