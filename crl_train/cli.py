@@ -205,7 +205,8 @@ def experiment(suite_path: Path, out: Path, ray_address: str | None, no_progress
     """Run a grid of crl-train runs and write report.md with 95 % intervals over seeds.
 
     Safe to interrupt: run the same command again and finished cells are kept, a cell with a
-    checkpoint resumes from it.
+    checkpoint resumes from it. Several processes may share one --out (one per core): each skips
+    the cells another is running and waits for them at the end.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from crl_train.experiment.report import write_report

@@ -124,6 +124,46 @@ def test_crl_experiment_is_interrupted_resumed_and_reports(tmp_path: Path) -> No
     assert json.loads(done.stdout.strip().splitlines()[-1])["cells"] == 4
 
 
+def test_a_cell_another_process_runs_is_skipped_then_awaited(tmp_path: Path) -> None:
+    """Two crl-experiment processes may share one --out: a cell whose lock is held elsewhere is left
+    alone (its directory untouched) while the rest of the grid runs, then run (or read back) once freed."""
+    import fcntl
+    import threading
+
+    from crl_train.experiment.suite import LOCKS_DIR, lock_path, run_suite
+
+    suite = suite_from_dict({"name": "t", "methods": ["grpo"], "seeds": [0, 1], "eval_episodes": 4,
+                             "set": [*SMALL, "env.ids=[corridor]"]})
+    grid = cells(suite)
+    first, second = (tmp_path / "cells" / c.name for c in grid)
+
+    def corridor(env_id: str) -> Any:
+        return CorridorEnv(length=1, max_turns=3)
+
+    lock_path(tmp_path, grid[0]).parent.mkdir(parents=True)
+    other = lock_path(tmp_path, grid[0]).open("a")  # "another process" holds seed 0
+    fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+    records: list[dict[str, Any]] = []
+    runner = threading.Thread(target=lambda: records.extend(run_suite(suite, tmp_path, progress=False, env_factory=corridor)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not (second / CELL_FILE).exists():
+            assert runner.is_alive() and time.monotonic() < deadline, "seed 1 did not run while seed 0 was held"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert runner.is_alive() and not first.exists()  # waiting for seed 0, its directory untouched
+    finally:
+        fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+        other.close()
+    runner.join(timeout=300)
+    assert not runner.is_alive()
+    assert [r["seed"] for r in records] == [0, 1] and (first / CELL_FILE).is_file()
+    for lock in (tmp_path / LOCKS_DIR).iterdir():  # every lock released
+        with lock.open("a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 @pytest.mark.slow
 def test_cells_run_as_ray_tasks_in_local_mode(tmp_path: Path) -> None:
     import ray

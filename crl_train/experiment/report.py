@@ -314,7 +314,9 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
                 lines += [f"<details><summary>config of {m} (seed {first['seed']})</summary>", "", "```yaml",
                           cfg.read_text(encoding="utf-8").strip(), "```", "", "</details>", ""]
     path = out / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
+    tmp = out / f"report.md.{os.getpid()}.tmp"  # two processes sharing --out may both write it
+    tmp.write_text("\n".join(lines), encoding="utf-8")
+    tmp.replace(path)
     return path
 
 

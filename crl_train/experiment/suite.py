@@ -4,6 +4,9 @@ A suite file (YAML) names the grid; every cell is a run directory under ``OUT/ce
 the same :class:`~crl_train.run.trainer.Trainer` as ``crl-train``, then evaluated on held-out seeds
 as ``crl-eval`` does. Interrupting is safe: a finished cell (``cell.json`` written after its
 evaluation) is kept, a cell with a checkpoint resumes from it, a cell without one starts over.
+A cell holds a lock file while it runs, so several ``crl-experiment`` processes can share one
+``--out`` (one per core, say): each skips the cells another one is running and comes back to them
+at the end, when they are finished (or resumes one whose process stopped).
 Cells run one after another, or each as a Ray task with the resources the suite asks for
 (``--ray local`` or ``--ray ADDRESS``): Ray schedules them across a cluster.
 
@@ -22,11 +25,13 @@ mixture under its own name and its own row in the report, paired difference to g
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,8 @@ CELL_FILE = "cell.json"
 """Written last in a cell's directory: the cell is finished (trained and evaluated)."""
 RESUMES_FILE = "resumes.jsonl"
 """One line per start of a cell that resumed from a checkpoint (its step): the report says which cells were resumed."""
+LOCKS_DIR = "locks"
+"""``OUT/locks/``: one lock file per cell, held while a process runs the cell."""
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A variant's name is a directory name of its cells."""
 
@@ -206,6 +213,29 @@ def resumed_from(cell_dir: Path) -> list[int]:
     return [int(json.loads(line)["checkpoint_step"]) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
+def lock_path(out: Path, cell: Cell) -> Path:
+    return out / LOCKS_DIR / (cell.name.replace("/", "__") + ".lock")
+
+
+@contextmanager
+def cell_lock(out: Path, cell: Cell, *, wait: bool) -> Iterator[bool]:
+    """Hold the cell's lock (an ``flock`` on ``OUT/locks/<cell>.lock``) for the ``with`` block; yields
+    False at once when another process holds it and ``wait`` is False. The lock file lives outside
+    the cell's directory, which a fresh start deletes; the kernel releases the lock if the process dies."""
+    path = lock_path(out, cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Train and evaluate one cell (or resume it); returns what ``cell.json`` holds."""
     from crl_train.run.checkpoints import resolve_checkpoint
@@ -247,16 +277,28 @@ def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progre
 
     out.mkdir(parents=True, exist_ok=True)
     grid = cells(suite)
-    done = sum(is_finished(out / "cells" / c.name) for c in grid)
-    bar = tqdm(total=len(grid), initial=done, desc=f"{suite.name} cells", unit="cell", disable=not progress)
+    finished = {c.name for c in grid if is_finished(out / "cells" / c.name)}
+    bar = tqdm(total=len(grid), initial=len(finished), desc=f"{suite.name} cells", unit="cell", disable=not progress)
     records: dict[str, dict[str, Any]] = {}
+
+    def run(c: Cell) -> None:
+        records[c.name] = run_cell(suite, c, out, env_factory=env_factory)
+        if c.name not in finished:
+            bar.update(1)
+
     try:
         if ray_address is None:
+            busy = []  # cells another process on this --out is running: back to them at the end
             for c in grid:
-                was_done = is_finished(out / "cells" / c.name)
-                records[c.name] = run_cell(suite, c, out, env_factory=env_factory)
-                if not was_done:
-                    bar.update(1)
+                with cell_lock(out, c, wait=False) as mine:
+                    if mine:
+                        run(c)
+                    else:
+                        log.info("cell %s is running in another process; coming back to it at the end", c.name)
+                        busy.append(c)
+            for c in busy:
+                with cell_lock(out, c, wait=True):
+                    run(c)  # finished by then, or resumed here if that process stopped
         else:
             records = _run_on_ray(suite, grid, out, ray_address, bar)
     finally:
