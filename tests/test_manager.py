@@ -211,6 +211,27 @@ def test_apply_ops_all_kinds_with_provenance():
     mgr.close()
 
 
+@pytest.mark.parametrize("name_task", [False, True])
+def test_name_task_lets_a_query_find_the_entry_of_its_own_task(name_task):
+    """Two entries with the same text, written from episodes of two tasks: as written (the paper's
+    rule) the query for either task cannot tell them apart and gets the same one; with the task
+    named in front, each task's query gets its own entry."""
+    mgr, bank, emb = make(config=ManagerConfig(name_task=name_task, diversity_lambda=0.0, recency_window_s=0.0))
+    tasks = ["Task amber badger: repeat the 1 secret actions of amber badger.",
+             "Task bold falcon: repeat the 1 secret actions of bold falcon."]
+    ids = [mgr.apply_ops([AddOp("Play east.")], request=DistillationRequest(t, Trajectory(), 1.0, True, None)).added[0]
+           for t in tasks]
+    texts = [bank.get(i).text for i in ids]
+    assert texts == ([f"{t}\nPlay east." for t in tasks] if name_task else ["Play east.", "Play east."])
+    found = [mgr.search(t)[0].id for t in tasks]
+    assert found == ids if name_task else found[0] == found[1]
+    # an Update from an episode of the task is named too, once; an op without a request is not
+    mgr.apply_ops([UpdateOp(ids[0], f"{tasks[0]}\nPlay north.")], request=DistillationRequest(tasks[0], Trajectory(), 0.0, False, None))
+    mgr.apply_ops([AddOp("seeded")])
+    assert bank.get(ids[0]).text == f"{tasks[0]}\nPlay north." and bank.get(max(ids) + 1).text == "seeded"
+    mgr.close()
+
+
 def test_submit_never_drops_and_survives_restart(tmp_path):
     cfg = ManagerConfig(queue_size=3)
     mgr, bank, _ = make(config=cfg, path=tmp_path)

@@ -15,13 +15,15 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 def test_small_recall_extractor_measures_the_extractor_alone() -> None:
     suite = load_suite(EXPERIMENTS / "small_recall_extractor.yaml")
-    assert set(suite.rows) == {"static_online", "complementary", "oracle"} and len(suite.seeds) >= 3
-    assert suite.pairs == (("complementary", "static_online"),)
+    assert set(suite.rows) == {"static_online", "complementary", "oracle", "static_online_named",
+                               "complementary_named"} and len(suite.seeds) >= 3
+    assert suite.pairs == (("complementary", "static_online"), ("complementary_named", "static_online_named"))
     for c in cells(suite):
         cfg = cell_config(suite, c)
         assert cfg.actor.model == "reader" and cfg.env.ids == ("crl/Recall-v0",)
         assert cfg.extractor.model == ("oracle" if c.method == "oracle" else "smollm2-135m")
-        assert cfg.method == ("complementary" if c.method == "complementary" else "static_online")
+        assert cfg.method == ("complementary" if c.method.startswith("complementary") else "static_online")
+        assert cfg.manager.name_task == c.method.endswith("_named")  # each pair differs only in it
 
 
 def test_small_minihack_is_both_smollm2_models_on_the_room() -> None:

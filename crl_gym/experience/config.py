@@ -50,6 +50,14 @@ class ManagerConfig:
     dedup_similarity: float | None = None
     """Refuse (and count) a new entry whose cosine similarity to an entry already in the bank, or to
     an earlier one of the same batch, is at least this; None = off (EDGE switches it on)."""
+    name_task: bool = False
+    """Start each entry written from a distillation request with its episode's task (``<task>`` and a
+    newline before the text, unless the text already starts with it); not in the paper, whose
+    extractor names the task itself. Retrieval embeds the entry's text (v_m = f_ψ(m)), so an entry
+    that does not name its task is found for any task, and its credit (the outcome of the episode it
+    guided) says little about the episode it was distilled from: a small extractor's entries do not
+    name their task (docs/results/small_recall_extractor). The prefix is part of the entry: the
+    actor reads it, the bank embeds it."""
 
     max_query_chars: int = 2000
     """Queries are cut to this many characters before they are embedded (longer ones are not

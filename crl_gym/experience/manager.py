@@ -29,7 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
@@ -363,6 +363,8 @@ class ExperienceManager:
         for an id this bank never had, a counted, logged malformed Return.
         """
         ops = list(ops)
+        if self.config.name_task and request is not None:
+            ops = [_naming_task(op, request.task) for op in ops]
         res = ApplyResult()
         texts = [op.text for op in ops if isinstance(op, (AddOp, UpdateOp))]
         vecs = self.embedder.encode(texts) if texts else np.zeros((0, self.bank.dim), np.float32)
@@ -489,3 +491,14 @@ class ExperienceManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _naming_task(op: ExperienceOp, task: str) -> ExperienceOp:
+    """``op`` with its text prefixed by ``task`` (``ManagerConfig.name_task``); other ops unchanged.
+
+    >>> _naming_task(AddOp("Play east."), "Task amber badger.")
+    AddOp(text='Task amber badger.\\nPlay east.', tags=(), kind='add')
+    """
+    if not isinstance(op, (AddOp, UpdateOp)) or not task or op.text.startswith(task):
+        return op
+    return replace(op, text=f"{task}\n{op.text}")
