@@ -43,6 +43,7 @@ def test_small_recall_is_the_whole_loop() -> None:
         assert cfg.actor.model != "reader"
         assert cfg.extractor.model == ("oracle" if c.method == "oracle" else "smollm2-135m")
         assert cfg.experience.distill_fraction == 1 / 20  # every extractor, the oracle too, sees the same share
+        assert cfg.manager.name_task  # an entry must be found for its own task among 256
 
 
 @pytest.mark.parametrize("name", ["small_recall_extractor", "small_recall"])
