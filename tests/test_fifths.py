@@ -17,6 +17,7 @@ from crl_train.experiment.fifths import (
     fifths_tables,
     headline,
     last_part_contrast,
+    own_task_share_by_part,
     part_of,
     retrieved_rbar_by_part,
     secret_share_by_part,
@@ -89,6 +90,31 @@ def test_rbar_of_retrieved_entries_by_hand(tmp_path: Path) -> None:
 def _metrics(d: Path, guided: list[float]) -> None:
     rows = [{"step": t, "success_guided": g, "success_free": 0.5} for t, g in enumerate(guided)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_own_task_share_of_guided_episodes_by_hand(tmp_path: Path) -> None:
+    # entry 1 was distilled from task 0, entry 2 from task 1 (its prompt), entry 3 by the oracle
+    # (its prompt is the task itself). 4 steps in 2 spans:
+    # span 0: task 0 shown entry 1 (own), task 0 shown entry 2 (not), a free episode and a guided one
+    #         shown nothing (neither counts) → 1/2;
+    # span 1: task 1 shown entry 2 (own), task 1 shown entry 3 (task 0's: not), task 0 shown entry 3 (own) → 2/3
+    d = _cell(tmp_path, "static_online", 0)
+    tasks = [f"Task {task_name(i)}: repeat the 1 secret actions of {task_name(i)}." for i in (0, 1)]
+    rows = [{"step": 0, "id": 1, "text": "Play east.", "tags": [], "prompt": "Rules.\n\n" + _task(0) + "\n## Outcome\nSUCCESS"},
+            {"step": 0, "id": 2, "text": "Play east.", "tags": [], "prompt": "Rules.\n\n" + _task(1) + "\n## Outcome\nFAILURE"},
+            {"step": 1, "id": 3, "text": tasks[0] + " Winning actions: east", "tags": [], "prompt": tasks[0]}]
+    (d / NEW_ENTRIES).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def episode(step: int, task: int, entry: int | None, condition: str = "guided") -> str:
+        return json.dumps({"task": tasks[task], "condition": condition, "rollout_step": step,
+                           "experience": {"id": entry, "text": "x"} if entry else None}) + "\n"
+
+    (d / "trajectories.jsonl").write_text(
+        episode(0, 0, 1) + episode(1, 0, 2) + episode(0, 0, None, "free") + episode(1, 1, None)
+        + episode(2, 1, 2) + episode(3, 1, 3) + episode(3, 0, 3))
+    assert own_task_share_by_part(d, steps=4, parts=2) == [0.5, 2 / 3]
+    (d / "trajectories.jsonl").unlink()  # a cell that logged no trajectories has nothing to measure
+    assert own_task_share_by_part(d, steps=4, parts=2) == [None, None]
 
 
 def test_guided_success_table_with_paired_difference_by_hand(tmp_path: Path) -> None:

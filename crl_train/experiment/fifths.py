@@ -7,6 +7,11 @@ Each cell's steps ``0 .. steps−1`` are cut into :data:`PARTS` equal spans (ste
   the episodes of that span (the run's ``new_entries.jsonl``, :mod:`crl_train.run.new_entries`: each
   entry as first written, with its prompt), the share whose action words are exactly the secret of
   the task they were written for (:func:`crl_gym.envs.recall.holds_secret`);
+* **guided episodes shown an entry of their own task**: of the span's guided episodes that were
+  shown an entry (``trajectories.jsonl``), the share whose entry was distilled from an episode of
+  the same task (the task its prompt names, ``new_entries.jsonl``). Retrieval embeds the entry's
+  text, so an entry that does not name its task lands on any task; then its credit is the outcome
+  of another task's episode;
 * **r̄(m) of the entries retrieved**: the bank's ``credit`` events of the span's steps (one per entry
   and step: r̄(m) of that step over ``n`` episodes, what B_φ trained on); per entry the mean over
   all its episodes in the span, then the mean over the entries;
@@ -21,6 +26,7 @@ a − b over the seeds both have a value for.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -34,6 +40,8 @@ from crl_train.experiment.suite import record_dir
 from crl_train.run.stats import LEVEL, mean_t, paired_difference
 
 RECALL = "crl/Recall-v0"
+TASK_SECTION = "\n## Task\n"
+"""Where a distillation prompt names its episode's task (``crl_gym.templates.DISTILLATION_TEMPLATE``)."""
 PARTS = 5
 """Training is cut into this many equal spans of steps."""
 
@@ -126,6 +134,43 @@ def credit_events(cell_dir: Path) -> list[tuple[int, int, float, int]] | None:
     return [(int(i), int(s), float(v), int(n or 0)) for i, s, v, n in rows if v is not None]
 
 
+def source_task(prompt: str | None) -> str | None:
+    r"""The task an entry was distilled for, from its prompt: the ``## Task`` section of a
+    distillation prompt, or the whole prompt when it is one line (the oracle's prompt is the task).
+
+    >>> source_task("Rules.\n\n## Task\nTask amber badger: repeat it.\n\n## Outcome\nSUCCESS")
+    'Task amber badger: repeat it.'
+    >>> source_task("Task amber badger: repeat it."), source_task(None)
+    ('Task amber badger: repeat it.', None)
+    """
+    if not prompt:
+        return None
+    _, sep, rest = prompt.partition(TASK_SECTION)
+    if sep:
+        return rest.split("\n\n## ", 1)[0].strip()
+    return prompt.strip() if "\n" not in prompt.strip() else None
+
+
+def own_task_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
+    """Share of each span's guided episodes shown an entry whose entry was distilled from their own
+    task (None: no such episode, or the cell logged no trajectories or new entries)."""
+    from crl_gym.protocol import GUIDED_CONDITION
+    from crl_train.run.new_entries import read_new_entries
+
+    sources = {int(r["id"]): source_task(r.get("prompt")) for r in read_new_entries(cell_dir)}
+    path = cell_dir / "trajectories.jsonl"
+    if not sources or not path.exists():
+        return [None] * parts
+    got = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            req = json.loads(line)
+            if req.get("condition") == GUIDED_CONDITION and req.get("experience"):
+                own = sources.get(int(req["experience"]["id"])) == str(req.get("task", "")).strip()
+                got.append((int(req.get("rollout_step") or 0), 1.0 if own else 0.0))
+    return _means(got, steps, parts)
+
+
 def retrieved_rbar_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
     """Mean over the entries credited in each span of their r̄(m) over the span's episodes."""
     events = credit_events(cell_dir)
@@ -167,6 +212,11 @@ MEASURES = (
             "written), the share whose action words are exactly the secret of their task "
             "(`crl_gym.envs.recall.holds_secret`).",
             lambda d, r: secret_share_by_part(d, int(r["steps"])), recall_only=True),
+    Measure("Entries shown to an episode of their own task, per fifth of training",
+            "Of the guided episodes shown an entry (`trajectories.jsonl`), the share whose entry was distilled from "
+            "an episode of the same task (the task its prompt names, `new_entries.jsonl`): an entry found for another "
+            "task is credited with that task's outcome.",
+            lambda d, r: own_task_share_by_part(d, int(r["steps"]))),
     Measure("r̄(m) of the entries retrieved, per fifth of training",
             "Per entry credited in the fifth (the bank's `credit` events: r̄(m) of a step over its episodes, what "
             "B_φ trains on), its r̄(m) over the fifth's episodes; then the mean over those entries. "
