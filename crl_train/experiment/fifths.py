@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,23 +151,32 @@ def source_task(prompt: str | None) -> str | None:
     return prompt.strip() if "\n" not in prompt.strip() else None
 
 
-def own_task_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
-    """Share of each span's guided episodes shown an entry whose entry was distilled from their own
-    task (None: no such episode, or the cell logged no trajectories or new entries)."""
+def guided_requests(cell_dir: Path) -> Iterator[dict[str, Any]]:
+    """The cell's guided episodes that were shown an entry (``trajectories.jsonl``, one finished
+    episode per line; nothing when the cell logged none)."""
     from crl_gym.protocol import GUIDED_CONDITION
-    from crl_train.run.new_entries import read_new_entries
 
-    sources = {int(r["id"]): source_task(r.get("prompt")) for r in read_new_entries(cell_dir)}
     path = cell_dir / "trajectories.jsonl"
-    if not sources or not path.exists():
-        return [None] * parts
-    got = []
+    if not path.exists():
+        return
     with path.open(encoding="utf-8") as f:
         for line in f:
             req = json.loads(line)
             if req.get("condition") == GUIDED_CONDITION and req.get("experience"):
-                own = sources.get(int(req["experience"]["id"])) == str(req.get("task", "")).strip()
-                got.append((int(req.get("rollout_step") or 0), 1.0 if own else 0.0))
+                yield req
+
+
+def own_task_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
+    """Share of each span's guided episodes shown an entry whose entry was distilled from their own
+    task (None: no such episode, or the cell logged no trajectories or new entries)."""
+    from crl_train.run.new_entries import read_new_entries
+
+    sources = {int(r["id"]): source_task(r.get("prompt")) for r in read_new_entries(cell_dir)}
+    if not sources:
+        return [None] * parts
+    got = [(int(req.get("rollout_step") or 0),
+            1.0 if sources.get(int(req["experience"]["id"])) == str(req.get("task", "")).strip() else 0.0)
+           for req in guided_requests(cell_dir)]
     return _means(got, steps, parts)
 
 

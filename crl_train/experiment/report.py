@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-from crl_gym.protocol import GUIDED_CONDITION
 from crl_train.config.names import MethodName
 from crl_train.experiment.fifths import (
     PARTS,
     fifths_tables,
+    guided_requests,
     headline,
     is_recall,
     new_entry_verdicts,
@@ -167,12 +167,8 @@ def bank_snapshot(cell_dir: Path, top: int = 10) -> list[str]:
         return ["(no bank export)"]
     entries = [json.loads(x) for x in export.read_text(encoding="utf-8").splitlines() if x.strip()]
     outcomes: dict[int, list[float]] = defaultdict(list)
-    traj = cell_dir / "trajectories.jsonl"
-    if traj.exists():
-        for line in traj.read_text(encoding="utf-8").splitlines():
-            req = json.loads(line)
-            if req.get("condition") == GUIDED_CONDITION and req.get("experience"):
-                outcomes[int(req["experience"]["id"])].append(1.0 if req.get("success") else -1.0)
+    for req in guided_requests(cell_dir):
+        outcomes[int(req["experience"]["id"])].append(1.0 if req.get("success") else -1.0)
     entries.sort(key=lambda e: (-int(e.get("retrieval_count", 0)), int(e.get("id", 0))))
     rows = [f"Final bank: {len(entries)} entries. Most retrieved:", "",
             "| entry | r̄(m) (episodes) | retrieved | trained | text |", "| --- | --- | --- | --- | --- |"]
