@@ -1,10 +1,13 @@
 """CPU mixed precision (``crl_train.policy.precision``, ``HFPolicy.set_compute_dtype``, ``dtype: auto``).
 
 bfloat16 compute keeps what is trained (LoRA adapters, or every weight) and AdamW's state in float32,
-stores the frozen base in bf16, and samples and trains through the same autocast path, so CISPO's
-first, on-policy epoch sees ρ ≈ 1. Bound on the bf16 log-ratio: max |log ρ| < 0.1 means no
-on-policy token falls outside CISPO's default clip range [0.9, 1.1] (|log 0.9| = 0.105); the mean
-stays a tenth of that. float32's bound is float rounding.
+and stores the frozen base in bf16. Sampling decodes token by token on cached keys/values and
+training runs whole sequences; bf16 rounds the two apart, so a 16-bit policy says its sampled
+log-probs are inexact and π_old is recomputed through the training forward
+(``recompute_old_logprobs``, as the trainer and the extractor do): CISPO's first, on-policy epoch
+then sees ρ ≈ 1. Bound on the bf16 log-ratio: max |log ρ| < 0.1 means no on-policy token falls
+outside CISPO's default clip range [0.9, 1.1] (|log 0.9| = 0.105); the mean stays a tenth of that.
+float32's bound is float rounding.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from test_prefix_sharing import _llama_policy, _prompts  # noqa: E402
 from crl_train.algorithms import LOSSES  # noqa: E402
 from crl_train.config import ModelConfig  # noqa: E402
 from crl_train.policy import checkpoint as checkpoint_mod  # noqa: E402
-from crl_train.policy.base import TokenSequence, TrainBatch  # noqa: E402
+from crl_train.policy.base import Generation, TokenSequence, TrainBatch, recompute_old_logprobs  # noqa: E402
 from crl_train.policy.factory import build_policy, model_dtype  # noqa: E402
 from crl_train.policy.hf import HFPolicy, resolve_dtype  # noqa: E402
 from crl_train.policy.lora import LoraSpec  # noqa: E402
@@ -61,6 +64,7 @@ def _on_policy_log_ratios(policy: HFPolicy, new_tokens: int = 24) -> torch.Tenso
         s.append_generation(g)
         seqs.append(s)
     batch = TrainBatch.from_sequences(seqs, [1.0, -1.0] * (len(seqs) // 2), policy.pad_token_id)
+    assert recompute_old_logprobs(policy, batch) == (policy.autocast_dtype is not None)
     seen: list[torch.Tensor] = []
     cispo = LOSSES.get("cispo")
 
@@ -128,6 +132,42 @@ def test_checkpoint_round_trip_keeps_the_split(tmp_path: Path) -> None:
     assert full.autocast_dtype is None and {p.dtype for p in full.model.parameters()} == {torch.float32}
 
 
+def test_a_checkpoint_resumes_in_the_dtype_it_computed_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 run resumed on a CPU where ``auto`` means bf16 goes on in float32 (its numbers stay
+    the interrupted run's); an explicit dtype still wins."""
+    policy = _lora_llama(torch.float32)
+    _on_policy_log_ratios(policy, new_tokens=4)
+    policy.save(tmp_path / "ck")
+    monkeypatch.setattr(checkpoint_mod, "cpu_bf16_supported", lambda: True)
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16
+    assert HFPolicy.from_checkpoint(tmp_path / "ck").autocast_dtype is None
+    assert HFPolicy.from_checkpoint(tmp_path / "ck", dtype="auto").autocast_dtype == torch.bfloat16
+    built = build_policy(ModelConfig(model="tiny", dtype="auto"), None, loss_scale="tokens", seed=0, checkpoint=tmp_path / "ck")
+    assert isinstance(built, HFPolicy) and built.autocast_dtype is None
+
+
+def test_sixteen_bit_sampling_is_recomputed_and_float32_is_not() -> None:
+    """The sampled log-probs of a bf16 policy are replaced by the training forward's; a float32
+    policy's are already those (within rounding) and are kept."""
+    for dtype, exact in ((torch.float32, True), (torch.bfloat16, False)):
+        policy = _lora_llama(dtype)
+        assert policy.sampled_logprobs_exact is exact
+        prompts = _prompts(policy)
+        gens = policy.generate(prompts, 6)
+        seqs = []
+        for p, g in zip(prompts, gens, strict=True):
+            s = TokenSequence()
+            s.append_context(p)
+            s.append_generation(g)
+            seqs.append(s)
+        batch = TrainBatch.from_sequences(seqs, [0.0] * len(seqs), policy.pad_token_id)
+        sampled = batch.old_logprobs.clone()
+        assert recompute_old_logprobs(policy, batch) is not exact
+        mask = batch.loss_mask.bool()
+        assert torch.equal(batch.old_logprobs[mask], (policy.logprobs(batch) if not exact else sampled)[mask])
+        assert torch.allclose(batch.old_logprobs[mask], sampled[mask], atol=1e-4 if exact else 0.5)
+
+
 def _smollm2(dtype: str) -> HFPolicy:
     from crl_train.policy.base import SamplingConfig
     from crl_train.policy.packaged import resolve_model
@@ -149,3 +189,34 @@ def test_smollm2_first_cispo_epoch_is_on_policy(dtype: torch.dtype) -> None:
     ratios = _on_policy_log_ratios(policy, new_tokens=16)
     mean_bound, max_bound = BOUNDS[dtype]
     assert float(ratios.mean()) < mean_bound and float(ratios.max()) < max_bound, (float(ratios.mean()), float(ratios.max()))
+
+
+def test_the_extractor_records_pi_old_as_training_computes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An extractor whose policy samples inexact log-probs records the training forward's at
+    sampling time, under the weights that sampled (CISPO's ratio is against those). The tiny model's
+    bf16 sampling happens to round like its training here; an AMX CPU's does not, so the sampler's
+    log-probs are shifted by hand to stand in for that."""
+    from crl_train.extractor.model import Extractor
+    from crl_train.policy.tiny import build_tiny_policy
+
+    policy = build_tiny_policy(["Task amber falcon: east west north south"], vocab_size=300, seed=0)
+    sample = policy.generate
+
+    def shifted(*args: object, **kwargs: object) -> list[Generation]:
+        gens = sample(*args, **kwargs)  # type: ignore[arg-type]
+        for g in gens:
+            g.logprobs = [x - 0.05 for x in g.logprobs]
+        return gens
+
+    monkeypatch.setattr(policy, "generate", shifted)
+    ext = Extractor(policy, max_new_tokens=6, max_context_tokens=256, structured=False)
+    for exact in (True, False):
+        monkeypatch.setattr(HFPolicy, "sampled_logprobs_exact", property(lambda self, e=exact: e))
+        samples = ext.generate(["Task amber falcon:", "Task amber falcon: east west"], None)
+        batch = TrainBatch.from_sequences([ext._sequence(s) for s in samples], [0.0, 0.0], policy.pad_token_id)
+        trained = policy.logprobs(batch)
+        for i, s in enumerate(samples):
+            start = len(s.prompt_token_ids)
+            want = trained[i, start : start + len(s.token_ids)]
+            got = torch.tensor(s.logprobs)
+            assert torch.allclose(got, want if not exact else want - 0.05, atol=1e-4), (exact, got, want)

@@ -275,23 +275,39 @@ class Extractor:
         ``think_tokens`` extend the budget ``new_tokens`` (default ``max_new_tokens``)."""
         new = (self.max_new_tokens if new_tokens is None else new_tokens) + think_tokens
         ids = [self._prompt_ids(p, new) for p in prompts]
-        with self.lock, torch.no_grad():
+        with self.lock, torch.no_grad():  # held to the end: π_old below is of the weights that sampled
             gens: list[Generation] = self.policy.generate(ids, new, allowed=allowed)
-        out = []
-        rows = list(allowed) if allowed is not None else [None] * len(prompts)
-        for p, pid, g, a in zip(prompts, ids, gens, rows, strict=True):
-            # a constrained answer cut by the budget is incomplete: make it unparsable (it is counted)
-            text = "" if a is not None and g.finish_reason == "length" else g.text
-            spec = ({"schema": a.schema, "think_tokens": a.think_tokens, "reasoning_end": a.reasoning_end}
-                    if isinstance(a, JsonGrammar) else None)  # the sample carries its grammar: it replays anywhere
-            s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
-                                prompt_token_ids=pid, extractor_version=self.version, grammar=spec)
-            if isinstance(a, JsonGrammar):
-                self.grammars[sample_key(s)] = self._grammar_pool.setdefault(a, a)
-            elif g.allowed is not None and any(x is not None for x in g.allowed):
-                self.constraints[sample_key(s)] = list(g.allowed)
-            out.append(s)
+            out = []
+            rows = list(allowed) if allowed is not None else [None] * len(prompts)
+            for p, pid, g, a in zip(prompts, ids, gens, rows, strict=True):
+                # a constrained answer cut by the budget is incomplete: make it unparsable (it is counted)
+                text = "" if a is not None and g.finish_reason == "length" else g.text
+                spec = ({"schema": a.schema, "think_tokens": a.think_tokens, "reasoning_end": a.reasoning_end}
+                        if isinstance(a, JsonGrammar) else None)  # the sample carries its grammar: it replays anywhere
+                s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
+                                    prompt_token_ids=pid, extractor_version=self.version, grammar=spec)
+                if isinstance(a, JsonGrammar):
+                    self.grammars[sample_key(s)] = self._grammar_pool.setdefault(a, a)
+                elif g.allowed is not None and any(x is not None for x in g.allowed):
+                    self.constraints[sample_key(s)] = list(g.allowed)
+                out.append(s)
+            if self.trainable and not self.policy.sampled_logprobs_exact:
+                self._recompute_logprobs(out)
         return out
+
+    def _recompute_logprobs(self, samples: list[ExtractorSample]) -> None:
+        """Each sample's π_old through the training forward (``Policy.sampled_logprobs_exact``):
+        CISPO's ratio is taken against the weights that sampled, so it is recomputed now, not at
+        the update. The update's micro-batches may group the samples otherwise than here, which in
+        bf16 still moves a log-prob by rounding."""
+        kept = [s for s in samples if s.token_ids]
+        if not kept:
+            return
+        batch = TrainBatch.from_sequences([self._sequence(s) for s in kept], [0.0] * len(kept), self.policy.pad_token_id)
+        lp = self.policy.logprobs(batch)
+        for i, s in enumerate(kept):
+            start = len(s.prompt_token_ids)
+            s.logprobs = lp[i, start : start + len(s.token_ids)].tolist()
 
     def _structured(self, prompts: Sequence[str], grammars: Sequence[JsonGrammar]) -> list[ExtractorSample]:
         """One batched generation under per-prompt grammars, with the largest budget any of them needs."""

@@ -11,7 +11,8 @@ Conventions every backend follows (the trainer and the losses rely on them):
   ``-inf``. Top-p truncation is a sampler detail and is *not* part of the log-prob (so a ratio
   stays finite for any sampled token). ``Policy.logprobs`` recomputes exactly this, with the
   policy's own temperature and the batch's stored constraints, so the generation log-probs equal
-  the recomputed ones for unchanged weights.
+  the recomputed ones for unchanged weights in float32; in 16 bits the two forwards round apart,
+  and ``Policy.sampled_logprobs_exact`` says π_old must be recomputed.
 * **Constraints** travel with the tokens: :attr:`Generation.allowed` holds, per response token,
   the sorted token ids that were allowed there (``None`` when unconstrained), and
   :class:`TokenSequence` turns them into ``{position: allowed ids}`` for training.
@@ -431,6 +432,14 @@ class Policy(Protocol):
     generator: Generator | None
     """The attached fast generator, or None (everything runs on this policy)."""
 
+    @property
+    def sampled_logprobs_exact(self) -> bool:
+        """Whether :meth:`generate`'s log-probs are, bit for bit up to float rounding, the ones
+        training computes for the same weights. When False (16-bit compute, an inexact generator),
+        π_old must be recomputed with :meth:`logprobs` before an update
+        (:func:`recompute_old_logprobs`)."""
+        ...
+
     def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template."""
         ...
@@ -459,7 +468,9 @@ class Policy(Protocol):
         ...
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """[B, T] log-probs of ``batch.input_ids`` under the current weights (no grad)."""
+        """[B, T] log-probs of ``batch.input_ids`` under the current weights (no grad), computed as
+        a training step computes them; positions before the batch's first trained token (its
+        ``loss_mask``) may hold 0."""
         ...
 
     def support_logprobs(
@@ -494,3 +505,15 @@ class Policy(Protocol):
     def load(self, directory: str | Path) -> None:
         """Restore what :meth:`save` wrote."""
         ...
+
+
+def recompute_old_logprobs(policy: Policy, batch: TrainBatch) -> bool:
+    """Set ``batch.old_logprobs`` to ``policy.logprobs(batch)`` on its trained tokens when the
+    policy's sampled log-probs are not the training forward's (``Policy.sampled_logprobs_exact``),
+    so the first epoch's ratio is 1; returns whether it did. Call it under the weights that sampled
+    the batch."""
+    if policy.sampled_logprobs_exact:
+        return False
+    with torch.no_grad():
+        batch.old_logprobs = policy.logprobs(batch).detach() * batch.loss_mask.to(batch.old_logprobs.dtype)
+    return True

@@ -119,7 +119,8 @@ def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: Lo
 
     dtype = model_dtype(mc)
     if checkpoint is not None:
-        return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=dtype)
+        # auto resumes in the dtype the run computed in, whichever CPU it resumes on
+        return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=None if mc.dtype == "auto" else dtype)
     sampling = SamplingConfig(temperature=mc.temperature, top_p=mc.top_p)
     optim = OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale=loss_scale)
     if mc.kind is ModelKind.TINY:

@@ -132,6 +132,20 @@ class HFPolicy(HFTraining):
             cast_frozen(self.model, self.autocast_dtype)
         self._kv.clear()
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype forwards compute in: the CPU autocast dtype, else the weights' own."""
+        return self.autocast_dtype or self.model.dtype
+
+    @property
+    def sampled_logprobs_exact(self) -> bool:
+        """See ``Policy.sampled_logprobs_exact``. False in 16 bits: sampling decodes token by token
+        on cached keys/values while training runs whole sequences, and bf16 rounds the two apart
+        (SmolLM2 on a CPU with AMX: mean |log ρ| 0.035, max 0.23 over 16 sampled tokens); False too
+        behind a generator whose log-probs are inexact."""
+        exact_engine = self.generator is None or self.generator.logprobs_exact
+        return self.compute_dtype in (torch.float32, torch.float64) and exact_engine
+
     def attach_generator(self, generator: Generator) -> None:
         """Serve unconstrained and JSON-grammar ``generate`` calls from ``generator`` (e.g.
         ``VLLMGenerator``; a grammar request only when the generator has ``structured_outputs``)
@@ -335,6 +349,7 @@ class HFPolicy(HFTraining):
             "sampling": asdict(self.sampling),
             "optim": asdict(self.optim),
             "chat_kwargs": self.chat.chat_kwargs,
+            "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
         }
         # with LoRA: model/ holds the frozen base (HF layout) and adapter/ the adapters; the view has
@@ -357,14 +372,17 @@ class HFPolicy(HFTraining):
         self.model.eval()
 
     @classmethod
-    def from_checkpoint(cls, directory: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "auto") -> HFPolicy:
-        """A policy rebuilt from a :meth:`save` directory (tiny preset included)."""
+    def from_checkpoint(cls, directory: str | Path, *, device: str = "cpu", dtype: str | torch.dtype | None = None
+                        ) -> HFPolicy:
+        """A policy rebuilt from a :meth:`save` directory (tiny preset included). ``dtype`` None
+        computes in the dtype the saved policy computed in (a checkpoint written before that was
+        recorded: ``auto``), so a resumed run's numbers are the interrupted run's on any CPU."""
         from transformers import AutoModelForCausalLM
 
         state = read_state(directory)
         model_dir = str(Path(directory) / MODEL_DIR)
         tokenizer = load_tokenizer(model_dir)  # as saved: samples replay, prompts encode as before
-        compute = resolve_dtype(dtype, device)
+        compute = resolve_dtype(state.get("compute_dtype", "auto") if dtype is None else dtype, device)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_load_dtype(compute, device))
         spec = checkpoint_adapter_spec(directory)
         if spec is not None:  # the base came from model/; load() fills the adapters and their optimizer state

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -87,12 +87,36 @@ class HFTraining:
         # where(), not a product: -inf * 0 would be NaN on an off-trie padded position.
         return torch.where(attn.bool(), lp, torch.zeros_like(lp))
 
+    def _micro_batches(self, batch: TrainBatch) -> Iterator[tuple[torch.Tensor, TrainBatch]]:
+        """``(rows, micro-batch)`` as training runs them: sequences of like length share a
+        micro-batch, cut to its own width (the summed gradient is the same for any split; the
+        padding is not)."""
+        mbs = self.optim.micro_batch_size
+        order = batch.attention_mask.sum(1).argsort(descending=True, stable=True)
+        for s in range(0, batch.batch_size, mbs):
+            rows = order[s : s + mbs]
+            yield rows, batch.select(rows).trimmed()
+
+    def _train_forward(self, mb: TrainBatch) -> tuple[torch.Tensor, int]:
+        """``(logits, offset)`` of a micro-batch, the prompt prefix its rows share run once
+        (``shared_forward.train_logits``)."""
+        with self.compute():
+            return train_logits(self.model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
+                                mb.loss_mask, share_min=self.share_prefix)
+
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, T] log-probs through the very forward training runs (the same micro-batches, the same
+        shared prefix), so a recomputed π_old is what the first epoch computes, also in bf16, whose
+        rounding depends on the shapes. Positions before the batch's first trained token read by no
+        loss hold 0 when a shared prefix skipped them."""
         self.model.eval()
-        mb = self.optim.micro_batch_size
-        parts = [self._sequence_logprobs(batch.select(slice(s, s + mb))) for s in range(0, batch.batch_size, mb)]
-        return torch.cat(parts).cpu()
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for rows, mb in self._micro_batches(batch):
+            logits, offset = self._train_forward(mb)
+            lp = self._sequence_logprobs(mb, logits, offset)
+            out[rows, : lp.shape[1]] = lp.float().cpu()
+        return out
 
     def _support(self, batch: TrainBatch, logits: torch.Tensor, k: int | None, ids: torch.Tensor | None,
                  offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,12 +190,7 @@ class HFTraining:
         loss_total = 0.0
         self.model.train()
         try:
-            mbs = self.optim.micro_batch_size
-            # sequences of like length share a micro-batch, cut to its own width: the summed
-            # gradient is the same for any split into micro-batches, the padding is not
-            order = batch.attention_mask.sum(1).argsort(descending=True, stable=True)
-            for s in range(0, batch.batch_size, mbs):
-                mb = batch.select(order[s : s + mbs]).trimmed()
+            for _, mb in self._micro_batches(batch):
                 if mb.num_tokens == 0 and mode == "tokens":
                     continue
                 kw: dict[str, Any] = {k: v.to(self.device) for k, v in mb.extra.items()}
@@ -180,10 +199,7 @@ class HFTraining:
                 if mb.condition_ids is not None:
                     kw["condition_ids"] = mb.condition_ids.to(self.device)
                 kw.update(loss_kw)
-                with self.compute():  # the prompt prefix the rows share runs once (shared_forward)
-                    logits, offset = train_logits(self.model, mb.input_ids.to(self.device),
-                                                  mb.attention_mask.to(self.device), mb.loss_mask,
-                                                  share_min=self.share_prefix)
+                logits, offset = self._train_forward(mb)
                 lp = self._sequence_logprobs(mb, logits, offset)
                 if SUPPORT_IDS in mb.extra:
                     kw["support_logprobs"] = self._support(mb, logits, None, mb.extra[SUPPORT_IDS], offset)[1]

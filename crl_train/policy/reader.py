@@ -233,6 +233,11 @@ class ReaderPolicy:
     def replay_allowed(self, grammar: JsonGrammar, token_ids: Sequence[int]) -> list[tuple[int, ...] | None]:
         self._refuse("replay_allowed")
 
+    @property
+    def sampled_logprobs_exact(self) -> bool:
+        """True: the reader never trains, so nothing recomputes its (absent) log-probs."""
+        return True
+
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         self._refuse("recomputing log-probs")
 

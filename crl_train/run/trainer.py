@@ -25,7 +25,7 @@ from crl_gym.experience.store import BankCorruptError, verify_bank_copy
 from crl_train.algorithms import ClipParams, PolicyLoss, sequence_weights
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
-from crl_train.policy.base import LossTerm, TrainBatch
+from crl_train.policy.base import LossTerm, TrainBatch, recompute_old_logprobs
 from crl_train.policy.checkpoint import CheckpointError, verify_checkpoint
 from crl_train.policy.factory import GeneratorFactory, trains
 from crl_train.rollout.runner import Episode
@@ -197,7 +197,7 @@ class Trainer:
             w = sequence_weights(g, cond if method.guided else None)
             batch = TrainBatch.from_sequences([rollout.episodes[i].sequence for i in idx], adv[idx], actor.pad_token_id,
                                               group_ids=g.tolist(), condition_ids=cond.tolist(), extra={"weights": w})
-            self._recompute_old_logprobs(batch)
+            recompute_old_logprobs(actor, batch)  # 16-bit compute or a fast generator: π_old as training computes it
             terms.append(LossTerm.registered(batch, PolicyLoss.CLIP, ClipParams(algo.clip_eps, algo.ratio_level), RL_TERM))
         extra_terms, row = method.extra_terms(rollout, actor)
         terms += [LossTerm.registered(u.batch, u.loss, u.params, u.loss.value) for u in extra_terms]
@@ -208,14 +208,6 @@ class Trainer:
         for u in extra_terms:
             row.update({k: m.get(src) for k, src in u.metrics.items()})
         return row
-
-    def _recompute_old_logprobs(self, batch: TrainBatch) -> None:
-        """The fast generator's log-probs are not π_old's (top-p, raw logits, old vLLM): recompute them
-        with the trained model, whose weights the generator sampled with (synced after each update)."""
-        gen = self.c.actor.generator
-        if gen is not None and not gen.logprobs_exact:
-            with torch.no_grad():
-                batch.old_logprobs = self.c.actor.logprobs(batch).detach() * batch.loss_mask.to(batch.old_logprobs.dtype)
 
     def _write_trajectories(self, eps: list[Episode]) -> None:
         """Every episode's request, for ``offline_exp`` runs that start from this one."""
