@@ -53,17 +53,21 @@ def test_cpu_flags_are_read() -> None:
         assert cpu_bf16_supported() == any(f" {f}" in flags for f in ("amx_bf16", "avx512_bf16"))
 
 
-def _on_policy_log_ratios(policy: HFPolicy, new_tokens: int = 24) -> torch.Tensor:
-    """|log ρ| of every trained token of one CISPO step right after sampling (the same weights)."""
-    prompts = _prompts(policy) * 2
-    gens = policy.generate(prompts, new_tokens)
+def _sampled_batch(policy: HFPolicy, prompts: list[list[int]], new_tokens: int, advantages: list[float]) -> TrainBatch:
+    """One sampled answer per prompt, as a batch with its sampling-time log-probs as π_old."""
     seqs = []
-    for p, g in zip(prompts, gens, strict=True):
+    for p, g in zip(prompts, policy.generate(prompts, new_tokens), strict=True):
         s = TokenSequence()
         s.append_context(p)
         s.append_generation(g)
         seqs.append(s)
-    batch = TrainBatch.from_sequences(seqs, [1.0, -1.0] * (len(seqs) // 2), policy.pad_token_id)
+    return TrainBatch.from_sequences(seqs, advantages, policy.pad_token_id)
+
+
+def _on_policy_log_ratios(policy: HFPolicy, new_tokens: int = 24) -> torch.Tensor:
+    """|log ρ| of every trained token of one CISPO step right after sampling (the same weights)."""
+    prompts = _prompts(policy) * 2
+    batch = _sampled_batch(policy, prompts, new_tokens, [1.0, -1.0] * (len(prompts) // 2))
     assert recompute_old_logprobs(policy, batch) == (policy.autocast_dtype is not None)
     seen: list[torch.Tensor] = []
     cispo = LOSSES.get("cispo")
@@ -153,14 +157,7 @@ def test_sixteen_bit_sampling_is_recomputed_and_float32_is_not() -> None:
         policy = _lora_llama(dtype)
         assert policy.sampled_logprobs_exact is exact
         prompts = _prompts(policy)
-        gens = policy.generate(prompts, 6)
-        seqs = []
-        for p, g in zip(prompts, gens, strict=True):
-            s = TokenSequence()
-            s.append_context(p)
-            s.append_generation(g)
-            seqs.append(s)
-        batch = TrainBatch.from_sequences(seqs, [0.0] * len(seqs), policy.pad_token_id)
+        batch = _sampled_batch(policy, prompts, 6, [0.0] * len(prompts))
         sampled = batch.old_logprobs.clone()
         assert recompute_old_logprobs(policy, batch) is not exact
         mask = batch.loss_mask.bool()
