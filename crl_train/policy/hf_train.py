@@ -66,13 +66,12 @@ class HFTraining:
         with self.compute():
             return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
-    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
-        """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding. ``logits`` may
-        start at position ``offset`` (``shared_forward.train_logits``): positions up to ``offset``
-        then hold 0 (no loss reads them)."""
+    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor, offset: int) -> torch.Tensor:
+        """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding. ``logits`` start
+        at position ``offset`` (``_train_forward``): positions up to ``offset`` hold 0 (no loss
+        reads them)."""
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
-        logits = self._logits(batch) if logits is None else logits
         temperature = self.sampling.temperature
         rows = []
         for b in range(ids.shape[0]):
