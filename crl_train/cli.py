@@ -136,8 +136,9 @@ def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ..
 def evaluate(run_dir: Path, episodes: int, with_exp: bool | None, as_json: bool) -> None:
     """Evaluate a trained actor on held-out seeds, with 95 % intervals; prints and writes eval.json.
 
-    Success rates get Wilson intervals, actions per episode a t interval, and the internalisation
-    ratio (success without / with experience) a bootstrap interval.
+    Success rates get Wilson intervals at the effective number of episodes (each task is played a
+    group of times), actions per episode a t interval, and the internalisation ratio (success
+    without / with experience) a bootstrap interval over tasks.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -163,8 +164,12 @@ def _eval_table(result: dict[str, Any]) -> str:
     for key in ("with_experience", "without_experience"):
         if key in result:
             r = result[key]
-            lines.append(f"{key.replace('_', ' ')}: success {iv(r['success'], r['success_ci'])} (Wilson), "
+            lines.append(f"{key.replace('_', ' ')}: success {iv(r['success'], r['success_ci'])} "
+                         f"(Wilson, {r['tasks']} tasks, effective n {r['effective_episodes']:.1f}), "
                          f"actions per episode {iv(r['actions_per_episode'], r['actions_per_episode_ci'])} (t)")
+    if "experience_gain" in result:
+        r = result["experience_gain"]
+        lines.append(f"with − without experience: {iv(r['difference'], r['difference_ci'])} (Newcombe)")
     if "internalisation" in result:
         r = result["internalisation"]
         lines.append(f"internalisation (without / with): {iv(r['ratio'], r['ratio_ci'])} (bootstrap)")

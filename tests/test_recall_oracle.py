@@ -198,7 +198,7 @@ def _train_on_guided_successes(trainer: Trainer, tasks: list[tuple[str, int]], r
 
 
 def test_guided_beats_free_on_seen_tasks_with_the_oracle_bank(tmp_path: Path) -> None:
-    steps, eval_episodes = 8, 128
+    steps, eval_episodes = 8, 256
     cfg = load_config(None, ["method=static_online", f"train.steps={steps}", *RECALL])
     trainer = Trainer(cfg, tmp_path, progress=False)
     try:
@@ -220,5 +220,5 @@ def test_guided_beats_free_on_seen_tasks_with_the_oracle_bank(tmp_path: Path) ->
         trainer.close()
     guided, free = result["with_experience"], result["without_experience"]
     assert guided["episodes"] == free["episodes"] == eval_episodes
-    # the margin is the counts' own: the two 95 % Wilson intervals do not overlap
-    assert guided["success_ci"][0] > free["success_ci"][1], (guided, free)
+    # the margin is the counts' own, with each held-out task as the unit (the episodes of a task agree)
+    assert result["experience_gain"]["difference_ci"][0] > 0.0, result

@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from crl_train.run.stats import mean_t, paired_difference, ratio_of_means, wilson
+from crl_train.run.stats import (
+    Interval,
+    clustered_wilson,
+    design_effect,
+    mean_t,
+    newcombe_difference,
+    paired_difference,
+    ratio_of_means,
+    wilson,
+)
 
 Z = 1.959963984540054  # the 97.5 % normal quantile
 
@@ -59,3 +68,43 @@ def test_ratio_of_means_bootstrap() -> None:
     assert iv.value == pytest.approx(1.0)  # 6/8 over 6/8
     assert iv.low is not None and iv.high is not None and iv.low < 1.0 < iv.high
     assert ratio_of_means([1, 1, 0, 1, 1, 0, 1, 1], [1, 0, 0, 1, 1, 1, 1, 1]) == iv  # seeded: reproducible
+
+
+def test_design_effect_by_hand() -> None:
+    assert design_effect([[1, 1], [0, 0]]) == 2.0  # all-or-nothing tasks: ρ = 1, m = 2
+    assert design_effect([[1, 0], [1, 0]]) == 1.0  # ρ = (0 − 0.5) / (0 + 0.5) = −1, clipped to 0
+    assert design_effect([[1], [0], [1]]) == 1.0  # one episode a task
+    assert design_effect([[1, 1], [1, 1]]) == 2.0  # no variance at all: only the tasks count
+    assert design_effect([[1, 0, 1]]) == 3.0  # one task: it is the only unit
+    # p_i = 0.75, 0, 1; p = 7/12; SSB = 4·(1/36 + 49/144 + 25/144) = 2.1667, MSB = 1.0833;
+    # SSW = 4·0.75·0.25 = 0.75, MSW = 0.75/9 = 0.08333; m0 = (12 − 48/12)/2 = 4;
+    # ρ = (1.0833 − 0.08333) / (1.0833 + 3·0.08333) = 0.75 → 1 + 3·0.75 = 3.25
+    assert design_effect([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]) == pytest.approx(3.25)
+
+
+def test_clustered_wilson_is_wilson_at_the_effective_n() -> None:
+    # where the effective n is whole it is scipy's Wilson on the tasks' worth of counts
+    assert clustered_wilson([[1, 1], [0, 0]]).rounded() == wilson(1, 2).rounded()
+    assert clustered_wilson([[1, 0], [1, 0]]).rounded() == wilson(2, 4).rounded()
+    assert clustered_wilson([[1, 1], [1, 1]]).rounded() == wilson(2, 2).rounded()
+    # fractional n: 7/12 at n = 12 / 3.25 = 3.6923, the score formula by hand
+    iv = clustered_wilson([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    p, n = 7 / 12, 12 / 3.25
+    centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
+    half = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
+    assert (iv.value, iv.n) == (pytest.approx(p), 12)
+    assert iv.low == pytest.approx(centre - half) and iv.high == pytest.approx(centre + half)
+    # the same 7 of 12 as independent episodes gives a narrower interval
+    assert iv.high - iv.low > wilson(7, 12).high - wilson(7, 12).low  # type: ignore[operator]
+    assert clustered_wilson([]).value is None
+    with pytest.raises(ValueError, match="0 or 1"):
+        clustered_wilson([[0.5]])
+
+
+def test_newcombe_difference_by_hand() -> None:
+    # d = 0.5 − 0.2; low = 0.3 − √(0.2² + 0.2²) = 0.01716; high = 0.3 + √(0.2² + 0.1²) = 0.52361
+    a, b = Interval(0.5, 0.3, 0.7, 20, "wilson"), Interval(0.2, 0.1, 0.4, 20, "wilson")
+    assert newcombe_difference(a, b).rounded() == (0.3, 0.0172, 0.5236)
+    # swapped, the interval is mirrored
+    assert newcombe_difference(b, a).rounded() == (-0.3, -0.5236, -0.0172)
+    assert newcombe_difference(a, Interval(None, None, None, 0, "wilson")).value is None
