@@ -64,6 +64,8 @@ def test_ratio_of_means_bootstrap() -> None:
     constant = ratio_of_means([0.5, 0.5], [1.0, 1.0])
     assert constant.rounded() == (0.5, 0.5, 0.5)
     assert ratio_of_means([1.0], [0.0]).value is None  # undefined: nothing succeeded with experience
+    one_task = ratio_of_means([1.0], [0.5, 1.0])  # a mode with a single held-out task: no resampling
+    assert (one_task.value, one_task.low, one_task.high) == (pytest.approx(1 / 0.75), None, None)
     iv = ratio_of_means([1, 1, 0, 1, 1, 0, 1, 1], [1, 0, 0, 1, 1, 1, 1, 1])
     assert iv.value == pytest.approx(1.0)  # 6/8 over 6/8
     assert iv.low is not None and iv.high is not None and iv.low < 1.0 < iv.high

@@ -169,6 +169,7 @@ def ratio_of_means(numerator: Sequence[float], denominator: Sequence[float], lev
     """mean(numerator) / mean(denominator) of two independent samples, percentile bootstrap interval.
 
     Undefined (None) when the denominator's mean is 0; resamples whose denominator is 0 are left out.
+    A sample of one value gives the ratio without an interval.
     """
     num = np.asarray(numerator, dtype=np.float64)
     den = np.asarray(denominator, dtype=np.float64)
@@ -176,6 +177,8 @@ def ratio_of_means(numerator: Sequence[float], denominator: Sequence[float], lev
     if num.size == 0 or den.size == 0 or float(den.mean()) == 0.0:
         return Interval(None, None, None, n, "bootstrap")
     value = float(num.mean() / den.mean())
+    if num.size < 2 or den.size < 2:  # one task in a mode: nothing to resample
+        return Interval(value, None, None, n, "bootstrap")
     if np.all(num == num[0]) and np.all(den == den[0]):
         return Interval(value, value, value, n, "bootstrap")
 
