@@ -186,3 +186,19 @@ def test_importing_the_configs_leaves_usearch_unloaded_so_ray_can_start() -> Non
     code = "import sys, crl_train.config, crl_gym.clients; print('usearch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_curve_points_average_each_run_over_a_window_of_steps_then_the_seeds() -> None:
+    from crl_train.experiment.report import band, curve_window
+
+    run_a = [{"step": s, "x": v} for s, v in enumerate([0.0, 1.0, 1.0, 1.0, 0.0])]
+    run_b = [{"step": s, "x": v} for s, v in enumerate([1.0, 1.0, 0.0, None, 1.0])]
+    steps, mean, low, high = band([run_a, run_b], "x", window=2)
+    # windows {0, 1}, {2, 3}, {4}: run a 0.5, 1.0, 0.0; run b 1.0, 0.0 (its None is skipped), 1.0
+    assert steps == [0.5, 2.5, 4.5]
+    assert mean == [0.75, 0.5, 0.5]
+    # two runs: ± t(0.975, 1) · |a − b| / 2 = 12.7062 · 0.25, 0.5, 0.5
+    assert low[0] == pytest.approx(0.75 - 12.7062047 * 0.25) and high[1] == pytest.approx(0.5 + 12.7062047 * 0.5)
+    one = band([run_a], "x", window=5)
+    assert one == ([2.0], [0.6], [0.6], [0.6])  # one run: no interval, the band is the line
+    assert [curve_window(n) for n in (0, 24, 49, 50, 250, 1000)] == [1, 1, 1, 2, 10, 40]

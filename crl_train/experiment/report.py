@@ -105,7 +105,8 @@ def _row(env: str, method: str, recs: Sequence[dict[str, Any]], grpo: dict[int, 
 
 
 def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
-    """One PNG per curve: mean over seeds per step, shaded t interval, one line per method (per mixture)."""
+    """One PNG per curve, one line per method (per mixture): each run's mean over windows of steps
+    (``curve_window``), then the mean over seeds of those, shaded t interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,12 +120,13 @@ def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
         if path.exists():
             series[("+".join(e.split("/")[-1] for e in r["envs"]), r["method"])].append(read_metrics(path))
     names = []
+    window = curve_window(max((len(rows) for runs in series.values() for rows in runs), default=0))
     for stem, keys, title in CURVES:
         fig, ax = plt.subplots(figsize=(7, 4))
         for i, ((env, method), runs) in enumerate(sorted(series.items())):
             colour = f"C{i % 10}"
             for key, style in zip(keys, ("-", "--"), strict=False):
-                steps, mean, low, high = _band(runs, key)
+                steps, mean, low, high = band(runs, key, window)
                 if not steps:
                     continue
                 label = f"{method} ({env})" + (f" {key}" if len(keys) > 1 else "")
@@ -132,7 +134,8 @@ def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
                 if key.startswith("success"):  # a rate: the t interval is cut to where a rate can be
                     low, high = [max(0.0, x) for x in low], [min(1.0, x) for x in high]
                 ax.fill_between(steps, low, high, color=colour, alpha=0.15)
-        ax.set_title(f"{title}\nmean over seeds, shaded: {int(LEVEL * 100)} % t interval", fontsize=10)
+        per = f"each point: {window} steps, " if window > 1 else ""
+        ax.set_title(f"{title}\n{per}mean over seeds, shaded: {int(LEVEL * 100)} % t interval", fontsize=10)
         ax.set_xlabel("actor step")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -143,17 +146,40 @@ def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
     return names
 
 
-def _band(runs: Sequence[list[dict[str, Any]]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
-    by_step: dict[int, list[float]] = defaultdict(list)
+def curve_window(steps: int, points: int = 25) -> int:
+    """Steps averaged into one point of a curve: about ``points`` points a curve, at least 1 step.
+
+    A step's success over a handful of episodes is mostly noise; a window of steps shows the trend.
+
+    >>> curve_window(250), curve_window(24), curve_window(0)
+    (10, 1, 1)
+    """
+    return max(1, steps // points)
+
+
+def band(runs: Sequence[list[dict[str, Any]]], key: str,
+         window: int = 1) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Each run's mean of ``key`` over windows of ``window`` steps, then their mean over runs with its
+    t interval per window (the interval is the value itself for one run); x = the window's mean step.
+
+    >>> x, mean, low, high = band([[{"step": 0, "s": 0.0}, {"step": 1, "s": 1.0}],
+    ...                             [{"step": 0, "s": 1.0}, {"step": 1, "s": 1.0}]], "s", window=2)
+    >>> x, mean, [round(v, 4) for v in low + high]  # runs' means 0.5 and 1.0: ± t(0.975, 1)·0.25
+    ([0.5], [0.75], [-2.4266, 3.9266])
+    """
+    per_window: dict[int, list[float]] = defaultdict(list)
     for rows in runs:
+        cells: dict[int, list[float]] = defaultdict(list)
         for row in rows:
             if row.get(key) is not None:
-                by_step[int(row["step"])].append(float(row[key]))
+                cells[int(row["step"]) // window].append(float(row[key]))
+        for w, values in cells.items():
+            per_window[w].append(sum(values) / len(values))
     steps, mean, low, high = [], [], [], []
-    for s in sorted(by_step):
-        iv: Interval = mean_t(by_step[s])
+    for w in sorted(per_window):
+        iv: Interval = mean_t(per_window[w])
         assert iv.value is not None
-        steps.append(s)
+        steps.append(w * window + (window - 1) / 2)
         mean.append(iv.value)
         low.append(iv.low if iv.low is not None else iv.value)
         high.append(iv.high if iv.high is not None else iv.value)
