@@ -20,7 +20,8 @@ from crl_train.run.stats import (
 Z = 1.959963984540054  # the 97.5 % normal quantile
 
 
-def _wilson_by_hand(k: int, n: int) -> tuple[float, float]:
+def _wilson_by_hand(k: float, n: float) -> tuple[float, float]:
+    """The score formula; ``k`` and ``n`` may be fractional (an effective number of trials)."""
     p = k / n
     centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
     half = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
@@ -91,11 +92,9 @@ def test_clustered_wilson_is_wilson_at_the_effective_n() -> None:
     assert clustered_wilson([[1, 1], [1, 1]]).rounded() == wilson(2, 2).rounded()
     # fractional n: 7/12 at n = 12 / 3.25 = 3.6923, the score formula by hand
     iv = clustered_wilson([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
-    p, n = 7 / 12, 12 / 3.25
-    centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
-    half = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
-    assert (iv.value, iv.n) == (pytest.approx(p), 12)
-    assert iv.low == pytest.approx(centre - half) and iv.high == pytest.approx(centre + half)
+    low, high = _wilson_by_hand(7 / 3.25, 12 / 3.25)
+    assert (iv.value, iv.n) == (pytest.approx(7 / 12), 12)
+    assert iv.low == pytest.approx(low) and iv.high == pytest.approx(high)
     # the same 7 of 12 as independent episodes gives a narrower interval
     assert iv.high - iv.low > wilson(7, 12).high - wilson(7, 12).low  # type: ignore[operator]
     assert clustered_wilson([]).value is None
