@@ -308,6 +308,14 @@ class Trajectory:
         )
 
 
+GROUP_COPY = "group_copy"
+"""``DistillationRequest.meta`` key: the episode's place in its rollout group (0 .. group size − 1)."""
+GROUP_SIZE = "group_size"
+"""``DistillationRequest.meta`` key: the size of its rollout group. With :data:`GROUP_COPY`, what a
+per-group distillation rule needs (``experience.distill_per_group``); a loop that omits them gets
+the per-request rule."""
+
+
 @dataclass
 class DistillationRequest:
     """R = (τ, g, o, m): what the extractor needs to distil one finished episode."""

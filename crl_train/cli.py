@@ -130,15 +130,20 @@ def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ..
               help="A run directory written by crl-train (uses its config.yaml, checkpoint/ and bank/).")
 @click.option("--episodes", default=16, show_default=True, type=click.IntRange(min=1),
               help="Held-out episodes per mode (rounded up to whole groups of K).")
-@click.option("--with-exp/--without-exp", "with_exp", default=None,
-              help="Evaluate only with retrieved experience, or only without. Default: both (when the method uses experience).")
+@click.option("--memory", "memory", multiple=True, type=click.Choice(["none", "frozen", "online"]),
+              help="What the actor may retrieve from: none (no bank), frozen (the checkpoint's bank, read-only) or "
+                   "online (that bank live: the extractor distils the held-out episodes as they finish). Repeat "
+                   "for several; every mode plays the same held-out tasks. Default: frozen and none.")
+@click.option("--with-exp/--without-exp", "with_exp", default=None, hidden=True,
+              help="Deprecated: --memory frozen / --memory none.")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the result as one JSON object (for machines).")
-def evaluate(run_dir: Path, episodes: int, with_exp: bool | None, as_json: bool) -> None:
+def evaluate(run_dir: Path, episodes: int, memory: tuple[str, ...], with_exp: bool | None, as_json: bool) -> None:
     """Evaluate a trained actor on held-out seeds, with 95 % intervals; prints and writes eval.json.
 
     Success rates get Wilson intervals at the effective number of episodes (each task is played a
-    group of times), actions per episode a t interval, and the internalisation ratio (success
-    without / with experience) a bootstrap interval over tasks.
+    group of times), actions per episode a t interval, the paired difference between modes a t
+    interval over the same tasks, and the internalisation ratio (success none / frozen) a bootstrap
+    interval over tasks.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -146,8 +151,11 @@ def evaluate(run_dir: Path, episodes: int, with_exp: bool | None, as_json: bool)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     _setup_logging(None)
-    modes = (True, False) if with_exp is None else (with_exp,)
-    result = evaluate_dir(cfg, run_dir, episodes, modes)
+    if with_exp is not None:
+        click.echo(f"crl-eval: --with-exp/--without-exp are deprecated; use --memory {'frozen' if with_exp else 'none'}",
+                   err=True)
+        memory = memory or (("frozen",) if with_exp else ("none",))
+    result = evaluate_dir(cfg, run_dir, episodes, memory=memory or ("frozen", "none"))
     click.echo(json.dumps(result) if as_json else _eval_table(result))
 
 
@@ -161,18 +169,17 @@ def _eval_table(result: dict[str, Any]) -> str:
         return f"{value:.3f}" if lo is None or hi is None else f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
 
     lines = [f"held-out episodes per mode: {result['episodes_per_mode']} (95 % intervals)"]
-    for key in ("with_experience", "without_experience"):
-        if key in result:
-            r = result[key]
-            lines.append(f"{key.replace('_', ' ')}: success {iv(r['success'], r['success_ci'])} "
-                         f"(Wilson, {r['tasks']} tasks, effective n {r['effective_episodes']:.1f}), "
-                         f"actions per episode {iv(r['actions_per_episode'], r['actions_per_episode_ci'])} (t)")
-    if "experience_gain" in result:
-        r = result["experience_gain"]
-        lines.append(f"with − without experience: {iv(r['difference'], r['difference_ci'])} (Newcombe)")
+    for mode, r in result.get("memory", {}).items():
+        lines.append(f"memory {mode}: success {iv(r['success'], r['success_ci'])} "
+                     f"(Wilson, {r['tasks']} tasks, effective n {r['effective_episodes']:.1f}), "
+                     f"actions per episode {iv(r['actions_per_episode'], r['actions_per_episode_ci'])} (t)")
+    for mode, why in result.get("skipped", {}).items():
+        lines.append(f"memory {mode}: skipped ({why})")
+    for p in result.get("paired", []):
+        lines.append(f"{p['a']} − {p['b']}: {iv(p['diff'], p['ci95'])} (paired t over {p['tasks']} tasks)")
     if "internalisation" in result:
         r = result["internalisation"]
-        lines.append(f"internalisation (without / with): {iv(r['ratio'], r['ratio_ci'])} (bootstrap)")
+        lines.append(f"internalisation (none / frozen): {iv(r['ratio'], r['ratio_ci'])} (bootstrap)")
     return "\n".join(lines)
 
 
@@ -186,14 +193,15 @@ def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Trainer:
         raise click.ClickException(str(exc)) from None
 
 
-def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] = (True, False),
-                 env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
+def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] | None = None,
+                 env_factory: Callable[[str], Any] | None = None, *,
+                 memory: tuple[str, ...] = ("frozen", "none")) -> dict[str, Any]:
     """:func:`crl_train.run.evaluate.evaluate_dir`, a vLLM generator that cannot start reported as a usage error."""
     from crl_train.policy.factory import GeneratorUnavailable
     from crl_train.run.evaluate import evaluate_dir as run_eval
 
     try:
-        return run_eval(cfg, run_dir, episodes, modes, env_factory=env_factory)
+        return run_eval(cfg, run_dir, episodes, modes, env_factory=env_factory, memory=memory)
     except GeneratorUnavailable as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -75,6 +75,10 @@ class PendingAdd:
     created_step: int = 0
     tags: tuple[str, ...] = ()
     provenance: ExtractorSample | None = None
+    source: str = ""
+    """The task the entry was distilled from ("" for none)."""
+    key: str | None = None
+    """The text ``embedding`` was computed from, when not ``text`` (:mod:`crl_gym.experience.keys`)."""
 
 
 @dataclass
@@ -85,6 +89,8 @@ class PendingUpdate:
     text: str
     embedding: np.ndarray
     provenance: ExtractorSample | None = None
+    key: str | None = None
+    """The text ``embedding`` was computed from, when not ``text``; the entry keeps its ``source``."""
 
 
 
@@ -92,6 +98,18 @@ def _entry_text(text: object, what: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{what}: text must be a non-empty string, got {text!r:.80}")
     return text
+
+
+def _source(source: object, what: str) -> str:
+    if not isinstance(source, str):
+        raise ValueError(f"{what}: source must be a string, got {source!r:.80}")
+    return source
+
+
+def _key(key: object, what: str) -> str | None:
+    if key is not None and (not isinstance(key, str) or not key.strip()):
+        raise ValueError(f"{what}: key must be a non-empty string or None, got {key!r:.80}")
+    return key
 
 
 def _check_capacity(capacity: int | None, eviction: str) -> tuple[int | None, str]:
@@ -308,6 +326,7 @@ class ExperienceBank(BankCounters):
                     old, text=_entry_text(u.text, f"updates[{n}]"), embedding=self._vector(u.embedding, f"updates[{n}]"),
                     version=old.version + 1, history=[*old.history, old.text],
                     provenance=u.provenance if u.provenance is not None else old.provenance,
+                    key=_key(u.key, f"updates[{n}]"),
                 )
                 touched[u.id] = new
             upserts.extend(touched.values())
@@ -319,7 +338,7 @@ class ExperienceBank(BankCounters):
                 upserts.append(ExperienceEntry(
                     id=next_id, text=_entry_text(a.text, f"adds[{n}]"), embedding=self._vector(a.embedding, f"adds[{n}]"),
                     created_step=check_int(a.created_step, f"adds[{n}].created_step"), tags=tags,
-                    provenance=a.provenance,
+                    provenance=a.provenance, source=_source(a.source, f"adds[{n}]"), key=_key(a.key, f"adds[{n}]"),
                 ))
                 new_ids.append(next_id)
                 next_id += 1
@@ -427,9 +446,10 @@ class ExperienceBank(BankCounters):
     def add(
         self, text: str, embedding: np.ndarray, *, created_step: int = 0,
         tags: Iterable[str] = (), provenance: ExtractorSample | None = None,
+        source: str = "", key: str | None = None,
     ) -> int:
-        """Add one entry; returns its id."""
-        return self.apply_batch([PendingAdd(text, embedding, created_step, tuple(tags), provenance)])[0]
+        """Add one entry; returns its id. ``embedding`` is of ``key`` when given, else of ``text``."""
+        return self.apply_batch([PendingAdd(text, embedding, created_step, tuple(tags), provenance, source, key)])[0]
 
     def update(
         self, id: int, text: str, embedding: np.ndarray, *, provenance: ExtractorSample | None = None

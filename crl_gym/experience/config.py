@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from crl_gym.experience.keys import RETRIEVE_BY, RetrieveBy
+
 
 @dataclass(frozen=True)
 class ManagerConfig:
@@ -58,6 +60,12 @@ class ManagerConfig:
     guided) says little about the episode it was distilled from: a small extractor's entries do not
     name their task (docs/results/small_recall_extractor). The prefix is part of the entry: the
     actor reads it, the bank embeds it."""
+
+    retrieve_by: RetrieveBy = "text"
+    """What an entry is found by (:mod:`crl_gym.experience.keys`): ``text`` (its text, v_m = f_ψ(m): the
+    paper), ``task`` (the task of the episode it was distilled from) or ``task_text`` (both). The key is
+    stored with the entry; an entry without a task (a user's) is found by its text. Chosen by
+    measurement: docs/results/retrieval_quality."""
 
     max_query_chars: int = 2000
     """Queries are cut to this many characters before they are embedded (longer ones are not
@@ -104,6 +112,8 @@ class ManagerConfig:
         if self.bank_capacity is not None and (
                 isinstance(self.bank_capacity, bool) or not isinstance(self.bank_capacity, int) or self.bank_capacity < 1):
             raise ValueError(f"ManagerConfig.bank_capacity must be an integer >= 1 or null, got {self.bank_capacity!r}")
+        if self.retrieve_by not in RETRIEVE_BY:
+            raise ValueError(f"ManagerConfig.retrieve_by must be one of {RETRIEVE_BY}, got {self.retrieve_by!r}")
         if self.bank_eviction not in ("fifo", "least_useful"):
             raise ValueError(f"ManagerConfig.bank_eviction must be 'fifo' or 'least_useful', got {self.bank_eviction!r}")
         if self.max_batch_size < self.batch_size:

@@ -59,6 +59,17 @@ class ExperienceEntry:
     """The extractor sample (prompt, response, log-probs, version) that produced the text."""
     history: list[str] = field(default_factory=list)
     """Older texts, oldest first."""
+    source: str = ""
+    """The task (or state) of the episode the entry was distilled from; "" for an entry a user,
+    a config or a Merge of several tasks wrote."""
+    key: str | None = None
+    """The text its embedding was computed from, when that is not :attr:`text` (the retrieval key:
+    :mod:`crl_gym.experience.keys`); None = the text itself."""
+
+    @property
+    def retrieval_text(self) -> str:
+        """What retrieval matches a query against: the key, or the text when there is none."""
+        return self.text if self.key is None else self.key
 
     def ref(self) -> ExperienceRef:
         """What an episode records of this entry."""
@@ -79,7 +90,7 @@ class ExperienceEntry:
         return (
             self.id, self.text, self.version, self.created_step, self.retrieval_count,
             self.last_retrieved, self.train_count, self.last_trained_step, self.utility,
-            tuple(self.tags), prov, list(self.history),
+            tuple(self.tags), prov, list(self.history), self.source, self.key,
         )
 
     def to_dict(self, *, with_embedding: bool = True) -> dict[str, Any]:
@@ -97,6 +108,8 @@ class ExperienceEntry:
             "tags": list(self.tags),
             "provenance": self.provenance.to_dict() if self.provenance else None,
             "history": list(self.history),
+            "source": self.source,
+            "key": self.key,
         }
         if with_embedding:
             d["embedding"] = None if self.embedding is None else self.embedding.tolist()
@@ -124,8 +137,14 @@ class ExperienceEntry:
             if emb.ndim != 1 or not np.all(np.isfinite(emb)):
                 raise ValueError("field 'embedding' must be a flat list of finite numbers")
 
-        def count(key: str, default: int, low: int = 0) -> int:
-            return check_int(d.get(key, default), f"field {key!r}", low=low)
+        source, key = d.get("source") or "", d.get("key")
+        if not isinstance(source, str):
+            raise ValueError(f"field 'source' must be a string, got {source!r:.80}")
+        if key is not None and (not isinstance(key, str) or not key.strip()):
+            raise ValueError(f"field 'key' must be a non-empty string or null, got {key!r:.80}")
+
+        def count(name: str, default: int, low: int = 0) -> int:
+            return check_int(d.get(name, default), f"field {name!r}", low=low)
 
         return cls(
             id=check_id(d.get("id"), what="field 'id'"),
@@ -141,4 +160,6 @@ class ExperienceEntry:
             tags=tuple(str(t) for t in tags),
             provenance=ExtractorSample.from_dict(d.get("provenance")),
             history=list(history),
+            source=source,
+            key=key,
         )

@@ -44,6 +44,7 @@ from crl_gym.experience.distill_queue import DistillQueue
 from crl_gym.experience.diversify import RankOptions, rerank
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
+from crl_gym.experience.keys import retrieval_key, stored_key
 from crl_gym.protocol import (
     AddOp,
     DeleteOp,
@@ -366,30 +367,36 @@ class ExperienceManager:
         if self.config.name_task and request is not None:
             ops = [_naming_task(op, request.task) for op in ops]
         res = ApplyResult()
-        texts = [op.text for op in ops if isinstance(op, (AddOp, UpdateOp))]
-        vecs = self.embedder.encode(texts) if texts else np.zeros((0, self.bank.dim), np.float32)
+        task = request.task if request is not None else ""
         if self.dedup_similarity is not None:
-            ops, vecs = self._refuse_near_duplicates(ops, vecs, self.dedup_similarity, res)
+            ops = self._refuse_near_duplicates(ops, self.dedup_similarity, res, task)
+        text_ops = [op for op in ops if isinstance(op, (AddOp, UpdateOp))]
+        # An Update keeps the source of the entry it rewrites; an Add (or an Update that becomes one)
+        # is distilled from this request's task.
+        sources = [self._source_of(op, task) for op in text_ops]
+        keys = [stored_key(op.text, src, self.config.retrieve_by) for op, src in zip(text_ops, sources, strict=True)]
+        embedded = [op.text if k is None else k for op, k in zip(text_ops, keys, strict=True)]
+        vecs = self.embedder.encode(embedded) if embedded else np.zeros((0, self.bank.dim), np.float32)
         tag = (request.env_id,) if request is not None and request.env_id else ()
         with self.bank.lock.write():
             adds, updates, deletes, vi = [], [], [], 0
             for op in ops:
                 if isinstance(op, AddOp):
                     tags = tuple(dict.fromkeys(op.tags + tag))
-                    adds.append(PendingAdd(op.text, vecs[vi], step, tags, sample))
+                    adds.append(PendingAdd(op.text, vecs[vi], step, tags, sample, sources[vi], keys[vi]))
                     vi += 1
                 elif isinstance(op, UpdateOp):
                     vi += 1
                     target = self._current_id(op.id)
                     if target in self.bank and target not in deletes:
-                        updates.append(PendingUpdate(target, op.text, vecs[vi - 1], sample))
+                        updates.append(PendingUpdate(target, op.text, vecs[vi - 1], sample, keys[vi - 1]))
                         res.updated.append(target)
                         res.stale += target != op.id
                     elif op.id in self.merged_into or self._gone(op.id):
                         # the entry went (merged into one that went too, discarded, pruned) after the
                         # episode saw it: its advice is kept as a new entry
                         res.stale += 1
-                        adds.append(PendingAdd(op.text, vecs[vi - 1], step, tag, sample))
+                        adds.append(PendingAdd(op.text, vecs[vi - 1], step, tag, sample, sources[vi - 1], keys[vi - 1]))
                     else:
                         self._unknown(res, "update", op.id)
                 elif isinstance(op, DeleteOp):
@@ -411,31 +418,55 @@ class ExperienceManager:
             res.deleted = deletes
         return res
 
-    def _refuse_near_duplicates(self, ops: list[ExperienceOp], vecs: np.ndarray, threshold: float,
-                                res: ApplyResult) -> tuple[list[ExperienceOp], np.ndarray]:
-        """Drop each Add whose text is within ``threshold`` cosine of a bank entry or of an Add kept
-        before it in this batch (embeddings are L2-normalised: cosine = dot product)."""
-        text_ops = [op for op in ops if isinstance(op, (AddOp, UpdateOp))]
-        add_rows = [i for i, op in enumerate(text_ops) if isinstance(op, AddOp)]
-        if not add_rows:
-            return ops, vecs
-        hits = self.bank.search(vecs[add_rows], k=1) if len(self.bank) else [[] for _ in add_rows]
-        refused_rows: set[int] = set()
+    def _source_of(self, op: AddOp | UpdateOp, task: str) -> str:
+        """The task an op's entry is distilled from: an Update's target keeps its own, an Add (or an
+        Update of an entry gone since, which becomes an Add) takes the request's."""
+        if isinstance(op, UpdateOp):
+            target = self.bank.get(self._current_id(op.id))
+            if target is not None:
+                return target.source
+        return task
+
+    def _refuse_near_duplicates(self, ops: list[ExperienceOp], threshold: float,
+                                res: ApplyResult, task: str) -> list[ExperienceOp]:
+        """Drop each Add whose text is within ``threshold`` cosine of a bank entry's text or of an Add
+        kept before it in this batch (embeddings are L2-normalised: cosine = dot product).
+
+        The bank's vectors are of the retrieval keys; under the paper's rule a key is the text and
+        the bank is searched directly. Under another rule (keyed by task, say) every entry of a task
+        shares a key, so the texts of the entries nearest to the new entry's key are embedded and
+        compared instead.
+        """
+        adds = [op for op in ops if isinstance(op, AddOp)]
+        if not adds:
+            return ops
+        vecs = np.asarray(self.embedder.encode([op.text for op in adds]), dtype=np.float32)
+        near = self._nearest_texts(adds, vecs, task) if len(self.bank) else [-1.0] * len(adds)
+        refused: set[int] = set()
         kept: list[int] = []
-        for row, found in zip(add_rows, hits, strict=True):
-            near_bank = bool(found) and found[0][1] >= threshold
+        for row, op in enumerate(adds):
             near_batch = any(float(vecs[row] @ vecs[k]) >= threshold for k in kept)
-            if near_bank or near_batch:
-                refused_rows.add(row)
-                log.info("near-duplicate entry refused (cosine >= %.3f): %.80r", threshold, text_ops[row].text)
+            if near[row] >= threshold or near_batch:
+                refused.add(id(op))
+                log.info("near-duplicate entry refused (cosine >= %.3f): %.80r", threshold, op.text)
             else:
                 kept.append(row)
-        res.refused = len(refused_rows)
-        if not refused_rows:
-            return ops, vecs
-        refused_ops = {id(text_ops[r]) for r in refused_rows}
-        keep_vec = [r for r in range(len(text_ops)) if r not in refused_rows]
-        return [op for op in ops if id(op) not in refused_ops], vecs[keep_vec]
+        res.refused = len(refused)
+        return [op for op in ops if id(op) not in refused]
+
+    def _nearest_texts(self, adds: list[AddOp], vecs: np.ndarray, task: str) -> list[float]:
+        """Per Add, the highest cosine between its text (row of ``vecs``) and the text of a bank entry."""
+        by = self.config.retrieve_by
+        if by == "text" or not task:
+            return [found[0][1] if found else -1.0 for found in self.bank.search(vecs, k=1)]
+        keys = self.embedder.encode([retrieval_key(op.text, task, by) for op in adds])
+        pools = self.bank.search(np.asarray(keys, np.float32), k=self.config.overfetch)
+        out: list[float] = []
+        for row, found in enumerate(pools):
+            entries = [e for e in self.bank.get_many([i for i, _ in found]) if e is not None]
+            texts = np.asarray(self.embedder.encode([e.text for e in entries]), np.float32) if entries else None
+            out.append(float((texts @ vecs[row]).max()) if texts is not None else -1.0)
+        return out
 
     def note_merge(self, merged: dict[int, list[int]]) -> None:
         """Record a Merge's groups (anchor id → its source ids) so Updates of a source reach the anchor."""

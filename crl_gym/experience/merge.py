@@ -44,6 +44,7 @@ import numpy as np
 from crl_gym.experience.bank import ExperienceBank, PendingUpdate
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
+from crl_gym.experience.keys import stored_key
 from crl_gym.experience.ops import (
     DEFAULT_MAX_LEN,
     MAX_INPUT_CHARS,
@@ -291,6 +292,7 @@ def merge_bank(
     order: Literal["similar", "id"] = "similar",
     max_len: int = DEFAULT_MAX_LEN,
     protect: Callable[[ExperienceEntry], bool] | None = None,
+    retrieve_by: str = "text",
 ) -> MergeReport:
     """Merge the bank with ``generate`` (the extractor); all or nothing.
 
@@ -308,6 +310,8 @@ def merge_bank(
         protect: entries for which it returns True are left out of the walk: never shown to the
             generator, never merged, rewritten or discarded (e.g. :func:`is_seeded`: the entries a
             user wrote). Counted in ``MergeReport.protected``.
+        retrieve_by: the bank's retrieval key rule (``ManagerConfig.retrieve_by``): a merged entry is
+            keyed by the task its sources share, or by its text when they come from several tasks.
     """
     if not 0.0 <= carry_fraction < 1.0:
         raise ValueError(f"carry_fraction must be in [0, 1), got {carry_fraction}")
@@ -367,7 +371,7 @@ def merge_bank(
                 else:
                     final.append(item)
         final += carried
-        _swap(bank, embedder, snapshot, final, report)
+        _swap(bank, embedder, snapshot, final, report, retrieve_by)
     except Exception as err:  # noqa: BLE001 - a failed merge must never take the trainer down
         report.ok = False
         report.updated, report.deleted = {}, {}
@@ -429,17 +433,25 @@ def _anchor(entries: list[ExperienceEntry]) -> ExperienceEntry:
     return max(entries, key=lambda e: (e.retrieval_count, e.train_count, -e.id))
 
 
+def _common_source(entries: list[ExperienceEntry]) -> str:
+    """The task every one of ``entries`` was distilled from, or "" when they differ."""
+    sources = {e.source for e in entries}
+    return sources.pop() if len(sources) == 1 else ""
+
+
 def _swap(
     bank: ExperienceBank, embedder: Embedder, snapshot: dict[int, ExperienceEntry],
-    final: list[_Item], report: MergeReport,
+    final: list[_Item], report: MergeReport, retrieve_by: str = "text",
 ) -> None:
     """Turn the final items into one atomic batch of updates and deletes."""
     survivors = {s for it in final for s in it.sources}
     discarded = [i for i in snapshot if i not in survivors]
     groups = [it for it in final if not it.original]
+    keys = [stored_key(g.view.text, _common_source([snapshot[s] for s in g.sources]), retrieve_by) for g in groups]
     vectors = np.zeros((0, bank.dim), np.float32)
     if groups:
-        vectors = np.asarray(embedder.encode([g.view.text for g in groups]), dtype=np.float32)
+        embedded = [g.view.text if k is None else k for g, k in zip(groups, keys, strict=True)]
+        vectors = np.asarray(embedder.encode(embedded), dtype=np.float32)
         if vectors.shape != (len(groups), bank.dim):
             raise ValueError(f"embedder returned shape {vectors.shape}, expected "
                              f"({len(groups)}, {bank.dim})")
@@ -452,12 +464,12 @@ def _swap(
 
         updates: list[PendingUpdate] = []
         deletes: list[int] = []
-        for g, vec in zip(groups, vectors, strict=True):
+        for g, vec, key in zip(groups, vectors, keys, strict=True):
             if not all(unchanged(s) for s in g.sources):
                 report.conflicts += 1
                 continue
             anchor = _anchor([snapshot[s] for s in g.sources])
-            updates.append(PendingUpdate(anchor.id, g.view.text, vec))
+            updates.append(PendingUpdate(anchor.id, g.view.text, vec, key=key))
             deletes += [s for s in g.sources if s != anchor.id]
             report.updated[anchor.id] = list(g.sources)
         for i in discarded:

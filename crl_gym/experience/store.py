@@ -38,7 +38,9 @@ CREATE TABLE IF NOT EXISTS entries (
     utility REAL NOT NULL,
     tags TEXT NOT NULL,
     provenance TEXT,
-    history TEXT NOT NULL
+    history TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT '',
+    key TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -86,8 +88,11 @@ op), an eviction by the bank's capacity (``detail.rule``), and a step's credit (
 of the step, ``n`` = its episodes)."""
 _COLUMNS = (
     "id, text, embedding, version, created_step, retrieval_count, last_retrieved, "
-    "train_count, last_trained_step, utility, tags, provenance, history"
+    "train_count, last_trained_step, utility, tags, provenance, history, source, key"
 )
+_ADDED_COLUMNS = {"source": "TEXT NOT NULL DEFAULT ''", "key": "TEXT"}
+"""Columns added to ``entries`` after banks were first written, in order: a bank without them
+gains them (as empty) when it is opened for writing, and is read as if it had them."""
 FORMAT = "crl-experience-bank"
 """``meta.format`` of every bank database (banks written before the mark existed get it on open)."""
 WAL_SUFFIXES = ("-wal", "-shm")
@@ -157,9 +162,13 @@ def _check_schema(conn: sqlite3.Connection, file: Path | str) -> None:
             f"{file}: an SQLite database, but not an experience bank (its tables: {', '.join(tables) or 'none'}); "
             f"point the bank at its own directory"
         )
-    columns = ", ".join(r[1] for r in conn.execute("PRAGMA table_info(entries)"))
-    if columns != _COLUMNS:
-        raise BankCorruptError(f"{file}: table 'entries' has the columns ({columns}), not a bank's ({_COLUMNS})")
+    have = [r[1] for r in conn.execute("PRAGMA table_info(entries)")]
+    base = [c.strip() for c in _COLUMNS.split(",")]
+    missing = base[len(have):]
+    if have != base[: len(have)] or not set(missing) <= set(_ADDED_COLUMNS):
+        raise BankCorruptError(f"{file}: table 'entries' has the columns ({', '.join(have)}), not a bank's ({_COLUMNS})")
+    for name in missing:  # a bank written before these columns existed
+        conn.execute(f"ALTER TABLE entries ADD COLUMN {name} {_ADDED_COLUMNS[name]}")
     row = conn.execute("SELECT value FROM meta WHERE key='format'").fetchone()
     if row is None:
         conn.execute("INSERT INTO meta(key, value) VALUES ('format', ?)", (FORMAT,))
@@ -175,6 +184,7 @@ def _row(e: ExperienceEntry) -> tuple[Any, ...]:
         e.created_step, e.retrieval_count, e.last_retrieved, e.train_count, e.last_trained_step,
         e.utility, json.dumps(list(e.tags)),
         json.dumps(e.provenance.to_dict()) if e.provenance else None, json.dumps(e.history),
+        e.source, e.key,
     )
 
 
@@ -192,6 +202,7 @@ def _entry(row: Sequence[Any], dim: int, file: Path | str) -> ExperienceEntry:
         tags=tuple(json.loads(row[10])),
         provenance=ExtractorSample.from_dict(json.loads(row[11])) if row[11] else None,
         history=list(json.loads(row[12])),
+        source=row[13] or "", key=row[14],
     )
 
 
@@ -251,10 +262,18 @@ def verify_bank_copy(directory: Path) -> None:
         raise BankCorruptError(f"{path}: damaged ({result[0] if result else 'no answer'} from quick_check)")
 
 
+def _selected(conn: sqlite3.Connection) -> str:
+    """The SELECT list of every entry column, with the default of a column an older bank lacks
+    (a read-only reader cannot add it)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(entries)")}
+    defaults = {"source": "''", "key": "NULL"}
+    return ", ".join(c if c in have else defaults[c] for c in (c.strip() for c in _COLUMNS.split(",")))
+
+
 def read_entries(conn: sqlite3.Connection, dim: int, file: Path | str) -> list[ExperienceEntry]:
     """Every entry of the bank behind ``conn`` (e.g. :func:`open_readonly`), in id order."""
     try:
-        return [_entry(r, dim, file) for r in conn.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY id")]
+        return [_entry(r, dim, file) for r in conn.execute(f"SELECT {_selected(conn)} FROM entries ORDER BY id")]
     except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
         raise BankCorruptError(f"{file}: cannot read entries ({exc})") from exc
 
@@ -325,7 +344,7 @@ class SQLiteStore:
         """Write everything in one transaction (the entries' events with them): all of it lands, or none of it."""
         with self._transaction() as c:
             c.executemany(
-                f"INSERT OR REPLACE INTO entries({_COLUMNS}) VALUES ({','.join('?' * 13)})",
+                f"INSERT OR REPLACE INTO entries({_COLUMNS}) VALUES ({','.join('?' * 15)})",
                 [_row(e) for e in upserts],
             )
             dels = [(i,) for i in deletes]

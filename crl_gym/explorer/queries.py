@@ -157,8 +157,11 @@ def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
 
     A deleted entry (merged away, discarded, pruned) comes back with ``entry: None`` and its events,
     whose last one holds its final text."""
+    columns = {r[1] for r in src.query("PRAGMA table_info(entries)")}
+    keyed = "source, key" if {"source", "key"} <= columns else "'', NULL"  # a bank older than retrieval keys
     rows = src.query("SELECT id, text, version, created_step, retrieval_count, last_retrieved, train_count, "
-                     "last_trained_step, utility, tags, provenance, history FROM entries WHERE id = ?", [entry_id])
+                     f"last_trained_step, utility, tags, provenance, history, {keyed} FROM entries WHERE id = ?",
+                     [entry_id])
     events = [
         {"seq": int(r[0]), "step": int(r[1]), "kind": r[2], "version": r[3], "value": r[4], "n": r[5],
          "detail": json.loads(r[6]) if r[6] else None}
@@ -173,7 +176,8 @@ def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
         history = list(json.loads(r[11]))
         entry = {"id": int(r[0]), "text": r[1], "version": int(r[2]), "created_step": int(r[3]),
                  "retrievals": int(r[4]), "last_retrieved": float(r[5]), "train_count": int(r[6]),
-                 "last_trained": int(r[7]), "utility": float(r[8]), "tags": json.loads(r[9]), "history": history}
+                 "last_trained": int(r[7]), "utility": float(r[8]), "tags": json.loads(r[9]), "history": history,
+                 "source": r[12] or "", "retrieved_by": r[1] if r[13] is None else r[13]}
         if r[10]:
             p = json.loads(r[10])
             provenance = {"prompt": p.get("prompt", ""), "response": p.get("response", ""),

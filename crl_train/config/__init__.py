@@ -395,6 +395,11 @@ class ExperienceConfig:
     drawn by a hash of its content and the run's seed (the same draw on a resume; identical episodes
     are drawn together); an undrawn episode still credits the entry that guided it. For CPU-sized runs
     whose extractor cannot keep up with every episode."""
+    distill_per_group: int = 0
+    """Episodes of each rollout group the extractor distils (0: off; then ``distill_fraction`` decides),
+    chosen outcome-blind and spread over the group (2: one guided and one free, the paper distils both
+    halves): every task played gets entries at a fixed cost per group. Not the paper's rule (it
+    distils every episode); for CPU-sized runs. Every undistilled episode still credits its entry."""
     actor_threads: int = 1
     """torch intra-op threads of the trainer process (the primary loop's share of the cores)."""
     extractor_threads: int = 1
@@ -447,6 +452,11 @@ class ExperienceConfig:
             raise ConfigError(f"experience.embed_dim must be >= 8, got {self.embed_dim}")
         if not 0 < self.distill_fraction <= 1:
             raise ConfigError(f"experience.distill_fraction must be in (0, 1], got {self.distill_fraction}")
+        if self.distill_per_group < 0:
+            raise ConfigError(f"experience.distill_per_group must be >= 0 (0 = off), got {self.distill_per_group}")
+        if self.distill_per_group and self.distill_fraction < 1:
+            raise ConfigError("experience.distill_per_group and experience.distill_fraction < 1 are two distillation "
+                              "rules; set one (distill_per_group > 0 with distill_fraction 1, or distill_per_group 0)")
         if self.distill_linger_s < 0:
             raise ConfigError(f"experience.distill_linger_s must be >= 0, got {self.distill_linger_s}")
         if not 0 <= self.extractor_nice <= 19:

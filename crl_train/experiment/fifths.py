@@ -171,13 +171,51 @@ def own_task_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Pa
     task (None: no such episode, or the cell logged no trajectories or new entries)."""
     from crl_train.run.new_entries import read_new_entries
 
-    sources = {int(r["id"]): source_task(r.get("prompt")) for r in read_new_entries(cell_dir)}
+    sources = {int(r["id"]): (r.get("source") or source_task(r.get("prompt")) or "").strip() or None
+               for r in read_new_entries(cell_dir)}
     if not sources:
         return [None] * parts
     got = [(int(req.get("rollout_step") or 0),
             1.0 if sources.get(int(req["experience"]["id"])) == str(req.get("task", "")).strip() else 0.0)
            for req in guided_requests(cell_dir)]
     return _means(got, steps, parts)
+
+
+def played_tasks(cell_dir: Path) -> Iterator[tuple[int, str]]:
+    """``(rollout step, task)`` of every finished episode the cell logged (``trajectories.jsonl``)."""
+    path = cell_dir / "trajectories.jsonl"
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            req = json.loads(line)
+            yield int(req.get("rollout_step") or 0), str(req.get("task", "")).strip()
+
+
+def coverage_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
+    """At the end of each span, the share of the tasks played so far that have an entry distilled from
+    one of their episodes (written up to then; an entry removed since still counts: the bank held it).
+
+    None for a cell that logged no trajectories or no new entries.
+    """
+    from crl_train.run.new_entries import read_new_entries
+
+    written: dict[str, int] = {}
+    for r in read_new_entries(cell_dir):
+        task = r.get("source") or source_task(r.get("prompt"))
+        if task:
+            written[task.strip()] = min(written.get(task.strip(), steps), int(r["step"]))
+    first_played: dict[str, int] = {}
+    for step, task in played_tasks(cell_dir):
+        first_played[task] = min(first_played.get(task, step), step)
+    if not written or not first_played:
+        return [None] * parts
+    out: Parts = []
+    for p in range(parts):
+        end = (p + 1) * steps // parts  # steps of spans 0..p are < end
+        seen = [t for t, s in first_played.items() if s < end]
+        out.append(sum(written.get(t, steps) < end for t in seen) / len(seen) if seen else None)
+    return out
 
 
 def retrieved_rbar_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
@@ -226,6 +264,11 @@ MEASURES = (
             "an episode of the same task (the task its prompt names, `new_entries.jsonl`): an entry found for another "
             "task is credited with that task's outcome.",
             lambda d, r: own_task_share_by_part(d, int(r["steps"]))),
+    Measure("Tasks with an entry of their own, at the end of each fifth of training",
+            "Of the tasks played up to the end of the fifth (`trajectories.jsonl`), the share that an entry was "
+            "distilled from by then (`new_entries.jsonl`): the coverage of the bank, which the distillation rule "
+            "(`experience.distill_per_group`, `experience.distill_fraction`) decides.",
+            lambda d, r: coverage_by_part(d, int(r["steps"]))),
     Measure("r̄(m) of the entries retrieved, per fifth of training",
             "Per entry credited in the fifth (the bank's `credit` events: r̄(m) of a step over its episodes, what "
             "B_φ trains on), its r̄(m) over the fifth's episodes; then the mean over those entries. "

@@ -85,6 +85,9 @@ class Suite:
     runs on every seed and env mixture like a method and has its own report row."""
     eval_episodes: int = 32
     """Held-out episodes per mode evaluated after training."""
+    eval_memory: tuple[str, ...] = ("frozen", "none")
+    """Memory modes of that evaluation (``crl-eval --memory``: ``none``, ``frozen``, ``online``); every
+    mode plays the same held-out tasks."""
     resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1, "num_gpus": 0})
     """Ray resources of one cell (``--ray``): ``num_cpus``, ``num_gpus``."""
     description: str = ""
@@ -106,6 +109,8 @@ class Suite:
             raise ConfigError("envs must list at least one env mixture, each with at least one env id")
         if self.eval_episodes < 1:
             raise ConfigError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
+        if not self.eval_memory or any(m not in ("none", "frozen", "online") for m in self.eval_memory):
+            raise ConfigError(f"eval_memory: a list of none, frozen, online; got {list(self.eval_memory)}")
         for m, extra in self.method_set.items():
             if m not in self.methods or not isinstance(extra, list | tuple) or not all(isinstance(x, str) for x in extra):
                 raise ConfigError(f"method_set.{m}: a method of the suite mapped to a list of KEY=VALUE strings")
@@ -255,7 +260,7 @@ def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str]
             with (cell_dir / RESUMES_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"checkpoint_step": trainer.start_step - 1}) + "\n")
         trainer.run()
-        result = evaluate_run(trainer, suite.eval_episodes)
+        result = evaluate_run(trainer, suite.eval_episodes, memory=suite.eval_memory)
     finally:
         trainer.close()
     record = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs), "steps": cfg.train.steps,

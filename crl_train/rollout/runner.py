@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from crl_gym.protocol import (
     FREE_CONDITION,
+    GROUP_COPY,
+    GROUP_SIZE,
     GUIDED_CONDITION,
     Condition,
     DistillationRequest,
@@ -97,7 +99,8 @@ class Episode:
     admissible: list[str] = field(default_factory=list)
     search_calls: int = 0
     request_meta: dict[str, Any] = field(default_factory=dict)
-    """What the episode's request carries in ``meta`` besides the env's own (the gate's verdict)."""
+    """What the episode's request carries in ``meta`` besides the env's own: its place in its group
+    (``GROUP_COPY``, ``GROUP_SIZE``: per-group distillation) and the gate's verdict."""
     turn_experience: list[TurnGuidance] = field(default_factory=list)
     """Entries per-turn retrieval showed (``info["turn_experience"]``), for the request of a cut episode."""
 
@@ -220,14 +223,16 @@ class RolloutRunner:
         for g, (env_id, seed) in enumerate(tasks):
             for c in range(k):
                 cond = condition_of(c, k, guided=guided)
-                episodes.append(Episode(group=g, condition=cond, env_id=env_id, seed=seed))
+                episodes.append(Episode(group=g, condition=cond, env_id=env_id, seed=seed,
+                                        request_meta={GROUP_COPY: c, GROUP_SIZE: k}))
                 envs.append(pools[env_id][taken[env_id]])
                 taken[env_id] += 1
         # 1. free copies first: they give the task text of each group
         task_text: dict[int, str] = {}
         for ep, env in zip(episodes, envs, strict=True):
             if ep.condition == FREE_CONDITION:
-                self._reset(ep, env, {"experience": FREE_CONDITION, "rollout_step": step} if self.client is not None else None)
+                self._reset(ep, env, {"experience": FREE_CONDITION, "rollout_step": step, "meta": ep.request_meta}
+                            if self.client is not None else None)
                 if not ep.failed_by_error:
                     task_text.setdefault(ep.group, ep.task)
         # 2. one batched search for all guided halves
@@ -247,7 +252,7 @@ class RolloutRunner:
         judged = self._judge([ep for ep in episodes if ep.condition == GUIDED_CONDITION], prefetched, task_text)
         for ep, env in zip(episodes, envs, strict=True):
             if ep.condition == GUIDED_CONDITION:
-                options: dict[str, Any] = {"experience": GUIDED_CONDITION, "rollout_step": step}
+                options: dict[str, Any] = {"experience": GUIDED_CONDITION, "rollout_step": step, "meta": ep.request_meta}
                 if self.episode_search:
                     options["prefetched"] = prefetched.get(ep.group)
                 if id(ep) in judged:

@@ -8,8 +8,9 @@ task's secret, per fifth of training) read it from here.
 
 After each step the trainer appends one line per entry id above the highest id already logged:
 ``step`` (the entry's ``created_step``: the rollout step of the episode it was distilled from),
-``id``, ``text``, ``tags`` and ``prompt`` (the extractor's prompt, which names the task; ``null``
-for an entry written without one). With an asynchronous extractor an entry is logged at the first
+``id``, ``text``, ``tags``, ``prompt`` (the extractor's prompt, which names the task; ``null``
+for an entry written without one), ``source`` (the task it was distilled from) and ``key`` (what
+retrieval matches it by, ``null`` for its text). With an asynchronous extractor an entry is logged at the first
 step end that finds it, under its own ``created_step``. A resume rolls the bank back to its
 checkpoint, and :func:`trim_new_entries` drops the rows of entries written after it (their ids
 are issued again by the resumed run).
@@ -63,7 +64,8 @@ class NewEntryLog:
             if e is None:  # removed between the two reads: nothing left to log
                 continue
             rows.append({"step": e.created_step, "id": e.id, "text": e.text, "tags": list(e.tags),
-                         "prompt": e.provenance.prompt if e.provenance is not None else None})
+                         "prompt": e.provenance.prompt if e.provenance is not None else None,
+                         "source": e.source, "key": e.key})
         self.seen = max(new)
         with self.path.open("a", encoding="utf-8") as f:
             for r in rows:

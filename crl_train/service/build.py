@@ -57,6 +57,7 @@ def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
             "merge_token_budget": cfg.algo.merge_token_budget, "distill_batch": cfg.experience.distill_batch,
             "distill_linger_s": cfg.experience.distill_linger_s, "asynchronous": cfg.experience.asynchronous,
             "distill_fraction": cfg.experience.distill_fraction, "draw_seed": cfg.seed,
+            "distill_per_group": cfg.experience.distill_per_group,
             "entry_reward": cfg.algo.entry_reward, "return_reward": cfg.algo.return_reward,
             # a training run's seed entries are its own starting bank: the paper's Merge compacts them too
             "merge_seeded": True}

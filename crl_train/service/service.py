@@ -114,6 +114,9 @@ class ServiceOptions:
     (1: all, the paper; ``experience.distill_fraction``). Every request is still credited."""
     draw_seed: int = 0
     """Salt of that draw (a run's seed)."""
+    distill_per_group: int = 0
+    """Copies of each rollout group distilled, chosen outcome-blind (:func:`~crl_train.service.track.drawn_in_group`;
+    ``experience.distill_per_group``); 0: off."""
     asynchronous: bool = True
     """The extractor's loop runs in its own thread; False runs it to idle inside each ``end_step``."""
 
@@ -278,7 +281,8 @@ class ExperienceService(RetrievalService):
                                          merge_token_budget=options.merge_token_budget,
                                          merge_seeded=options.merge_seeded,
                                          asynchronous=options.asynchronous, return_reward=options.return_reward,
-                                         distill_fraction=options.distill_fraction, draw_seed=options.draw_seed)
+                                         distill_fraction=options.distill_fraction, draw_seed=options.draw_seed,
+                                         distill_per_group=options.distill_per_group)
             self.track.actor_step = last_ended + 1
             if options.refine:
                 manager.refiner = extractor.refine

@@ -34,7 +34,14 @@ from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.merge import is_seeded, merge_bank
-from crl_gym.protocol import DistillationRequest, ExperienceOp, ExtractorSample, ReturnOp
+from crl_gym.protocol import (
+    GROUP_COPY,
+    GROUP_SIZE,
+    DistillationRequest,
+    ExperienceOp,
+    ExtractorSample,
+    ReturnOp,
+)
 from crl_train.extractor import BufferItem, ExtractorBackend, ExtractorUnavailable
 from crl_train.service.checkpoint import fault_point
 
@@ -76,7 +83,9 @@ COLUMN = "metrics_column"
 class TrackStats:
     distilled: int = _column()
     undrawn: int = _column()
-    """Requests left undistilled by the draw (``distill_fraction`` < 1); still credited."""
+    """Requests left undistilled by the draw (``distill_per_group``, ``distill_fraction`` < 1); still credited."""
+    ungrouped: int = 0
+    """Requests ``distill_per_group`` could not place in a group (drawn by ``distill_fraction`` instead)."""
     distill_batches: int = _column()
     """Generate calls of distillation (distilled / distill_batches = the mean batch)."""
     added: int = _column()
@@ -138,6 +147,39 @@ def drawn_for_distillation(request: DistillationRequest, fraction: float, seed: 
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
+def drawn_in_group(request: DistillationRequest, per_group: int, seed: int) -> bool | None:
+    """Whether ``request`` is one of the ``per_group`` copies of its rollout group that the extractor
+    distils, or None when the request does not carry its place in the group (``meta`` keys
+    :data:`GROUP_COPY` and :data:`GROUP_SIZE`, set by the runner).
+
+    Outcome-blind: the chosen copies depend on the group (env, task seed, rollout step) and ``seed``,
+    never on how an episode went. They are spread evenly over the group from a hashed offset, so
+    with two per group one is guided and one free (the runner's first half is guided), as the
+    paper distils both halves. Every task played gets entries, at ``per_group`` requests per group
+    instead of all of them.
+
+    >>> from crl_gym.protocol import Step, Trajectory
+    >>> def req(copy):
+    ...     return DistillationRequest(task="t", trajectory=Trajectory(steps=[Step("o", "east", 0.0)]), outcome=0.0,
+    ...                                success=False, experience=None, env_id="e", seed=3, rollout_step=7,
+    ...                                meta={GROUP_COPY: copy, GROUP_SIZE: 8})
+    >>> sum(drawn_in_group(req(c), 1, seed=0) for c in range(8)), sum(drawn_in_group(req(c), 2, seed=0) for c in range(8))
+    (1, 2)
+    >>> [c for c in range(8) if drawn_in_group(req(c), 2, seed=0)] in ([c, c + 4] for c in range(4))
+    True
+    >>> drawn_in_group(DistillationRequest("t", Trajectory(steps=[]), 0.0, False, None), 1, seed=0) is None
+    True
+    """
+    copy, size = request.meta.get(GROUP_COPY), request.meta.get(GROUP_SIZE)
+    if not isinstance(copy, int) or not isinstance(size, int) or not 0 <= copy < size:
+        return None
+    if per_group >= size:
+        return True
+    group = f"{seed}\n{request.env_id}\n{request.seed}\n{request.rollout_step}\n{request.task}"
+    offset = int.from_bytes(hashlib.blake2b(group.encode(), digest_size=8).digest(), "big") % size
+    return copy in {(offset + j * size // per_group) % size for j in range(per_group)}
+
+
 def is_plain_return(ops: Sequence[ExperienceOp]) -> bool:
     """Whether an answer's ops are well-formed Returns only ("nothing new"): what ``return_reward`` credits.
     A malformed answer, which the parser turns into a Return, is not one.
@@ -168,6 +210,7 @@ class BackgroundTrack:
         return_reward: float | None = None,
         distill_fraction: float = 1.0,
         draw_seed: int = 0,
+        distill_per_group: int = 0,
     ) -> None:
         self.manager = manager
         self.extractor = extractor
@@ -185,6 +228,8 @@ class BackgroundTrack:
         self.distill_fraction = distill_fraction
         """The share of requests distilled (:func:`drawn_for_distillation`; 1: all, the paper's rule)."""
         self.draw_seed = draw_seed
+        self.distill_per_group = distill_per_group
+        """Copies distilled per rollout group (:func:`drawn_in_group`; 0: off, ``distill_fraction`` decides)."""
         self.buffer: list[BufferItem] = []
         self.credits: queue.SimpleQueue[Credit] = queue.SimpleQueue()
         self.merge_requests: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -311,8 +356,21 @@ class BackgroundTrack:
         return reqs
 
     def _drawn(self, reqs: list[DistillationRequest]) -> list[DistillationRequest]:
-        """The requests the draw keeps (``distill_fraction``); the others are counted as ``undrawn``."""
-        kept = [r for r in reqs if drawn_for_distillation(r, self.distill_fraction, self.draw_seed)]
+        """The requests the draw keeps (``distill_per_group``, else ``distill_fraction``); the others
+        are counted as ``undrawn``. A request that does not say its place in its group (a loop that
+        does not record it) is drawn by ``distill_fraction`` and counted as ``ungrouped``."""
+        kept = []
+        for r in reqs:
+            keep = drawn_in_group(r, self.distill_per_group, self.draw_seed) if self.distill_per_group else None
+            if keep is None:
+                if self.distill_per_group:
+                    if not self.stats.ungrouped:
+                        log.warning("distill_per_group: a request without its place in its group (meta %r, %r); "
+                                    "such requests are drawn by distill_fraction", GROUP_COPY, GROUP_SIZE)
+                    self.stats.ungrouped += 1
+                keep = drawn_for_distillation(r, self.distill_fraction, self.draw_seed)
+            if keep:
+                kept.append(r)
         self.stats.undrawn += len(reqs) - len(kept)
         return kept
 
@@ -321,6 +379,16 @@ class BackgroundTrack:
         for _ in range(max_rounds):
             if not self._safe_once(0.0) and self.manager.pending() == 0:
                 return
+
+    def distill_now(self, reqs: list[DistillationRequest]) -> int:
+        """Distil ``reqs`` in the caller's thread, under the run's draw, into the bank; returns how many
+        were distilled. For held-out evaluation with a live bank (``crl-eval --memory online``): no
+        credit follows, so no sample reaches an update."""
+        kept = self._drawn(reqs)
+        with self._busy:
+            for i in range(0, len(kept), self.distill_batch):
+                self._distill(kept[i:i + self.distill_batch])
+        return len(kept)
 
     def _distill(self, reqs: list[DistillationRequest]) -> None:
         if not self.extractor.alive:
@@ -382,7 +450,8 @@ class BackgroundTrack:
         try:
             report = merge_bank(self.manager.bank, self.manager.embedder, self.extractor.merge_generate,
                                 token_budget=self.merge_token_budget, count_tokens=self.extractor.count_tokens, step=step,
-                                protect=None if self.merge_seeded else is_seeded)
+                                protect=None if self.merge_seeded else is_seeded,
+                                retrieve_by=self.manager.config.retrieve_by)
         except ExtractorUnavailable:
             self.stats.skipped_merges += 1
             return

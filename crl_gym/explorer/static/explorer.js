@@ -180,6 +180,8 @@
       ["retrievals c(m)", num(e.retrievals)], ["c_train", num(e.train_count)], ["t_last", e.last_trained < 0 ? "never" : num(e.last_trained)],
       ["version", num(e.version)], ["created step", num(e.created_step)], ["EDGE utility", num(e.utility, 3)],
       ["tags", e.tags.join(", ")],
+      ["distilled from", e.source || "(no episode: written by a user, a config or a Merge)"],
+      ["retrieved by", e.retrieved_by === e.text ? "its text" : e.retrieved_by],
     ] : [["state", "no longer in the bank (" + (last ? KIND[last.kind] || last.kind : "?") + ")"],
          ["r̄(m)", d.rbar ? num(d.rbar.rbar, 3) + " over " + d.rbar.episodes + " episodes" : "not credited"]]);
     const hist = document.getElementById("history");
