@@ -31,6 +31,26 @@ def test_the_secret_seed_balances_the_secrets() -> None:
         bench.balanced_secret_seed(7, 2)
 
 
+def test_a_block_holds_every_secret_won_and_lost_alike() -> None:
+    cfg = load_config(None, ["env.kwargs={num_tasks: 8, length: 1, num_actions: 2, secret_seed: 3}",
+                             "env.ids=[crl/Recall-v0]", "env.max_turns=2"])
+    block = bench.stratified_episodes(cfg, 12, seed=5)
+    cells: dict[tuple[str, bool], int] = {}
+    for r in block:
+        index = next(i for i in range(8) if task_name(i) in r.task)
+        key = (task_secret(index, 1, 2, 3)[0], r.success)
+        cells[key] = cells.get(key, 0) + 1
+    assert cells == {("east", False): 3, ("east", True): 3, ("north", False): 3, ("north", True): 3}
+    assert [r.task for r in bench.stratified_episodes(cfg, 12, seed=5)] == [r.task for r in block]  # seeded
+    with pytest.raises(ValueError, match="multiple of 4"):
+        bench.stratified_episodes(cfg, 10, seed=5)
+
+
+def test_rows_written_before_right_per_request_are_read_by_their_old_name() -> None:
+    old = {"request_share": 0.25, "correct": 2, "entries": 4}
+    assert bench.metric(old, "right_per_request") == 0.25 and bench.metric(old, "precision") == 0.5
+
+
 def test_the_reader_plays_the_first_action_an_entry_names() -> None:
     cfg = load_config(None, ["env.kwargs={num_tasks: 8, length: 1, num_actions: 2, secret_seed: 3}"])
     task = f"Task {task_name(5)}: repeat the 1 secret actions of {task_name(5)}."
@@ -65,12 +85,13 @@ def test_an_oracle_run_reports_its_curve_and_misses_the_goal(tmp_path: Path, cap
     assert report["blocks_done"] == 2 and len(report["curve"]) == 2 and report["secret_seed"] == 3
     for row in report["curve"]:
         for arm in ("trained", "frozen"):
-            assert row[arm]["entry_share"][0] == 1.0  # the oracle's entries are the winning actions
-            assert row[arm]["add_rate"][0] == 0.5 and row[arm]["request_share"][0] == 0.5  # half the episodes won
-        assert row["trained_minus_frozen"][0] == 0.0 and not row["meets_goal"]  # no difference: no goal
+            assert row[arm]["entry_share"][0] == row[arm]["precision"][0] == 1.0  # the winning actions
+            assert row[arm]["add_rate"][0] == 0.5 and row[arm]["right_per_request"][0] == 0.5  # half the episodes won
+        assert row["trained_minus_frozen"]["right_per_request"][0] == 0.0  # no difference: no goal
+    assert report["goal_block"] == 1 and report["goal"]["metric"] == "right_per_request"
     assert not report["meets_goal"] and (tmp_path / "curve.png").stat().st_size > 0
     table = (tmp_path / "curve.md").read_text()
-    assert "| 1 | 16 | 1.000 [1.000, 1.000] |" in table and "* seed 1, frozen, block 1:" in table
+    assert "| 1 (goal block) | 16 | 0.500 [0.500, 0.500] |" in table and "* seed 1, frozen, block 1:" in table
     blocks = [json.loads(line) for line in (tmp_path / "runs" / "seed0_trained.jsonl").read_text().splitlines()]
     assert [b["block"] for b in blocks] == [0, 1] and blocks[0]["updates"] == 0  # the oracle is never trained
     assert [b["track_errors"] for b in blocks] == [0, 0]

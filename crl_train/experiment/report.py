@@ -32,6 +32,7 @@ from crl_train.experiment.fifths import (
 )
 from crl_train.experiment.information import gap_table, secret_table
 from crl_train.experiment.suite import Suite, record_dir
+from crl_train.experiment.summary import write_summary
 from crl_train.run.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 
 CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -301,7 +302,7 @@ def provenance() -> list[str]:
 
 
 def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> Path:
-    """``OUT/report.md`` and its PNGs from the cells' records."""
+    """``OUT/report.md``, its PNGs and ``OUT/summary.json`` (:mod:`crl_train.experiment.summary`) from the cells' records."""
     plots = _curves(records, out)
     variants = "".join(f" + reference line {n} ({v.method} with {', '.join(v.set) or 'no overrides'})"
                        for n, v in suite.variants.items())
@@ -335,6 +336,7 @@ def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> 
             if cfg.exists():
                 lines += [f"<details><summary>config of {m} (seed {first['seed']})</summary>", "", "```yaml",
                           cfg.read_text(encoding="utf-8").strip(), "```", "", "</details>", ""]
+    write_summary(out, records, suite.pairs)
     path = out / "report.md"
     tmp = out / f"report.md.{os.getpid()}.tmp"  # two processes sharing --out may both write it
     tmp.write_text("\n".join(lines), encoding="utf-8")
