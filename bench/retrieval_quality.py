@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from crl_gym.envs import make
 from crl_gym.experience.bank import ExperienceBank
@@ -102,6 +103,9 @@ def distil(writer: str, requests: list[DistillationRequest], config: str, overri
     if writer == "oracle":
         return [ops for _, ops in OracleExtractor().distill(requests)]
     cfg = load_config(config, list(overrides))
+    # the extractor's share of the cores, as in training: more intra-op threads than free cores makes
+    # every parallel region wait for a descheduled thread
+    torch.set_num_threads(cfg.experience.extractor_threads)
     extractor = build_extractor(extractor_spec(cfg, None))
     out: list[list[ExperienceOp]] = []
     for i in range(0, len(requests), batch):
@@ -135,6 +139,26 @@ def own_task_top1(requests: list[DistillationRequest], ops: list[list[Experience
             "ci95": interval.rounded() if interval else None, "queries": len(tasks), "entries": entries}
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The report as one table per env: writer and embedder by row, retrieval key by column."""
+    lines = []
+    for env, writers in report["envs"].items():
+        lines += [f"## {env}", "", "| writer | embedder | episodes (successes) | " + " | ".join(KEYS) + " |",
+                  "| --- | --- | --- | " + " --- |" * len(KEYS)]
+        for writer, cell in writers.items():
+            for emb in (k for k in cell if k not in ("episodes", "successes")):
+                row = cell[emb]
+                vals = []
+                for key in KEYS:
+                    r = row[key]
+                    ci = r["ci95"]
+                    vals.append("n/a" if r["own_task_top1"] is None else
+                                f"{r['own_task_top1']:.3f} [{ci[1]:.3f}, {ci[2]:.3f}] of {r['queries']} ({r['entries']} entries)")
+                lines.append(f"| {writer} | {emb} | {cell['episodes']} ({cell['successes']}) | " + " | ".join(vals) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON report (last line)")
@@ -147,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                              "the goal is checked for")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--markdown", type=Path, help="also write the tables into this file")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -173,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                         "recall_own_task_top1": dict(zip(args.writers, chosen, strict=True))}
     report["meets_goal"] = all(c is not None and c >= GOAL for c in chosen)
     report["seconds"] = round(time.perf_counter() - started, 1)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(report), encoding="utf-8")
     if not args.json:
         print(json.dumps(report, indent=2))
     print(json.dumps(report))
