@@ -30,6 +30,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 
@@ -42,8 +43,15 @@ log = logging.getLogger(__name__)
 __all__ = ["DistillQueue", "rejected_path"]
 
 
+def _remove_temp(path: Path) -> None:
+    """Remove a temp spill file and its offset (the queue was garbage-collected or closed)."""
+    for p in (path, path.with_name(path.name + ".offset"), rejected_path(path)):
+        p.unlink(missing_ok=True)
+
+
 class DistillQueue:
-    """Memory-bounded FIFO with an on-disk overflow (``spill_path=None``: a temp file)."""
+    """Memory-bounded FIFO with an on-disk overflow (``spill_path=None``: a temp file, removed
+    when the queue is closed or collected: nothing can reopen it)."""
 
     def __init__(self, maxsize: int, spill_path: str | Path | None) -> None:
         self.maxsize = int(maxsize)
@@ -51,8 +59,9 @@ class DistillQueue:
             fd, name = tempfile.mkstemp(prefix="crl_pending_", suffix=".jsonl")
             os.close(fd)
             spill_path, self._temp = Path(name), True
+            self._cleanup: weakref.finalize[..., None] | None = weakref.finalize(self, _remove_temp, Path(name))
         else:
-            self._temp = False
+            self._temp, self._cleanup = False, None
         self.spill_path = Path(spill_path)
         self.rejected_path = rejected_path(self.spill_path)
         self._offset = spill.SpillOffset(self.spill_path)
@@ -90,6 +99,49 @@ class DistillQueue:
                 self.spilled_total += 1
             self.changes += 1
             self._cond.notify()
+
+    def put_many(self, requests: list[DistillationRequest], *, durable: bool = False) -> None:
+        """Enqueue ``requests`` in order. ``durable``: all of them are first appended to the spill
+        file in one fsynced write, so a kill right after the call loses none; when that write fails
+        (a full disk) the file is cut back, nothing is queued, and the ``OSError`` is raised.
+        The ones memory has room for are also kept there, as read ahead of the file."""
+        if not durable:
+            for request in requests:
+                self.put(request)
+            return
+        lines = [(r.to_json() + "\n").encode("utf-8") for r in requests]
+        if not lines:
+            return
+        with self._cond:
+            if self._writer.closed:
+                raise ValueError(f"{self.spill_path}: the queue is closed")
+            self._writer.flush()
+            fd = self._writer.fileno()
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(b"".join(lines))
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                try:
+                    os.ftruncate(fd, start)  # no partial line for a later append to glue onto
+                except OSError:
+                    log.exception("%s: cutting back a failed append failed", self.spill_path)
+                raise
+            end = start
+            for request, line in zip(requests, lines, strict=True):
+                end += len(line)
+                if self._spilled == 0 and len(self._mem) < self.maxsize and self._read_pos == end - len(line):
+                    self._mem.append(request)  # read ahead at once: its offset moves when it is handed out
+                    self._pos.append(end)
+                    self._unacked += 1
+                    self._read_pos = end
+                else:
+                    self._spilled += 1
+                    self.spilled_total += 1
+            self.changes += 1
+            self._cond.notify_all()
 
     def _refill(self, n: int) -> None:
         """Move up to ``n`` spilled requests into memory (caller holds the condition)."""
@@ -224,10 +276,10 @@ class DistillQueue:
             if self._writer.closed:
                 return
             self._writer.flush()
-            if self._temp and not self._mem and self._spilled == 0:
+            if self._temp:  # no one can reopen a temp spill: what it holds goes with the queue
                 self._writer.close()
-                self.spill_path.unlink(missing_ok=True)
-                self._offset.remove()
+                if self._cleanup is not None:
+                    self._cleanup()
                 return
             if len(self._mem) > self._unacked:
                 self._rewrite_memory_in_front(fsync=True)
