@@ -510,7 +510,10 @@ class ExperienceManager:
         self._stop_persist.set()
         for t in self._threads:
             t.join()
-        self.bank.flush_stats()
+        try:
+            self.bank.flush_stats()
+        except StorageFault:  # retrieval counters are statistics: a full disk must not keep the queue from closing
+            log.exception("closing the manager: saving retrieval counters failed")
         self.queue.close()
 
     def __enter__(self) -> ExperienceManager:
