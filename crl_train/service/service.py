@@ -33,6 +33,7 @@ from typing import Any
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.results import Health, ServiceStats
 from crl_gym.experience.service import ClosedStep, RetrievalService
+from crl_gym.experience.snapshots import default_name, prune_snapshots
 from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float, guiding_entries
 from crl_train.config.io import check_choices
 from crl_train.config.names import EntryReward
@@ -41,6 +42,8 @@ from crl_train.service.credit import reflections, step_credits, utility_updates
 from crl_train.service.track import COLUMN, BackgroundTrack, TrackStats
 
 log = logging.getLogger(__name__)
+CHECKPOINT_SNAPSHOTS = 2
+"""Bank snapshots kept for :meth:`ExperienceService.checkpoint` (one per checkpoint on disk)."""
 
 
 @dataclass(frozen=True)
@@ -450,14 +453,22 @@ class ExperienceService(RetrievalService):
         """B_φ, π_φ and the counters into ``service_dir/checkpoint`` (:meth:`save` without the bank,
         by the run's checkpoint writer), for a face that serves several trainers (the HTTP server,
         the Ray actor): their bank is never rolled back, what a client was acknowledged stays.
-        Returns the checkpoint's path and last ended step."""
+        The bank as it was is kept as the snapshot ``checkpoint-step-N-TIME`` of the bank
+        (:mod:`crl_gym.experience.snapshots`; the latest :data:`CHECKPOINT_SNAPSHOTS` are kept), named
+        in the checkpoint's ``bank_snapshot``: ``crl-experience restore`` pairs the bank with it.
+        Returns the checkpoint's path, last ended step and that snapshot's name."""
         from crl_train.service.checkpoint import CKPT, begin_checkpoint, commit_checkpoint
 
         self.flush()
         tmp = begin_checkpoint(service_dir)
         state = self.save(tmp, service_dir / CKPT, bank=False)
-        final = commit_checkpoint(service_dir, tmp, {"service": state})
-        return {"path": str(final), "last_ended": int(state["last_ended"])}
+        snapshot = None
+        if self.manager.bank.path is not None:
+            prefix = f"checkpoint-step-{int(state['last_ended'])}-"
+            snapshot = self.snapshot_bank(default_name(prefix)).name
+            prune_snapshots(self.manager.bank.path, "checkpoint-step-", CHECKPOINT_SNAPSHOTS)
+        final = commit_checkpoint(service_dir, tmp, {"service": state, "bank_snapshot": snapshot})
+        return {"path": str(final), "last_ended": int(state["last_ended"]), "bank_snapshot": snapshot}
 
     def restore(self, source: Path) -> None:
         """The bank and the queue become the checkpoint's copies in ``source`` (``bank/`` of
