@@ -25,6 +25,7 @@ the offset, rewrites, reading back) is :mod:`crl_gym.spill`'s, as for every spil
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -59,7 +60,7 @@ class DistillQueue:
             fd, name = tempfile.mkstemp(prefix="crl_pending_", suffix=".jsonl")
             os.close(fd)
             spill_path, self._temp = Path(name), True
-            self._cleanup: weakref.finalize[..., None] | None = weakref.finalize(self, _remove_temp, Path(name))
+            self._cleanup: weakref.finalize[[Path], DistillQueue] | None = weakref.finalize(self, _remove_temp, Path(name))
         else:
             self._temp, self._cleanup = False, None
         self.spill_path = Path(spill_path)
@@ -142,6 +143,23 @@ class DistillQueue:
                     self.spilled_total += 1
             self.changes += 1
             self._cond.notify_all()
+
+    def pending_ids(self) -> list[str]:
+        """The ``request_id`` of every request waiting (in memory and in the unread spill), oldest
+        first: a restarted service knows them as submitted, so a resend is not queued twice."""
+        with self._cond:
+            self._writer.flush()
+            ids = [r.request_id for r in self._mem]
+            with open(self.spill_path, "rb") as f:
+                f.seek(self._read_pos)
+                for line in f:
+                    try:
+                        rid = json.loads(line).get("request_id")
+                    except (ValueError, AttributeError):
+                        continue  # a damaged line: the reader sets it aside when it gets there
+                    if isinstance(rid, str):
+                        ids.append(rid)
+            return ids
 
     def _refill(self, n: int) -> None:
         """Move up to ``n`` spilled requests into memory (caller holds the condition)."""

@@ -181,6 +181,8 @@ class RetrievalService:
         self.counters["repeated_writes"] = 0
         self.write_ids = WriteIds(manager.bank)
         """Submits and ``apply_ops`` calls applied, by id: a resend of one is answered, not applied again."""
+        # the queue's own requests, as submitted: covers a kill between queueing one and storing its id
+        self.write_ids.remember([WriteRecord(i, "submit") for i in manager.queue.pending_ids()], durable=False)
         self._write_lock = threading.Lock()  # a write id is checked and applied by one caller at a time
         self._closed_service = False
 
