@@ -274,9 +274,9 @@ class ExperienceBank(BankCounters):
             gen = self._generation + 1
             with self._storage(f"{'un' if undo else ''}quarantining what {written_by} wrote"):
                 ids = self._store.set_quarantined(written_by, steps, not undo, {"generation": gen})
+            self._generation = gen  # stored even when nothing matched: memory must agree with the file
             if ids:
                 if self.path is None:  # nothing to reopen: the memory is the bank
-                    self._generation = gen
                     self._reload_in_memory()
                 else:
                     self._store.close()
