@@ -225,3 +225,34 @@ def test_a_temp_spill_goes_with_its_queue() -> None:
     del q
     gc.collect()
     assert not path.exists()
+
+
+def test_remote_apply_ops_resends_a_refused_call_with_the_same_write_id(tmp_path: Path) -> None:
+    from crl_gym.clients import RemoteClient
+    from crl_gym.server import BackgroundServer
+
+    class FullOnce(RetrievalService):
+        """Refuses its first ``apply_ops`` for a full disk, as the bank would."""
+
+        ids: list[str | None] = []
+
+        def apply_ops(self, ops: Any, *, step: int | None = None, write_id: str | None = None) -> Any:
+            self.ids.append(write_id)
+            if len(self.ids) == 1:
+                raise StorageFault("disk full: writing 1 entries failed", cause="disk full", status=507)
+            return super().apply_ops(ops, step=step, write_id=write_id)
+
+    service = FullOnce(ExperienceManager(ExperienceBank(tmp_path / "bank", dim=DIM), HashingEmbedder(DIM)))
+    with BackgroundServer(service) as server:
+        client = RemoteClient(server.url, retries=2, retry_backoff_s=0.0)
+        out = client.apply_ops([AddOp("walk east")])
+        assert out.added == 1 and not out.repeated
+        assert len(service.ids) == 2 and service.ids[0] == service.ids[1] is not None
+        refusing = RemoteClient(server.url, retries=0)
+        service.ids.clear()
+        with pytest.raises(StorageFault, match="disk full"):  # no retries left: the cause reaches the caller
+            refusing.apply_ops([AddOp("walk west")])
+        client.close()
+        refusing.close()
+    assert len(service.manager.bank) == 1
+    service.close()
