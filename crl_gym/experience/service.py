@@ -221,6 +221,9 @@ class RetrievalService:
         with self._write_lock:
             seen = self.write_ids.seen([r.request_id for r in requests])
             fresh = list({r.request_id: r for r in requests if r.request_id not in seen}.values())
+            for r in fresh:  # filed under the open step before it is written, so the queue's copy says which
+                if r.rollout_step is None:
+                    r.rollout_step = self.ledger.last_ended + 1
             self.manager.submit_many(fresh, durable=durable)  # first: one it cannot take is kept and resent by the caller
             self.write_ids.remember([WriteRecord(r.request_id, "submit") for r in fresh], durable=durable)
         for r in fresh:
