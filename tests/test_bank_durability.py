@@ -136,10 +136,11 @@ def test_a_refused_submit_is_neither_queued_nor_recorded_and_its_resend_lands_on
         r = client.post("/submit", json={"requests": [req.to_dict()]})
         assert r.status_code == 503 and r.json()["detail"].startswith("read-only file system: queueing 1 request")
         health = client.get("/health").json()
-        assert health["status"] == "ok"
+        assert health["status"] == "ok" and health["storage"].startswith("read-only file system")
     assert service.manager.pending() == 0 and service.ledger.open_requests() == 0 and service.counters["submitted"] == 0
     for _ in range(2):  # the resend lands; a second resend (its answer lost, say) is not queued again
         assert client.post("/submit", json={"requests": [req.to_dict()]}).status_code == 200
+    assert client.get("/health").json()["storage"] is None
     assert service.manager.pending() == 1 and service.counters["repeated_writes"] == 1
     service.close()
 

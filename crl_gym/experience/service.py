@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_gym.errors import StorageFault
 from crl_gym.experience.manager import ApplyResult, ExperienceManager, Refiner
 from crl_gym.experience.results import STATS_FIELDS, Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.snapshots import (
@@ -184,6 +185,7 @@ class RetrievalService:
         # the queue's own requests, as submitted: covers a kill between queueing one and storing its id
         self.write_ids.remember([WriteRecord(i, "submit") for i in manager.queue.pending_ids()], durable=False)
         self._write_lock = threading.Lock()  # a write id is checked and applied by one caller at a time
+        self._queue_fault: str | None = None  # why the last submit could not be queued (health reports it)
         self._closed_service = False
 
     # ---------------------------------------------------------------- retrieval
@@ -224,7 +226,12 @@ class RetrievalService:
             for r in fresh:  # filed under the open step before it is written, so the queue's copy says which
                 if r.rollout_step is None:
                     r.rollout_step = self.ledger.last_ended + 1
-            self.manager.submit_many(fresh, durable=durable)  # first: one it cannot take is kept and resent by the caller
+            try:
+                self.manager.submit_many(fresh, durable=durable)  # first: one it cannot take is kept and resent by the caller
+            except StorageFault as exc:
+                self._queue_fault = str(exc)
+                raise
+            self._queue_fault = None
             self.write_ids.remember([WriteRecord(r.request_id, "submit") for r in fresh], durable=durable)
         for r in fresh:
             self.ledger.record(r)
@@ -313,7 +320,7 @@ class RetrievalService:
                             counters={k: v for k, v in self.counters.items() if k not in STATS_FIELDS})
 
     def health(self) -> Health:
-        return Health(pending=int(self.manager.pending()), storage=self.manager.bank.storage_fault)
+        return Health(pending=int(self.manager.pending()), storage=self.manager.bank.storage_fault or self._queue_fault)
 
     def close(self) -> None:
         """Close the manager (queue persisted) and the bank; safe to call twice."""
