@@ -184,7 +184,10 @@ class RetrievalService:
         """Submits and ``apply_ops`` calls applied, by id: a resend of one is answered, not applied again."""
         # the queue's own requests, as submitted: covers a kill between queueing one and storing its id
         self.write_ids.remember([WriteRecord(i, "submit") for i in manager.queue.pending_ids()], durable=False)
-        self._write_lock = threading.Lock()  # a write id is checked and applied by one caller at a time
+        # a write id is checked and applied by one caller at a time; submits and ops apart, so an
+        # ops call embedding its texts never holds up a submit
+        self._submit_lock = threading.Lock()
+        self._ops_lock = threading.Lock()
         self._queue_fault: str | None = None  # why the last submit could not be queued (health reports it)
         self._closed_service = False
 
@@ -220,7 +223,7 @@ class RetrievalService:
         for r in requests:
             if not isinstance(r, DistillationRequest):
                 raise TypeError(f"submit expects a DistillationRequest, got {type(r).__name__}")
-        with self._write_lock:
+        with self._submit_lock:
             seen = self.write_ids.seen([r.request_id for r in requests])
             fresh = list({r.request_id: r for r in requests if r.request_id not in seen}.values())
             for r in fresh:  # filed under the open step before it is written, so the queue's copy says which
@@ -272,7 +275,7 @@ class RetrievalService:
         if write_id is None:
             res = self.manager.apply_ops(list(ops), step=at)
         else:
-            with self._write_lock:
+            with self._ops_lock:
                 prior = self.write_ids.seen([write_id]).get(write_id)
                 if prior is not None:
                     self.counters["repeated_writes"] += 1
@@ -287,7 +290,7 @@ class RetrievalService:
     # ---------------------------------------------------------------- snapshots and quarantine
     def snapshot_bank(self, name: str | None = None) -> SnapshotInfo:
         """Snapshot the bank and the queue as ``BANK/snapshots/NAME`` (:mod:`~crl_gym.experience.snapshots`)."""
-        with self._write_lock:
+        with self._submit_lock, self._ops_lock:
             return take_snapshot(self.manager, name)
 
     def bank_snapshots(self) -> list[SnapshotInfo]:
@@ -298,14 +301,14 @@ class RetrievalService:
     def restore_bank(self, name: str) -> SnapshotInfo:
         """Make the bank and the queue the snapshot ``name``; returns the snapshot of the state
         before (``before-restore-TIME``), which undoes it."""
-        with self._write_lock:
+        with self._submit_lock, self._ops_lock:
             return restore_snapshot(self.manager, name)
 
     def quarantine(self, written_by: str, steps: tuple[int | None, int | None] = (None, None), *,
                    undo: bool = False) -> list[int]:
         """Hide (``undo``: bring back) what ``written_by`` wrote at steps ``steps`` (see
         :meth:`ExperienceBank.quarantine`); returns the entry ids."""
-        with self._write_lock:
+        with self._ops_lock:
             return self.manager.bank.quarantine(written_by, steps, undo=undo)  # a new generation: cached pools go
 
     # ---------------------------------------------------------------- state
