@@ -257,3 +257,17 @@ def test_remote_apply_ops_resends_a_refused_call_with_the_same_write_id(tmp_path
         refusing.close()
     assert len(service.manager.bank) == 1
     service.close()
+
+
+def test_a_write_rolled_back_by_a_restore_is_applied_again_when_resent(tmp_path: Path) -> None:
+    service = service_over(tmp_path / "bank")
+    service.snapshot_bank("empty")
+    assert service.apply_ops([AddOp("walk east")], write_id="w-1").added == 1
+    req = a_request()
+    assert service.submit_many([req], durable=True) == 1
+    service.restore_bank("empty")
+    assert len(service.manager.bank) == 0 and service.manager.pending() == 0
+    again = service.apply_ops([AddOp("walk east")], write_id="w-1")
+    assert not again.repeated and len(service.manager.bank) == 1
+    assert service.submit_many([req], durable=True) == 1 and service.manager.pending() == 1
+    service.close()

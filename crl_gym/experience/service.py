@@ -182,14 +182,20 @@ class RetrievalService:
         self.counters["repeated_writes"] = 0
         self.write_ids = WriteIds(manager.bank)
         """Submits and ``apply_ops`` calls applied, by id: a resend of one is answered, not applied again."""
-        # the queue's own requests, as submitted: covers a kill between queueing one and storing its id
-        self.write_ids.remember([WriteRecord(i, "submit") for i in manager.queue.pending_ids()], durable=False)
+        self.reload_write_ids()
         # a write id is checked and applied by one caller at a time; submits and ops apart, so an
         # ops call embedding its texts never holds up a submit
         self._submit_lock = threading.Lock()
         self._ops_lock = threading.Lock()
         self._queue_fault: str | None = None  # why the last submit could not be queued (health reports it)
         self._closed_service = False
+
+    def reload_write_ids(self) -> None:
+        """Know the write ids of the bank and the queue as they are now (at start, after a restore):
+        the ids kept in memory go, and the queue's own requests count as submitted, which covers a
+        kill between queueing a request and storing its id."""
+        self.write_ids.forget()
+        self.write_ids.remember([WriteRecord(i, "submit") for i in self.manager.queue.pending_ids()], durable=False)
 
     # ---------------------------------------------------------------- retrieval
     @property
@@ -302,7 +308,9 @@ class RetrievalService:
         """Make the bank and the queue the snapshot ``name``; returns the snapshot of the state
         before (``before-restore-TIME``), which undoes it."""
         with self._submit_lock, self._ops_lock:
-            return restore_snapshot(self.manager, name)
+            before = restore_snapshot(self.manager, name)
+            self.reload_write_ids()  # a write rolled back by the restore is applied again when resent
+            return before
 
     def quarantine(self, written_by: str, steps: tuple[int | None, int | None] = (None, None), *,
                    undo: bool = False) -> list[int]:

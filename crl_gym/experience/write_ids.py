@@ -55,6 +55,11 @@ class WriteIds:
             out.update(self.bank.find_writes(rest))
         return out
 
+    def forget(self) -> None:
+        """Drop the ids kept in memory (the bank was restored: its own table is the truth now)."""
+        with self._lock:
+            self._recent.clear()
+
     def remember(self, records: Iterable[WriteRecord], *, durable: bool) -> None:
         """Note ``records`` as applied; ``durable`` also stores them in the bank's database (a
         failure there is logged and counted, not raised: the writes themselves are applied)."""

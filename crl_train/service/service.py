@@ -475,6 +475,7 @@ class ExperienceService(RetrievalService):
         :meth:`save`): what was written after that checkpoint is rolled back. Call after
         :meth:`load_state` with the same checkpoint's state, before the service starts."""
         self.manager.restore(source)
+        self.reload_write_ids()
 
     def save_extractor(self, target: Path, previous: Path | None = None) -> None:
         """π_φ's weights into ``target`` (through the worker when it runs in a process). A dead
