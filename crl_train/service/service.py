@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crl_gym.errors import StorageFault
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.results import Health, ServiceStats
 from crl_gym.experience.service import ClosedStep, RetrievalService
@@ -268,7 +269,7 @@ class ExperienceService(RetrievalService):
         super().__init__(manager, last_ended=last_ended)
         self.options = options
         self.extractor = extractor
-        self.counters.update({"credits": 0, "pruned": 0})
+        self.counters.update({"credits": 0, "pruned": 0, "unlogged_credits": 0})
         self._resume_clock: float | None = None
         self.checkpoint_dir: Path | None = None
         """Where :meth:`close` writes a last :meth:`checkpoint` (``crl-experience serve --extractor``)."""
@@ -356,8 +357,12 @@ class ExperienceService(RetrievalService):
         from crl_train.service.credit import credited_entries
 
         episodes = Counter(i for r in closed.requests for i in credited_entries(r))
-        self.manager.bank.record_credits(closed.step, [(c.entry_id, c.reward, episodes[c.entry_id])
-                                                       for c in credits if c.entry_id is not None])
+        rows = [(c.entry_id, c.reward, episodes[c.entry_id]) for c in credits if c.entry_id is not None]
+        try:
+            self.manager.bank.record_credits(closed.step, rows)
+        except StorageFault:  # B_φ has them already: a full disk costs the log its rows, not the step its end
+            self.counters["unlogged_credits"] += len(rows)
+            log.exception("step %d: logging %d credits in the bank failed (counted in unlogged_credits)", closed.step, len(rows))
 
     def _edge_utility(self, closed: ClosedStep, edge: EdgeUtility) -> None:
         bank = self.manager.bank
