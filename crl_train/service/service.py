@@ -269,7 +269,7 @@ class ExperienceService(RetrievalService):
         super().__init__(manager, last_ended=last_ended)
         self.options = options
         self.extractor = extractor
-        self.counters.update({"credits": 0, "pruned": 0, "unlogged_credits": 0})
+        self.counters.update({"credits": 0, "pruned": 0, "unlogged_credits": 0, "unsaved_utilities": 0})
         self._resume_clock: float | None = None
         self.checkpoint_dir: Path | None = None
         """Where :meth:`close` writes a last :meth:`checkpoint` (``crl-experience serve --extractor``)."""
@@ -330,7 +330,11 @@ class ExperienceService(RetrievalService):
         credited = 0
         for step in closed:
             if self.options.edge is not None:
-                self._edge_utility(step, self.options.edge)
+                try:
+                    self._edge_utility(step, self.options.edge)
+                except StorageFault:  # the step is ended: its EDGE update is skipped, counted and logged
+                    self.counters["unsaved_utilities"] += 1
+                    log.exception("step %d: saving EDGE utilities failed (counted in unsaved_utilities)", step.step)
             if self.track is None:
                 continue
             if self.options.reflection is not None and self.options.distill:
