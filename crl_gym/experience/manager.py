@@ -81,6 +81,11 @@ class ApplyResult:
     merged away goes to the entry it was merged into, one of an entry gone since becomes an Add, a
     Delete of an entry gone since does nothing. Not malformed: the answer was right when asked."""
 
+    def summary(self) -> dict[str, Any]:
+        """What the call did, as remembered with its write id (:mod:`~crl_gym.experience.write_ids`)."""
+        return {"added_ids": list(self.added), "updated": list(self.updated), "deleted": list(self.deleted),
+                "returned": self.returned, "malformed": self.malformed, "stale": self.stale, "refused": self.refused}
+
 
 class _Request:
     __slots__ = ("query", "k", "done", "result", "error")
@@ -432,10 +437,10 @@ class ExperienceManager:
             res.updated = [u.id for u in updates]
             if origin is None:
                 origin = Origin("user") if sample is None else Origin("extractor", model_step=sample.extractor_version)
-            if write is not None:
-                write = WriteRecord(write.id, write.kind, {**(write.result or {}), **_summary(res, updates, deletes)})
-            res.added = self.bank.apply_batch(adds, updates, deletes, step=step, origin=origin, write=write)
             res.deleted = deletes
+            if write is not None:  # the bank adds the new entries' ids to it
+                write = WriteRecord(write.id, write.kind, {**(write.result or {}), **res.summary()})
+            res.added = self.bank.apply_batch(adds, updates, deletes, step=step, origin=origin, write=write)
         return res
 
     def _refuse_near_duplicates(self, ops: list[ExperienceOp], vecs: np.ndarray, threshold: float,
@@ -538,9 +543,3 @@ def _queue_fault(exc: OSError, n: int) -> StorageFault:
     fault = as_fault(exc, f"queueing {n} request{'s' * (n != 1)} for distillation")
     assert fault is not None  # every OSError is a storage error
     return StorageFault(f"{fault}; keep {'them' if n != 1 else 'it'} and submit again", cause=fault.cause, status=fault.status)
-
-
-def _summary(res: ApplyResult, updates: Sequence[PendingUpdate], deletes: Sequence[int]) -> dict[str, object]:
-    """What an ``apply_ops`` call did, as remembered with its write id (``added_ids`` comes from the bank)."""
-    return {"updated": [u.id for u in updates], "deleted": list(deletes), "returned": res.returned,
-            "malformed": res.malformed, "stale": res.stale, "refused": res.refused}

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.errors import StorageFault
-from crl_gym.experience.manager import ApplyResult, ExperienceManager, Refiner
+from crl_gym.experience.manager import ExperienceManager, Refiner
 from crl_gym.experience.results import STATS_FIELDS, Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.snapshots import (
     SnapshotInfo,
@@ -287,7 +287,7 @@ class RetrievalService:
                     self.counters["repeated_writes"] += 1
                     return _ops_answer(prior.result or {})
                 res = self.manager.apply_ops(list(ops), step=at, write=WriteRecord(write_id, "ops"))
-                self.write_ids.remember([WriteRecord(write_id, "ops", {**_summary(res), "added_ids": list(res.added)})],
+                self.write_ids.remember([WriteRecord(write_id, "ops", res.summary())],
                                         durable=False)  # the bank stored it with the ops
         self.counters["ops_applied"] += 1
         return OpsApplied(added=len(res.added), added_ids=list(res.added), updated=len(res.updated),
@@ -346,11 +346,6 @@ class RetrievalService:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _summary(res: ApplyResult) -> dict[str, Any]:
-    return {"updated": list(res.updated), "deleted": list(res.deleted), "returned": res.returned,
-            "malformed": res.malformed}
 
 
 def _ops_answer(result: dict[str, Any]) -> OpsApplied:
