@@ -52,7 +52,7 @@ from crl_gym.clients import as_service
 from crl_gym.errors import StorageFault
 from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.manager import ExperienceManager
-from crl_gym.experience.origin import WRITERS, parse_steps
+from crl_gym.experience.origin import Writer, parse_steps
 from crl_gym.experience.service import RetrievalService, StepOrderError
 from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
@@ -202,7 +202,7 @@ class RestoreBody(BaseModel):
 
 
 class QuarantineBody(BaseModel):
-    written_by: Literal[WRITERS]  # type: ignore[valid-type]
+    written_by: Writer
     steps: Annotated[str, Field(max_length=64)] = ":"
     undo: bool = False
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-WRITERS = ("user", "extractor", "merge", "import", "unknown")
+Writer = Literal["user", "extractor", "merge", "import", "unknown"]
+WRITERS: tuple[str, ...] = get_args(Writer)
 
 
 @dataclass(frozen=True)
