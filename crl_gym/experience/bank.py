@@ -282,7 +282,7 @@ class ExperienceBank(BankCounters):
                     self._store.close()
                     self._open_store(rebuild_index=True)
         log.info("bank %s: %s %d entries written by %s (steps %s)", self.path,
-                    "restored" if undo else "quarantined", len(ids), written_by, steps)
+                 "restored" if undo else "quarantined", len(ids), written_by, steps)
         return ids
 
     def find_writes(self, ids: Sequence[str]) -> dict[str, WriteRecord]:
@@ -320,13 +320,12 @@ class ExperienceBank(BankCounters):
 
     # -- writes ------------------------------------------------------------------------------
     def _commit(self, upserts: list[ExperienceEntry], deletes: list[int], next_id: int,
-                events: Sequence[EntryEvent] = (), *, origin: Origin | None = None, step: int = 0,
+                events: Sequence[EntryEvent] = (), *, origins: Mapping[int, tuple[Origin, int]] | None = None,
                 write: WriteRecord | None = None) -> None:
         """Durably write, then swap into memory and the index, all under the writer lock. A write
         that cannot be made durable raises :class:`~crl_gym.errors.StorageFault` and changes nothing."""
         with self.lock.write():
             gen = self._generation + 1
-            origins = {e.id: (origin, step) for e in upserts} if origin is not None else None
             with self._db_lock, self._storage(f"writing {len(upserts)} entries and {len(deletes)} deletions"):
                 self._store.commit(upserts, deletes, {"next_id": next_id, "generation": gen}, events,
                                    origins=origins, write=write)
@@ -422,7 +421,9 @@ class ExperienceBank(BankCounters):
             if write is not None:
                 write = WriteRecord(write.id, write.kind, {**(write.result or {}), "added_ids": new_ids})
             at = self._last_step if step is None else int(step)
-            self._commit(upserts, dels, next_id, events, origin=origin, step=at, write=write)
+            # the step of the write: an Add without one is written at its created_step, as its event
+            origins = {e.id: (origin, e.created_step if step is None and e.id not in touched else at) for e in upserts}
+            self._commit(upserts, dels, next_id, events, origins=origins, write=write)
             evicted += [e.id for e in stillborn]
             self._texts.removed(replaced)
             self._texts.added(upserts)
@@ -609,7 +610,8 @@ class ExperienceBank(BankCounters):
             next_id = max([self._next_id] + [e.id + 1 for e in entries])
             replaced = [self._entries[e.id] for e in entries if e.id in self._entries]
             entries = self._texts.share(entries, self._entries, gone={e.id for e in entries})
-            self._commit(entries, [], next_id, origin=Origin("import"), step=self._last_step)
+            imported = Origin("import")
+            self._commit(entries, [], next_id, origins={e.id: (imported, self._last_step) for e in entries})
             self._texts.removed(replaced)
             self._texts.added(entries)
         return len(entries)
