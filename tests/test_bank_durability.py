@@ -271,3 +271,16 @@ def test_a_write_rolled_back_by_a_restore_is_applied_again_when_resent(tmp_path:
     assert not again.repeated and len(service.manager.bank) == 1
     assert service.submit_many([req], durable=True) == 1 and service.manager.pending() == 1
     service.close()
+
+
+def test_write_ids_are_kept_to_a_bounded_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from crl_gym.experience import store
+    from crl_gym.experience.write_ids import WriteRecord
+
+    monkeypatch.setattr(store, "WRITE_ID_KEEP", 200)
+    s = SQLiteStore(tmp_path / "bank.sqlite")
+    for k in range(10):
+        s.record_writes([WriteRecord(f"w{k}-{i}", "submit") for i in range(100)])
+    kept = s.conn.execute("SELECT count(*) FROM write_ids").fetchone()[0]
+    assert 200 <= kept <= 300 and s.find_writes(["w9-99"]) and not s.find_writes(["w0-0"])
+    s.close()

@@ -106,6 +106,8 @@ _VISIBLE = "id NOT IN (SELECT entry_id FROM entry_origin WHERE quarantined = 1)"
 """The entries not quarantined (``WHERE`` clause on ``entries``)."""
 WRITE_ID_KEEP_S = 7 * 24 * 3600.0
 """How long the id of an applied write is remembered (a retry later than this applies again)."""
+WRITE_ID_KEEP = 1_000_000
+"""The most write ids remembered (the oldest go first, a little beyond this number)."""
 EVENT_KINDS = ("add", "update", "merge", "merged_away", "discard", "delete", "evict", "credit")
 """``entry_events.kind``: an Add, an Update, a Merge that produced the entry (``detail.sources``),
 a Merge that folded it into another (``detail.into``) or discarded it, a Delete (an EDGE prune, an
@@ -310,6 +312,7 @@ class SQLiteStore:
         ``create`` is False (then ``FileNotFoundError``). A file that is not a bank raises
         :class:`BankCorruptError` naming it."""
         self.file: Path | str = path if path is not None else ":memory:"
+        self._writes_since_trim = 0
         if path is not None:
             _check_file(path, create)
             if not path.exists():
@@ -389,22 +392,27 @@ class SQLiteStore:
                 self.set_meta(k, v)
             _insert_events(c, events)
             if write is not None:
-                self._insert_write(write)
+                self._insert_writes([write])
 
     # -- client write ids --------------------------------------------------------------------
-    def _insert_write(self, write: WriteRecord) -> None:
+    def _insert_writes(self, writes: Iterable[WriteRecord]) -> None:
         now = time.time()
-        self.conn.execute(
+        n = self.conn.executemany(
             "INSERT OR REPLACE INTO write_ids(id, kind, at, result) VALUES (?, ?, ?, ?)",
-            (write.id, write.kind, now, None if write.result is None else json.dumps(write.result)),
-        )
+            [(w.id, w.kind, now, None if w.result is None else json.dumps(w.result)) for w in writes],
+        ).rowcount
         self.conn.execute("DELETE FROM write_ids WHERE at < ?", (now - WRITE_ID_KEEP_S,))
+        self._writes_since_trim += max(0, n)
+        if self._writes_since_trim >= WRITE_ID_KEEP // 100:  # now and then: a count costs a scan
+            self._writes_since_trim = 0
+            self.conn.execute("DELETE FROM write_ids WHERE at <= (SELECT at FROM write_ids ORDER BY at DESC "
+                              "LIMIT 1 OFFSET ?)", (WRITE_ID_KEEP,))
 
     def record_writes(self, writes: Iterable[WriteRecord]) -> None:
-        """Remember ``writes`` as applied (one transaction); ids older than :data:`WRITE_ID_KEEP_S` go."""
+        """Remember ``writes`` as applied (one transaction); ids older than :data:`WRITE_ID_KEEP_S`,
+        and all but about the latest :data:`WRITE_ID_KEEP`, go."""
         with self._transaction():
-            for w in writes:
-                self._insert_write(w)
+            self._insert_writes(writes)
 
     def find_writes(self, ids: Sequence[str]) -> dict[str, WriteRecord]:
         """The remembered writes among ``ids``."""

@@ -6,7 +6,8 @@ An ``apply_ops`` id is stored in the bank's ``write_ids`` table in the transacti
 the ops (with the call's answer, which a repeat gets back): exactly once, across restarts. A
 submit's ids are stored right after its requests are on disk; a kill between the two may let a
 resend queue them a second time (the documented window). Ids are kept for
-:data:`~crl_gym.experience.store.WRITE_ID_KEEP_S` in the database, and the latest
+:data:`~crl_gym.experience.store.WRITE_ID_KEEP_S` in the database (at most about
+:data:`~crl_gym.experience.store.WRITE_ID_KEEP` of them), and the latest
 :data:`MEMORY` in memory too, which covers a write whose id could not be stored (a full disk:
 logged and counted in :attr:`WriteIds.unrecorded`).
 
