@@ -213,6 +213,9 @@ def test_an_entry_shows_who_wrote_it_and_whether_it_is_quarantined(served) -> No
     assert r.status_code == 200 and r.json()["entries"] == [ids["hostile"]], r.text
     assert ids["hostile"] not in service.manager.bank
     assert _get(client, f"/ui/api/entries/{ids['hostile']}")["origin"]["quarantined"] is True
+    assert client.post("/snapshot", json={"name": "hidden"}, headers=auth).status_code == 200
+    summary = _get(client, "/ui/api/summary")
+    assert summary["quarantined"] == 1 and [s["name"] for s in summary["snapshots"]] == ["hidden"]
     r = client.post("/quarantine", json={"written_by": "user", "steps": "4:4", "undo": True}, headers=auth)
     assert r.json()["entries"] == [ids["hostile"]] and ids["hostile"] in service.manager.bank
     assert client.post("/quarantine", json={"written_by": "user", "steps": "9:1"}, headers=auth).status_code == 422

@@ -75,7 +75,9 @@
   async function summary() {
     const s = await api("/summary");
     document.getElementById("summary").textContent =
-      s.entries + " entries" + (s.read_only ? " · read-only" : "") + (s.embedder ? " · " + s.embedder : "");
+      s.entries + " entries" + (s.quarantined ? " (" + s.quarantined + " quarantined)" : "") +
+      (s.snapshots && s.snapshots.length ? " · " + s.snapshots.length + " snapshots, latest " + s.snapshots[0].name : "") +
+      (s.read_only ? " · read-only" : "") + (s.embedder ? " · " + s.embedder : "");
     return s;
   }
 
