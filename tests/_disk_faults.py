@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,6 @@ def wait_up(c: httpx.Client, proc: subprocess.Popen[bytes]) -> None:
                 return
         except httpx.HTTPError:
             pass
-        import time
-
         time.sleep(0.1)
     raise SystemExit("the server did not come up")
 
