@@ -184,6 +184,7 @@ def main(mode: str, work: Path, out: Path) -> None:
         if again is not None:  # its answer was lost, say: sent a second time
             r2 = c.post("/apply_ops", json={"ops": [{"kind": "add", "text": again["text"]}], "write_id": again["write_id"]})
             report["repeat"] = r2.json()
+        report["fresh_after"] = [w.add().status_code, w.submit().status_code]  # new writes go through too
         report["never_resent"] = {"text": kept_out["ops"]["text"], "request_id": kept_out["submit"]["request"]["request_id"]}
         report["health_after"] = c.get("/health").json()
         report["stats_after"] = {k: v for k, v in c.get("/stats").json().items() if k in ("bank_size", "queue_depth")}

@@ -71,6 +71,7 @@ def check(report: dict[str, Any]) -> None:
     # space back: writes resume without a restart, a resend lands once, a second resend is answered
     assert report["resent"] and set(report["resent"]) == {200}
     assert report["repeat"]["repeated"] is True and report["repeat"]["added"] == 1
+    assert report["fresh_after"] == [200, 200]
     assert report["health_after"]["storage"] is None
     # SIGTERM on a full disk: a clean exit, and everything acknowledged is there once, nothing refused is
     assert report["rc"] == 0, log
