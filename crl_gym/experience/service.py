@@ -230,7 +230,7 @@ class RetrievalService:
             if not isinstance(r, DistillationRequest):
                 raise TypeError(f"submit expects a DistillationRequest, got {type(r).__name__}")
         with self._submit_lock:
-            seen = self.write_ids.seen([r.request_id for r in requests])
+            seen = self.write_ids.seen([r.request_id for r in requests], stored=durable)
             fresh = list({r.request_id: r for r in requests if r.request_id not in seen}.values())
             for r in fresh:  # filed under the open step before it is written, so the queue's copy says which
                 if r.rollout_step is None:

@@ -47,12 +47,13 @@ class WriteIds:
         self._recent: OrderedDict[str, WriteRecord] = OrderedDict()
         self._lock = threading.Lock()
 
-    def seen(self, ids: Sequence[str]) -> dict[str, WriteRecord]:
-        """The already applied writes among ``ids``."""
+    def seen(self, ids: Sequence[str], *, stored: bool = True) -> dict[str, WriteRecord]:
+        """The already applied writes among ``ids``; ``stored=False`` looks in memory only (an
+        in-process submit, whose ids are never stored, skips the database on its hot path)."""
         with self._lock:
             out = {i: r for i in ids if (r := self._recent.get(i)) is not None}
         rest = [i for i in ids if i not in out]
-        if rest:
+        if rest and stored:
             out.update(self.bank.find_writes(rest))
         return out
 
