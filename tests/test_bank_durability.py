@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,20 @@ def test_write_ids_are_kept_to_a_bounded_number(tmp_path: Path, monkeypatch: pyt
     kept = s.conn.execute("SELECT count(*) FROM write_ids").fetchone()[0]
     assert 200 <= kept <= 300 and s.find_writes(["w9-99"]) and not s.find_writes(["w0-0"])
     s.close()
+
+
+def test_a_temp_spill_left_by_a_killed_process_is_swept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from crl_gym.experience.distill_queue import TEMP_PREFIX, sweep_temp_spills
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    left = tmp_path / f"{TEMP_PREFIX}{dead}_abc.jsonl"
+    mine = tmp_path / f"{TEMP_PREFIX}{os.getpid()}_def.jsonl"
+    other = tmp_path / "crl_pending_old.jsonl"  # no pid: not ours to judge
+    for f in (left, left.with_name(left.name + ".offset"), mine, other):
+        f.write_text("{}\n")
+    assert sweep_temp_spills(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])

@@ -44,10 +44,36 @@ log = logging.getLogger(__name__)
 __all__ = ["DistillQueue", "rejected_path"]
 
 
+TEMP_PREFIX = "crl_pending_"
+"""Temp spills are ``<temp dir>/crl_pending_<pid>_<random>.jsonl``: the pid names their owner."""
+
+
 def _remove_temp(path: Path) -> None:
     """Remove a temp spill file and its offset (the queue was garbage-collected or closed)."""
     for p in (path, path.with_name(path.name + ".offset"), rejected_path(path)):
         p.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def sweep_temp_spills(directory: Path) -> int:
+    """Remove the temp spills in ``directory`` whose process is gone (a SIGKILL skips the owner's
+    own cleanup, and no one can reopen them); returns how many."""
+    gone = 0
+    for path in directory.glob(f"{TEMP_PREFIX}*_*.jsonl"):
+        pid = path.name[len(TEMP_PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            _remove_temp(path)
+            gone += 1
+    return gone
 
 
 class DistillQueue:
@@ -57,7 +83,11 @@ class DistillQueue:
     def __init__(self, maxsize: int, spill_path: str | Path | None) -> None:
         self.maxsize = int(maxsize)
         if spill_path is None:
-            fd, name = tempfile.mkstemp(prefix="crl_pending_", suffix=".jsonl")
+            try:
+                sweep_temp_spills(Path(tempfile.gettempdir()))
+            except OSError:  # a temp dir we cannot list: leftovers stay, the queue works
+                log.warning("could not sweep leftover temp spills", exc_info=True)
+            fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.getpid()}_", suffix=".jsonl")
             os.close(fd)
             spill_path, self._temp = Path(name), True
             self._cleanup: weakref.finalize[[Path], DistillQueue] | None = weakref.finalize(self, _remove_temp, Path(name))
