@@ -9,6 +9,11 @@ how uvicorn runs and stops (SIGINT / SIGTERM close the service, then exit 0).
     crl-experience serve --bank DIR --port 8765 [--host H] [--embedder hashing:384]
         [--extractor tiny|CONFIG.yaml [--merge-seeded]] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]
     crl-experience ui --bank DIR [--port 8766] [--host H] [--token-file FILE]   (the explorer alone, read-only)
+    crl-experience snapshot BANK [--name N] | list-snapshots BANK | restore BANK N   [--url URL]
+    crl-experience quarantine BANK --written-by extractor --steps A:B [--undo]    [--url URL]
+
+``snapshot``, ``list-snapshots``, ``restore`` and ``quarantine`` work on the bank's files, or with
+``--url`` through the server that holds it open (docs/service.md).
 
 The service serves the bank explorer at ``/ui`` (:mod:`crl_gym.explorer`, docs/explorer.md).
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import gc
 import ipaddress
 import os
+import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -32,11 +38,14 @@ from fastapi import Depends
 
 from crl_gym.clients import TOKEN_ENV
 from crl_gym.experience.bank import BankLockedError
+from crl_gym.experience.origin import WRITERS, parse_steps
 from crl_gym.experience.service import RetrievalService
+from crl_gym.experience.snapshots import list_snapshots, restore_snapshot, take_snapshot
 from crl_gym.experience.store import BankCorruptError
 from crl_gym.server import BACKLOG, KEEP_ALIVE_S, MAX_BODY_BYTES, check_token, create_app
 
 if TYPE_CHECKING:
+    from crl_gym.clients import RemoteClient
     from crl_gym.experience.manager import ExperienceManager
 
 
@@ -182,6 +191,140 @@ def ui(bank_dir: str, port: int, host: str, embedder: str | None, token_file: st
     finally:
         source.close()
     click.echo("crl-experience: stopped", err=True)
+
+
+# -- the bank's administration: snapshots, restore, quarantine (docs/service.md) ------------------
+_BANK_ARG = click.argument("bank", type=click.Path(file_okay=False))
+_URL_OPT = click.option("--url", default=None,
+                        help="Do it on the server at this URL (http://host:port) instead, for a bank a server holds "
+                             f"open (the token from ${TOKEN_ENV}).")
+
+
+def _offline_manager(bank: str) -> ExperienceManager:
+    """The bank in ``bank`` (or in its ``bank/``, a run directory) with a manager over it, for an
+    operation on its files. Its embedder is never called here: a hashing one of the bank's dim
+    stands in, so no model is loaded."""
+    from crl_gym.experience.bank import ExperienceBank
+    from crl_gym.experience.config import ManagerConfig
+    from crl_gym.experience.embedders import HashingEmbedder
+    from crl_gym.experience.manager import ExperienceManager
+    from crl_gym.experience.store import open_readonly
+    from crl_gym.explorer.source import find_bank
+
+    try:
+        bank_dir = find_bank(bank)
+        conn = open_readonly(bank_dir / "bank.sqlite")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            raise BankCorruptError(f"{bank_dir}: the bank records no dim")
+        b = ExperienceBank(bank_dir, dim=int(row[0]), create=False)
+    except (FileNotFoundError, ValueError, BankCorruptError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except BankLockedError as exc:
+        raise click.ClickException(f"{exc}; do it through that server with --url") from exc
+    return ExperienceManager(b, HashingEmbedder(b.dim), ManagerConfig(persist_interval_s=0))
+
+
+def _close(manager: ExperienceManager) -> None:
+    manager.close()
+    manager.bank.close()
+
+
+def _remote(url: str) -> RemoteClient:
+    from crl_gym.clients import RemoteClient
+
+    return RemoteClient(url, timeout=600)
+
+
+@cli.command()
+@_BANK_ARG
+@click.option("--name", default=None, help="The snapshot's name (letters, digits, '.', '_', '-'); default: the UTC time.")
+@_URL_OPT
+def snapshot(bank: str, name: str | None, url: str | None) -> None:
+    """Snapshot the bank in BANK (its entries, counters, event log and queued requests) as BANK/snapshots/NAME."""
+    if url:
+        info = _remote(url).snapshot_bank(name)
+    else:
+        manager = _offline_manager(bank)
+        try:
+            info = take_snapshot(manager, name).to_dict()
+        except (ValueError, FileExistsError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            _close(manager)
+    click.echo(f"snapshot {info['name']}: {info['entries']} entries, {info['pending']} queued requests, in {info['path']}")
+
+
+@cli.command("list-snapshots")
+@_BANK_ARG
+@_URL_OPT
+def list_snapshots_command(bank: str, url: str | None) -> None:
+    """The snapshots of the bank in BANK, newest first."""
+    from crl_gym.explorer.source import find_bank
+
+    if url:
+        found = _remote(url).bank_snapshots()
+    else:
+        try:
+            found = [s.to_dict() for s in list_snapshots(find_bank(bank))]
+        except FileNotFoundError as exc:
+            raise click.ClickException(str(exc)) from exc
+    if not found:
+        click.echo("no snapshots")
+    for s in found:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(s["created_at"])))
+        click.echo(f"{s['name']}\t{when}\t{s['entries']} entries\t{s['pending']} queued")
+
+
+@cli.command()
+@_BANK_ARG
+@click.argument("name")
+@_URL_OPT
+def restore(bank: str, name: str, url: str | None) -> None:
+    """Make the bank in BANK the snapshot NAME again (the state before is kept as a snapshot too)."""
+    if url:
+        out = _remote(url).restore_bank(name)
+        before, size = out["before"]["name"], out["bank_size"]
+    else:
+        manager = _offline_manager(bank)
+        try:
+            before = restore_snapshot(manager, name).name
+            size = len(manager.bank)
+        except (ValueError, FileNotFoundError, BankCorruptError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            _close(manager)
+    click.echo(f"restored {name}: {size} entries; the state before is the snapshot {before}")
+
+
+@cli.command()
+@_BANK_ARG
+@click.option("--written-by", "written_by", required=True, type=click.Choice(list(WRITERS)),
+              help="Whose writes: the extractor, a user's ops, a Merge, an import.")
+@click.option("--steps", default=":", show_default=True,
+              help="A:B, both included (either end may be left out): the extractor's model steps, else the rollout steps.")
+@click.option("--undo", is_flag=True, default=False, help="Bring the entries back instead.")
+@_URL_OPT
+def quarantine(bank: str, written_by: str, steps: str, undo: bool, url: str | None) -> None:
+    """Hide (not delete) from retrieval what WRITTEN-BY wrote in STEPS in the bank in BANK; --undo brings it back."""
+    try:
+        window = parse_steps(steps)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--steps") from exc
+    if url:
+        ids = list(_remote(url).quarantine(written_by, steps, undo=undo)["entries"])
+    else:
+        manager = _offline_manager(bank)
+        try:
+            ids = manager.bank.quarantine(written_by, window, undo=undo)
+        finally:
+            _close(manager)
+    shown = ", ".join(map(str, ids[:20])) + (" …" if len(ids) > 20 else "")
+    click.echo(f"{'restored' if undo else 'quarantined'} {len(ids)} entries written by {written_by} "
+               f"at steps {steps}{': ' + shown if ids else ''}")
 
 
 SERVE_EXTRACTOR_GROUP = "crl_gym.serve_extractor"

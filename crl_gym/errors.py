@@ -40,3 +40,17 @@ class ProcessBoundaryError(RuntimeError):
 class RequestTooLarge(ValueError):
     """A distillation request larger than the server's body limit: refused at ``submit``
     (it can never be delivered as it is; a ``ValueError``, so the wrappers count it as rejected)."""
+
+
+class StorageFault(ExperienceUnavailable):
+    """A write the service could not make durable (a full disk, an I/O error, a read-only file
+    system): refused, and applied nowhere, memory included. The message names the cause
+    (``"disk full: …"``); :attr:`status` is the HTTP status it is answered with (507 when space
+    ran out, 503 otherwise). An outage: the caller keeps the write and sends it again later,
+    with the same id (:mod:`crl_gym.experience.write_ids`), so it lands once.
+    """
+
+    def __init__(self, message: str, *, cause: str = "storage error", status: int = 503) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.status = status

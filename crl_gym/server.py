@@ -10,7 +10,11 @@ Routes (JSON): ``POST /search {query}`` → ``{entry}``, ``POST /search_many {qu
 ``POST /submit {requests: [...]}`` → ``{accepted}``, ``POST /get_requests {max_n, timeout}`` →
 ``{requests}``, ``POST /end_step {step, bonus}`` → ``{step, ended, requests, credited}`` (409 for a
 step already ended), ``POST /apply_ops {ops, step}`` → ``{added, added_ids, updated, deleted,
-returned, malformed}``, ``GET /stats``, ``GET /health``. A malformed body is answered 422 naming
+returned, malformed, repeated}`` (``write_id``: applied at most once), ``POST /snapshot {name}``,
+``GET /snapshots``, ``POST /restore {name}``, ``POST /quarantine {written_by, steps, undo}``,
+``GET /stats``, ``GET /health`` (``storage``: the storage fault writes meet now, if any). A write
+that cannot be made durable is refused with 507 (space ran out) or 503 (an I/O error, a read-only
+file system), its detail naming the cause, and applied nowhere; see docs/service.md. A malformed body is answered 422 naming
 the field, a body above ``--max-body-bytes`` 413 before it is parsed (the limits, and how the
 clients keep within them, are in :mod:`crl_gym.limits`); lone surrogates in texts are
 replaced by U+FFFD, and a query that fails in a coalesced batch fails only its own caller. With a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
@@ -45,8 +49,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Send
 
 from crl_gym.clients import as_service
+from crl_gym.errors import StorageFault
 from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.manager import ExperienceManager
+from crl_gym.experience.origin import Writer, parse_steps
 from crl_gym.experience.service import RetrievalService, StepOrderError
 from crl_gym.explorer import mount_service_explorer
 from crl_gym.json_limits import json_shape, quick_bound
@@ -177,9 +183,28 @@ class ReturnOpBody(BaseModel):
 OpBody = Annotated[AddOpBody | UpdateOpBody | DeleteOpBody | ReturnOpBody, Field(discriminator="kind")]
 
 
+WriteId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
 class ApplyOpsBody(BaseModel):
     ops: list[OpBody] = Field(max_length=MAX_BATCH)
     step: int | None = Field(default=None, ge=0, lt=STEP_LIMIT)
+    write_id: WriteId | None = None
+    """The client's id of this call: a resend with the same id is answered, not applied again."""
+
+
+class SnapshotBody(BaseModel):
+    name: Annotated[str, Field(max_length=100)] | None = None
+
+
+class RestoreBody(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class QuarantineBody(BaseModel):
+    written_by: Writer
+    steps: Annotated[str, Field(max_length=64)] = ":"
+    undo: bool = False
 
 
 def _json(payload: object) -> Response:
@@ -362,6 +387,8 @@ class GuardedRoute(APIRoute):
                 raise  # HTTP answers with their own status (the body parser raises Starlette's own)
             except StepOrderError as exc:
                 return JSONResponse(status_code=409, content={"detail": str(exc)})
+            except StorageFault as exc:  # refused and applied nowhere: the client keeps it and resends
+                return JSONResponse(status_code=exc.status, content={"detail": str(exc)}, headers={"Retry-After": "5"})
             except Exception as exc:  # noqa: BLE001 - reported to the client as a 5xx
                 logger.exception("experience server: %s failed", request.url.path)
                 return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
@@ -431,9 +458,10 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
                 parsed.append(DistillationRequest.from_dict(d))
             except (KeyError, TypeError, ValueError) as exc:
                 raise HTTPException(status_code=422, detail=f"requests[{i}]: {type(exc).__name__}: {exc}") from exc
-        for req in parsed:
-            svc.submit(req)
-        return _json({"accepted": len(parsed)})
+        # on disk (fsynced) before the answer, or refused with none of them queued; a request whose
+        # request_id came before (a resend) is answered as accepted and not queued again
+        new = svc.submit_many(parsed, durable=True)
+        return _json({"accepted": len(parsed), "new": new})
 
     @router.post("/get_requests")
     def get_requests(body: GetRequestsBody) -> Response:
@@ -447,10 +475,38 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
     def apply_ops(body: ApplyOpsBody) -> Response:
         ops = [op_from_dict(op.model_dump()) for op in body.ops]
         try:
-            result = svc.apply_ops(ops, step=body.step)
+            result = svc.apply_ops(ops, step=body.step, write_id=body.write_id)
         except ValueError as exc:  # the bank refused an op's content (a text the embedder maps to zero)
             raise HTTPException(status_code=422, detail=f"ops: {exc}") from exc
         return _json(_jsonable(result.to_dict()))
+
+    @router.post("/snapshot")
+    def snapshot(body: SnapshotBody) -> Response:
+        try:
+            return _json(svc.snapshot_bank(body.name).to_dict())
+        except (ValueError, FileExistsError) as exc:
+            raise HTTPException(status_code=422 if isinstance(exc, ValueError) else 409, detail=f"name: {exc}") from exc
+
+    @router.get("/snapshots")
+    def snapshots() -> Response:
+        return _json({"snapshots": [s.to_dict() for s in svc.bank_snapshots()]})
+
+    @router.post("/restore")
+    def restore(body: RestoreBody) -> Response:
+        try:
+            before = svc.restore_bank(body.name)
+        except (ValueError, FileNotFoundError) as exc:
+            raise HTTPException(status_code=422 if isinstance(exc, ValueError) else 404, detail=f"name: {exc}") from exc
+        return _json({"restored": body.name, "before": before.to_dict(), "bank_size": len(svc.manager.bank)})
+
+    @router.post("/quarantine")
+    def quarantine(body: QuarantineBody) -> Response:
+        try:
+            steps = parse_steps(body.steps)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=f"steps: {exc}") from exc
+        ids = svc.quarantine(body.written_by, steps, undo=body.undo)
+        return _json({"undo": body.undo, "entries": ids, "bank_size": len(svc.manager.bank)})
 
     app.include_router(open_routes)
     app.include_router(router)

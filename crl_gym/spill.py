@@ -17,11 +17,13 @@ outage. Each owns one file; this module owns how such a file is written and read
   (:func:`terminate_partial_line`) so that it is rejected on its own.
 
 >>> import json, tempfile
->>> path = Path(tempfile.mkdtemp()) / "pending.jsonl"
+>>> tmp = tempfile.TemporaryDirectory()
+>>> path = Path(tmp.name) / "pending.jsonl"
 >>> append(path, ['{"a": 1}', "{broken", '{"a": 2}'])
 >>> got, end, bad = read(path, 0, 10, json.loads)
 >>> [v for v, _ in got], [line for _, line, _ in bad], rejected_path(path).name
 ([{'a': 1}, {'a': 2}], [b'{broken\\n'], 'pending.rejected.jsonl')
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_stats_and_health(setup: tuple[Any, RetrievalService]) -> None:
     client.submit(request_with_call())
     client.flush()
     health = client.health()
-    assert health.to_dict() == {"status": "ok", "pending": 1, "extractor": None}
+    assert health.to_dict() == {"status": "ok", "pending": 1, "extractor": None, "storage": None}
     stats = client.stats().to_dict()
     for key in ("bank_size", "distilled", "credited", "extractor_updates", "merges", "queue_depth"):
         assert isinstance(stats[key], int), key
@@ -209,7 +209,8 @@ def test_apply_ops_changes_the_bank(setup: tuple[Any, RetrievalService]) -> None
     entry = bank.get(wood)
     assert entry.text == "Crafter: collect wood, then build a table." and entry.version == 1
     assert shop not in bank and len(bank) == len(TEXTS) + 1
-    assert client.apply_ops([]).to_dict() == {"added": 0, "added_ids": [], "updated": 0, "deleted": 0, "returned": 0, "malformed": 0}
+    assert client.apply_ops([]).to_dict() == {"added": 0, "added_ids": [], "updated": 0, "deleted": 0, "returned": 0, "malformed": 0,
+                                             "repeated": False}
     assert client.stats().ops_applied == 3
 
 
@@ -415,10 +416,10 @@ class GatedService(RetrievalService):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def submit(self, request: DistillationRequest) -> None:
+    def submit_many(self, requests: list[DistillationRequest], *, durable: bool = False) -> int:
         self.entered.set()
         self.gate.wait(20)
-        super().submit(request)
+        return super().submit_many(requests, durable=durable)
 
 
 @pytest.fixture()
@@ -535,11 +536,11 @@ def test_remote_submit_retries_a_transient_server_failure(tmp_path: Path) -> Non
     class Flaky(RetrievalService):
         fails = 2
 
-        def submit(self, request: DistillationRequest) -> None:
+        def submit_many(self, requests: list[DistillationRequest], *, durable: bool = False) -> int:
             if self.fails > 0:
                 self.fails -= 1
                 raise RuntimeError("restarting")  # a 500 to the client
-            super().submit(request)
+            return super().submit_many(requests, durable=durable)
 
     service = Flaky(make_manager())
     spill = tmp_path / "unsent.jsonl"

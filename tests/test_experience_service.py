@@ -241,3 +241,22 @@ def test_the_service_reflects_within_the_step_budget(extractor: Extractor) -> No
         assert len(service.manager.bank) == size + st["added"] + st["reflected"]
     finally:
         service.close()
+
+
+def test_a_full_disk_costs_the_credit_log_its_rows_not_the_step_its_end(
+        extractor: Extractor, monkeypatch: pytest.MonkeyPatch) -> None:
+    from crl_gym.errors import StorageFault
+
+    service, (a, b) = _service(extractor)
+    try:
+        def full(*args: Any, **kwargs: Any) -> int:
+            raise StorageFault("disk full: recording 2 credits failed", cause="disk full", status=507)
+
+        monkeypatch.setattr(service.manager.bank, "record_credits", full)
+        for r in (_req(a, True, 0), _req(b, False, 0)):
+            service.submit(r)
+        out = service.end_step(0)  # B_φ gets its credits; the bank's event log could not take them
+        assert out.ended == [0] and out.credited == 2
+        assert service.stats().counters["unlogged_credits"] == 2
+    finally:
+        service.close()

@@ -198,3 +198,24 @@ def test_out_of_range_filters_are_422s(served) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     for qs in ("step_min=99999999999999999999", "min_retrievals=-1", "per_page=1000", "page=0", "order=up"):
         assert client.get(f"/ui/api/entries?{qs}", headers=auth).status_code == 422, qs
+
+
+def test_an_entry_shows_who_wrote_it_and_whether_it_is_quarantined(served) -> None:
+    client, service, ids = served
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    updated = _get(client, f"/ui/api/entries/{ids['updated']}")  # its current text: the Update's, at step 2
+    assert updated["origin"]["written_by"] == "user" and updated["origin"]["step"] == 2
+    assert not updated["origin"]["quarantined"]
+    assert _get(client, f"/ui/api/entries/{ids['anchor']}")["origin"]["written_by"] == "merge"
+    # over HTTP with the token: hide what the user wrote at step 4 (the hostile entry), then bring it back
+    assert client.post("/quarantine", json={"written_by": "user", "steps": "4:4"}).status_code == 401
+    r = client.post("/quarantine", json={"written_by": "user", "steps": "4:4"}, headers=auth)
+    assert r.status_code == 200 and r.json()["entries"] == [ids["hostile"]], r.text
+    assert ids["hostile"] not in service.manager.bank
+    assert _get(client, f"/ui/api/entries/{ids['hostile']}")["origin"]["quarantined"] is True
+    assert client.post("/snapshot", json={"name": "hidden"}, headers=auth).status_code == 200
+    summary = _get(client, "/ui/api/summary")
+    assert summary["quarantined"] == 1 and [s["name"] for s in summary["snapshots"]] == ["hidden"]
+    r = client.post("/quarantine", json={"written_by": "user", "steps": "4:4", "undo": True}, headers=auth)
+    assert r.json()["entries"] == [ids["hostile"]] and ids["hostile"] in service.manager.bank
+    assert client.post("/quarantine", json={"written_by": "user", "steps": "9:1"}, headers=auth).status_code == 422

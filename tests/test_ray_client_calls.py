@@ -87,7 +87,7 @@ def actor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServiceAc
 
 
 def test_the_actor_answers_json_forms_and_the_client_parses_them(actor: ServiceActor) -> None:
-    assert actor.health() == {"status": "ok", "pending": 0, "extractor": None}  # grpo: no extractor
+    assert actor.health() == {"status": "ok", "pending": 0, "extractor": None, "storage": None}  # grpo: no extractor
     handle = _Handle(actor)
     client = RayServiceClient("svc", timeout=5, handle=handle)
     ops = client.apply_ops([AddOp("Walk east to the exit.")])

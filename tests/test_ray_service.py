@@ -27,6 +27,7 @@ from _waiting import settle  # noqa: E402
 from crl_gym.clients import ExperienceClient, ExperienceUnavailable  # noqa: E402
 from crl_gym.experience.embedders import HashingEmbedder  # noqa: E402
 from crl_gym.experience.service import StepOrderError  # noqa: E402
+from crl_gym.experience.snapshots import list_snapshots  # noqa: E402
 from crl_gym.protocol import AddOp, DistillationRequest, ExperienceRef, Step, Trajectory  # noqa: E402
 from crl_gym.wrappers.examples import CorridorEnv  # noqa: E402
 from crl_gym.wrappers.experience import ExperienceWrapper  # noqa: E402
@@ -248,6 +249,9 @@ def test_trainer_mixin_ends_steps_and_checkpoints_the_service(client: RayService
     ckpt = service_dir / "checkpoint"
     state = json.loads((ckpt / "state.json").read_text())
     assert state["service"]["last_ended"] == first and (ckpt / "extractor").is_dir()
+    # the checkpoint names the bank snapshot it pairs with
+    assert state["bank_snapshot"].startswith(f"checkpoint-step-{first}-")
+    assert state["bank_snapshot"] in [s.name for s in list_snapshots(service_dir / "bank")]
 
 
 def test_bank_and_state_survive_the_actor(client: RayServiceClient, service_dir: Path) -> None:

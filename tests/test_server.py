@@ -53,13 +53,15 @@ def a_request() -> DistillationRequest:
 
 def test_routes(app_client: tuple[TestClient, ExperienceManager]) -> None:
     client, manager = app_client
-    assert client.get("/health").json() == {"status": "ok", "pending": 0, "extractor": None}
+    assert client.get("/health").json() == {"status": "ok", "pending": 0, "extractor": None, "storage": None}
     entry = client.post("/search", json={"query": "Sokoban boxes"}).json()["entry"]
     assert entry["text"] == TIP and set(entry) == {"id", "text", "version"}
     assert client.post("/search_many", json={"queries": ["Sokoban", "boxes"]}).json()["entries"] == [entry, entry]
     assert client.post("/ask", json={"query": "q", "entry": entry, "context": "c"}).json() == {"answer": TIP, "provenance": None}
     req = a_request()
-    assert client.post("/submit", json={"requests": [req.to_dict()]}).json() == {"accepted": 1}
+    assert client.post("/submit", json={"requests": [req.to_dict()]}).json() == {"accepted": 1, "new": 1}
+    # a resend (same request_id) is answered as accepted and not queued again
+    assert client.post("/submit", json={"requests": [req.to_dict()]}).json() == {"accepted": 1, "new": 0}
     assert manager.pending() == 1
     got = client.post("/get_requests", json={"max_n": 5, "timeout": 0.2}).json()["requests"]
     # filed under the open rollout step (0): the client gave none

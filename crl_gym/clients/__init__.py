@@ -48,6 +48,7 @@ from crl_gym.errors import ExperienceAuthError as ExperienceAuthError
 from crl_gym.errors import ExperienceUnavailable as ExperienceUnavailable
 from crl_gym.errors import ProcessBoundaryError as ProcessBoundaryError
 from crl_gym.errors import RequestTooLarge as RequestTooLarge
+from crl_gym.errors import StorageFault as StorageFault
 from crl_gym.errors import SubmitUndelivered as SubmitUndelivered
 from crl_gym.experience.service import (
     ASK_FALLBACKS as ASK_FALLBACKS,  # re-exported: the wrappers' callers read it here
@@ -58,7 +59,7 @@ from crl_gym.outbox import SubmitCounts as SubmitCounts
 
 __all__ = [
     "ASK_FALLBACKS", "TOKEN_ENV", "Combiner", "ExperienceAuthError", "ExperienceClient", "ExperienceUnavailable",
-    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "StepOrderError", "SubmitCounts",
-    "SubmitUndelivered",
+    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "StepOrderError", "StorageFault",
+    "SubmitCounts", "SubmitUndelivered",
     "as_service", "ask_manager", "check_step",
 ]

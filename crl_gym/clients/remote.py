@@ -6,13 +6,15 @@ import json
 import logging
 import os
 import threading
+import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crl_gym.clients.combiner import Combiner
 from crl_gym.clients.interface import TOKEN_ENV, check_step
-from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable
+from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable, StorageFault
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.service import StepOrderError
 from crl_gym.limits import MAX_BATCH, MAX_BODY_BYTES, MAX_QUERY_CHARS, MAX_TEXT, check_request_size
@@ -176,6 +178,9 @@ class RemoteClient:
         status = resp.status_code
         if status < 400:
             return resp.json()
+        if status in (503, 507) and "Retry-After" in resp.headers:  # a write refused for a storage fault
+            raise StorageFault(f"experience server {self.url}{path} refused the write ({status}): {_detail(resp)}",
+                               cause=_detail(resp).partition(":")[0], status=status)
         if status >= 500:
             raise ExperienceUnavailable(f"experience server {self.url}{path} failed ({status}): {resp.text[:500]}")
         detail = _detail(resp)
@@ -261,7 +266,40 @@ class RemoteClient:
         return StepEnded.from_dict(self._call("POST", "/end_step", body))
 
     def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
-        return OpsApplied.from_dict(self._call("POST", "/apply_ops", {"ops": [op_to_dict(op) for op in ops], "step": step}))
+        """Apply ``ops`` on the server, as one write with an id of its own: a call the server could
+        not take (unreachable, a 5xx, a full disk) is sent again with the same id, up to ``retries``
+        times, so it lands once whether or not an earlier try did (``repeated`` in the answer says
+        that an earlier try had). Raises :class:`ExperienceUnavailable` (:class:`StorageFault` for
+        a storage fault) once the retries are used up."""
+        body = {"ops": [op_to_dict(op) for op in ops], "step": step, "write_id": uuid.uuid4().hex}
+        for attempt in range(self.retries + 1):
+            try:
+                return OpsApplied.from_dict(self._call("POST", "/apply_ops", body))
+            except ExperienceUnavailable:
+                if attempt == self.retries:
+                    raise
+                time.sleep(min(self.retry_backoff_s * 2**attempt, 5.0))
+        raise AssertionError("unreachable")
+
+    # -- bank administration (see docs/service.md) ---------------------------------------------
+    def snapshot_bank(self, name: str | None = None) -> dict[str, Any]:
+        """Snapshot the server's bank as ``name`` (default: the time); returns the snapshot's description."""
+        out: dict[str, Any] = self._call("POST", "/snapshot", {"name": name})
+        return out
+
+    def bank_snapshots(self) -> list[dict[str, Any]]:
+        """The server's bank snapshots, newest first."""
+        return list(self._call("GET", "/snapshots")["snapshots"])
+
+    def restore_bank(self, name: str) -> dict[str, Any]:
+        """Make the server's bank the snapshot ``name`` (the state before is kept as a snapshot)."""
+        out: dict[str, Any] = self._call("POST", "/restore", {"name": name})
+        return out
+
+    def quarantine(self, written_by: str, steps: str = ":", *, undo: bool = False) -> dict[str, Any]:
+        """Hide (``undo``: bring back) what ``written_by`` wrote at steps ``"A:B"`` on the server."""
+        out: dict[str, Any] = self._call("POST", "/quarantine", {"written_by": written_by, "steps": steps, "undo": undo})
+        return out
 
     def stats(self) -> ServiceStats:
         return ServiceStats.from_dict(self._call("GET", "/stats"))

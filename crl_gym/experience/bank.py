@@ -56,9 +56,10 @@ from crl_gym.experience.bank_files import (
 )
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.eviction import EVICTIONS, victims
+from crl_gym.experience.origin import Origin
 from crl_gym.experience.rwlock import RWLock
 from crl_gym.experience.shared_embeddings import SharedEmbeddings
-from crl_gym.experience.store import BankCorruptError, EntryEvent, SQLiteStore
+from crl_gym.experience.store import BankCorruptError, EntryEvent, SQLiteStore, WriteRecord
 from crl_gym.experience.vector_index import INDEX_FILE, INDEX_META_FILE, VectorIndex
 from crl_gym.protocol import ExtractorSample, check_int
 
@@ -162,7 +163,7 @@ class ExperienceBank(BankCounters):
                 self._dir_lock = None
             raise
 
-    def _open_store(self) -> None:
+    def _open_store(self, *, rebuild_index: bool = False) -> None:
         self._store = SQLiteStore(None if self.path is None else self.path / DB_FILE, create=self._create)
         try:
             self.embedder_name = check_embedder(self._store, self.dim, self.embedder_name)
@@ -181,7 +182,8 @@ class ExperienceBank(BankCounters):
         self._last_step = self._store.last_event_step()
         # r̄(m) bookkeeping in memory (reward sum, episodes), for ranking and eviction on the hot path
         self._credit = {i: v for i, v in self._store.load_credit().items() if i in self._entries}
-        self._index = self._open_index()
+        # a reload after a quarantine changed which entries are visible: build, no recovery to report
+        self._index = VectorIndex.build(self.dim, self._vectors()) if rebuild_index else self._open_index()
         if self.capacity is not None and len(self._entries) > self.capacity:
             self._evict_now()
 
@@ -259,6 +261,70 @@ class ExperienceBank(BankCounters):
         finally:
             src.close()
 
+    # -- provenance and quarantine ------------------------------------------------------------
+    def origins(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Who wrote each of ``ids`` and when (:mod:`~crl_gym.experience.origin`): ``{id:
+        {written_by, model_step, step, written_at, quarantined}}``; an entry written before the
+        bank kept writers is absent."""
+        with self._db_lock:
+            return self._store.origins(ids)
+
+    def quarantine(self, written_by: str, steps: tuple[int | None, int | None] = (None, None), *,
+                   undo: bool = False) -> list[int]:
+        """Hide (``undo``: bring back) every entry whose current text ``written_by`` wrote at a step in
+        ``steps`` (both ends included, ``None`` open; the model step for ``extractor``). Hidden
+        entries stay in the database, out of retrieval, listings and writes. Returns their ids.
+
+        >>> import numpy as np
+        >>> from crl_gym.experience.origin import Origin
+        >>> bank = ExperienceBank(None, dim=2)
+        >>> a = bank.add("go north", np.array([1.0, 0.0], np.float32))
+        >>> b = bank.apply_batch([PendingAdd("jump", np.array([0.0, 1.0], np.float32))],
+        ...                      origin=Origin("extractor", model_step=7))[0]
+        >>> bank.quarantine("extractor", (5, 9)), bank.ids()
+        ([2], [1])
+        >>> bank.quarantine("extractor", (5, 9), undo=True), bank.ids()
+        ([2], [1, 2])
+        """
+        Origin.parse_writer(written_by)
+        self.flush_stats()
+        with self.lock.write(), self._db_lock:
+            gen = self._generation + 1
+            with self._storage(f"{'un' if undo else ''}quarantining what {written_by} wrote"):
+                ids = self._store.set_quarantined(written_by, steps, not undo, {"generation": gen})
+            self._generation = gen  # stored even when nothing matched: memory must agree with the file
+            if ids:
+                if self.path is None:  # nothing to reopen: the memory is the bank
+                    self._reload_in_memory()
+                else:
+                    self._store.close()
+                    self._open_store(rebuild_index=True)
+        log.info("bank %s: %s %d entries written by %s (steps %s)", self.path,
+                 "restored" if undo else "quarantined", len(ids), written_by, steps)
+        return ids
+
+    def find_writes(self, ids: Sequence[str]) -> dict[str, WriteRecord]:
+        """The client writes among ``ids`` this bank remembers as applied (:mod:`~crl_gym.experience.write_ids`)."""
+        with self._db_lock:
+            return self._store.find_writes(ids)
+
+    def record_writes(self, writes: Iterable[WriteRecord]) -> None:
+        """Remember ``writes`` as applied (:class:`~crl_gym.errors.StorageFault` when it cannot)."""
+        with self._db_lock, self._storage("remembering write ids"):
+            self._store.record_writes(writes)
+
+    def quarantined_count(self) -> int:
+        with self._db_lock:
+            return self._store.quarantined_count()
+
+    def _reload_in_memory(self) -> None:
+        """An in-memory bank's entries and index, reloaded from its own database."""
+        self._entries = {e.id: e for e in self._store.load_all(self.dim)}
+        self._texts = SharedEmbeddings()
+        self._entries.update(self._texts.load(self._entries))
+        self._credit = {i: v for i, v in self._store.load_credit().items() if i in self._entries}
+        self._index = VectorIndex.build(self.dim, self._vectors())
+
     # -- validation --------------------------------------------------------------------------
     def _vector(self, emb: Any, what: str) -> np.ndarray:
         v = np.asarray(emb, dtype=np.float32).reshape(-1)
@@ -272,12 +338,15 @@ class ExperienceBank(BankCounters):
 
     # -- writes ------------------------------------------------------------------------------
     def _commit(self, upserts: list[ExperienceEntry], deletes: list[int], next_id: int,
-                events: Sequence[EntryEvent] = ()) -> None:
-        """Durably write, then swap into memory and the index, all under the writer lock."""
+                events: Sequence[EntryEvent] = (), *, origins: Mapping[int, tuple[Origin, int]] | None = None,
+                write: WriteRecord | None = None) -> None:
+        """Durably write, then swap into memory and the index, all under the writer lock. A write
+        that cannot be made durable raises :class:`~crl_gym.errors.StorageFault` and changes nothing."""
         with self.lock.write():
             gen = self._generation + 1
-            with self._db_lock:
-                self._store.commit(upserts, deletes, {"next_id": next_id, "generation": gen}, events)
+            with self._db_lock, self._storage(f"writing {len(upserts)} entries and {len(deletes)} deletions"):
+                self._store.commit(upserts, deletes, {"next_id": next_id, "generation": gen}, events,
+                                   origins=origins, write=write)
             self._generation, self._next_id = gen, next_id
             try:
                 stale = [e.id for e in upserts if e.id in self._entries] + deletes
@@ -300,8 +369,15 @@ class ExperienceBank(BankCounters):
         *,
         step: int | None = None,
         merged: Mapping[int, Sequence[int]] | None = None,
+        origin: Origin | None = None,
+        write: WriteRecord | None = None,
     ) -> list[int]:
         """Apply adds, updates and deletes atomically; returns the new ids of ``adds`` in order.
+
+        ``origin``: who writes the added and updated entries (:mod:`~crl_gym.experience.origin`;
+        default ``user``, or ``merge`` for a Merge), recorded per entry. ``write``: the id of the
+        client's call, remembered in the same transaction (its ``result`` gains ``added_ids``), so a
+        retry of it is known to be applied (:mod:`~crl_gym.experience.write_ids`).
 
         Everything is validated first (unknown ids, dims), so a bad item changes nothing. Each
         change is logged in the entry-event table in the same transaction, at ``step`` (an Add
@@ -359,7 +435,14 @@ class ExperienceBank(BankCounters):
                 events += [EntryEvent(e.id, at, "add", e.version),
                            EntryEvent(e.id, at, "evict", e.version,
                                       detail={"text": e.text, "rule": self.eviction, "never_stored": True})]
-            self._commit(upserts, dels, next_id, events)
+            if origin is None:
+                origin = Origin("merge" if merged is not None else "user")
+            if write is not None:
+                write = WriteRecord(write.id, write.kind, {**(write.result or {}), "added_ids": new_ids})
+            at = self._last_step if step is None else int(step)
+            # the step of the write: an Add without one is written at its created_step, as its event
+            origins = {e.id: (origin, e.created_step if step is None and e.id not in touched else at) for e in upserts}
+            self._commit(upserts, dels, next_id, events, origins=origins, write=write)
             evicted += [e.id for e in stillborn]
             self._texts.removed(replaced)
             self._texts.added(upserts)
@@ -547,7 +630,8 @@ class ExperienceBank(BankCounters):
             next_id = max([self._next_id] + [e.id + 1 for e in entries])
             replaced = [self._entries[e.id] for e in entries if e.id in self._entries]
             entries = self._texts.share(entries, self._entries, gone={e.id for e in entries})
-            self._commit(entries, [], next_id)
+            imported = Origin("import")
+            self._commit(entries, [], next_id, origins={e.id: (imported, self._last_step) for e in entries})
             self._texts.removed(replaced)
             self._texts.added(entries)
         return len(entries)
@@ -557,8 +641,13 @@ class ExperienceBank(BankCounters):
         if getattr(self, "_closed", False):
             return
         try:
-            self.flush_stats()
-            self.flush()
+            # Counters and the index are statistics and a cache: failing to save them (a full
+            # disk) must not keep the database, which holds every acknowledged write, from closing.
+            for save in (self.flush_stats, self.flush):
+                try:
+                    save()
+                except Exception:  # noqa: BLE001 - logged; the close goes on
+                    log.exception("bank %s: close: %s failed", self.path, save.__name__)
             with self.lock.write(), self._db_lock:
                 self._store.close()
                 self._closed = True

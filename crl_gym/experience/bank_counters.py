@@ -6,17 +6,21 @@ atomic batches: each is persisted at once (or, for the manager's hot path, at :m
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.rwlock import RWLock
+from crl_gym.experience.storage_faults import as_fault
 from crl_gym.experience.store import SQLiteStore
 from crl_gym.protocol import check_int, finite_float
 
 RETRIEVAL_SQL = "UPDATE entries SET retrieval_count=?, last_retrieved=? WHERE id=?"
+log = logging.getLogger(__name__)
 
 
 class BankCounters:
@@ -30,6 +34,29 @@ class BankCounters:
     _credit: dict[int, tuple[float, int]]
     """r̄(m) bookkeeping per entry id: (reward sum, episodes)."""
     _last_step: int
+    storage_fault: str | None = None
+    """Why the bank's last write to disk failed (``"disk full: …"``), ``None`` once one succeeds
+    again: what ``health()`` reports while the fault lasts."""
+    storage_faults = 0
+    """Writes refused for a storage fault since the bank was opened."""
+
+    @contextmanager
+    def _storage(self, doing: str) -> Iterator[None]:
+        """Run one write to disk: a storage error becomes a :class:`~crl_gym.errors.StorageFault`
+        naming its cause and is remembered in :attr:`storage_fault` until a write succeeds."""
+        try:
+            yield
+        except Exception as exc:
+            fault = as_fault(exc, doing)
+            if fault is None:
+                raise
+            self.storage_fault = str(fault)
+            self.storage_faults += 1
+            log.error("bank %s: %s", getattr(self, "path", None), fault)
+            raise fault from exc
+        if self.storage_fault is not None:
+            log.warning("bank %s: writes succeed again (the fault was: %s)", getattr(self, "path", None), self.storage_fault)
+            self.storage_fault = None
 
     def record_credits(self, step: int, credits: Iterable[tuple[int, float, int]]) -> int:
         """Log r̄(m) of a closed rollout step for each ``(entry id, r̄(m), episodes)`` and fold it into
@@ -40,7 +67,8 @@ class BankCounters:
         if not rows:
             return 0
         with self._db_lock:
-            n = self._store.record_credits(int(step), rows)
+            with self._storage(f"recording {len(rows)} credits"):
+                n = self._store.record_credits(int(step), rows)
             for i, v, k in rows:
                 if i in self._entries:  # the store keeps a row only for an entry still in the bank
                     total, episodes = self._credit.get(i, (0.0, 0))
@@ -72,7 +100,8 @@ class BankCounters:
             if not persist:
                 self._dirty_stats.update(p[-1] for p in params)
             elif params:
-                self._store.update_stats(sql, params)
+                with self._storage("updating entry counters"):
+                    self._store.update_stats(sql, params)
             return len(params)
 
     def retrieval_stats(self, ids: Iterable[int]) -> dict[int, tuple[int, float]]:
@@ -104,9 +133,10 @@ class BankCounters:
                 (e.retrieval_count, e.last_retrieved, e.id)
                 for i in self._dirty_stats if (e := self._entries.get(i)) is not None
             ]
-            self._dirty_stats.clear()
             if params and not getattr(self, "_closed", False):
-                self._store.update_stats(RETRIEVAL_SQL, params)
+                with self._storage("saving retrieval counters"):  # a failure keeps them dirty: retried next flush
+                    self._store.update_stats(RETRIEVAL_SQL, params)
+            self._dirty_stats.clear()
             return len(params)
 
     def record_training(self, ids: Iterable[int], step: int) -> int:

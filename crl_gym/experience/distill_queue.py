@@ -25,11 +25,13 @@ the offset, rewrites, reading back) is :mod:`crl_gym.spill`'s, as for every spil
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 
@@ -42,17 +44,55 @@ log = logging.getLogger(__name__)
 __all__ = ["DistillQueue", "rejected_path"]
 
 
+TEMP_PREFIX = "crl_pending_"
+"""Temp spills are ``<temp dir>/crl_pending_<pid>_<random>.jsonl``: the pid names their owner."""
+
+
+def _remove_temp(path: Path) -> None:
+    """Remove a temp spill file and its offset (the queue was garbage-collected or closed)."""
+    for p in (path, path.with_name(path.name + ".offset"), rejected_path(path)):
+        p.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def sweep_temp_spills(directory: Path) -> int:
+    """Remove the temp spills in ``directory`` whose process is gone (a SIGKILL skips the owner's
+    own cleanup, and no one can reopen them); returns how many."""
+    gone = 0
+    for path in directory.glob(f"{TEMP_PREFIX}*_*.jsonl"):
+        pid = path.name[len(TEMP_PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            _remove_temp(path)
+            gone += 1
+    return gone
+
+
 class DistillQueue:
-    """Memory-bounded FIFO with an on-disk overflow (``spill_path=None``: a temp file)."""
+    """Memory-bounded FIFO with an on-disk overflow (``spill_path=None``: a temp file, removed
+    when the queue is closed or collected: nothing can reopen it)."""
 
     def __init__(self, maxsize: int, spill_path: str | Path | None) -> None:
         self.maxsize = int(maxsize)
         if spill_path is None:
-            fd, name = tempfile.mkstemp(prefix="crl_pending_", suffix=".jsonl")
+            try:
+                sweep_temp_spills(Path(tempfile.gettempdir()))
+            except OSError:  # a temp dir we cannot list: leftovers stay, the queue works
+                log.warning("could not sweep leftover temp spills", exc_info=True)
+            fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.getpid()}_", suffix=".jsonl")
             os.close(fd)
             spill_path, self._temp = Path(name), True
+            self._cleanup: weakref.finalize[[Path], DistillQueue] | None = weakref.finalize(self, _remove_temp, Path(name))
         else:
-            self._temp = False
+            self._temp, self._cleanup = False, None
         self.spill_path = Path(spill_path)
         self.rejected_path = rejected_path(self.spill_path)
         self._offset = spill.SpillOffset(self.spill_path)
@@ -90,6 +130,66 @@ class DistillQueue:
                 self.spilled_total += 1
             self.changes += 1
             self._cond.notify()
+
+    def put_many(self, requests: list[DistillationRequest], *, durable: bool = False) -> None:
+        """Enqueue ``requests`` in order. ``durable``: all of them are first appended to the spill
+        file in one fsynced write, so a kill right after the call loses none; when that write fails
+        (a full disk) the file is cut back, nothing is queued, and the ``OSError`` is raised.
+        The ones memory has room for are also kept there, as read ahead of the file."""
+        if not durable:
+            for request in requests:
+                self.put(request)
+            return
+        lines = [(r.to_json() + "\n").encode("utf-8") for r in requests]
+        if not lines:
+            return
+        with self._cond:
+            if self._writer.closed:
+                raise ValueError(f"{self.spill_path}: the queue is closed")
+            self._writer.flush()
+            fd = self._writer.fileno()
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(b"".join(lines))
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                try:
+                    os.ftruncate(fd, start)  # no partial line for a later append to glue onto
+                except OSError:
+                    log.exception("%s: cutting back a failed append failed", self.spill_path)
+                raise
+            end = start
+            for request, line in zip(requests, lines, strict=True):
+                end += len(line)
+                if self._spilled == 0 and len(self._mem) < self.maxsize and self._read_pos == end - len(line):
+                    self._mem.append(request)  # read ahead at once: its offset moves when it is handed out
+                    self._pos.append(end)
+                    self._unacked += 1
+                    self._read_pos = end
+                else:
+                    self._spilled += 1
+                    self.spilled_total += 1
+            self.changes += 1
+            self._cond.notify_all()
+
+    def pending_ids(self) -> list[str]:
+        """The ``request_id`` of every request waiting (in memory and in the unread spill), oldest
+        first: a restarted service knows them as submitted, so a resend is not queued twice."""
+        with self._cond:
+            self._writer.flush()
+            ids = [r.request_id for r in self._mem]
+            with open(self.spill_path, "rb") as f:
+                f.seek(self._read_pos)
+                for line in f:
+                    try:
+                        rid = json.loads(line).get("request_id")
+                    except (ValueError, AttributeError):
+                        continue  # a damaged line: the reader sets it aside when it gets there
+                    if isinstance(rid, str):
+                        ids.append(rid)
+            return ids
 
     def _refill(self, n: int) -> None:
         """Move up to ``n`` spilled requests into memory (caller holds the condition)."""
@@ -224,10 +324,10 @@ class DistillQueue:
             if self._writer.closed:
                 return
             self._writer.flush()
-            if self._temp and not self._mem and self._spilled == 0:
+            if self._temp:  # no one can reopen a temp spill: what it holds goes with the queue
                 self._writer.close()
-                self.spill_path.unlink(missing_ok=True)
-                self._offset.remove()
+                if self._cleanup is not None:
+                    self._cleanup()
                 return
             if len(self._mem) > self._unacked:
                 self._rewrite_memory_in_front(fsync=True)

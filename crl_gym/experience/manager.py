@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from crl_gym.errors import ExperienceUnavailable
+from crl_gym.errors import ExperienceUnavailable, StorageFault
 from crl_gym.experience.bank import ExperienceBank, PendingAdd, PendingUpdate
 from crl_gym.experience.batching import BatchLine, answer
 from crl_gym.experience.config import ManagerConfig
@@ -45,6 +45,9 @@ from crl_gym.experience.diversify import RankOptions, rerank
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.keys import retrieval_key, stored_key
+from crl_gym.experience.origin import Origin
+from crl_gym.experience.storage_faults import as_fault
+from crl_gym.experience.store import WriteRecord
 from crl_gym.protocol import (
     AddOp,
     DeleteOp,
@@ -78,6 +81,11 @@ class ApplyResult:
     """Update/Delete ops on entries that changed since the episode saw them: an Update of an entry
     merged away goes to the entry it was merged into, one of an entry gone since becomes an Add, a
     Delete of an entry gone since does nothing. Not malformed: the answer was right when asked."""
+
+    def summary(self) -> dict[str, Any]:
+        """What the call did, as remembered with its write id (:mod:`~crl_gym.experience.write_ids`)."""
+        return {"added_ids": list(self.added), "updated": list(self.updated), "deleted": list(self.deleted),
+                "returned": self.returned, "malformed": self.malformed, "stale": self.stale, "refused": self.refused}
 
 
 class _Request:
@@ -300,8 +308,26 @@ class ExperienceManager:
                 raise
             raise ExperienceUnavailable("ExperienceManager is closed: the request was not queued (keep it and submit it again)") from exc
         except OSError as exc:
-            raise ExperienceUnavailable(f"the distillation queue could not store the request ({type(exc).__name__}: {exc}); "
-                                        f"keep it and submit it again") from exc
+            raise _queue_fault(exc, 1) from exc
+
+    def submit_many(self, requests: Sequence[DistillationRequest], *, durable: bool = False) -> None:
+        """Enqueue ``requests`` as one write. ``durable`` (a bank on disk): they are on disk, fsynced,
+        before this returns, so a kill right after loses none; when that write fails (a full disk)
+        none is queued and :class:`~crl_gym.errors.StorageFault` names the cause."""
+        requests = list(requests)
+        for r in requests:
+            if not isinstance(r, DistillationRequest):
+                raise TypeError(f"submit expects a DistillationRequest, got {type(r).__name__}")
+        if self._line.closed:
+            raise ExperienceUnavailable("ExperienceManager is closed: the requests were not queued (keep them and submit them again)")
+        try:
+            self.queue.put_many(requests, durable=durable and self.bank.path is not None)
+        except ValueError as exc:
+            if not self._line.closed:
+                raise
+            raise ExperienceUnavailable("ExperienceManager is closed: the requests were not queued (keep them and submit them again)") from exc
+        except OSError as exc:
+            raise _queue_fault(exc, len(requests)) from exc
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
         """Up to ``max_n`` oldest requests (FIFO), waiting up to ``timeout`` s for the first."""
@@ -356,6 +382,8 @@ class ExperienceManager:
         sample: ExtractorSample | None = None,
         step: int = 0,
         request: DistillationRequest | None = None,
+        origin: Origin | None = None,
+        write: WriteRecord | None = None,
     ) -> ApplyResult:
         """Apply Add/Update/Delete/Return ops in one writer-locked, atomic batch.
 
@@ -414,8 +442,12 @@ class ExperienceManager:
             deletes_set = set(deletes)
             updates = [u for u in updates if u.id not in deletes_set]
             res.updated = [u.id for u in updates]
-            res.added = self.bank.apply_batch(adds, updates, deletes, step=step)
+            if origin is None:
+                origin = Origin("user") if sample is None else Origin("extractor", model_step=sample.extractor_version)
             res.deleted = deletes
+            if write is not None:  # the bank adds the new entries' ids to it
+                write = WriteRecord(write.id, write.kind, {**(write.result or {}), **res.summary()})
+            res.added = self.bank.apply_batch(adds, updates, deletes, step=step, origin=origin, write=write)
         return res
 
     def _source_of(self, op: AddOp | UpdateOp, task: str) -> str:
@@ -514,7 +546,10 @@ class ExperienceManager:
         self._stop_persist.set()
         for t in self._threads:
             t.join()
-        self.bank.flush_stats()
+        try:
+            self.bank.flush_stats()
+        except StorageFault:  # retrieval counters are statistics: a full disk must not keep the queue from closing
+            log.exception("closing the manager: saving retrieval counters failed")
         self.queue.close()
 
     def __enter__(self) -> ExperienceManager:
@@ -533,3 +568,9 @@ def _naming_task(op: ExperienceOp, task: str) -> ExperienceOp:
     if not isinstance(op, (AddOp, UpdateOp)) or not task or op.text.startswith(task):
         return op
     return replace(op, text=f"{task}\n{op.text}")
+
+
+def _queue_fault(exc: OSError, n: int) -> StorageFault:
+    fault = as_fault(exc, f"queueing {n} request{'s' * (n != 1)} for distillation")
+    assert fault is not None  # every OSError is a storage error
+    return StorageFault(f"{fault}; keep {'them' if n != 1 else 'it'} and submit again", cause=fault.cause, status=fault.status)

@@ -105,10 +105,13 @@ class OpsApplied:
     deleted: int
     returned: int
     malformed: int
+    repeated: bool = False
+    """The call's write id had been applied already: this is that call's answer, nothing was applied again."""
 
     def to_dict(self) -> dict[str, JSONValue]:
         return {"added": self.added, "added_ids": list(self.added_ids), "updated": self.updated,
-                "deleted": self.deleted, "returned": self.returned, "malformed": self.malformed}
+                "deleted": self.deleted, "returned": self.returned, "malformed": self.malformed,
+                "repeated": self.repeated}
 
     @classmethod
     def from_dict(cls, d: object) -> OpsApplied:
@@ -116,7 +119,8 @@ class OpsApplied:
         m = _object(d, what)
         return cls(added=_read(m, "added", int, what), added_ids=_ints(m, "added_ids", what),
                    updated=_read(m, "updated", int, what), deleted=_read(m, "deleted", int, what),
-                   returned=_read(m, "returned", int, what), malformed=_read(m, "malformed", int, what))
+                   returned=_read(m, "returned", int, what), malformed=_read(m, "malformed", int, what),
+                   repeated=bool(m.get("repeated", False)))
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,12 @@ class Health:
     """Requests queued for distillation."""
     extractor: ExtractorStatus | None = None
     status: Literal["ok"] = "ok"
+    storage: str | None = None
+    """The storage fault writes meet now (``"disk full: …"``): they are refused until it clears;
+    reads go on. ``None``: the last write to disk succeeded."""
 
     def to_dict(self) -> dict[str, JSONValue]:
-        return {"status": self.status, "pending": self.pending, "extractor": self.extractor}
+        return {"status": self.status, "pending": self.pending, "extractor": self.extractor, "storage": self.storage}
 
     @classmethod
     def from_dict(cls, d: object) -> Health:
@@ -137,7 +144,9 @@ class Health:
         m = _object(d, what)
         if m.get("status") != "ok":
             raise ValueError(f"{what}: 'status' must be 'ok', got {m.get('status')!r}")
-        return cls(pending=_read(m, "pending", int, what), extractor=_status(m.get("extractor"), what))
+        storage = m.get("storage")
+        return cls(pending=_read(m, "pending", int, what), extractor=_status(m.get("extractor"), what),
+                   storage=None if storage is None else str(storage))
 
 
 STATS_FIELDS: tuple[str, ...] = ("bank_size", "queue_depth", "last_ended_step", "late_requests", "held_out_requests", "open_requests",

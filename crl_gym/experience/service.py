@@ -37,8 +37,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_gym.errors import StorageFault
 from crl_gym.experience.manager import ExperienceManager, Refiner
 from crl_gym.experience.results import STATS_FIELDS, Health, OpsApplied, ServiceStats, StepEnded
+from crl_gym.experience.snapshots import (
+    SnapshotInfo,
+    list_snapshots,
+    restore_snapshot,
+    take_snapshot,
+)
+from crl_gym.experience.write_ids import WriteIds, WriteRecord
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 
 log = logging.getLogger(__name__)
@@ -171,7 +179,23 @@ class RetrievalService:
         self.manager = manager
         self.ledger = StepLedger(last_ended, keep=self.keeps_requests)
         self.counters: dict[str, int] = dict.fromkeys(("submitted", "steps_ended", "ops_applied"), 0)
+        self.counters["repeated_writes"] = 0
+        self.write_ids = WriteIds(manager.bank)
+        """Submits and ``apply_ops`` calls applied, by id: a resend of one is answered, not applied again."""
+        self.reload_write_ids()
+        # a write id is checked and applied by one caller at a time; submits and ops apart, so an
+        # ops call embedding its texts never holds up a submit
+        self._submit_lock = threading.Lock()
+        self._ops_lock = threading.Lock()
+        self._queue_fault: str | None = None  # why the last submit could not be queued (health reports it)
         self._closed_service = False
+
+    def reload_write_ids(self) -> None:
+        """Know the write ids of the bank and the queue as they are now (at start, after a restore):
+        the ids kept in memory go, and the queue's own requests count as submitted, which covers a
+        kill between queueing a request and storing its id."""
+        self.write_ids.forget()
+        self.write_ids.remember([WriteRecord(i, "submit") for i in self.manager.queue.pending_ids()], durable=False)
 
     # ---------------------------------------------------------------- retrieval
     @property
@@ -194,11 +218,35 @@ class RetrievalService:
     # ---------------------------------------------------------------- requests and steps
     def submit(self, request: DistillationRequest) -> None:
         """Record ``request`` in its rollout step and queue it for distillation (never blocks)."""
-        if not isinstance(request, DistillationRequest):
-            raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
-        self.manager.submit(request)  # first: one it cannot take (an outage) is kept and retried by the caller
-        self.ledger.record(request)
-        self.counters["submitted"] += 1
+        self.submit_many([request])
+
+    def submit_many(self, requests: list[DistillationRequest], *, durable: bool = False) -> int:
+        """Queue ``requests`` as one write and record each in its rollout step; returns how many
+        were new. A request whose ``request_id`` was submitted before is a resend: counted in
+        ``repeated_writes``, not queued again. ``durable`` (the HTTP face): the new ones are on
+        disk before this returns; a write that cannot be made durable raises
+        :class:`~crl_gym.errors.StorageFault` with none of them queued or recorded."""
+        for r in requests:
+            if not isinstance(r, DistillationRequest):
+                raise TypeError(f"submit expects a DistillationRequest, got {type(r).__name__}")
+        with self._submit_lock:
+            seen = self.write_ids.seen([r.request_id for r in requests], stored=durable)
+            fresh = list({r.request_id: r for r in requests if r.request_id not in seen}.values())
+            for r in fresh:  # filed under the open step before it is written, so the queue's copy says which
+                if r.rollout_step is None:
+                    r.rollout_step = self.ledger.last_ended + 1
+            try:
+                self.manager.submit_many(fresh, durable=durable)  # first: one it cannot take is kept and resent by the caller
+            except StorageFault as exc:
+                self._queue_fault = str(exc)
+                raise
+            self._queue_fault = None
+            self.write_ids.remember([WriteRecord(r.request_id, "submit") for r in fresh], durable=durable)
+        for r in fresh:
+            self.ledger.record(r)
+        self.counters["submitted"] += len(fresh)
+        self.counters["repeated_writes"] += len(requests) - len(fresh)
+        return len(fresh)
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
         """Take up to ``max_n`` queued requests (a trainer that distils on its own)."""
@@ -225,12 +273,51 @@ class RetrievalService:
         return 0
 
     # ---------------------------------------------------------------- bank writes from outside
-    def apply_ops(self, ops: Iterable[ExperienceOp], *, step: int | None = None) -> OpsApplied:
-        """Apply Add / Update / Delete / Return ops (seeding a bank, a user's own extractor)."""
-        res = self.manager.apply_ops(list(ops), step=self.ledger.last_ended + 1 if step is None else step)
+    def apply_ops(self, ops: Iterable[ExperienceOp], *, step: int | None = None, write_id: str | None = None) -> OpsApplied:
+        """Apply Add / Update / Delete / Return ops (seeding a bank, a user's own extractor), written
+        by ``user``. ``write_id`` (the client's id of this call): applied at most once; a resend of
+        an applied id gets that call's answer back with ``repeated`` set, and nothing is applied."""
+        at = self.ledger.last_ended + 1 if step is None else step
+        if write_id is None:
+            res = self.manager.apply_ops(list(ops), step=at)
+        else:
+            with self._ops_lock:
+                prior = self.write_ids.seen([write_id]).get(write_id)
+                if prior is not None:
+                    self.counters["repeated_writes"] += 1
+                    return _ops_answer(prior.result or {})
+                res = self.manager.apply_ops(list(ops), step=at, write=WriteRecord(write_id, "ops"))
+                self.write_ids.remember([WriteRecord(write_id, "ops", res.summary())],
+                                        durable=False)  # the bank stored it with the ops
         self.counters["ops_applied"] += 1
         return OpsApplied(added=len(res.added), added_ids=list(res.added), updated=len(res.updated),
                           deleted=len(res.deleted), returned=res.returned, malformed=res.malformed)
+
+    # ---------------------------------------------------------------- snapshots and quarantine
+    def snapshot_bank(self, name: str | None = None) -> SnapshotInfo:
+        """Snapshot the bank and the queue as ``BANK/snapshots/NAME`` (:mod:`~crl_gym.experience.snapshots`)."""
+        with self._submit_lock, self._ops_lock:
+            return take_snapshot(self.manager, name)
+
+    def bank_snapshots(self) -> list[SnapshotInfo]:
+        """The bank's snapshots, newest first (none for an in-memory bank)."""
+        path = self.manager.bank.path
+        return [] if path is None else list_snapshots(path)
+
+    def restore_bank(self, name: str) -> SnapshotInfo:
+        """Make the bank and the queue the snapshot ``name``; returns the snapshot of the state
+        before (``before-restore-TIME``), which undoes it."""
+        with self._submit_lock, self._ops_lock:
+            before = restore_snapshot(self.manager, name)
+            self.reload_write_ids()  # a write rolled back by the restore is applied again when resent
+            return before
+
+    def quarantine(self, written_by: str, steps: tuple[int | None, int | None] = (None, None), *,
+                   undo: bool = False) -> list[int]:
+        """Hide (``undo``: bring back) what ``written_by`` wrote at steps ``steps`` (see
+        :meth:`ExperienceBank.quarantine`); returns the entry ids."""
+        with self._ops_lock:
+            return self.manager.bank.quarantine(written_by, steps, undo=undo)  # a new generation: cached pools go
 
     # ---------------------------------------------------------------- state
     def stats(self) -> ServiceStats:
@@ -244,7 +331,7 @@ class RetrievalService:
                             counters={k: v for k, v in self.counters.items() if k not in STATS_FIELDS})
 
     def health(self) -> Health:
-        return Health(pending=int(self.manager.pending()))
+        return Health(pending=int(self.manager.pending()), storage=self.manager.bank.storage_fault or self._queue_fault)
 
     def close(self) -> None:
         """Close the manager (queue persisted) and the bank; safe to call twice."""
@@ -259,3 +346,11 @@ class RetrievalService:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _ops_answer(result: dict[str, Any]) -> OpsApplied:
+    """The answer of an ``apply_ops`` call as remembered with its write id, marked ``repeated``."""
+    added = [int(i) for i in result.get("added_ids", [])]
+    return OpsApplied(added=len(added), added_ids=added, updated=len(result.get("updated", [])),
+                      deleted=len(result.get("deleted", [])), returned=int(result.get("returned", 0)),
+                      malformed=int(result.get("malformed", 0)), repeated=True)

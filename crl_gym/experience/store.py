@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from crl_gym.experience.entry import ExperienceEntry
+from crl_gym.experience.origin import Origin
 from crl_gym.protocol import ExtractorSample
 
 _SCHEMA = """
@@ -81,6 +83,33 @@ CREATE INDEX IF NOT EXISTS entries_last_trained_step ON entries(last_trained_ste
 CREATE INDEX IF NOT EXISTS entries_version ON entries(version);
 CREATE INDEX IF NOT EXISTS entries_utility ON entries(utility);
 """
+# Who wrote each entry's current text (crl_gym.experience.origin), and the ids of the writes
+# already applied (crl_gym.experience.write_ids). Tables of their own, added with IF NOT EXISTS
+# like the event log: a bank written before them opens as it was.
+_WRITES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entry_origin (
+    entry_id INTEGER PRIMARY KEY,
+    written_by TEXT NOT NULL,
+    model_step INTEGER,
+    step INTEGER NOT NULL,
+    written_at REAL NOT NULL,
+    quarantined INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS entry_origin_writer ON entry_origin(written_by, quarantined);
+CREATE TABLE IF NOT EXISTS write_ids (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    result TEXT
+);
+CREATE INDEX IF NOT EXISTS write_ids_at ON write_ids(at);
+"""
+_VISIBLE = "id NOT IN (SELECT entry_id FROM entry_origin WHERE quarantined = 1)"
+"""The entries not quarantined (``WHERE`` clause on ``entries``)."""
+WRITE_ID_KEEP_S = 7 * 24 * 3600.0
+"""How long the id of an applied write is remembered (a retry later than this applies again)."""
+WRITE_ID_KEEP = 1_000_000
+"""The most write ids remembered (the oldest go first, a little beyond this number)."""
 EVENT_KINDS = ("add", "update", "merge", "merged_away", "discard", "delete", "evict", "credit")
 """``entry_events.kind``: an Add, an Update, a Merge that produced the entry (``detail.sources``),
 a Merge that folded it into another (``detail.into``) or discarded it, a Delete (an EDGE prune, an
@@ -144,7 +173,7 @@ def _create(path: Path) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the file's header
         conn.executescript(
-            f"BEGIN; {_SCHEMA} {_EVENTS_SCHEMA} INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'); COMMIT;"
+            f"BEGIN; {_SCHEMA} {_EVENTS_SCHEMA} {_WRITES_SCHEMA} INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'); COMMIT;"
         )
     finally:
         conn.close()  # the last connection checkpoints the WAL into the file and removes it
@@ -204,6 +233,16 @@ def _entry(row: Sequence[Any], dim: int, file: Path | str) -> ExperienceEntry:
         history=list(json.loads(row[12])),
         source=row[13] or "", key=row[14],
     )
+
+
+@dataclass(frozen=True)
+class WriteRecord:
+    """The id of one client write (a submit's request, an ``apply_ops`` call), stored with its
+    answer so that a retry of the same id gets the same answer without applying it again."""
+
+    id: str
+    kind: str
+    result: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -270,10 +309,16 @@ def _selected(conn: sqlite3.Connection) -> str:
     return ", ".join(c if c in have else defaults[c] for c in (c.strip() for c in _COLUMNS.split(",")))
 
 
+def has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
+
+
 def read_entries(conn: sqlite3.Connection, dim: int, file: Path | str) -> list[ExperienceEntry]:
-    """Every entry of the bank behind ``conn`` (e.g. :func:`open_readonly`), in id order."""
+    """Every entry of the bank behind ``conn`` (e.g. :func:`open_readonly`) that is not
+    quarantined, in id order."""
+    where = f"WHERE {_VISIBLE}" if has_table(conn, "entry_origin") else ""
     try:
-        return [_entry(r, dim, file) for r in conn.execute(f"SELECT {_selected(conn)} FROM entries ORDER BY id")]
+        return [_entry(r, dim, file) for r in conn.execute(f"SELECT {_selected(conn)} FROM entries {where} ORDER BY id")]
     except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
         raise BankCorruptError(f"{file}: cannot read entries ({exc})") from exc
 
@@ -286,6 +331,7 @@ class SQLiteStore:
         ``create`` is False (then ``FileNotFoundError``). A file that is not a bank raises
         :class:`BankCorruptError` naming it."""
         self.file: Path | str = path if path is not None else ":memory:"
+        self._writes_since_trim = 0
         if path is not None:
             _check_file(path, create)
             if not path.exists():
@@ -301,6 +347,7 @@ class SQLiteStore:
                 self.conn.executescript(_SCHEMA)
             _check_schema(self.conn, self.file)  # before any write: a foreign file is left as it was
             self.conn.executescript(_EVENTS_SCHEMA)  # a bank written before the event log gains it
+            self.conn.executescript(_WRITES_SCHEMA)  # and the writers' tables
             if path is not None:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 # NORMAL in WAL mode: a committed transaction survives a process kill.
@@ -329,7 +376,7 @@ class SQLiteStore:
     # -- entries -----------------------------------------------------------------------------
     def load_all(self, dim: int) -> list[ExperienceEntry]:
         try:
-            rows = self.conn.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY id").fetchall()
+            rows = self.conn.execute(f"SELECT {_COLUMNS} FROM entries WHERE {_VISIBLE} ORDER BY id").fetchall()
             return [_entry(r, dim, self.file) for r in rows]
         except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
             raise BankCorruptError(f"{self.file}: cannot read entries ({exc})") from exc
@@ -340,8 +387,13 @@ class SQLiteStore:
         deletes: Iterable[int],
         meta: dict[str, object],
         events: Iterable[EntryEvent] = (),
+        *,
+        origins: Mapping[int, tuple[Origin, int]] | None = None,
+        write: WriteRecord | None = None,
     ) -> None:
-        """Write everything in one transaction (the entries' events with them): all of it lands, or none of it."""
+        """Write everything in one transaction (the entries' events, the writer of each entry in
+        ``origins`` as ``{id: (origin, step)}``, and the id of the client's ``write``): all of it
+        lands, or none of it."""
         with self._transaction() as c:
             c.executemany(
                 f"INSERT OR REPLACE INTO entries({_COLUMNS}) VALUES ({','.join('?' * 15)})",
@@ -350,9 +402,88 @@ class SQLiteStore:
             dels = [(i,) for i in deletes]
             c.executemany("DELETE FROM entries WHERE id=?", dels)
             c.executemany("DELETE FROM entry_credit WHERE entry_id=?", dels)
+            c.executemany("DELETE FROM entry_origin WHERE entry_id=?", dels)
+            c.executemany(
+                "INSERT OR REPLACE INTO entry_origin(entry_id, written_by, model_step, step, written_at) VALUES (?, ?, ?, ?, ?)",
+                [(i, o.written_by, o.model_step, int(step), o.written_at) for i, (o, step) in (origins or {}).items()],
+            )
             for k, v in meta.items():
                 self.set_meta(k, v)
             _insert_events(c, events)
+            if write is not None:
+                self._insert_writes([write])
+
+    # -- client write ids --------------------------------------------------------------------
+    def _insert_writes(self, writes: Iterable[WriteRecord]) -> None:
+        now = time.time()
+        n = self.conn.executemany(
+            "INSERT OR REPLACE INTO write_ids(id, kind, at, result) VALUES (?, ?, ?, ?)",
+            [(w.id, w.kind, now, None if w.result is None else json.dumps(w.result)) for w in writes],
+        ).rowcount
+        self.conn.execute("DELETE FROM write_ids WHERE at < ?", (now - WRITE_ID_KEEP_S,))
+        self._writes_since_trim += max(0, n)
+        if self._writes_since_trim >= WRITE_ID_KEEP // 100:  # now and then: a count costs a scan
+            self._writes_since_trim = 0
+            self.conn.execute("DELETE FROM write_ids WHERE at <= (SELECT at FROM write_ids ORDER BY at DESC "
+                              "LIMIT 1 OFFSET ?)", (WRITE_ID_KEEP,))
+
+    def record_writes(self, writes: Iterable[WriteRecord]) -> None:
+        """Remember ``writes`` as applied (one transaction); ids older than :data:`WRITE_ID_KEEP_S`,
+        and all but about the latest :data:`WRITE_ID_KEEP`, go."""
+        with self._transaction():
+            self._insert_writes(writes)
+
+    def find_writes(self, ids: Sequence[str]) -> dict[str, WriteRecord]:
+        """The remembered writes among ``ids``."""
+        out: dict[str, WriteRecord] = {}
+        for i in range(0, len(ids), 500):  # SQLite's bound on parameters per statement
+            chunk = list(ids[i:i + 500])
+            rows = self.conn.execute(
+                f"SELECT id, kind, result FROM write_ids WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+            for wid, kind, result in rows:
+                out[wid] = WriteRecord(wid, kind, None if result is None else json.loads(result))
+        return out
+
+    # -- writers and quarantine --------------------------------------------------------------
+    def origins(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """``{id: {written_by, model_step, step, written_at, quarantined}}`` of the ids that have one."""
+        out: dict[int, dict[str, Any]] = {}
+        wanted = [int(i) for i in ids]
+        for k in range(0, len(wanted), 500):
+            chunk = wanted[k:k + 500]
+            for row in self.conn.execute(
+                "SELECT entry_id, written_by, model_step, step, written_at, quarantined FROM entry_origin "
+                f"WHERE entry_id IN ({','.join('?' * len(chunk))})", chunk):
+                out[int(row[0])] = {"written_by": row[1], "model_step": row[2], "step": row[3],
+                                    "written_at": row[4], "quarantined": bool(row[5])}
+        return out
+
+    def set_quarantined(self, written_by: str, steps: tuple[int | None, int | None], flag: bool,
+                        meta: dict[str, object]) -> list[int]:
+        """Mark (``flag``) or unmark the entries whose current text ``written_by`` wrote at a step
+        in ``steps`` (both ends included; the extractor's model step for ``extractor``, else the
+        rollout step of the write), with ``meta`` in the same transaction; returns their ids."""
+        lo, hi = steps
+        at = "coalesce(model_step, step)"
+        where = ["written_by = ?", "quarantined = ?"]
+        params: list[Any] = [written_by, int(not flag)]
+        if lo is not None:
+            where.append(f"{at} >= ?")
+            params.append(int(lo))
+        if hi is not None:
+            where.append(f"{at} <= ?")
+            params.append(int(hi))
+        cond = " AND ".join(where)
+        with self._transaction() as c:
+            ids = [int(r[0]) for r in c.execute(f"SELECT entry_id FROM entry_origin WHERE {cond} ORDER BY entry_id", params)]
+            c.execute(f"UPDATE entry_origin SET quarantined = ? WHERE {cond}", [int(flag), *params])
+            for k, v in meta.items():
+                self.set_meta(k, v)
+        return ids
+
+    def quarantined_count(self) -> int:
+        row = self.conn.execute("SELECT count(*) FROM entry_origin WHERE quarantined = 1").fetchone()
+        return int(row[0]) if row else 0
 
     def load_credit(self) -> dict[int, tuple[float, int]]:
         """``{entry id: (reward sum, credited episodes)}`` of every entry with a credit row."""
@@ -388,14 +519,22 @@ class SQLiteStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT``; any exception (even KeyboardInterrupt) rolls back."""
+        """``BEGIN IMMEDIATE`` … ``COMMIT``; any exception (even KeyboardInterrupt) rolls back.
+
+        The error that stopped the transaction is the one raised: SQLite has already rolled back
+        after some (a full disk, an I/O error), and a failed ``ROLLBACK`` must not replace the cause.
+        """
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
         try:
             yield c
             c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
+        except BaseException as exc:
+            if c.in_transaction:
+                try:
+                    c.execute("ROLLBACK")
+                except sqlite3.Error as rollback_exc:
+                    exc.add_note(f"the rollback failed too: {rollback_exc}")
             raise
 
     def backup(self, target: Path) -> None:

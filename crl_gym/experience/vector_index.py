@@ -209,7 +209,11 @@ class VectorIndex:
         """
         ipath, mpath = directory / INDEX_FILE, directory / INDEX_META_FILE
         tmp = ipath.with_suffix(".tmp")
-        self._index.save(str(tmp))
+        try:
+            self._index.save(str(tmp))
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a half-written copy only takes space (a full disk's, likely)
+            raise
         meta = {"generation": generation, "count": len(self), "dim": self.dim,
                 "checksum": file_digest(tmp), "rows": rows_digest(vectors)}
         os.replace(tmp, ipath)

@@ -194,7 +194,15 @@ def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
     episodes = sum(int(e["n"]) for e in credits)
     rbar = ({"rbar": sum(float(e["value"]) * int(e["n"]) for e in credits) / episodes, "episodes": episodes,
              "steps": len({e["step"] for e in credits}), "last_step": max(e["step"] for e in credits)} if episodes else None)
-    return {"entry": entry, "events": [e for e in events if e["kind"] != "credit"],
+    origin = None
+    if entry is not None and src.has_table("entry_origin"):  # who wrote it (crl_gym.experience.origin)
+        found = src.query("SELECT written_by, model_step, step, written_at, quarantined FROM entry_origin "
+                          "WHERE entry_id = ?", [entry_id])
+        if found:
+            o = found[0]
+            origin = {"written_by": o[0], "model_step": o[1], "step": int(o[2]), "written_at": float(o[3]),
+                      "quarantined": bool(o[4])}
+    return {"entry": entry, "origin": origin, "events": [e for e in events if e["kind"] != "credit"],
             "credits": [{"step": e["step"], "rbar": e["value"], "episodes": e["n"]} for e in events if e["kind"] == "credit"],
             "rbar": rbar, "provenance": provenance}
 

@@ -21,6 +21,7 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from crl_gym.experience.snapshots import list_snapshots
 from crl_gym.explorer.episodes import EpisodeIndex
 from crl_gym.explorer.plots import training_charts
 from crl_gym.explorer.queries import (
@@ -86,7 +87,12 @@ def mount_explorer(app: FastAPI, source: BankSource, dependencies: list[Depends]
     @api.get("/summary")
     def summary() -> Response:
         n = int(source.query("SELECT count(*) FROM entries")[0][0])
-        return _json({"entries": n, "read_only": source.read_only, "embedder": source.embedder_name, "dim": source.dim,
+        quarantined = (int(source.query("SELECT count(*) FROM entry_origin WHERE quarantined = 1")[0][0])
+                       if source.has_table("entry_origin") else 0)
+        snapshots = [{"name": s.name, "created_at": s.created_at, "entries": s.entries}
+                     for s in (list_snapshots(source.bank_dir) if source.bank_dir else [])]
+        return _json({"entries": n, "quarantined": quarantined, "snapshots": snapshots,
+                      "read_only": source.read_only, "embedder": source.embedder_name, "dim": source.dim,
                       "bank_dir": str(source.bank_dir) if source.bank_dir else None,
                       "run_dir": str(source.run_dir) if source.run_dir else None,
                       "event_log": source.has_table("entry_events"), "episodes": episodes.available(),

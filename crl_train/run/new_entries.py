@@ -18,7 +18,8 @@ are issued again by the resumed run).
 >>> import tempfile
 >>> from crl_gym.experience import ExperienceBank
 >>> from crl_gym.experience.bank import PendingAdd
->>> d = Path(tempfile.mkdtemp())
+>>> tmp = tempfile.TemporaryDirectory()
+>>> d = Path(tmp.name)
 >>> bank = ExperienceBank(None, dim=2)
 >>> log = NewEntryLog(bank, d)
 >>> _ = bank.apply_batch(adds=[PendingAdd("go north", [1.0, 0.0], 3, ())])
@@ -28,6 +29,7 @@ are issued again by the resumed run).
 (3, 'go north')
 >>> log.record()
 0
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations

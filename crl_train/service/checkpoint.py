@@ -8,11 +8,13 @@ checkpoint stays as ``checkpoint.old/`` (the one to go back to if ``checkpoint/`
 until the next checkpoint begins, so at most two are on disk.
 
 >>> import tempfile, json
->>> d = Path(tempfile.mkdtemp())
+>>> tmp = tempfile.TemporaryDirectory()
+>>> d = Path(tmp.name)
 >>> for step in (1, 2):
 ...     _ = commit_checkpoint(d, begin_checkpoint(d), {"step": step})
 >>> sorted(p.name for p in d.iterdir()), json.loads((d / CKPT / STATE).read_text())
 (['checkpoint', 'checkpoint.old'], {'step': 2})
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crl_gym.errors import StorageFault
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.results import Health, ServiceStats
 from crl_gym.experience.service import ClosedStep, RetrievalService
+from crl_gym.experience.snapshots import default_name, prune_snapshots
 from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float, guiding_entries
 from crl_train.config.io import check_choices
 from crl_train.config.names import EntryReward
@@ -41,6 +43,8 @@ from crl_train.service.credit import reflections, step_credits, utility_updates
 from crl_train.service.track import COLUMN, BackgroundTrack, TrackStats
 
 log = logging.getLogger(__name__)
+CHECKPOINT_SNAPSHOTS = 2
+"""Bank snapshots kept for :meth:`ExperienceService.checkpoint` (one per checkpoint on disk)."""
 
 
 @dataclass(frozen=True)
@@ -268,7 +272,7 @@ class ExperienceService(RetrievalService):
         super().__init__(manager, last_ended=last_ended)
         self.options = options
         self.extractor = extractor
-        self.counters.update({"credits": 0, "pruned": 0})
+        self.counters.update({"credits": 0, "pruned": 0, "unlogged_credits": 0, "unsaved_utilities": 0})
         self._resume_clock: float | None = None
         self.checkpoint_dir: Path | None = None
         """Where :meth:`close` writes a last :meth:`checkpoint` (``crl-experience serve --extractor``)."""
@@ -330,7 +334,11 @@ class ExperienceService(RetrievalService):
         credited = 0
         for step in closed:
             if self.options.edge is not None:
-                self._edge_utility(step, self.options.edge)
+                try:
+                    self._edge_utility(step, self.options.edge)
+                except StorageFault:  # the step is ended: its EDGE update is skipped, counted and logged
+                    self.counters["unsaved_utilities"] += 1
+                    log.exception("step %d: saving EDGE utilities failed (counted in unsaved_utilities)", step.step)
             if self.track is None:
                 continue
             if self.options.reflection is not None and self.options.distill:
@@ -357,8 +365,12 @@ class ExperienceService(RetrievalService):
         from crl_train.service.credit import credited_entries
 
         episodes = Counter(i for r in closed.requests for i in credited_entries(r))
-        self.manager.bank.record_credits(closed.step, [(c.entry_id, c.reward, episodes[c.entry_id])
-                                                       for c in credits if c.entry_id is not None])
+        rows = [(c.entry_id, c.reward, episodes[c.entry_id]) for c in credits if c.entry_id is not None]
+        try:
+            self.manager.bank.record_credits(closed.step, rows)
+        except StorageFault:  # B_φ has them already: a full disk costs the log its rows, not the step its end
+            self.counters["unlogged_credits"] += len(rows)
+            log.exception("step %d: logging %d credits in the bank failed (counted in unlogged_credits)", closed.step, len(rows))
 
     def _edge_utility(self, closed: ClosedStep, edge: EdgeUtility) -> None:
         bank = self.manager.bank
@@ -454,20 +466,29 @@ class ExperienceService(RetrievalService):
         """B_φ, π_φ and the counters into ``service_dir/checkpoint`` (:meth:`save` without the bank,
         by the run's checkpoint writer), for a face that serves several trainers (the HTTP server,
         the Ray actor): their bank is never rolled back, what a client was acknowledged stays.
-        Returns the checkpoint's path and last ended step."""
+        The bank as it was is kept as the snapshot ``checkpoint-step-N-TIME`` of the bank
+        (:mod:`crl_gym.experience.snapshots`; the latest :data:`CHECKPOINT_SNAPSHOTS` are kept), named
+        in the checkpoint's ``bank_snapshot``: ``crl-experience restore`` pairs the bank with it.
+        Returns the checkpoint's path, last ended step and that snapshot's name."""
         from crl_train.service.checkpoint import CKPT, begin_checkpoint, commit_checkpoint
 
         self.flush()
         tmp = begin_checkpoint(service_dir)
         state = self.save(tmp, service_dir / CKPT, bank=False)
-        final = commit_checkpoint(service_dir, tmp, {"service": state})
-        return {"path": str(final), "last_ended": int(state["last_ended"])}
+        snapshot = None
+        if self.manager.bank.path is not None:
+            prefix = f"checkpoint-step-{int(state['last_ended'])}-"
+            snapshot = self.snapshot_bank(default_name(prefix)).name
+            prune_snapshots(self.manager.bank.path, "checkpoint-step-", CHECKPOINT_SNAPSHOTS)
+        final = commit_checkpoint(service_dir, tmp, {"service": state, "bank_snapshot": snapshot})
+        return {"path": str(final), "last_ended": int(state["last_ended"]), "bank_snapshot": snapshot}
 
     def restore(self, source: Path) -> None:
         """The bank and the queue become the checkpoint's copies in ``source`` (``bank/`` of
         :meth:`save`): what was written after that checkpoint is rolled back. Call after
         :meth:`load_state` with the same checkpoint's state, before the service starts."""
         self.manager.restore(source)
+        self.reload_write_ids()
 
     def save_extractor(self, target: Path, previous: Path | None = None) -> None:
         """π_φ's weights into ``target`` (through the worker when it runs in a process). A dead

@@ -7,12 +7,13 @@ In a container that check is made again where the file is opened, as the agent's
 without following symlinks, so a path swapped after this check cannot lead a write out.
 
 >>> import tempfile
->>> root = tempfile.mkdtemp()
->>> ed = Editor(LocalFS(root))
+>>> tmp = tempfile.TemporaryDirectory()
+>>> ed = Editor(LocalFS(tmp.name))
 >>> _ = ed.run({"command": "create", "path": "a.py", "file_text": "x = 1\\ny = 2\\n"})
 >>> print(ed.run({"command": "view", "path": "a.py", "view_range": "[2, 2]"}))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
 Here's the result of running `cat -n` on ...a.py:
      2	y = 2
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations

@@ -75,7 +75,9 @@
   async function summary() {
     const s = await api("/summary");
     document.getElementById("summary").textContent =
-      s.entries + " entries" + (s.read_only ? " · read-only" : "") + (s.embedder ? " · " + s.embedder : "");
+      s.entries + " entries" + (s.quarantined ? " (" + s.quarantined + " quarantined)" : "") +
+      (s.snapshots && s.snapshots.length ? " · " + s.snapshots.length + " snapshots, latest " + s.snapshots[0].name : "") +
+      (s.read_only ? " · read-only" : "") + (s.embedder ? " · " + s.embedder : "");
     return s;
   }
 
@@ -175,8 +177,12 @@
     const last = d.events.length ? d.events[d.events.length - 1] : null;
     document.getElementById("entry-text").textContent =
       e ? e.text : (last && last.detail && last.detail.text ? last.detail.text : "");
+    const o = d.origin;
+    const writer = o ? o.written_by + (o.model_step !== null && o.model_step !== undefined ? " (model step " + o.model_step + ")" : "") +
+      " at step " + o.step + ", " + new Date(o.written_at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "not recorded (written before writers were kept)";
     fieldRows(document.getElementById("entry-fields"), e ? [
-      ["state", "in the bank"], ["r̄(m)", d.rbar ? num(d.rbar.rbar, 3) + " over " + d.rbar.episodes + " episodes in " + d.rbar.steps + " steps" : "not credited"],
+      ["state", o && o.quarantined ? "quarantined: hidden from retrieval (crl-experience quarantine --undo brings it back)" : "in the bank"],
+      ["written by", writer], ["r̄(m)", d.rbar ? num(d.rbar.rbar, 3) + " over " + d.rbar.episodes + " episodes in " + d.rbar.steps + " steps" : "not credited"],
       ["retrievals c(m)", num(e.retrievals)], ["c_train", num(e.train_count)], ["t_last", e.last_trained < 0 ? "never" : num(e.last_trained)],
       ["version", num(e.version)], ["created step", num(e.created_step)], ["EDGE utility", num(e.utility, 3)],
       ["tags", e.tags.join(", ")],
