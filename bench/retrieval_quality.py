@@ -144,7 +144,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = []
     for env, writers in report["envs"].items():
         lines += [f"## {env}", "", "| writer | embedder | episodes (successes) | " + " | ".join(KEYS) + " |",
-                  "| --- | --- | --- | " + " --- |" * len(KEYS)]
+                  "| --- | --- | --- |" + " --- |" * len(KEYS)]
         for writer, cell in writers.items():
             for emb in (k for k in cell if k not in ("episodes", "successes")):
                 row = cell[emb]

@@ -28,3 +28,14 @@ def test_the_small_preset_trains_smollm2_with_lora_as_extractor_and_the_tiny_act
     assert cfg.actor.model == "tiny" and cfg.actor.constrained
     assert cfg.experience.max_entry_chars == 160 and cfg.experience.max_prompt_chars == 1500
     assert cfg.extractor.temperature < 1.0 and cfg.extractor.top_p == 1.0  # CISPO needs exact log-probs
+    # docs/results/retrieval_quality: SmolLM2's entries name no task; keyed by task they are found for it
+    assert (cfg.manager.retrieve_by, cfg.experience.embedder) == ("task", "minilm")
+
+
+def test_the_small_recall_preset_is_the_setting_its_pilots_and_suite_measured() -> None:
+    assert (PACKAGED_CONFIGS / "small_recall.yaml").read_text() == (REPO / "configs" / "small_recall.yaml").read_text()
+    cfg = load_config("small_recall")
+    assert cfg.env.kwargs == {"num_tasks": 256, "length": 1, "num_actions": 2, "secret_seed": 1}
+    assert (cfg.manager.retrieve_by, cfg.experience.embedder, cfg.experience.distill_per_group) == ("task", "minilm", 1)
+    assert cfg.experience.distill_fraction == 1.0 and cfg.train.steps * cfg.env.tasks_per_step == 2000  # requests
+    assert cfg.experience.max_ops == 1 and cfg.algo.cispo_normalisation == "sequences" and cfg.algo.buffer_size == 8
