@@ -23,7 +23,7 @@ from crl_train.policy import rng_state
 from crl_train.policy.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
-from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, tokenizer_texts
+from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, seed_texts, tokenizer_texts
 from crl_train.rollout.runner import RolloutRunner
 from crl_train.run.unsent import unsent_path
 from crl_train.service import ExperienceService, ServiceOptions, start_service
@@ -125,7 +125,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
              " (no extractor process: this run uses the actor's cores only)")
     need_texts = (cfg.actor.kind is ModelKind.TINY and checkpoint is None) or (
         options.extractor and cfg.extractor.kind is ModelKind.TINY and ext_ckpt is None)
-    texts = tokenizer_texts(cfg.env, raw_env, ACTOR_TEXTS, seed_entries=ex.seed_entries) if need_texts else None
+    texts = tokenizer_texts(cfg.env, raw_env, ACTOR_TEXTS, seed_entries=seed_texts(cfg)) if need_texts else None
     pinned: list[tuple[int, ...] | None] = []
     built: list[Policy] = []
 
