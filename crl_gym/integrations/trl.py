@@ -111,7 +111,7 @@ class TRLExperience:
 
     Args:
         client: the experience service (``RemoteClient`` to ``crl-experience serve``, or ``LocalClient``).
-        make_env: a Gymnasium env id (made with ``gym.make(make_env, **env_kwargs)``) or a
+        make_env: a Gymnasium env id (made with ``crl_gym.envs.make(make_env, **env_kwargs)``) or a
             callable returning a new text env.
         env_kwargs: keyword arguments of ``gym.make`` for an id.
         search_and_ask: also wrap in ``SearchAndAskWrapper`` and offer its ``search_and_ask`` tool.
@@ -154,7 +154,10 @@ class TRLExperience:
     def make_env(self) -> gym.Env:
         """A new base env (before the wrappers)."""
         if isinstance(self._make, str):
-            return gym.make(self._make, **self._env_kwargs)
+            # any Gymnasium id, "module:EnvId-v0" and entry points included
+            from crl_gym.envs import make
+
+            return make(self._make, **self._env_kwargs)
         return self._make()
 
     def environment_factory(self) -> ExperienceEnv:
