@@ -23,6 +23,9 @@ Reset options of the wrapper's own (the others reach the env): ``"experience"`` 
 credit the entries used in step ``t`` once that step has ended; a negative step marks an episode
 of no training step (held-out evaluation), which the service never credits. ``"meta"``: a dict
 copied into the request's ``meta`` (the actor-critic gate's verdict travels there).
+A reset with neither seed nor options (how a vector env resets a finished copy) is the next episode
+of the last explicit reset: its condition, ``rollout_step`` and ``meta`` hold, and it is seeded
+from that reset's seed (:mod:`crl_gym.wrappers.autoreset`).
 
 Actions and observations are recorded as text. At episode end (not per step) a value that is
 not ``str`` is converted — a numpy scalar or 0-d array to its Python value's ``str``, bytes
@@ -74,6 +77,7 @@ from crl_gym.protocol import (
     TurnGuidance,
 )
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
+from crl_gym.wrappers.autoreset import AutoresetCarry
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
 from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD, episode_success, warn_if_guessed
 from crl_gym.wrappers.text_actions import (
@@ -174,9 +178,9 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         client: an :class:`~crl_gym.clients.ExperienceClient` (``LocalClient`` / ``RemoteClient``).
         template: format string for the guided first observation (``{experience}``, ``{observation}``).
         task_key: info key holding the task text; the first observation is used when absent.
-        default_condition: condition of a ``reset`` without ``options["experience"]`` (``"free"``
-            keeps ``check_env``'s determinism check valid; a vector env can set it per copy with
-            ``set_attr("default_condition", [...])``).
+        default_condition: condition of an explicit ``reset`` without ``options["experience"]``
+            (``"free"`` keeps ``check_env``'s determinism check valid; a vector env can set it per copy
+            with ``set_attr("default_condition", [...])``); a bare ``reset()`` keeps the last explicit one's.
         env_id: recorded in each request (defaults to the env spec's id, else the env's class name).
         spill_path: JSONL file where requests the client could not take are appended (in
             addition to being retried at the next episode end); ``None`` keeps them in memory.
@@ -290,12 +294,19 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._rollout_step: int | None = None
         self._meta: dict[str, Any] | None = None
         self._errors: list[str] = []
+        self._carry: AutoresetCarry | None = None
+        """The last explicit reset's seed and options, for the episodes after it (vector autoreset)."""
 
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if self._check_process is not None:
             self._check_process()
+        autoreset = seed is None and options is None  # how a vector env resets a finished copy
+        if autoreset and self._carry is not None:
+            seed, options = self._carry.next_episode()
         condition, prefetched, has_prefetched, rollout_step, env_options = self._parse_options(options)
+        if not autoreset:  # checked: a later autoreset episode keeps this reset's condition and step
+            self._carry = AutoresetCarry.after(seed if seed is None or type(seed) is int else int(seed), options)
         obs, info = self.env.reset(seed=seed, options=env_options)
         task = info.get(self.task_key)
         task = task if task is not None else obs
