@@ -156,6 +156,8 @@ class RolloutRunner:
         self._pool: dict[str, list[Any]] = {}
         self.errors = 0
         self.context_truncations = 0
+        self.malformed_tool_calls = 0
+        """Cut-off or malformed ``search_and_ask`` calls answered as a tool error (status ``malformed``)."""
         self.search_failures = 0
         self.submit_failures = 0
         self.gate: EntryGate | None = None
@@ -342,6 +344,8 @@ class RolloutRunner:
         self._search_turns(stepped)
         for ep, _env, gen, action, (obs, reward, terminated, truncated, info) in stepped:
             kind = "search_and_ask" if info.get("search_and_ask") is not None else "env"
+            if kind == "search_and_ask" and info["search_and_ask"].get("status") == "malformed":
+                self.malformed_tool_calls += 1
             ep.turns += 1
             ep.num_actions += kind == "env"
             ep.search_calls += kind == "search_and_ask"
@@ -351,10 +355,12 @@ class RolloutRunner:
             _note_turn_entry(ep, info, ep.turns)
             if terminated or truncated or ep.turns >= self.max_turns:
                 ep.done = True
-                ep.success = bool(info.get("success", ep.reward > 0)) if (terminated or truncated) else False
                 req = info.get("distillation_request")
                 if isinstance(req, DistillationRequest):
                     ep.request = req
+                # the wrapper's request applies the env's declared rule; unwrapped, the same default rule
+                ep.success = (req.success if isinstance(req, DistillationRequest) else _env_success(ep, info)
+                              ) if (terminated or truncated) else False
                 if not (terminated or truncated):
                     ep.info["turn_cap"] = True
                 ep.history.append(Turn(gen, [], kind))
@@ -393,6 +399,16 @@ class RolloutRunner:
         return cut_request(task=ep.task, steps=ep.steps, outcome=ep.reward, experience=ep.experience,
                            condition=ep.condition, env_id=ep.env_id, seed=ep.seed, reasons=ep.info,
                            meta=ep.request_meta, turn_experience=ep.turn_experience)
+
+
+def _env_success(ep: Episode, info: dict[str, Any]) -> bool:
+    """An unwrapped episode's success: ``info["success"]``, else a return of at least
+    :data:`~crl_gym.wrappers.success.DEFAULT_SUCCESS_REWARD` (warned once per env, as the wrapper does)."""
+    from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD, episode_success, warn_if_guessed
+
+    rewards = [s.reward for s in ep.steps]
+    warn_if_guessed(ep.env_id, info.get("success"), rewards, DEFAULT_SUCCESS_REWARD)
+    return episode_success(info.get("success"), rewards, DEFAULT_SUCCESS_REWARD)
 
 
 def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:

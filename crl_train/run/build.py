@@ -60,7 +60,8 @@ class Run:
         ``bank/`` written into ``target`` (:meth:`ExperienceService.save`), the rest returned for
         its ``state.json``. ``previous``: the last checkpoint's directory."""
         return {"service": self.service.save(target, previous),
-                "runner": {"errors": self.runner.errors, "context_truncations": self.runner.context_truncations},
+                "runner": {"errors": self.runner.errors, "context_truncations": self.runner.context_truncations,
+                           "malformed_tool_calls": self.runner.malformed_tool_calls},
                 "rng": rng_state.capture()}
 
     def load_state(self, state: dict[str, Any], *, step: int, directory: Path | None = None) -> None:
@@ -69,7 +70,7 @@ class Run:
         (a checkpoint written before they were kept has none: the bank stays as it is, logged)."""
         self.service.load_state({"last_ended": step, **state.get("service", {})})
         for k, v in state.get("runner", {}).items():
-            if k in ("errors", "context_truncations"):
+            if k in ("errors", "context_truncations", "malformed_tool_calls"):
                 setattr(self.runner, k, int(v))
             else:
                 log.warning("checkpoint counter runner.%s is unknown here; ignored", k)
