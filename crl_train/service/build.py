@@ -59,8 +59,9 @@ def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
             "distill_fraction": cfg.experience.distill_fraction, "draw_seed": cfg.seed,
             "distill_per_group": cfg.experience.distill_per_group,
             "entry_reward": cfg.algo.entry_reward, "return_reward": cfg.algo.return_reward,
-            # a training run's seed entries are its own starting bank: the paper's Merge compacts them too
-            "merge_seeded": True}
+            # a user's entries (seed_entries) are pinned unless the config unpins them all (the
+            # paper's Merge compacts a run's seed entries too: manager.pin_user_entries: false)
+            "merge_seeded": not cfg.manager.pin_user_entries}
     return ServiceOptions(**{**base, **method_side})
 
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
-from crl_gym.experience.merge import is_seeded, merge_bank
+from crl_gym.experience.merge import merge_bank
+from crl_gym.experience.pinning import is_pinned
 from crl_gym.protocol import (
     GROUP_COPY,
     GROUP_SIZE,
@@ -450,7 +451,7 @@ class BackgroundTrack:
         try:
             report = merge_bank(self.manager.bank, self.manager.embedder, self.extractor.merge_generate,
                                 token_budget=self.merge_token_budget, count_tokens=self.extractor.count_tokens, step=step,
-                                protect=None if self.merge_seeded else is_seeded,
+                                protect=None if self.merge_seeded else is_pinned,
                                 retrieve_by=self.manager.config.retrieve_by)
         except ExtractorUnavailable:
             self.stats.skipped_merges += 1
