@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
+from crl_gym.clients.run_steps import RunSteps
 from crl_gym.experience.results import StepEnded
 from crl_gym.integrations.episodes import check_reward, rollout_reward, with_actions
 from crl_gym.protocol import CONDITIONS, FREE_CONDITION, DistillationRequest
@@ -122,7 +123,10 @@ class TRLExperience:
 
     ``step`` is the open rollout step: the TRL optimizer step being generated (set by
     :meth:`callback` at each step's start); every episode's request carries it, and the callback's
-    ``end_step(t)`` at the end of step ``t`` credits the entries those episodes used.
+    ``end_step(t)`` at the end of step ``t`` credits the entries those episodes used. The run has
+    its own step space on the service (:attr:`steps`, a :class:`~crl_gym.clients.RunSteps`): its
+    step ``t`` is the service's ``steps.base + t``, so runs started one after another against one
+    long-lived ``crl-experience serve`` never end a step twice (``ended`` holds the service's numbers).
     """
 
     def __init__(
@@ -147,6 +151,8 @@ class TRLExperience:
         self.reward = reward
         self.spill_path = spill_path
         self.step = 0
+        self.steps = RunSteps(client)
+        """This run's step space on the service (read at the first episode or ``end_step``)."""
         self.ended: list[StepEnded] = []
         """What each ``end_step`` answered, in order (``step``, ``credited``, ...)."""
         self.envs_made = 0
@@ -166,8 +172,8 @@ class TRLExperience:
         return SearchAndAskEnv(self) if self.search_and_ask else ExperienceEnv(self)
 
     def end_step(self, step: int) -> StepEnded:
-        """``client.end_step(step)``: the service credits every entry used in ``step``."""
-        result = self.client.end_step(step)
+        """``end_step`` of this run's ``step`` on the service: it credits every entry used in that step."""
+        result = self.steps.end_step(step)
         self.ended.append(result)
         return result
 
@@ -232,7 +238,7 @@ class ExperienceEnv:
         if self._open:  # TRL reuses instances: an episode left open (no get_reward) still gets distilled
             self._end()
         obs, info = self._wrapper.reset(
-            seed=seed, options={"experience": experience, "rollout_step": self._session.step})
+            seed=seed, options={"experience": experience, "rollout_step": self._session.steps.service_step(self._session.step)})
         self._open = True
         self._return = 0.0
         self._success = False
