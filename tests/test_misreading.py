@@ -165,3 +165,17 @@ def test_removed_remote_counters_still_answer_with_a_deprecation_warning(manager
                 assert client.submit_counts.delivered == 1  # the new form warns nothing
         finally:
             client.close()
+
+
+def test_every_trainer_path_reads_success_one_way(manager: Any, caplog: Any) -> None:
+    from crl_gym.wrappers.success import ended_success
+
+    env = ExperienceWrapper(Moves(moves=1), LocalClient(manager), env_id="user/Paths-v0", success_reward=2.0)
+    env.reset(seed=0)
+    *_, info = env.step("step")
+    assert ended_success(info, [1.0], "user/Paths-v0") is False  # the request's: the declared threshold 2
+    assert ended_success({"success": True}, [0.0], "user/Paths-v0") is True  # the env's word
+    with caplog.at_level(logging.WARNING, logger="crl_gym.wrappers.success"):
+        assert ended_success({}, [1.0, 1.0], "user/Unwrapped-v0") is True  # the default rule, said once
+        assert ended_success({}, [0.5], "user/Unwrapped-v0") is False
+    assert len([r for r in caplog.records if "user/Unwrapped-v0" in r.getMessage()]) == 1

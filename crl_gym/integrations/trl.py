@@ -63,6 +63,7 @@ from crl_gym.experience.results import StepEnded
 from crl_gym.integrations.episodes import check_reward, rollout_reward, with_actions
 from crl_gym.protocol import CONDITIONS, FREE_CONDITION, DistillationRequest
 from crl_gym.wrappers import wrap
+from crl_gym.wrappers.success import ended_success
 
 try:  # transformers is in the [train] extra; the callback subclasses its TrainerCallback
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -290,7 +291,7 @@ class ExperienceEnv:
         if not (terminated or truncated):
             return with_actions(obs, info)
         self._open = False
-        self._success = bool(info.get("success", False))
+        self._success = ended_success(info, [self._return], self._wrapper.env_id)
         self._request = info.get("distillation_request")
         return f"{obs}\n{OVER.format(outcome='success' if self._success else 'failure')}"
 

@@ -51,6 +51,20 @@ def episode_success(declared: object, rewards: Iterable[Any], success_reward: fl
     return math.isfinite(total) and total >= success_reward
 
 
+def ended_success(info: dict[str, Any], rewards: list[float], env_name: str) -> bool:
+    """The success of an episode that just ended with ``info`` (its last step's): the wrapper's
+    request's ``success`` when there is one (the env's word or its declared rule), else
+    ``info["success"]``, else the default rule (``return >= 1.0``, warned once per ``env_name``).
+    Every trainer path reads success through this, so none counts an episode its own way."""
+    request = info.get("distillation_request")
+    success = getattr(request, "success", None)
+    if isinstance(success, bool):
+        return success
+    declared = info.get("success")
+    warn_if_guessed(env_name, declared, rewards, DEFAULT_SUCCESS_REWARD)
+    return episode_success(declared, rewards, DEFAULT_SUCCESS_REWARD)
+
+
 def warn_if_guessed(env_name: str, declared: object, rewards: list[Any], success_reward: float, *,
                     rule_declared: bool = False) -> bool:
     """Log, once per ``env_name`` and process, that an episode ended without ``info["success"]``

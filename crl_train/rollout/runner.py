@@ -42,6 +42,7 @@ from crl_gym.protocol import (
     TurnGuidance,
 )
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
+from crl_gym.wrappers.success import ended_success
 from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
 from crl_train.rollout.contract import condition_of
@@ -358,9 +359,7 @@ class RolloutRunner:
                 req = info.get("distillation_request")
                 if isinstance(req, DistillationRequest):
                     ep.request = req
-                # the wrapper's request applies the env's declared rule; unwrapped, the same default rule
-                ep.success = (req.success if isinstance(req, DistillationRequest) else _env_success(ep, info)
-                              ) if (terminated or truncated) else False
+                ep.success = ended_success(info, [s.reward for s in ep.steps], ep.env_id) if (terminated or truncated) else False
                 if not (terminated or truncated):
                     ep.info["turn_cap"] = True
                 ep.history.append(Turn(gen, [], kind))
@@ -399,16 +398,6 @@ class RolloutRunner:
         return cut_request(task=ep.task, steps=ep.steps, outcome=ep.reward, experience=ep.experience,
                            condition=ep.condition, env_id=ep.env_id, seed=ep.seed, reasons=ep.info,
                            meta=ep.request_meta, turn_experience=ep.turn_experience)
-
-
-def _env_success(ep: Episode, info: dict[str, Any]) -> bool:
-    """An unwrapped episode's success: ``info["success"]``, else a return of at least
-    :data:`~crl_gym.wrappers.success.DEFAULT_SUCCESS_REWARD` (warned once per env, as the wrapper does)."""
-    from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD, episode_success, warn_if_guessed
-
-    rewards = [s.reward for s in ep.steps]
-    warn_if_guessed(ep.env_id, info.get("success"), rewards, DEFAULT_SUCCESS_REWARD)
-    return episode_success(info.get("success"), rewards, DEFAULT_SUCCESS_REWARD)
 
 
 def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:

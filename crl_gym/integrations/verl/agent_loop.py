@@ -64,6 +64,7 @@ from crl_gym.integrations.verl.service import DEFAULT_TIMEOUT_S, service_client
 from crl_gym.protocol import CONDITIONS
 from crl_gym.wrappers import wrap
 from crl_gym.wrappers.experience import ExperienceWrapper
+from crl_gym.wrappers.success import ended_success
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ class ExperienceAgentLoop(AgentLoopBase):
             episode.turns += 1
             episode.ret += float(reward)
             if terminated or truncated:
-                episode.success = bool(info.get("success", False))
+                episode.success = ended_success(info, [episode.ret], env.env_id)
                 episode.request = info.get("distillation_request")
                 return
             if len(episode.mask) >= self.response_length or episode.turns >= self.max_turns:
