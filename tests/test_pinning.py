@@ -70,6 +70,26 @@ class _DiscardingExtractor:
         return [json.dumps({"discard": list(p.labels)}) for p in prompts]
 
 
+def test_the_track_counts_the_ops_its_extractor_aimed_at_pinned_entries() -> None:
+    from crl_gym.protocol import DistillationRequest, Trajectory
+    from crl_train.service.track import BackgroundTrack
+
+    manager, mine, _ = bank_with()
+
+    class Rewriting(_DiscardingExtractor):
+        def distill(self, reqs: list[Any]) -> list[tuple[ExtractorSample, list[Any]]]:
+            return [(SAMPLE, [UpdateOp(mine, "rewritten"), DeleteOp(mine)]) for _ in reqs]
+
+    track: Any = BackgroundTrack(manager, Rewriting(), asynchronous=False)  # type: ignore[arg-type]
+    try:
+        request = DistillationRequest(task="t", trajectory=Trajectory(initial_observation="o", steps=[]), outcome=0.0,
+                                      success=False, experience=None, condition="free")
+        track._distill([request])
+        assert track.stats.pinned == 2 and manager.bank.get(mine).text == MINE  # type: ignore[union-attr]
+    finally:
+        manager.close()
+
+
 def test_the_merge_leaves_pinned_entries_out() -> None:
     from crl_train.service.track import BackgroundTrack
 
