@@ -324,7 +324,7 @@ class CRLAgentInstance(AgentInstanceBase):
         self.observation = str(obs)
         self._note_turn_entry(info, self.turns)
         if terminated or truncated:
-            self.success = ended_success(info, [st.reward for st in self.steps], self.task.env_id)
+            self.success = ended_success(info, [st.reward for st in self.steps], (self.task or TaskLabel("?", -1)).env_id)
             req = info.get("distillation_request")
             self.request = req if isinstance(req, DistillationRequest) else None
             self._finish()
