@@ -14,7 +14,8 @@ for every episode of a rollout at once — submits it and returns it under
 ``info["distillation_request"]``. Rewards and the env's info keys pass through. The request's
 ``success`` is the last step's ``info["success"]``, else the declared ``success_rule`` or
 ``return >= success_reward`` (:mod:`crl_gym.wrappers.success`; undeclared, it warns once per
-env). An env with a non-text observation or action space is refused when the wrapper is built (:func:`~crl_gym.wrappers.text_spaces.require_text_spaces`).
+env). An env with a non-text observation or action space is refused when the wrapper is built
+(:func:`~crl_gym.wrappers.text_spaces.require_text_spaces`).
 
 Reset options of the wrapper's own (the others reach the env): ``"experience"`` (``"guided"`` /
 ``"free"``), ``"prefetched"`` (an ``ExperienceRef``, its dict, or ``None``) and
