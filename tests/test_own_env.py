@@ -133,3 +133,14 @@ def test_env_shorthand_and_unknown_id_fail_before_anything_starts(tmp_path: Path
     user_module(tmp_path, "mymodule2")
     proc = _run(tmp_path, "crl-train", "--env", "mymodule2:MyEnv-v0", "--show-config")
     assert proc.returncode == 0 and "ids: ['mymodule2:MyEnv-v0']" in proc.stdout
+
+
+def test_a_suite_cell_trains_on_a_module_id(tmp_path: Path) -> None:
+    from crl_train.experiment.suite import cell_config, cells, suite_from_dict
+
+    suite = suite_from_dict({"name": "mine", "methods": ["grpo"], "seeds": [0], "envs": ["mymodule:MyEnv-v0"],
+                             "set": ["train.steps=1"]})
+    (cell,) = cells(suite)
+    cfg = cell_config(suite, cell)
+    assert cfg.env.ids == ("mymodule:MyEnv-v0",) and cfg.experience.seeds_for(cfg.env.ids) == []
+    assert cell.name.endswith("mymodule:MyEnv-v0/seed0")
