@@ -53,10 +53,10 @@ ACTIONS = ("north", "east", "south", "west", "northeast", "southeast", "southwes
 def _corpus() -> list[str]:
     """The tiny preset's tokenizer corpus (its envs' texts and every prompt), as a run builds it."""
     from crl_train.config import load_config
-    from crl_train.rollout.envs import raw_env_factory, tokenizer_texts
+    from crl_train.rollout.envs import raw_env_factory, seed_texts, tokenizer_texts
 
     cfg = load_config(None)
-    return tokenizer_texts(cfg.env, raw_env_factory(cfg.env), ACTIONS, seed_entries=cfg.experience.seed_entries)
+    return tokenizer_texts(cfg.env, raw_env_factory(cfg.env), ACTIONS, seed_entries=seed_texts(cfg))
 
 
 def _requests(n: int) -> list[DistillationRequest]:

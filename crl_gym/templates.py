@@ -52,6 +52,13 @@ SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE = (
 SEARCH_AND_ASK_ERROR_TEMPLATE = "search_and_ask is unavailable right now; take an environment action.\n\n{observation}"
 """Observation after a ``search_and_ask`` call whose search failed (client down); ``{observation}``."""
 
+SEARCH_AND_ASK_MALFORMED_TEMPLATE = (
+    "Your search_and_ask call was cut off or malformed ({query}); nothing was done. Write "
+    "search_and_ask[<where you are stuck>] with its closing bracket, or an environment action.\n\n{observation}"
+)
+"""Observation after a cut-off or malformed call (``search_and``, ``search_and_ask[open``), which
+never reaches the env; ``{query}`` (the action as written), ``{observation}``."""
+
 # --------------------------------------------------------------------------------------------
 # What the actor sees: the trainer's system prompts, tool action and gate (crl_train)
 # --------------------------------------------------------------------------------------------

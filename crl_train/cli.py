@@ -37,6 +37,10 @@ def _setup_logging(run_dir: Path | None) -> None:
               help="Override one config value, e.g. --set train.steps=3 --set method=grpo (value parsed as YAML). Repeatable.")
 @click.option("--method", "method", type=click.Choice(list(METHOD_NAMES)), default=None,
               help="The method (the same as --set method=NAME, applied before the other --set).")
+@click.option("--env", "env_ids", multiple=True, metavar="ID",
+              help="Train on this Gymnasium id (the same as --set env.ids='[ID, ...]', applied before the other "
+                   "--set; repeatable for several envs): a crl/ id, an id registered with gymnasium.register, "
+                   "'module:EnvId-v0' (the module is imported first) or an entry point's id.")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory (config.yaml, metrics.jsonl, tb/, curves.png, checkpoint/, bank/). Default: runs/<method>.")
 @click.option("--resume", "resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
@@ -53,9 +57,12 @@ def _setup_logging(run_dir: Path | None) -> None:
                    "the config's openrlhf: section sizes it).")
 @click.option("--dry-run", is_flag=True, default=False,
               help="--backend openrlhf: print the OpenRLHF command line and the Ray resource plan, start nothing.")
-def train(config_path: Path | None, overrides: tuple[str, ...], method: str | None, out: Path | None,
-          resume: Path | None, no_progress: bool, show_config: bool, backend: str, dry_run: bool) -> None:
+def train(config_path: Path | None, overrides: tuple[str, ...], method: str | None, env_ids: tuple[str, ...],
+          out: Path | None, resume: Path | None, no_progress: bool, show_config: bool, backend: str,
+          dry_run: bool) -> None:
     """Train an actor (and an experience extractor) with Complementary RL or a baseline."""
+    if env_ids:
+        overrides = (f"env.ids={json.dumps(list(env_ids))}", *overrides)
     if method is not None:
         overrides = (f"method={method}", *overrides)
     if backend == "openrlhf" or dry_run:
@@ -75,6 +82,7 @@ def train(config_path: Path | None, overrides: tuple[str, ...], method: str | No
     if show_config:  # before anything touches the run directory
         click.echo(_show_config(cfg, source, overrides), nl=False)
         return
+    _check_env_ids(cfg, resume)
     _setup_logging(run_dir)
     from crl_train.run.trainer import TrackFailure
 
@@ -110,6 +118,21 @@ def _train_openrlhf(config_path: Path | None, overrides: tuple[str, ...], out: P
         raise click.UsageError(str(exc)) from None
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _check_env_ids(cfg: TrainConfig, run_dir: Path | None) -> None:
+    """Every id of ``env.ids`` found (its module imported, entry points loaded) before anything
+    starts; one that is not is a usage error that says how to register it."""
+    import gymnasium as gym
+
+    from crl_gym.envs import resolve
+
+    where = f" (recorded in {run_dir / 'config.yaml'})" if run_dir is not None else ""
+    for env_id in cfg.env.ids:
+        try:
+            resolve(env_id)
+        except (ImportError, gym.error.Error) as exc:
+            raise click.UsageError(f"env.ids{where}: {exc}") from None
 
 
 def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ...]) -> str:
@@ -150,6 +173,7 @@ def evaluate(run_dir: Path, episodes: int, memory: tuple[str, ...], with_exp: bo
         cfg = load_config(run_dir / "config.yaml")
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    _check_env_ids(cfg, run_dir)
     _setup_logging(None)
     if with_exp is not None:
         click.echo(f"crl-eval: --with-exp/--without-exp are deprecated; use --memory {'frozen' if with_exp else 'none'}",

@@ -219,3 +219,17 @@ def test_an_entry_shows_who_wrote_it_and_whether_it_is_quarantined(served) -> No
     r = client.post("/quarantine", json={"written_by": "user", "steps": "4:4", "undo": True}, headers=auth)
     assert r.json()["entries"] == [ids["hostile"]] and ids["hostile"] in service.manager.bank
     assert client.post("/quarantine", json={"written_by": "user", "steps": "9:1"}, headers=auth).status_code == 422
+
+
+def test_the_explorer_shows_which_entries_are_pinned(served) -> None:
+    from crl_gym.experience.pinning import UNPINNED_TAG
+    from crl_gym.protocol import ExtractorSample
+
+    client, service, ids = served
+    distilled = service.manager.apply_ops([AddOp("take the key before the door")], step=5,
+                                          sample=ExtractorSample("p", "ADD", [-0.1])).added[0]
+    loose = service.manager.apply_ops([AddOp("any door will do", tags=(UNPINNED_TAG,))], step=5).added[0]
+    rows = {e["id"]: e["pinned"] for e in _get(client, "/ui/api/entries?per_page=100")["entries"]}
+    assert rows[ids["first"]] is True and rows[distilled] is False and rows[loose] is False
+    assert _get(client, f"/ui/api/entries/{ids['first']}")["entry"]["pinned"] is True
+    assert _get(client, f"/ui/api/entries/{distilled}")["entry"]["pinned"] is False

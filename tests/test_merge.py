@@ -397,10 +397,12 @@ def test_a_service_merges_a_users_entries_only_when_told(merge_seeded: bool) -> 
     manager.close()
 
 
-def test_the_served_extractor_keeps_a_users_entries_and_training_runs_merge_them() -> None:
+def test_a_users_entries_are_pinned_unless_the_config_unpins_them() -> None:
     from crl_train.config import load_config
     from crl_train.service.build import service_options
     from crl_train.service.service import ServiceOptions
 
     assert ServiceOptions().merge_seeded is False  # crl-experience serve --extractor, without --merge-seeded
-    assert service_options(load_config(None, [])).merge_seeded is True  # a crl-train run's own seed entries
+    assert service_options(load_config(None, [])).merge_seeded is False  # a crl-train run's seed entries: pinned
+    unpinned = load_config(None, ["manager.pin_user_entries=false"])
+    assert service_options(unpinned).merge_seeded is True  # the paper's Merge compacts them too

@@ -50,7 +50,8 @@ from crl_train.run.trainer import Trainer  # noqa: E402
 SMALL = ["env.ids=[corridor]", "env.tasks_per_step=2", "env.group_size=4", "env.max_turns=3", "train.eval_episodes=0",
          "actor.tiny_vocab_size=300", "extractor.tiny_vocab_size=300", "actor.tiny_hidden=32", "extractor.tiny_hidden=32",
          "actor.tiny_layers=1", "extractor.tiny_layers=1", "algo.buffer_size=2", "algo.merge_every=1",
-         "experience.asynchronous=false", "experience.max_prompt_chars=600", "extractor.max_context_tokens=512"]
+         "experience.asynchronous=false", "experience.max_prompt_chars=600", "extractor.max_context_tokens=512",
+         "experience.seed_entries=['Walk east to the exit.']"]  # the preset's own seed entry is MiniHack's only
 
 
 def _corridor(env_id: str) -> Any:

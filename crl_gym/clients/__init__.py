@@ -42,6 +42,7 @@ from crl_gym.clients.interface import check_step as check_step
 from crl_gym.clients.local import LocalClient as LocalClient
 from crl_gym.clients.local import as_service as as_service
 from crl_gym.clients.remote import RemoteClient as RemoteClient
+from crl_gym.clients.run_steps import RunSteps as RunSteps
 
 # the errors are re-exported: callers catch them from here
 from crl_gym.errors import ExperienceAuthError as ExperienceAuthError
@@ -59,7 +60,7 @@ from crl_gym.outbox import SubmitCounts as SubmitCounts
 
 __all__ = [
     "ASK_FALLBACKS", "TOKEN_ENV", "Combiner", "ExperienceAuthError", "ExperienceClient", "ExperienceUnavailable",
-    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "StepOrderError", "StorageFault",
-    "SubmitCounts", "SubmitUndelivered",
+    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "RunSteps", "StepOrderError",
+    "StorageFault", "SubmitCounts", "SubmitUndelivered",
     "as_service", "ask_manager", "check_step",
 ]

@@ -10,7 +10,7 @@ from crl_gym.clients.interface import check_step
 from crl_gym.errors import ProcessBoundaryError
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.limits import MAX_BODY_BYTES, MAX_TEXT, check_request_size
-from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
+from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, _jsonable
 
 if TYPE_CHECKING:
     from crl_gym.experience.manager import ExperienceManager
@@ -99,7 +99,9 @@ class LocalClient:
         return self._svc().apply_ops(list(ops), step=step)
 
     def stats(self) -> ServiceStats:
-        return self._svc().stats()
+        """The service's ``stats()`` as a ``RemoteClient`` reads it: through its JSON form, so both
+        faces give the same fields (every counter a plain number or text)."""
+        return ServiceStats.from_dict(_jsonable(self._svc().stats().to_dict()))
 
     def health(self) -> Health:
         return self._svc().health()

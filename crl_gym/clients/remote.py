@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crl_gym.clients.combiner import Combiner
+from crl_gym.clients.deprecated import submit_count_property
 from crl_gym.clients.interface import TOKEN_ENV, check_step
 from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable, StorageFault
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
@@ -321,6 +322,14 @@ class RemoteClient:
         if self._http is not None and self._pid == os.getpid():
             self._http.close()
         self._http = None
+
+    # the counters of earlier releases (DeprecationWarning): read submit_counts instead
+    buffered = submit_count_property("buffered")
+    delivered = submit_count_property("delivered")
+    rejected = submit_count_property("rejected")
+    submit_failures = submit_count_property("submit_failures")
+    spilled = submit_count_property("spilled")
+    lost = submit_count_property("lost")
 
 
 def _detail(resp: httpx.Response) -> str:

@@ -121,12 +121,13 @@ def register_all() -> None:
 
 
 def make(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gymnasium.make`` with an error that lists the known ids for an unknown one."""
-    if env_id not in ENVS:
-        known = ", ".join(sorted(ENVS))
-        raise gym.error.UnregisteredEnv(f"unknown environment {env_id!r}; known crl environments: {known}")
-    register_all()
-    spec = ENVS[env_id]
-    if spec.needs:  # before gym.make, which would append its own note to the message
+    """``gymnasium.make`` of any id :func:`crl_gym.envs.ids.resolve` finds (a ``crl/`` id, one a
+    user registered, ``"module:EnvId-v0"``, an entry point's); an unknown id raises
+    :class:`~crl_gym.envs.ids.UnknownEnvError` listing the ``crl/`` ids and how to register one."""
+    from crl_gym.envs.ids import resolve
+
+    resolve(env_id)
+    spec = ENVS.get(env_id)
+    if spec is not None and spec.needs:  # before gym.make, which would append its own note to the message
         check_arguments(env_id, spec, kwargs)
     return gym.make(env_id, **kwargs)

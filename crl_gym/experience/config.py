@@ -89,6 +89,11 @@ class ManagerConfig:
     bank_eviction: Literal["fifo", "least_useful"] = "fifo"
     """Which entries a full bank gives up: ``fifo`` (oldest first, the authors' rule) or
     ``least_useful`` (lowest credited r̄(m) first, never-credited entries counting as 0)."""
+    pin_user_entries: bool = True
+    """A user's entries (written without an extractor sample: API, CLI, ``seed_entries``) are pinned:
+    the extractor's Update and Delete ops and the Merge never rewrite or delete them, only cite
+    them (:mod:`crl_gym.experience.pinning`; the tag ``crl:unpinned`` unpins one). False: the
+    extractor may rewrite them like its own (the paper compacts a run's seed entries too)."""
 
     def __post_init__(self) -> None:
         if self.dedup_similarity is not None and not -1.0 <= self.dedup_similarity <= 1.0:

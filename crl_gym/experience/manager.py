@@ -46,6 +46,7 @@ from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.keys import retrieval_key, stored_key
 from crl_gym.experience.origin import Origin
+from crl_gym.experience.pinning import is_pinned
 from crl_gym.experience.storage_faults import as_fault
 from crl_gym.experience.store import WriteRecord
 from crl_gym.protocol import (
@@ -81,6 +82,9 @@ class ApplyResult:
     """Update/Delete ops on entries that changed since the episode saw them: an Update of an entry
     merged away goes to the entry it was merged into, one of an entry gone since becomes an Add, a
     Delete of an entry gone since does nothing. Not malformed: the answer was right when asked."""
+    pinned: int = 0
+    """Extractor Update/Delete ops on a pinned (user's) entry: the Update's text is added as a new
+    entry, the Delete does nothing (:mod:`crl_gym.experience.pinning`)."""
 
     def summary(self) -> dict[str, Any]:
         """What the call did, as remembered with its write id (:mod:`~crl_gym.experience.write_ids`)."""
@@ -406,6 +410,7 @@ class ExperienceManager:
         embedded = [op.text if k is None else k for op, k in zip(text_ops, keys, strict=True)]
         vecs = self.embedder.encode(embedded) if embedded else np.zeros((0, self.bank.dim), np.float32)
         tag = (request.env_id,) if request is not None and request.env_id else ()
+        pin = sample is not None and self.config.pin_user_entries  # the extractor's ops, not a user's
         with self.bank.lock.write():
             adds, updates, deletes, vi = [], [], [], 0
             for op in ops:
@@ -416,7 +421,10 @@ class ExperienceManager:
                 elif isinstance(op, UpdateOp):
                     vi += 1
                     target = self._current_id(op.id)
-                    if target in self.bank and target not in deletes:
+                    if pin and self._pinned(target):  # the user's entry stays; the advice goes beside it
+                        res.pinned += 1
+                        adds.append(PendingAdd(op.text, vecs[vi - 1], step, tag, sample, sources[vi - 1], keys[vi - 1]))
+                    elif target in self.bank and target not in deletes:
                         updates.append(PendingUpdate(target, op.text, vecs[vi - 1], sample, keys[vi - 1]))
                         res.updated.append(target)
                         res.stale += target != op.id
@@ -428,7 +436,9 @@ class ExperienceManager:
                     else:
                         self._unknown(res, "update", op.id)
                 elif isinstance(op, DeleteOp):
-                    if op.id in self.bank and op.id not in deletes:
+                    if pin and self._pinned(op.id):
+                        res.pinned += 1
+                    elif op.id in self.bank and op.id not in deletes:
                         deletes.append(op.id)
                     elif self._gone(op.id):
                         res.stale += 1  # already gone: nothing to do
@@ -449,6 +459,10 @@ class ExperienceManager:
                 write = WriteRecord(write.id, write.kind, {**(write.result or {}), **res.summary()})
             res.added = self.bank.apply_batch(adds, updates, deletes, step=step, origin=origin, write=write)
         return res
+
+    def _pinned(self, entry_id: int) -> bool:
+        entry = self.bank.get(entry_id)
+        return entry is not None and is_pinned(entry)
 
     def _source_of(self, op: AddOp | UpdateOp, task: str) -> str:
         """The task an op's entry is distilled from: an Update's target keeps its own, an Add (or an

@@ -10,13 +10,19 @@ server sends and the Ray actor hands back; ``from_dict(d)`` parses it on the cli
 >>> StepEnded.from_dict({'step': 3, 'ended': [3], 'requests': 0, 'credited': 0}).ended
 [3]
 >>> s = ServiceStats(bank_size=2, queue_depth=0, last_ended_step=-1, counters={"pruned": 1})
->>> s.get("bank_size"), s.get("pruned"), s.get("unknown")
-(2, 1, None)
+>>> s.get("bank_size"), s.get("pruned"), s.get("unknown"), s.get("unknown", 0)
+(2, 1, None, 0)
+
+Each also has the read-only mapping face of its JSON form, so code written against the dict
+answers of earlier releases keeps working (the attributes are the typed way):
+
+>>> s["queue_depth"], "pruned" in s, Health(pending=3)["pending"]
+(0, True, 3)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar, get_args
 
@@ -66,8 +72,40 @@ def _status(value: object, what: str) -> ExtractorStatus | None:
     raise ValueError(f"{what}: 'extractor' must be one of {get_args(ExtractorStatus)} or null, got {value!r}")
 
 
+class MappingFace:
+    """The read-only mapping face of a typed answer: its JSON form (:meth:`to_dict`) by key."""
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: JSONValue = None) -> JSONValue:
+        """``self[key]``, ``default`` when the answer has no such key."""
+        return self.to_dict().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def keys(self) -> list[str]:
+        return list(self.to_dict())
+
+    def items(self) -> list[tuple[str, JSONValue]]:
+        return list(self.to_dict().items())
+
+    def values(self) -> list[JSONValue]:
+        return list(self.to_dict().values())
+
+
 @dataclass(frozen=True)
-class StepEnded:
+class StepEnded(MappingFace):
     """``end_step(t)``: the steps it closed (``t`` and any earlier one still open), the requests they
     held and the credits the service made for them (0 without an extractor)."""
 
@@ -95,7 +133,7 @@ class StepEnded:
 
 
 @dataclass(frozen=True)
-class OpsApplied:
+class OpsApplied(MappingFace):
     """``apply_ops(ops)``: how many entries were added (and their ids), updated and deleted, the Return
     ops (no action) and the malformed ones."""
 
@@ -124,7 +162,7 @@ class OpsApplied:
 
 
 @dataclass(frozen=True)
-class Health:
+class Health(MappingFace):
     """``health()``: cheap (no token needed over HTTP): ``status`` is ``"ok"`` whenever the service answers."""
 
     pending: int
@@ -155,7 +193,7 @@ STATS_FIELDS: tuple[str, ...] = ("bank_size", "queue_depth", "last_ended_step", 
 
 
 @dataclass(frozen=True)
-class ServiceStats:
+class ServiceStats(MappingFace):
     """``stats()``: the figures every service has as attributes; the others (with an extractor, the
     service's ``credits`` and ``pruned``; the extractor
     track's: ``distill_batches``, ``errors``, ``last_error``, …; ``extractor_loss``,
@@ -189,12 +227,13 @@ class ServiceStats:
         value = self.counters.get("last_error")
         return value if isinstance(value, str) else ""
 
-    def get(self, key: str) -> Figure:
-        """The figure named ``key`` in the JSON form (``None`` when this service has no such figure)."""
+    # a figure, never the nested ``manager`` report (``stats["manager"]`` reads that): narrower than the face's get
+    def get(self, key: str, default: Figure = None) -> Figure:  # type: ignore[override]
+        """The figure named ``key`` in the JSON form (``default`` when this service has no such figure)."""
         if key in STATS_FIELDS:
             value: Figure = getattr(self, key)
             return value
-        return self.counters.get(key)
+        return self.counters.get(key, default)
 
     def to_dict(self) -> dict[str, JSONValue]:
         out: dict[str, JSONValue] = {"manager": dict(self.manager)}

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from crl_gym.experience.pinning import UNPINNED_TAG
 from crl_gym.explorer.source import BankSource
 
 SORTS: dict[str, str] = {
@@ -104,7 +105,7 @@ def entries_page(src: BankSource, pq: PageQuery) -> dict[str, Any]:
         for r in src.query(
                 f"SELECT e.id, substr(e.text, 1, {PREVIEW_CHARS}), length(e.text), e.version, e.created_step, "
                 f"e.retrieval_count, e.last_retrieved, e.train_count, e.last_trained_step, e.utility, e.tags, "
-                f"c.rbar, c.episodes FROM entries e LEFT JOIN {_credit_table(src)} c ON c.entry_id = e.id "
+                f"c.rbar, c.episodes, e.provenance IS NULL FROM entries e LEFT JOIN {_credit_table(src)} c ON c.entry_id = e.id "
                 f"WHERE e.id IN ({marks})", ids):
             rows[int(r[0])] = {
                 "id": int(r[0]), "text": r[1], "text_length": int(r[2]), "version": int(r[3]),
@@ -112,6 +113,7 @@ def entries_page(src: BankSource, pq: PageQuery) -> dict[str, Any]:
                 "train_count": int(r[7]), "last_trained": int(r[8]), "utility": float(r[9]),
                 "tags": json.loads(r[10]), "rbar": None if r[11] is None else float(r[11]),
                 "episodes": 0 if r[12] is None else int(r[12]),
+                "pinned": _pinned(bool(r[13]), json.loads(r[10])),
             }
     has_utility = bool(src.query("SELECT 1 FROM entries WHERE utility != 0 LIMIT 1"))
     return {"total": total, "page": pq.page, "pages": max(1, -(-total // pq.per_page)), "per_page": pq.per_page,
@@ -152,6 +154,11 @@ def _credit_order(src: BankSource, pq: PageQuery, credit: str, direction: str, o
     return credited + others, ids
 
 
+def _pinned(users: bool, tags: list[str]) -> bool:
+    """:func:`crl_gym.experience.pinning.is_pinned` of a stored row: a user's entry (no provenance), not unpinned by its tag."""
+    return users and UNPINNED_TAG not in tags
+
+
 def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
     """An entry with its history, credits and provenance (``None`` if the bank never logged it).
 
@@ -177,7 +184,8 @@ def entry_detail(src: BankSource, entry_id: int) -> dict[str, Any] | None:
         entry = {"id": int(r[0]), "text": r[1], "version": int(r[2]), "created_step": int(r[3]),
                  "retrievals": int(r[4]), "last_retrieved": float(r[5]), "train_count": int(r[6]),
                  "last_trained": int(r[7]), "utility": float(r[8]), "tags": json.loads(r[9]), "history": history,
-                 "source": r[12] or "", "retrieved_by": r[1] if r[13] is None else r[13]}
+                 "source": r[12] or "", "retrieved_by": r[1] if r[13] is None else r[13],
+                 "pinned": _pinned(not r[10], json.loads(r[9]))}
         if r[10]:
             p = json.loads(r[10])
             provenance = {"prompt": p.get("prompt", ""), "response": p.get("response", ""),

@@ -58,10 +58,12 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
+from crl_gym.clients.run_steps import RunSteps
 from crl_gym.experience.results import StepEnded
 from crl_gym.integrations.episodes import check_reward, rollout_reward, with_actions
 from crl_gym.protocol import CONDITIONS, FREE_CONDITION, DistillationRequest
 from crl_gym.wrappers import wrap
+from crl_gym.wrappers.success import ended_success
 
 try:  # transformers is in the [train] extra; the callback subclasses its TrainerCallback
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -111,7 +113,7 @@ class TRLExperience:
 
     Args:
         client: the experience service (``RemoteClient`` to ``crl-experience serve``, or ``LocalClient``).
-        make_env: a Gymnasium env id (made with ``gym.make(make_env, **env_kwargs)``) or a
+        make_env: a Gymnasium env id (made with ``crl_gym.envs.make(make_env, **env_kwargs)``) or a
             callable returning a new text env.
         env_kwargs: keyword arguments of ``gym.make`` for an id.
         search_and_ask: also wrap in ``SearchAndAskWrapper`` and offer its ``search_and_ask`` tool.
@@ -122,7 +124,10 @@ class TRLExperience:
 
     ``step`` is the open rollout step: the TRL optimizer step being generated (set by
     :meth:`callback` at each step's start); every episode's request carries it, and the callback's
-    ``end_step(t)`` at the end of step ``t`` credits the entries those episodes used.
+    ``end_step(t)`` at the end of step ``t`` credits the entries those episodes used. The run has
+    its own step space on the service (:attr:`steps`, a :class:`~crl_gym.clients.RunSteps`): its
+    step ``t`` is the service's ``steps.base + t``, so runs started one after another against one
+    long-lived ``crl-experience serve`` never end a step twice (``ended`` holds the service's numbers).
     """
 
     def __init__(
@@ -147,6 +152,8 @@ class TRLExperience:
         self.reward = reward
         self.spill_path = spill_path
         self.step = 0
+        self.steps = RunSteps(client)
+        """This run's step space on the service (read at the first episode or ``end_step``)."""
         self.ended: list[StepEnded] = []
         """What each ``end_step`` answered, in order (``step``, ``credited``, ...)."""
         self.envs_made = 0
@@ -154,7 +161,10 @@ class TRLExperience:
     def make_env(self) -> gym.Env:
         """A new base env (before the wrappers)."""
         if isinstance(self._make, str):
-            return gym.make(self._make, **self._env_kwargs)
+            # any Gymnasium id, "module:EnvId-v0" and entry points included
+            from crl_gym.envs import make
+
+            return make(self._make, **self._env_kwargs)
         return self._make()
 
     def environment_factory(self) -> ExperienceEnv:
@@ -163,8 +173,8 @@ class TRLExperience:
         return SearchAndAskEnv(self) if self.search_and_ask else ExperienceEnv(self)
 
     def end_step(self, step: int) -> StepEnded:
-        """``client.end_step(step)``: the service credits every entry used in ``step``."""
-        result = self.client.end_step(step)
+        """``end_step`` of this run's ``step`` on the service: it credits every entry used in that step."""
+        result = self.steps.end_step(step)
         self.ended.append(result)
         return result
 
@@ -229,7 +239,7 @@ class ExperienceEnv:
         if self._open:  # TRL reuses instances: an episode left open (no get_reward) still gets distilled
             self._end()
         obs, info = self._wrapper.reset(
-            seed=seed, options={"experience": experience, "rollout_step": self._session.step})
+            seed=seed, options={"experience": experience, "rollout_step": self._session.steps.service_step(self._session.step)})
         self._open = True
         self._return = 0.0
         self._success = False
@@ -281,7 +291,7 @@ class ExperienceEnv:
         if not (terminated or truncated):
             return with_actions(obs, info)
         self._open = False
-        self._success = bool(info.get("success", False))
+        self._success = ended_success(info, [self._return], self._wrapper.env_id)
         self._request = info.get("distillation_request")
         return f"{obs}\n{OVER.format(outcome='success' if self._success else 'failure')}"
 

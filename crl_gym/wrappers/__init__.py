@@ -14,6 +14,7 @@ import gymnasium as gym
 
 from crl_gym.wrappers.experience import DEFAULT_TEMPLATE, ExperienceWrapper
 from crl_gym.wrappers.search_and_ask import DEFAULT_PATTERN, SearchAndAskWrapper
+from crl_gym.wrappers.success import SuccessRule
 
 if TYPE_CHECKING:
     from crl_gym.clients import ExperienceClient
@@ -28,7 +29,8 @@ class ExperienceOptions(TypedDict, total=False):
     env_id: str | None
     spill_path: str | Path | None
     max_unsent: int
-    success_reward: float
+    success_reward: float | None
+    success_rule: SuccessRule | None
     max_entry_chars: int
 
 

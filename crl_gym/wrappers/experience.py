@@ -12,9 +12,10 @@ that list to a :class:`~crl_gym.wrappers.recording.RecordedRequest` — a ``Dist
 whose ``Step`` objects and id are built when a consumer first reads them, not at episode end
 for every episode of a rollout at once — submits it and returns it under
 ``info["distillation_request"]``. Rewards and the env's info keys pass through. The request's
-``success`` is the last step's ``info["success"]``, else ``return >= success_reward``
-(:mod:`crl_gym.wrappers.success`). An env with a non-text observation or action space is refused
-when the wrapper is built (:func:`~crl_gym.wrappers.text_spaces.require_text_spaces`).
+``success`` is the last step's ``info["success"]``, else the declared ``success_rule`` or
+``return >= success_reward`` (:mod:`crl_gym.wrappers.success`; undeclared, it warns once per
+env). An env with a non-text observation or action space is refused when the wrapper is built
+(:func:`~crl_gym.wrappers.text_spaces.require_text_spaces`).
 
 Reset options of the wrapper's own (the others reach the env): ``"experience"`` (``"guided"`` /
 ``"free"``), ``"prefetched"`` (an ``ExperienceRef``, its dict, or ``None``) and
@@ -23,6 +24,9 @@ Reset options of the wrapper's own (the others reach the env): ``"experience"`` 
 credit the entries used in step ``t`` once that step has ended; a negative step marks an episode
 of no training step (held-out evaluation), which the service never credits. ``"meta"``: a dict
 copied into the request's ``meta`` (the actor-critic gate's verdict travels there).
+A reset with neither seed nor options (how a vector env resets a finished copy) is the next episode
+of the last explicit reset: its condition, ``rollout_step`` and ``meta`` hold, and it is seeded
+from that reset's seed (:mod:`crl_gym.wrappers.autoreset`).
 
 Actions and observations are recorded as text. At episode end (not per step) a value that is
 not ``str`` is converted — a numpy scalar or 0-d array to its Python value's ``str``, bytes
@@ -74,8 +78,14 @@ from crl_gym.protocol import (
     TurnGuidance,
 )
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
+from crl_gym.wrappers.autoreset import AutoresetCarry
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
-from crl_gym.wrappers.success import DEFAULT_SUCCESS_REWARD, episode_success, warn_if_guessed
+from crl_gym.wrappers.success import (
+    DEFAULT_SUCCESS_REWARD,
+    SuccessRule,
+    episode_success,
+    warn_if_guessed,
+)
 from crl_gym.wrappers.text_actions import (
     NotTextError,
     Shared,
@@ -174,15 +184,18 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         client: an :class:`~crl_gym.clients.ExperienceClient` (``LocalClient`` / ``RemoteClient``).
         template: format string for the guided first observation (``{experience}``, ``{observation}``).
         task_key: info key holding the task text; the first observation is used when absent.
-        default_condition: condition of a ``reset`` without ``options["experience"]`` (``"free"``
-            keeps ``check_env``'s determinism check valid; a vector env can set it per copy with
-            ``set_attr("default_condition", [...])``).
+        default_condition: condition of an explicit ``reset`` without ``options["experience"]``
+            (``"free"`` keeps ``check_env``'s determinism check valid; a vector env can set it per copy
+            with ``set_attr("default_condition", [...])``); a bare ``reset()`` keeps the last explicit one's.
         env_id: recorded in each request (defaults to the env spec's id, else the env's class name).
         spill_path: JSONL file where requests the client could not take are appended (in
             addition to being retried at the next episode end); ``None`` keeps them in memory.
         max_unsent: most requests kept in memory for retry (older ones are spilled or logged).
         success_reward: without ``info["success"]`` on the last step, an episode is a success
-            when its return reaches this (see :mod:`crl_gym.wrappers.success`).
+            when its return reaches this (see :mod:`crl_gym.wrappers.success`). None: 1.0, and the
+            first episode without ``info["success"]`` logs a warning saying so (once per env).
+        success_rule: ``rule(rewards, last_info) -> bool`` deciding success without ``info["success"]``
+            (over ``success_reward``); a rule that raises counts the episode as no success, logged.
         max_entry_chars: longest entry text a guided observation shows; a ``Text`` observation
             space is widened by the template and this many characters (:func:`guided_space`),
             so the env's own observation is never cut or altered.
@@ -215,13 +228,14 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env_id: str | None = None,
         spill_path: str | Path | None = None,
         max_unsent: int = 10_000,
-        success_reward: float = DEFAULT_SUCCESS_REWARD,
+        success_reward: float | None = None,
         max_entry_chars: int = DEFAULT_MAX_ENTRY_CHARS,
         retrieve: str = "episode",
         turn_template: str = TURN_OBSERVATION_TEMPLATE,
         warmup_steps: int = 0,
         entries_per_episode: int = 1,
         defer_turn_search: bool = False,
+        success_rule: SuccessRule | None = None,
     ) -> None:
         # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
         gym.utils.RecordConstructorArgs.__init__(
@@ -229,6 +243,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             env_id=env_id, spill_path=spill_path, max_unsent=max_unsent, success_reward=success_reward,
             max_entry_chars=max_entry_chars, retrieve=retrieve, turn_template=turn_template,
             warmup_steps=warmup_steps, entries_per_episode=entries_per_episode, defer_turn_search=defer_turn_search,
+            success_rule=success_rule,
         )
         require_gym_env(env, "ExperienceWrapper")
         require_text_spaces(env, "ExperienceWrapper")
@@ -256,7 +271,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.task_key = task_key
         self.default_condition = default_condition
         self.env_id = env_id if env_id is not None else (env.spec.id if env.spec is not None else type(env.unwrapped).__name__)
-        self.success_reward = float(success_reward)
+        self.success_reward = DEFAULT_SUCCESS_REWARD if success_reward is None else float(success_reward)
+        self.success_rule = success_rule
+        # a rule the user declared (threshold or callable) is applied without a warning
+        self._rule_declared = success_reward is not None or success_rule is not None
         self.spill_path = Path(spill_path) if spill_path is not None else None
         self.unsent: deque[DistillationRequest] = deque()
         self.max_unsent = max_unsent
@@ -290,12 +308,19 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._rollout_step: int | None = None
         self._meta: dict[str, Any] | None = None
         self._errors: list[str] = []
+        self._carry: AutoresetCarry | None = None
+        """The last explicit reset's seed and options, for the episodes after it (vector autoreset)."""
 
     # ------------------------------------------------------------------ reset
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if self._check_process is not None:
             self._check_process()
+        autoreset = seed is None and options is None  # how a vector env resets a finished copy
+        if autoreset and self._carry is not None:
+            seed, options = self._carry.next_episode()
         condition, prefetched, has_prefetched, rollout_step, env_options = self._parse_options(options)
+        if not autoreset:  # checked: a later autoreset episode keeps this reset's condition and step
+            self._carry = AutoresetCarry.after(seed if seed is None or type(seed) is int else int(seed), options)
         obs, info = self.env.reset(seed=seed, options=env_options)
         task = info.get(self.task_key)
         task = task if task is not None else obs
@@ -436,8 +461,13 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._records = None
         declared = info.get("success")
         rewards = records[2::4]
-        warn_if_guessed(self.env_id, declared, rewards, self.success_reward)
-        success = episode_success(declared, rewards, self.success_reward)
+        warn_if_guessed(self.env_id, declared, rewards, self.success_reward, rule_declared=self._rule_declared)
+        try:
+            success = episode_success(declared, rewards, self.success_reward, rule=self.success_rule, last_info=info)
+        except Exception as exc:  # noqa: BLE001 - a user's rule that raises is named, and the episode is no success
+            success = False
+            logger.warning("success_rule of env %r raised %s: %s (the episode counts as no success)",
+                           self.env_id, type(exc).__name__, exc)
         # Text is checked here, once per episode, not per step: a request that cannot be
         # serialised must never reach the client, where it would be retried forever.
         problem = text_record(records)

@@ -5,7 +5,10 @@ wrapper does not step the env: it retrieves the best entry for the query, asks t
 have the extractor refine it for the agent's situation (the raw entry when no extractor is
 attached) and returns the answer, followed by the unchanged current observation, as the next
 observation, with reward 0. Calls per episode are capped (``max_calls``, default 2); a call
-over the cap gets an observation saying so and still does not step the env.
+over the cap gets an observation saying so and still does not step the env. A call cut off
+before its bracket closes (``search_and``, ``search_and_ask[where is``: the model's token budget
+ran out) is answered as a tool error, never sent to the env, counted in ``malformed_count`` and
+logged once (:func:`is_malformed_call`).
 
 One call per action: when an action holds several ``search_and_ask[...]``, the first is taken
 and the rest of the action is ignored. With the default pattern brackets inside a query nest
@@ -57,6 +60,7 @@ from crl_gym.templates import (
     SEARCH_AND_ASK_ANSWER_TEMPLATE,
     SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE,
     SEARCH_AND_ASK_ERROR_TEMPLATE,
+    SEARCH_AND_ASK_MALFORMED_TEMPLATE,
     SEARCH_AND_ASK_NO_ENTRY_TEMPLATE,
     SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
 )
@@ -75,6 +79,9 @@ text. Given as this string (the default), brackets inside the query nest (:func:
 _GREEDY_PATTERN = r"search_and_ask\[(?P<query>.*)\]"
 """The default of earlier versions (documented, so copied into callers' code): read as the default."""
 MARKER = "search_and_ask["
+MIN_CUT_CALL = len("search_and")
+"""A cut-off call is an action that is a prefix of the marker at least this long (``search_and``,
+``search_and_ask``): shorter prefixes (``search``) may be env actions."""
 MAX_QUERY_CHARS = 500
 """Longest query searched and echoed; a longer one is cut (a runaway generation must not fill the context)."""
 
@@ -105,12 +112,31 @@ def first_query(action: str) -> str | None:
     close = action.find("]", begin)
     return None if close < 0 else action[begin:close]
 
+
+def is_malformed_call(action: str) -> bool:
+    """Whether ``action`` is a ``search_and_ask`` call that cannot be read: cut off before its
+    bracket opens (a prefix of ``search_and_ask[`` of at least :data:`MIN_CUT_CALL` characters) or
+    before it closes (``search_and_ask[`` without a ``]`` after it). Such an action is the model's
+    tool call cut by its token budget, never an env action.
+
+    >>> is_malformed_call("search_and"), is_malformed_call("search_and_ask[where is the"), is_malformed_call("search")
+    (True, True, False)
+    >>> is_malformed_call("search_and_ask[key]"), is_malformed_call("go east")
+    (False, False)
+    """
+    text = action.strip()
+    if len(text) >= MIN_CUT_CALL and MARKER.startswith(text):
+        return True
+    start = text.find(MARKER)
+    return start >= 0 and first_query(text[start:]) is None
+
 # The observation texts live in crl_gym.templates; these names are this module's public API.
 ANSWER_TEMPLATE = SEARCH_AND_ASK_ANSWER_TEMPLATE
 NO_ENTRY_TEMPLATE = SEARCH_AND_ASK_NO_ENTRY_TEMPLATE
 OVER_CAP_TEMPLATE = SEARCH_AND_ASK_OVER_CAP_TEMPLATE
 EMPTY_QUERY_TEMPLATE = SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE
 ERROR_TEMPLATE = SEARCH_AND_ASK_ERROR_TEMPLATE
+MALFORMED_TEMPLATE = SEARCH_AND_ASK_MALFORMED_TEMPLATE
 
 _FIELDS = ("query", "answer", "observation", "max_calls")
 
@@ -140,11 +166,13 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         empty_query_template: str = EMPTY_QUERY_TEMPLATE,
         error_template: str = ERROR_TEMPLATE,
         max_query_chars: int = MAX_QUERY_CHARS,
+        malformed_template: str = MALFORMED_TEMPLATE,
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
             self, client=Shared(unshare(client)), max_calls=max_calls, pattern=pattern, answer_template=answer_template,
             no_entry_template=no_entry_template, over_cap_template=over_cap_template,
             empty_query_template=empty_query_template, error_template=error_template, max_query_chars=max_query_chars,
+            malformed_template=malformed_template,
         )
         require_gym_env(env, "SearchAndAskWrapper")
         require_text_spaces(env, "SearchAndAskWrapper")
@@ -176,10 +204,13 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 ("over_cap_template", over_cap_template),
                 ("empty_query_template", empty_query_template),
                 ("error_template", error_template),
+                ("malformed_template", malformed_template),
             )
         }
         self.calls_used = 0
         self.error_count = 0
+        self.malformed_count = 0
+        """Cut-off or malformed calls answered as a tool error (never sent to the env); the first is logged."""
         self._call_error: str | None = None
         self._turn = 0
         # The last (obs, reward, terminated, truncated, info) the env gave: a search_and_ask turn
@@ -217,10 +248,25 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 query = None if match is None else str(match.group(self._group))
             if query is not None:
                 return self._search_and_ask(query.strip()[: self.max_query_chars].rstrip())
+        if self._marker and isinstance(action, str) and is_malformed_call(action):
+            return self._malformed(action)
         # The env's own tuple goes back untouched: the common turn costs one lookup and two stores.
         out = self._last = self.env.step(action)
         self._turn += 1
         return out
+
+    def _malformed(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """A cut-off call: a tool error (the env is not stepped, no call is used), counted, logged once."""
+        self.malformed_count += 1
+        if self.malformed_count == 1:
+            logger.warning("search_and_ask: a cut-off or malformed call %r was answered as a tool error, not sent to "
+                           "the env (counted in malformed_count; raise max_new_tokens if calls are cut)", action[:80])
+        turn_query = action.strip()[: self.max_query_chars]
+        self._turn += 1
+        obs = self._render(self.templates["malformed_template"], turn_query, "")
+        info = {**self._last[4], "search_and_ask": {"status": "malformed", "query": turn_query, "call": None,
+                                                     "calls_left": self.max_calls - self.calls_used}}
+        return obs, 0.0, False, False, info
 
     @property
     def _last_obs(self) -> object:

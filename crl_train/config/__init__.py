@@ -55,9 +55,15 @@ class EnvConfig:
     """Which environments the actor trains on and how rollouts are grouped."""
 
     ids: tuple[str, ...] = ("crl/MiniHack-Room-5x5-v0",)
-    """Registered env ids (``crl_gym.envs``); several ids = multi-task, tasks drawn round-robin."""
+    """Gymnasium env ids; several ids = multi-task, tasks drawn round-robin. A ``crl/`` id, an id
+    registered with ``gymnasium.register``, ``"module:EnvId-v0"`` (the module is imported first) or
+    an id a package registers through the ``crl_gym.envs`` entry-point group (``crl_gym.envs.ids``)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for every env constructor (e.g. ``{max_turns: 10}``)."""
+    id_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Keyword arguments for one env id only (e.g. ``{"crl/MiniHack-Room-5x5-v0": {max_turns: 12}}``),
+    under ``kwargs`` (a key given there wins); an id not in ``ids`` is ignored, so a preset's
+    arguments for its env never reach another env."""
     tasks_per_step: int = 2
     """Task groups per rollout step (rollout batch = tasks_per_step × group_size)."""
     group_size: int = 8
@@ -78,6 +84,13 @@ class EnvConfig:
             raise ConfigError(f"env.group_size must be an even number >= 2 (K/2 guided, K/2 free), got {self.group_size}")
         if self.max_turns < 1:
             raise ConfigError(f"env.max_turns must be >= 1, got {self.max_turns}")
+        for env_id, kw in self.id_kwargs.items():
+            if not isinstance(kw, dict):
+                raise ConfigError(f"env.id_kwargs[{env_id!r}]: expected a mapping of keyword arguments, got {kw!r}")
+
+    def kwargs_for(self, env_id: str) -> dict[str, Any]:
+        """The constructor's keyword arguments of ``env_id``: its ``id_kwargs``, then ``kwargs``."""
+        return {**self.id_kwargs.get(env_id, {}), **self.kwargs}
 
 
 @dataclass(frozen=True)
@@ -369,8 +382,11 @@ class ExperienceConfig:
     """``hashing`` (fast bag-of-n-grams), ``minilm`` (the bundled all-MiniLM-L6-v2) or a model path."""
     embed_dim: int = 256
     """Dimension of the ``hashing`` embedder (others report their own)."""
-    seed_entries: tuple[str, ...] = ()
-    """Entries put in an empty bank at start (they have no provenance, so they are never trained)."""
+    seed_entries: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
+    """Entries put in an empty bank at start (they have no provenance, so they are never trained).
+    A list: for every env of the run. A mapping ``{env id: [texts]}``: each text tagged with its env
+    id and put in the bank only when that id is in ``env.ids`` (a preset's entries for one env never
+    reach another's bank)."""
     search_and_ask: bool = False
     """Give the actor the search_and_ask tool (paper: on)."""
     max_search_calls: int = 2
@@ -444,6 +460,14 @@ class ExperienceConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "experience")
+        if isinstance(self.seed_entries, dict):
+            per_env: dict[str, tuple[str, ...]] = {}
+            for env_id, texts in self.seed_entries.items():
+                if (not isinstance(env_id, str) or isinstance(texts, str) or not isinstance(texts, (list, tuple))
+                        or not all(isinstance(t, str) for t in texts)):
+                    raise ConfigError(f"experience.seed_entries[{env_id!r}]: expected a list of texts, got {texts!r}")
+                per_env[env_id] = tuple(texts)
+            object.__setattr__(self, "seed_entries", per_env)
         if self.entries_per_episode < 1:
             raise ConfigError(f"experience.entries_per_episode must be >= 1, got {self.entries_per_episode}")
         if self.warmup_steps < 0:
@@ -477,6 +501,13 @@ class ExperienceConfig:
         if self.actor_cpus and self.extractor_cpus and set(self.actor_cpus) & set(self.extractor_cpus):
             raise ConfigError(f"experience.actor_cpus {list(self.actor_cpus)} and experience.extractor_cpus "
                               f"{list(self.extractor_cpus)} overlap: each track needs its own cores")
+
+    def seeds_for(self, env_ids: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+        """``(text, tags)`` of the seed entries for a run on ``env_ids``: a list's texts untagged, a
+        mapping's texts of those ids only, each tagged with its id."""
+        if not isinstance(self.seed_entries, dict):
+            return [(text, ()) for text in self.seed_entries]
+        return [(text, (env_id,)) for env_id in env_ids for text in self.seed_entries.get(env_id, ())]
 
 
 @dataclass(frozen=True)

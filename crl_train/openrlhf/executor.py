@@ -61,6 +61,7 @@ from crl_gym.protocol import (
     TurnGuidance,
 )
 from crl_gym.templates import SYSTEM_REACT
+from crl_gym.wrappers.success import ended_success
 from crl_train.config import TrainConfig
 from crl_train.openrlhf.tasks import ConditionAssigner, TaskLabel
 from crl_train.policy.chat import ChatFormatter, parse_action
@@ -323,7 +324,7 @@ class CRLAgentInstance(AgentInstanceBase):
         self.observation = str(obs)
         self._note_turn_entry(info, self.turns)
         if terminated or truncated:
-            self.success = bool(info.get("success", self.reward > 0))
+            self.success = ended_success(info, [st.reward for st in self.steps], (self.task or TaskLabel("?", -1)).env_id)
             req = info.get("distillation_request")
             self.request = req if isinstance(req, DistillationRequest) else None
             self._finish()

@@ -1,6 +1,7 @@
 """The actor's envs as a run builds them, and the tiny tokenizer's corpus read from them.
 
-``make_raw_env(env, env_id)`` is ``crl_gym.envs.make`` with the run's ``env.kwargs``; the
+``make_raw_env(env, env_id)`` is ``crl_gym.envs.make`` with the run's ``env.kwargs`` (and the id's
+``env.id_kwargs``); the
 experience wrappers go around it where the method is guided (``crl_train.run.build``).
 :func:`tokenizer_texts` is what the tiny preset's tokenizer is trained on: what the envs show and
 every prompt the models read (the actor's own texts, the extractor's templates and answer skeletons).
@@ -19,7 +20,7 @@ from crl_gym.templates import (
     MERGE_TEMPLATE,
     REFINEMENT_TEMPLATE,
 )
-from crl_train.config import EnvConfig
+from crl_train.config import EnvConfig, TrainConfig
 
 RawEnvFactory = Callable[[str], Any]
 """``env_id -> env``: a gymnasium env without the experience wrappers (``crl_gym.envs.make`` or a test's own)."""
@@ -29,15 +30,20 @@ CARRIED_TEXT_WEIGHT = 8
 
 
 def make_raw_env(env: EnvConfig, env_id: str) -> Any:
-    """``crl_gym.envs.make(env_id, **env.kwargs)``."""
+    """``crl_gym.envs.make(env_id, **env.kwargs_for(env_id))``: any Gymnasium id (``crl_gym.envs.ids``)."""
     from crl_gym.envs import make
 
-    return make(env_id, **dict(env.kwargs))
+    return make(env_id, **env.kwargs_for(env_id))
 
 
 def raw_env_factory(env: EnvConfig) -> RawEnvFactory:
     """:func:`make_raw_env` of the section ``env``, as an ``env_id -> env`` factory."""
     return partial(make_raw_env, env)
+
+
+def seed_texts(cfg: TrainConfig) -> tuple[str, ...]:
+    """The texts of the seed entries that a run of ``cfg`` puts in its bank (those of its envs)."""
+    return tuple(text for text, _ in cfg.experience.seeds_for(cfg.env.ids))
 
 
 def tokenizer_texts(env: EnvConfig, raw_env: RawEnvFactory, actor_texts: tuple[str, ...] = (), *,
@@ -62,4 +68,4 @@ def tokenizer_texts(env: EnvConfig, raw_env: RawEnvFactory, actor_texts: tuple[s
                     "accept refine reject"] + carried * CARRIED_TEXT_WEIGHT
 
 
-__all__ = ["CARRIED_TEXT_WEIGHT", "RawEnvFactory", "make_raw_env", "raw_env_factory", "tokenizer_texts"]
+__all__ = ["CARRIED_TEXT_WEIGHT", "RawEnvFactory", "make_raw_env", "raw_env_factory", "seed_texts", "tokenizer_texts"]

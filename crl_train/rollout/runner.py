@@ -42,6 +42,7 @@ from crl_gym.protocol import (
     TurnGuidance,
 )
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
+from crl_gym.wrappers.success import ended_success
 from crl_train.policy.base import Generation, Policy, TokenSequence
 from crl_train.policy.chat import parse_action
 from crl_train.rollout.contract import condition_of
@@ -156,6 +157,8 @@ class RolloutRunner:
         self._pool: dict[str, list[Any]] = {}
         self.errors = 0
         self.context_truncations = 0
+        self.malformed_tool_calls = 0
+        """Cut-off or malformed ``search_and_ask`` calls answered as a tool error (status ``malformed``)."""
         self.search_failures = 0
         self.submit_failures = 0
         self.gate: EntryGate | None = None
@@ -342,6 +345,8 @@ class RolloutRunner:
         self._search_turns(stepped)
         for ep, _env, gen, action, (obs, reward, terminated, truncated, info) in stepped:
             kind = "search_and_ask" if info.get("search_and_ask") is not None else "env"
+            if kind == "search_and_ask" and info["search_and_ask"].get("status") == "malformed":
+                self.malformed_tool_calls += 1
             ep.turns += 1
             ep.num_actions += kind == "env"
             ep.search_calls += kind == "search_and_ask"
@@ -351,10 +356,10 @@ class RolloutRunner:
             _note_turn_entry(ep, info, ep.turns)
             if terminated or truncated or ep.turns >= self.max_turns:
                 ep.done = True
-                ep.success = bool(info.get("success", ep.reward > 0)) if (terminated or truncated) else False
                 req = info.get("distillation_request")
                 if isinstance(req, DistillationRequest):
                     ep.request = req
+                ep.success = ended_success(info, [s.reward for s in ep.steps], ep.env_id) if (terminated or truncated) else False
                 if not (terminated or truncated):
                     ep.info["turn_cap"] = True
                 ep.history.append(Turn(gen, [], kind))

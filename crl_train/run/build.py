@@ -23,7 +23,7 @@ from crl_train.policy import rng_state
 from crl_train.policy.affinity import CpuSplit, available_cpus, pin_process, split_cpus
 from crl_train.policy.base import Policy
 from crl_train.policy.factory import GeneratorFactory, build_policy
-from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, tokenizer_texts
+from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, seed_texts, tokenizer_texts
 from crl_train.rollout.runner import RolloutRunner
 from crl_train.run.unsent import unsent_path
 from crl_train.service import ExperienceService, ServiceOptions, start_service
@@ -60,7 +60,8 @@ class Run:
         ``bank/`` written into ``target`` (:meth:`ExperienceService.save`), the rest returned for
         its ``state.json``. ``previous``: the last checkpoint's directory."""
         return {"service": self.service.save(target, previous),
-                "runner": {"errors": self.runner.errors, "context_truncations": self.runner.context_truncations},
+                "runner": {"errors": self.runner.errors, "context_truncations": self.runner.context_truncations,
+                           "malformed_tool_calls": self.runner.malformed_tool_calls},
                 "rng": rng_state.capture()}
 
     def load_state(self, state: dict[str, Any], *, step: int, directory: Path | None = None) -> None:
@@ -69,7 +70,7 @@ class Run:
         (a checkpoint written before they were kept has none: the bank stays as it is, logged)."""
         self.service.load_state({"last_ended": step, **state.get("service", {})})
         for k, v in state.get("runner", {}).items():
-            if k in ("errors", "context_truncations"):
+            if k in ("errors", "context_truncations", "malformed_tool_calls"):
                 setattr(self.runner, k, int(v))
             else:
                 log.warning("checkpoint counter runner.%s is unknown here; ignored", k)
@@ -125,7 +126,7 @@ def build_run(cfg: TrainConfig, method: Method, run_dir: Path, *, checkpoint: Pa
              " (no extractor process: this run uses the actor's cores only)")
     need_texts = (cfg.actor.kind is ModelKind.TINY and checkpoint is None) or (
         options.extractor and cfg.extractor.kind is ModelKind.TINY and ext_ckpt is None)
-    texts = tokenizer_texts(cfg.env, raw_env, ACTOR_TEXTS, seed_entries=ex.seed_entries) if need_texts else None
+    texts = tokenizer_texts(cfg.env, raw_env, ACTOR_TEXTS, seed_entries=seed_texts(cfg)) if need_texts else None
     pinned: list[tuple[int, ...] | None] = []
     built: list[Policy] = []
 

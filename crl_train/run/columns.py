@@ -33,7 +33,8 @@ def actor_columns(metrics: Mapping[str, float]) -> dict[str, float | None]:
 
 ROLLOUT_FIELDS: tuple[str, ...] = (
     "success", "success_guided", "success_free", "success_by_env", "actions_per_episode", "turns_per_episode",
-    "adv_mean", "adv_std", "adv_abs_mean", "search_latency_s", "env_errors", "context_truncations", "extractor_alive",
+    "adv_mean", "adv_std", "adv_abs_mean", "search_latency_s", "env_errors", "context_truncations", "malformed_tool_calls",
+    "extractor_alive",
 )
 """Every step's rollout columns (``extractor_alive``: the service's ``extractor`` status, as a bool)."""
 
@@ -56,7 +57,7 @@ def rollout_columns(rollout: Rollout, adv: torch.Tensor, runner: RolloutRunner,
         "turns_per_episode": sum(e.turns for e in eps) / len(eps),
         "adv_mean": float(adv.mean()), "adv_std": float(adv.std(unbiased=False)), "adv_abs_mean": float(adv.abs().mean()),
         "search_latency_s": runner.last_search_s, "env_errors": runner.errors,
-        "context_truncations": runner.context_truncations,
+        "context_truncations": runner.context_truncations, "malformed_tool_calls": runner.malformed_tool_calls,
         "extractor_alive": None if stats.extractor is None else stats.extractor == "alive",
     }
 

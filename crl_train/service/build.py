@@ -22,7 +22,7 @@ from crl_gym.protocol import DistillationRequest
 from crl_train.config import ExperienceConfig, TrainConfig
 from crl_train.config.names import ModelKind
 from crl_train.extractor import AnyExtractor, ExtractorSpec, ExtractorWorker, build_extractor
-from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, tokenizer_texts
+from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, seed_texts, tokenizer_texts
 from crl_train.service.service import ExperienceService, ServiceOptions
 
 log = logging.getLogger(__name__)
@@ -59,20 +59,23 @@ def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
             "distill_fraction": cfg.experience.distill_fraction, "draw_seed": cfg.seed,
             "distill_per_group": cfg.experience.distill_per_group,
             "entry_reward": cfg.algo.entry_reward, "return_reward": cfg.algo.return_reward,
-            # a training run's seed entries are its own starting bank: the paper's Merge compacts them too
-            "merge_seeded": True}
+            # a user's entries (seed_entries) are pinned unless the config unpins them all (the
+            # paper's Merge compacts a run's seed entries too: manager.pin_user_entries: false)
+            "merge_seeded": not cfg.manager.pin_user_entries}
     return ServiceOptions(**{**base, **method_side})
 
 
 def build_service(experience: ExperienceConfig, manager_config: ManagerConfig, options: ServiceOptions,
                   bank_dir: Path | None,
                   extractor: AnyExtractor | None, *, fresh: bool = True,
-                  last_ended: int = -1, embedder: Embedder | None = None) -> ExperienceService:
+                  last_ended: int = -1, embedder: Embedder | None = None,
+                  env_ids: tuple[str, ...] = ()) -> ExperienceService:
     """The bank in ``bank_dir`` (None: in memory), its manager, and the service around ``extractor``.
 
     ``experience`` / ``manager_config``: the config's sections (its embedder and seed entries, the
     manager's knobs). ``embedder`` replaces the config's (e.g. a pool of them on GPUs). ``fresh``: a new run; an
-    empty bank gets ``experience.seed_entries`` and, for a frozen offline
+    empty bank gets ``experience.seed_entries`` (those for ``env_ids``, tagged with their id, when
+    they are given per env) and, for a frozen offline
     bank, ``experience.offline_source``. Not fresh (a resume), ``bank_dir`` must hold a bank. The
     bank records the embedder it is built with and refuses another one (``BankEmbedderError``).
     """
@@ -87,8 +90,8 @@ def build_service(experience: ExperienceConfig, manager_config: ManagerConfig, o
     service = ExperienceService(manager, extractor, options, last_ended=last_ended)
     try:
         if fresh and len(bank) == 0 and options.seed_bank:
-            for text in experience.seed_entries:
-                bank.add(text, embedder.encode([text])[0])
+            for text, tags in experience.seeds_for(env_ids):
+                bank.add(text, embedder.encode([text])[0], tags=tags)
         if fresh and len(bank) == 0 and options.offline_source is not None:
             load_offline_bank(Path(options.offline_source), manager, extractor)
     except BaseException:
@@ -117,7 +120,7 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
     Whatever fails on the way closes what was started (the worker, the bank).
     """
     if options.extractor and texts is None and cfg.extractor.kind is ModelKind.TINY and extractor_checkpoint is None:
-        texts = tokenizer_texts(cfg.env, raw_env or raw_env_factory(cfg.env), seed_entries=cfg.experience.seed_entries)
+        texts = tokenizer_texts(cfg.env, raw_env or raw_env_factory(cfg.env), seed_entries=seed_texts(cfg))
     spec = extractor_spec(cfg, texts, checkpoint=extractor_checkpoint, cpus=cpus)
     worker = None
     if options.extractor and in_worker:
@@ -132,7 +135,8 @@ def start_service(cfg: TrainConfig, options: ServiceOptions, bank_dir: Path | No
         elif options.extractor:
             extractor = build_extractor(spec)
         last_ended = int(state.get("last_ended", -1)) if state is not None else -1
-        service = build_service(cfg.experience, cfg.manager, options, bank_dir, extractor, fresh=state is None if fresh is None else fresh,
+        service = build_service(cfg.experience, cfg.manager, options, bank_dir, extractor, env_ids=cfg.env.ids,
+                                fresh=state is None if fresh is None else fresh,
                                 last_ended=last_ended, embedder=embedder)
     except BaseException:
         if worker is not None:

@@ -106,9 +106,10 @@ class ServiceOptions:
     merge_token_budget: int = 6000
     """Tokens per Merge window prompt."""
     merge_seeded: bool = False
-    """Whether Merge may merge, rewrite or discard entries written without an extractor sample (a
-    user's ``AddOp``s, a config's seed entries: ``crl_gym.experience.merge.is_seeded``). False keeps
-    them as written (``crl-experience serve`` without ``--merge-seeded``); a training run sets True."""
+    """Whether Merge may merge, rewrite or discard the pinned entries (a user's ``AddOp``s, a
+    config's seed entries: ``crl_gym.experience.pinning.is_pinned``). False keeps them as written
+    (``crl-experience serve`` without ``--merge-seeded``; a training run with
+    ``manager.pin_user_entries``, the default)."""
     distill_batch: int = 8
     """Requests per distillation generate call."""
     distill_linger_s: float = 2.0

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_gym.experience.manager import ExperienceManager
-from crl_gym.experience.merge import is_seeded, merge_bank
+from crl_gym.experience.merge import merge_bank
+from crl_gym.experience.pinning import is_pinned
 from crl_gym.protocol import (
     GROUP_COPY,
     GROUP_SIZE,
@@ -96,6 +97,8 @@ class TrackStats:
     """New entries refused as near-duplicates of the bank's (``dedup_similarity``)."""
     stale: int = _column()
     """Ops on entries that changed after the episode saw them (merged away, pruned): redirected or kept as Adds."""
+    pinned: int = 0
+    """Update / Delete ops on a user's pinned entry (``crl_gym.experience.pinning``): the Update kept as an Add, the Delete dropped."""
     credited: int = _column()
     credited_returns: int = 0
     """Return-only answers put into B_φ with ``return_reward`` (0 unless that option is set)."""
@@ -405,6 +408,7 @@ class BackgroundTrack:
             self.stats.malformed += res.malformed
             self.stats.refused += res.refused
             self.stats.stale += res.stale
+            self.stats.pinned += res.pinned
             if self.return_reward is not None and self.train and is_plain_return(ops) and sample.token_ids:
                 self.buffer.append(BufferItem(sample, self.return_reward, None, step))
                 self.stats.credited_returns += 1
@@ -450,7 +454,7 @@ class BackgroundTrack:
         try:
             report = merge_bank(self.manager.bank, self.manager.embedder, self.extractor.merge_generate,
                                 token_budget=self.merge_token_budget, count_tokens=self.extractor.count_tokens, step=step,
-                                protect=None if self.merge_seeded else is_seeded,
+                                protect=None if self.merge_seeded else is_pinned,
                                 retrieve_by=self.manager.config.retrieve_by)
         except ExtractorUnavailable:
             self.stats.skipped_merges += 1

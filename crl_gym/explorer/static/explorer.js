@@ -120,6 +120,7 @@
         const tr = el("tr");
         tr.dataset.id = String(e.id);
         const idCell = el("td"); idCell.appendChild(entryLink(e.id)); tr.appendChild(idCell);
+        if (e.pinned) idCell.appendChild(el("span", " pinned", "note pinned"));  // a user's entry: the extractor never rewrites it
         const t = textCell(e.text + (e.text_length > e.text.length ? " …" : ""));
         tr.appendChild(t);
         tr.appendChild(el("td", num(e.rbar, 3), "num rbar"));
@@ -188,6 +189,7 @@
       ["tags", e.tags.join(", ")],
       ["distilled from", e.source || "(no episode: written by a user, a config or a Merge)"],
       ["retrieved by", e.retrieved_by === e.text ? "its text" : e.retrieved_by],
+      ["pinned", e.pinned ? "yes: a user's entry, which the extractor may cite but never rewrite, merge or delete" : "no"],
     ] : [["state", "no longer in the bank (" + (last ? KIND[last.kind] || last.kind : "?") + ")"],
          ["r̄(m)", d.rbar ? num(d.rbar.rbar, 3) + " over " + d.rbar.episodes + " episodes" : "not credited"]]);
     const hist = document.getElementById("history");

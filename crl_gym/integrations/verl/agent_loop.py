@@ -8,8 +8,8 @@ keyword arguments of :class:`ExperienceAgentLoop`), then awaits ``run(sampling_p
 
 One episode:
 
-* the env (``gym.make(env_id, **env_kwargs)``: any ``crl/`` id, or a user's text env by id or by
-  ``"module:Env"``) under ``ExperienceWrapper`` (and ``SearchAndAskWrapper`` when
+* the env (``crl_gym.envs.make(env_id, **env_kwargs)``: any ``crl/`` id, or a user's text env by id,
+  by ``"module:EnvId-v0"`` or through an entry point) under ``ExperienceWrapper`` (and ``SearchAndAskWrapper`` when
   ``search_and_ask``) over the process's :func:`~crl_gym.integrations.verl.service.service_client`;
 * reset with the row's seed as ``extra_info.experience`` says (guided: the wrapper puts the best
   entry in front of the first observation; :mod:`~crl_gym.integrations.verl.rows`), with
@@ -64,6 +64,7 @@ from crl_gym.integrations.verl.service import DEFAULT_TIMEOUT_S, service_client
 from crl_gym.protocol import CONDITIONS
 from crl_gym.wrappers import wrap
 from crl_gym.wrappers.experience import ExperienceWrapper
+from crl_gym.wrappers.success import ended_success
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,10 @@ class ExperienceAgentLoop(AgentLoopBase):
         env_id = env_id or self.env_id
         if not env_id:
             raise ValueError("no env: give env_id in the agent loop's config or extra_info.env_id in the row")
-        return wrap(gym.make(env_id, **self.env_kwargs), self.client, search_and_ask=self.search_and_ask,
+        # any Gymnasium id, "module:EnvId-v0" and entry points included
+        from crl_gym.envs import make
+
+        return wrap(make(env_id, **self.env_kwargs), self.client, search_and_ask=self.search_and_ask,
                     max_calls=self.max_calls, env_id=env_id)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -191,7 +195,7 @@ class ExperienceAgentLoop(AgentLoopBase):
             episode.turns += 1
             episode.ret += float(reward)
             if terminated or truncated:
-                episode.success = bool(info.get("success", False))
+                episode.success = ended_success(info, [episode.ret], env.env_id)
                 episode.request = info.get("distillation_request")
                 return
             if len(episode.mask) >= self.response_length or episode.turns >= self.max_turns:
