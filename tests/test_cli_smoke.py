@@ -26,8 +26,9 @@ def test_help_documents_every_option() -> None:
     for opt in ("--config", "--set", "--out", "--resume", "--no-progress"):
         assert opt in out
     out = _run("crl-eval", "--help").stdout
-    for opt in ("--run", "--episodes", "--with-exp", "--without-exp"):
+    for opt in ("--run", "--episodes", "--memory"):
         assert opt in out
+    assert "--with-exp" not in out  # deprecated: still accepted, no longer shown
 
 
 def test_bad_key_fails_before_anything_starts(tmp_path: Path) -> None:
@@ -59,7 +60,7 @@ def test_tiny_two_steps_then_resume_then_eval(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 2
 
-    proc = _run("crl-eval", "--run", str(run), "--episodes", "2", "--without-exp", "--json")
+    proc = _run("crl-eval", "--run", str(run), "--episodes", "2", "--memory", "none", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["without_experience"]["episodes"] >= 2 and "with_experience" not in result
@@ -67,4 +68,5 @@ def test_tiny_two_steps_then_resume_then_eval(tmp_path: Path) -> None:
     assert 0.0 <= low <= result["without_experience"]["success"] <= high <= 1.0  # Wilson: always inside [0, 1]
     proc = _run("crl-eval", "--run", str(run), "--episodes", "4")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "with experience: success" in proc.stdout and "internalisation (without / with)" in proc.stdout
+    assert "memory frozen: success" in proc.stdout and "internalisation (none / frozen)" in proc.stdout
+    assert "frozen − none:" in proc.stdout  # the paired difference over the same held-out tasks

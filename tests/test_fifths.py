@@ -155,9 +155,11 @@ def test_new_entry_log_keeps_the_first_text_and_prompt(tmp_path: Path) -> None:
     bank.apply_batch(adds=[PendingAdd("seed entry", np.array([0.0, 1.0]), 0, ())])
     log = NewEntryLog(bank, tmp_path)  # the seed entry was there before the run: not logged
     first = ExtractorSample(prompt=_task(0), response="[]")
-    [new] = bank.apply_batch(adds=[PendingAdd("go north", np.array([1.0, 0.0]), 4, ("crl/Recall-v0",), first)])
+    [new] = bank.apply_batch(adds=[PendingAdd("go north", np.array([1.0, 0.0]), 4, ("crl/Recall-v0",), first,
+                                              source=_task(0), key=_task(0))])
     assert log.record() == 1
     bank.apply_batch(updates=[PendingUpdate(new, "go east", np.array([1.0, 1.0]), ExtractorSample(prompt=_task(1), response="[]"))])
     assert log.record() == 0
     [row] = read_new_entries(tmp_path)
-    assert row == {"step": 4, "id": new, "text": "go north", "tags": ["crl/Recall-v0"], "prompt": _task(0)}
+    assert row == {"step": 4, "id": new, "text": "go north", "tags": ["crl/Recall-v0"], "prompt": _task(0),
+                   "source": _task(0), "key": _task(0)}

@@ -187,7 +187,7 @@ def test_a_full_disk_is_an_outage_the_request_is_kept(tmp_path: Path) -> None:
     manager.queue._writer.close()
     manager.queue._writer = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115 - writes fail with ENOSPC
     info = _episode(env)
-    assert env.rejected_count == 0 and len(env.unsent) == 1 and "could not store" in info["experience_error"]
+    assert env.rejected_count == 0 and len(env.unsent) == 1 and "disk full" in info["experience_error"]
     manager.queue._writer = open(manager.queue.spill_path, "a", encoding="utf-8")  # noqa: SIM115 - disk has room again
     assert env.retry_unsent() == 0 and manager.pending() == 2
     manager.close()
