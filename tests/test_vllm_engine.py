@@ -136,16 +136,25 @@ def test_sync_weights_over_collective_rpc() -> None:
 
 
 def test_sync_weights_on_cpu_reloads_all_at_once() -> None:
-    calls: list[tuple[str, dict[str, Any]]] = []
-    llm = SimpleNamespace(collective_rpc=lambda method, kwargs: calls.append((method, kwargs)), resets=0)
+    received: list[dict[str, torch.Tensor]] = []
+    model = FakeModel()
+    worker = WorkerExtension()
+    worker.model_runner = SimpleNamespace(  # type: ignore[attr-defined]
+        reload_weights=lambda weights_iterator, is_checkpoint_format: received.append(dict(weights_iterator)))
+
+    def rpc(method: str, args: tuple[str]) -> list[int]:
+        assert method == "crl_reload_weights"
+        return [getattr(worker, method)(*args)]  # the engine's worker reads the file
+
+    llm = SimpleNamespace(collective_rpc=rpc, resets=0)
     llm.reset_prefix_cache = lambda: setattr(llm, "resets", llm.resets + 1)
     gen = _generator(llm)
     gen.device = "cpu"
-    w = torch.ones(2, 3).t()  # not contiguous: serialised to the engine's process, so made contiguous
-    assert gen.sync_weights([("module.a", w), ("b", torch.ones(2))]) == 2
-    ((method, kw),) = calls  # one reload: vLLM processes a model's weights layer by layer
-    assert method == "reload_weights" and kw["is_checkpoint_format"]
-    assert [n for n, _ in kw["weights_iterator"]] == ["a", "b"] and kw["weights_iterator"][0][1].is_contiguous()
+    w = torch.arange(6.0).reshape(2, 3).t()  # not contiguous: safetensors needs contiguous tensors
+    tied = torch.ones(2)
+    assert gen.sync_weights([("module.a", w), ("b", tied), ("tied_b", tied)]) == 2  # safetensors refuses aliases
+    (got,) = received  # one reload: vLLM processes a model's weights layer by layer
+    assert sorted(got) == ["a", "b"] and torch.equal(got["a"], w) and model.loaded == []
     assert llm.resets == 1 and gen.syncs == 1
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -206,8 +207,22 @@ def weight_chunks(
         yield chunk
 
 
+def _memory_dir() -> str | None:
+    """``/dev/shm`` where it exists (a file there never reaches a disk), else the default temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
 class WorkerExtension:
-    """Mixed into vLLM workers (``worker_extension_cls``) for the multi-process sync path."""
+    """Mixed into vLLM workers (``worker_extension_cls``) for the multi-process sync paths."""
+
+    def crl_reload_weights(self, path: str) -> int:
+        """CPU: reload every weight in place from a safetensors file (checkpoint names and layout)."""
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+        self.model_runner.reload_weights(weights_iterator=list(weights.items()),  # type: ignore[attr-defined]
+                                         is_checkpoint_format=True)
+        return len(weights)
 
     def crl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
         model = self.model_runner.model  # type: ignore[attr-defined]
@@ -351,6 +366,21 @@ class VLLMGenerator:
         outputs = self.llm.generate(token_rows, sampling_params=params, use_tqdm=False)
         return [to_generation(o, p) for o, p in zip(outputs, prompts, strict=True)]
 
+    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per sequence, ``log p(ids[t] | ids[:t])`` for t >= 1 under the engine's current weights:
+        the untempered distribution without constraints (vLLM scores prompt tokens from the raw
+        logits), i.e. the trainer's log-probs of the same text at temperature 1. Checks that a sync
+        reached the engine (``tests/test_vllm_cpu.py``) without sampling anything."""
+        import vllm
+
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        outputs = self.llm.generate(token_prompts(sequences), sampling_params=params, use_tqdm=False)
+        out = []
+        for o, ids in zip(outputs, sequences, strict=True):
+            steps = o.prompt_logprobs  # None at position 0, then {id: Logprob} with the prompt's own token
+            out.append([_logprob_value(step[int(tok)]) for tok, step in zip(ids[1:], steps[1:], strict=True)])
+        return out
+
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load trainer weights into the engine; returns how many tensors were sent."""
         if self.device == "cpu":
@@ -362,11 +392,31 @@ class VLLMGenerator:
         self.syncs += 1
         return sent
 
+    def close(self) -> None:
+        """Stop the engine's processes now (vLLM otherwise stops them at interpreter exit, after
+        logging has closed its streams)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
     def _reload_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """CPU: the whole state dict in one in-place reload in the engine's process (contiguous
-        tensors: they are serialised to it)."""
-        weights = [(normalise_name(n), t.detach().contiguous()) for n, t in named_tensors]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        """CPU: the whole state dict in one in-place reload in the engine's process. The tensors go
+        through a safetensors file in memory (``/dev/shm``): vLLM's RPC arguments are serialised
+        for its message queue, which delivers a tensor inside a list as a nested list."""
+        from safetensors.torch import save_file
+
+        weights: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, tensor in named_tensors:
+            t = tensor.detach().contiguous()
+            if t.data_ptr() in seen:  # a tied weight (lm_head = embed_tokens): its first name carries it
+                continue
+            seen.add(t.data_ptr())
+            weights[normalise_name(name)] = t
+        with tempfile.TemporaryDirectory(prefix="crl_vllm_sync_", dir=_memory_dir()) as tmp:
+            path = os.path.join(tmp, "weights.safetensors")
+            save_file(weights, path)
+            self.llm.collective_rpc("crl_reload_weights", args=(path,))
         return len(weights)
 
     def _load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
