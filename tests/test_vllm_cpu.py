@@ -150,7 +150,7 @@ def test_weights_follow_training(policy: HFPolicy) -> None:
 def test_small_preset_trains_its_extractor_on_the_engine(tmp_path: Path) -> None:
     from crl_train.run.trainer import Trainer
 
-    overrides = ["train.steps=3", "train.checkpoint_every=0", "train.eval_episodes=0", "env.tasks_per_step=1",
+    overrides = ["train.steps=3", "train.checkpoint_every=10", "train.eval_episodes=0", "env.tasks_per_step=1",
                  "env.group_size=4", "algo.buffer_size=2", "experience.max_entry_chars=60",
                  "extractor.max_new_tokens=48", "extractor.max_context_tokens=1024", "experience.max_prompt_chars=600",
                  "actor.tiny_hidden=32", "actor.tiny_layers=1", "extractor.generator=vllm"]
