@@ -153,7 +153,7 @@ def test_small_preset_trains_its_extractor_on_the_engine(tmp_path: Path) -> None
     overrides = ["train.steps=3", "train.checkpoint_every=10", "train.eval_episodes=0", "env.tasks_per_step=1",
                  "env.group_size=4", "algo.buffer_size=2", "experience.max_entry_chars=60",
                  "extractor.max_new_tokens=48", "extractor.max_context_tokens=1024", "experience.max_prompt_chars=600",
-                 "actor.tiny_hidden=32", "actor.tiny_layers=1", "extractor.generator=vllm"]
+                 "actor.tiny_hidden=32", "actor.tiny_layers=1"]  # the preset's generator: auto picks vLLM here
     trainer = Trainer(load_config(REPO / "configs" / "small.yaml", overrides), tmp_path, progress=False)
     try:
         extractor = trainer.c.service.extractor
