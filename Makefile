@@ -70,6 +70,10 @@ $(VLLM_STAMP): $(STAMP) Makefile $(VLLM_REQS)
 	main=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	own=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	echo "import site; site.addsitedir('$$main')" > "$$own/zz_crl_main_venv.pth"
+	# crl-train on this environment's python (guarded: vLLM's CPU engine starts its process by spawn)
+	printf '#!%s\nimport sys\nfrom crl_train.cli import train\nif __name__ == "__main__":\n    sys.exit(train())\n' \
+		"$(abspath $(VLLM_VENV))/bin/python" > $(VLLM_VENV)/bin/crl-train
+	chmod +x $(VLLM_VENV)/bin/crl-train
 	$(VLLM_VENV)/bin/python -c "import vllm, numpy, crl_train; assert numpy.__file__.startswith('$(abspath $(VLLM_VENV))'), numpy.__file__; from vllm.platforms import current_platform; assert current_platform.is_cpu(), current_platform"
 	touch $(VLLM_STAMP)
 

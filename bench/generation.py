@@ -18,7 +18,7 @@ Each engine's phases run ``--repeats`` times and the fastest is kept (load from 
 ever slows a pass down); speed-ups are ratios inside this run.
 
 Targets (``meets_targets``): an extractor sample >= 4x cheaper on vLLM than on HF float32 on a CPU with
-AMX (``amx_bf16``), >= 2.5x on one without; a decoding step at batch 8 within 2x of its floor.
+AMX (``amx_bf16``), >= 2.5x on one without (``no_amx``); a decoding step at batch 8 within 2x of its floor.
 
     .venv-vllm/bin/python bench/generation.py --json      # last line: one JSON object
     .venv/bin/python bench/generation.py --json           # without vLLM: the HF engines only
@@ -49,7 +49,7 @@ from crl_train.policy.hf import HFPolicy  # noqa: E402
 from crl_train.policy.lora import named_weights  # noqa: E402
 from crl_train.policy.precision import cpu_bf16_supported  # noqa: E402
 
-TARGET_SAMPLE_SPEEDUP = {"amx": 4.0, "avx2": 2.5}
+TARGET_SAMPLE_SPEEDUP = {"amx": 4.0, "no_amx": 2.5}
 """An extractor sample this many times cheaper on vLLM than on HF float32, by CPU kind."""
 TARGET_DECODE_B8_OVER_FLOOR = 2.0
 """A decoding step at batch 8 within this factor of its floor (the weights' bytes over the bandwidth)."""
@@ -58,12 +58,13 @@ MERGE_WINDOW = ["Walk east first, then take the key.", "The key is under the mat
 
 
 def cpu_kind() -> str:
-    """``amx`` on a CPU with AMX tiles, else ``avx2`` (the targets' two classes)."""
+    """``amx`` on a CPU with AMX tiles, else ``no_amx`` (AVX2 or AVX512, with or without
+    AVX512-BF16): the targets' two classes."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         flags = ""
-    return "amx" if "amx_bf16" in flags else "avx2"
+    return "amx" if "amx_bf16" in flags else "no_amx"
 
 
 def _best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
