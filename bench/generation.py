@@ -109,7 +109,7 @@ def _phases(policy: HFPolicy, ext: Extractor, repeats: int) -> dict[str, Any]:
     out["cispo_update"] = {"s": round(dt, 3)}
     out["extractor_sample_s"] = round((out["distill8"]["s"] + dt) / len(samples), 3)
     short = policy.apply_chat([{"role": "user", "content": "Write a long story about a fox."}])
-    free = SamplingConfig(temperature=1.0, seed=1)
+    free = SamplingConfig(temperature=policy.sampling.temperature, seed=1)
     dt, gens = _best(lambda: policy.generate([short] * 8, 64, sampling=free), repeats)
     steps = max(len(g.token_ids) for g in gens)
     out["decode_b8"] = {"s": round(dt, 3), "tokens_per_s": round(sum(len(g.token_ids) for g in gens) / dt, 1),
