@@ -14,7 +14,9 @@ Complementary RL step:
 Each phase reports seconds (wall: the vLLM engine works in its own process, so this process's CPU
 seconds would miss it) and generated tokens/s; ``extractor_sample_s`` = (distillation of 8 + CISPO
 update) / 8. The machine's ceilings come from ``bench/small.py``'s ``machine_rates`` in the same run.
-Each engine's phases run ``--repeats`` times and the fastest is kept (load from other processes only
+Every engine computes with ``--threads`` threads (default 1, the preset's share of 2 cores: torch's
+in this process, OpenMP's in the vLLM engine's, which inherits ``OMP_NUM_THREADS``). Each engine's
+phases run ``--repeats`` times and the fastest is kept (load from other processes only
 ever slows a pass down); speed-ups are ratios inside this run.
 
 Targets (``meets_targets``): an extractor sample >= 4x cheaper on vLLM than on HF float32 on a CPU with
@@ -130,11 +132,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--repeats", type=int, default=2, help="passes per phase; the fastest is kept")
     ap.add_argument("--engines", default="hf_float32,hf_bfloat16,vllm", help="comma-separated subset")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads of every engine: torch's in this process, OpenMP's in vLLM's (inherited)")
     args = ap.parse_args(argv)
+    # one thread each by default, the preset's share of 2 cores: on a loaded machine a second
+    # OpenMP thread that waits for a core makes HF generation 2-3x slower, not faster
+    torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "small.yaml")
     rates = machine_rates(3)
     kind = cpu_kind()
     out: dict[str, Any] = {"cpu_kind": kind, "cpu_bf16": cpu_bf16_supported(), "cpus": os.cpu_count(),
+                           "threads": args.threads,
                            "load_avg_start": os.getloadavg()[0], "machine": rates, "engines": {}}
     wanted = args.engines.split(",")
     auto = "bfloat16" if cpu_bf16_supported() else "float32"
