@@ -56,8 +56,7 @@ SEARCH_AND_ASK_MALFORMED_TEMPLATE = (
     "Your search_and_ask call was cut off or malformed ({query}); nothing was done. Write "
     "search_and_ask[<where you are stuck>] with its closing bracket, or an environment action.\n\n{observation}"
 )
-"""Observation after a cut-off or malformed call (``search_and``, ``search_and_ask[open``), which
-never reaches the env; ``{query}`` (the action as written), ``{observation}``."""
+"""Observation after a cut-off call (``search_and_ask[open``), never sent to the env: ``{query}``, ``{observation}``."""
 
 # --------------------------------------------------------------------------------------------
 # What the actor sees: the trainer's system prompts, tool action and gate (crl_train)
@@ -271,7 +270,8 @@ __all__ = [
     "GUIDED_OBSERVATION_TEMPLATE", "MERGE_TEMPLATE", "TURN_OBSERVATION_TEMPLATE",
     "NO_EXPERIENCE", "OMITTED_TURNS_TEMPLATE", "OUTCOME_TEMPLATE", "REFINEMENT_TEMPLATE", "REFLECTION_TEMPLATE", "NO_SUCCESSFUL_EPISODE", "SEARCH_ACTION",
     "SEARCH_AND_ASK_ANSWER_TEMPLATE", "SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE", "SEARCH_AND_ASK_ERROR_TEMPLATE",
-    "SEARCH_AND_ASK_NO_ENTRY_TEMPLATE", "SEARCH_AND_ASK_OVER_CAP_TEMPLATE", "SEARCH_AND_ASK_TOOL",
+    "SEARCH_AND_ASK_MALFORMED_TEMPLATE", "SEARCH_AND_ASK_NO_ENTRY_TEMPLATE", "SEARCH_AND_ASK_OVER_CAP_TEMPLATE",
+    "SEARCH_AND_ASK_TOOL",
     "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "SEARCH_STEP_TEMPLATE", "STEP_TEMPLATE", "SYSTEM_CONSTRAINED",
     "SWEBENCH_TASK_TEMPLATE", "SYSTEM_REACT", "UPDATE_RULE_FREE", "UPDATE_RULE_GUIDED", "WEBSHOP_SEARCH_ACTION",
 ]
