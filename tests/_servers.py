@@ -16,6 +16,7 @@ import yaml
 
 from crl_gym.clients import RemoteClient
 from crl_gym.envs.recall import task_name, task_secret
+from crl_gym.experience.pinning import UNPINNED_TAG
 from crl_gym.protocol import AddOp
 
 TINY_PRESET = Path(__file__).parents[1] / "configs" / "tiny.yaml"
@@ -87,5 +88,6 @@ def start_extractor_server(tmp_path: Path, *, env_ids: list[str] | None = None,
 
 def seed_recall_secrets(client: RemoteClient, num_tasks: int = 4, length: int = 2, num_actions: int = 2) -> None:
     """One entry per ``crl/Recall-v0`` task that names its secret sequence (what a guided episode is shown)."""
-    client.apply_ops([AddOp(f"In task {task_name(i)} play {' then '.join(task_secret(i, length, num_actions))}.")
-                      for i in range(num_tasks)])
+    # unpinned: the extractor's Updates rewrite them in place, so the episodes they guide credit its samples
+    client.apply_ops([AddOp(f"In task {task_name(i)} play {' then '.join(task_secret(i, length, num_actions))}.",
+                            tags=(UNPINNED_TAG,)) for i in range(num_tasks)])
