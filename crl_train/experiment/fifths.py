@@ -151,19 +151,28 @@ def source_task(prompt: str | None) -> str | None:
     return prompt.strip() if "\n" not in prompt.strip() else None
 
 
-def guided_requests(cell_dir: Path) -> Iterator[dict[str, Any]]:
-    """The cell's guided episodes that were shown an entry (``trajectories.jsonl``, one finished
-    episode per line; nothing when the cell logged none)."""
-    from crl_gym.protocol import GUIDED_CONDITION
-
+def logged_episodes(cell_dir: Path) -> Iterator[dict[str, Any]]:
+    """The cell's finished episodes as their requests (``trajectories.jsonl``, one per line; nothing
+    when the cell logged none)."""
     path = cell_dir / "trajectories.jsonl"
     if not path.exists():
         return
     with path.open(encoding="utf-8") as f:
         for line in f:
-            req = json.loads(line)
-            if req.get("condition") == GUIDED_CONDITION and req.get("experience"):
-                yield req
+            yield json.loads(line)
+
+
+def guided_requests(cell_dir: Path) -> Iterator[dict[str, Any]]:
+    """The cell's guided episodes that were shown an entry."""
+    from crl_gym.protocol import GUIDED_CONDITION
+
+    return (req for req in logged_episodes(cell_dir)
+            if req.get("condition") == GUIDED_CONDITION and req.get("experience"))
+
+
+def entry_task(row: dict[str, Any]) -> str | None:
+    """The task a ``new_entries.jsonl`` row was distilled from: its ``source``, else the task its prompt names."""
+    return (row.get("source") or source_task(row.get("prompt")) or "").strip() or None
 
 
 def own_task_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
@@ -171,25 +180,13 @@ def own_task_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Pa
     task (None: no such episode, or the cell logged no trajectories or new entries)."""
     from crl_train.run.new_entries import read_new_entries
 
-    sources = {int(r["id"]): (r.get("source") or source_task(r.get("prompt")) or "").strip() or None
-               for r in read_new_entries(cell_dir)}
+    sources = {int(r["id"]): entry_task(r) for r in read_new_entries(cell_dir)}
     if not sources:
         return [None] * parts
     got = [(int(req.get("rollout_step") or 0),
             1.0 if sources.get(int(req["experience"]["id"])) == str(req.get("task", "")).strip() else 0.0)
            for req in guided_requests(cell_dir)]
     return _means(got, steps, parts)
-
-
-def played_tasks(cell_dir: Path) -> Iterator[tuple[int, str]]:
-    """``(rollout step, task)`` of every finished episode the cell logged (``trajectories.jsonl``)."""
-    path = cell_dir / "trajectories.jsonl"
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            req = json.loads(line)
-            yield int(req.get("rollout_step") or 0), str(req.get("task", "")).strip()
 
 
 def coverage_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
@@ -202,11 +199,12 @@ def coverage_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
 
     written: dict[str, int] = {}
     for r in read_new_entries(cell_dir):
-        task = r.get("source") or source_task(r.get("prompt"))
+        task = entry_task(r)
         if task:
-            written[task.strip()] = min(written.get(task.strip(), steps), int(r["step"]))
+            written[task] = min(written.get(task, steps), int(r["step"]))
     first_played: dict[str, int] = {}
-    for step, task in played_tasks(cell_dir):
+    for req in logged_episodes(cell_dir):
+        task, step = str(req.get("task", "")).strip(), int(req.get("rollout_step") or 0)
         first_played[task] = min(first_played.get(task, step), step)
     if not written or not first_played:
         return [None] * parts
