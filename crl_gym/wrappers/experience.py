@@ -62,6 +62,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
@@ -441,18 +442,25 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return shown
 
     # ------------------------------------------------------------ episode end
-    def end_episode(self) -> DistillationRequest | None:
+    def end_episode(self, *, meta: Mapping[str, object] | None = None,
+                    success: bool | None = None) -> DistillationRequest | None:
         """End the open episode without a step, for a caller that stops before the env ends it
-        (a TRL rollout whose model stopped calling the action tool): its request is built and
-        submitted as at a truncation, with the last step's ``success`` (``False`` when it has none).
+        (a TRL rollout whose model stopped calling the action tool, a loop's turn cap): its request
+        is built and submitted as at a truncation, with ``success`` (default: the last step's
+        ``success``, ``False`` when it has none) and ``meta`` added to the request's ``meta`` (a
+        cut's reason: ``{"turn_cap": True}``).
 
         Returns the request; ``None`` when no episode is open or its record was refused.
         """
         records = self._records
         if records is None:
             return None
-        last = records[-2] if len(records) > 1 and isinstance(records[-2], dict) else {}
-        info = self._finish({"success": bool(last.get("success", False)), "ended_by_caller": True})
+        if success is None:
+            last = records[-2] if len(records) > 1 and isinstance(records[-2], dict) else {}
+            success = bool(last.get("success", False))
+        if meta:
+            self._meta = {**(self._meta or {}), **meta}
+        info = self._finish({"success": success, "ended_by_caller": True})
         request: DistillationRequest | None = info["distillation_request"]
         return request
 
