@@ -337,12 +337,13 @@ class EpisodeDriver:
         return episode.request
 
     def fail(self, where: str, exc: BaseException) -> None:
-        """End the open episode because the env raised in ``where``: a failure, no request."""
+        """End the open episode because the env raised in ``where``: a failure, no request (the
+        loop logs it, with what it costs there)."""
         episode = self._open()
         episode.error = f"{where}: {type(exc).__name__}: {exc}"
         episode.done, episode.success = True, False
         self.turn_query = None
-        log.warning("episode env=%s seed=%s %s: %s failed and ends as a failure: %s",
+        log.debug("episode env=%s seed=%s %s: %s failed and ends as a failure: %s",
                     episode.spec.env_id, episode.spec.seed, episode.spec.condition, where, exc)
 
     def end(self) -> DistillationRequest | None:

@@ -256,6 +256,8 @@ class RolloutRunner:
         played = _driver(ep).episode
         ep.info["error"] = played.error if played is not None and played.error else "error"
         ep.done, ep.success = True, False
+        log.warning("episode env=%s seed=%s %s %s and ends as a failure", ep.env_id, ep.seed,
+                    ep.condition, ep.info["error"])
 
     def _allowed(self, ep: Episode) -> list[str] | None:
         if not self.constrained:
