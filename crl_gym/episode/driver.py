@@ -254,6 +254,12 @@ class EpisodeDriver:
         """The open episode's first prompt (system text and first user turn)."""
         return self._open().messages()
 
+    @property
+    def observation(self) -> str:
+        """The latest observation, shortened as a user turn shows it, without the actions line
+        (what a loop shows after the episode ended)."""
+        return user_text(self._obs, (), max_obs_chars=self.max_obs_chars)
+
     # ------------------------------------------------------------------ turns
     def act(self, answer: str | Answer) -> Turn:
         """Step the env with the action ``answer`` asks for (an :class:`Answer` is taken as it is:

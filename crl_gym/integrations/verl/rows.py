@@ -29,14 +29,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crl_gym.protocol import CONDITIONS
+from crl_gym.templates import SYSTEM_REACT
 
 AGENT_NAME = "crl_agent"
 """The name ``ExperienceAgentLoop`` is registered under (``agent_name`` column, agent-loop YAML)."""
-DEFAULT_INSTRUCTION = (
-    "You play a text game. Each turn, answer with exactly one of the admissible actions inside "
-    "<action>...</action>. Use any experience you are shown."
-)
-"""The system message of :func:`task_rows`' prompts."""
+DEFAULT_INSTRUCTION = SYSTEM_REACT
+"""The system message of :func:`task_rows`' prompts: the episode driver's for an answer with its
+action inside ``<action>...</action>`` (:func:`crl_gym.episode.system_text`), as in every loop."""
 
 
 def task_rows(
