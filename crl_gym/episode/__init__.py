@@ -17,6 +17,7 @@ from crl_gym.episode.driver import (
     Model,
     Turn,
     condition_of,
+    search_entries,
     search_turns,
 )
 from crl_gym.episode.prompt import (
@@ -30,5 +31,5 @@ from crl_gym.episode.prompt import (
 
 __all__ = ["ACTIONS_LINE", "ACTION_PATTERN", "CUT_REASONS", "MAX_OBS_CHARS", "Answer", "ChatMessage",
            "Episode", "EpisodeDriver", "EpisodeSpec", "Model", "Turn", "condition_of",
-           "first_messages", "parse_action", "read_answer", "search_turns", "system_text",
+           "first_messages", "parse_action", "read_answer", "search_entries", "search_turns", "system_text",
            "user_text"]

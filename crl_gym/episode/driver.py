@@ -407,6 +407,19 @@ def _search_one(wrapper: ExperienceWrapper | None, query: str) -> ExperienceRef 
         return None
 
 
+def search_entries(client: ExperienceClient,
+                   queries: Sequence[str]) -> tuple[list[ExperienceRef | None], bool]:
+    """Retrieval at reset for many episodes at once (a loop that runs groups: the runner): one
+    ``client.search_many``; the entries (None: nothing found) go into each guided episode's
+    :class:`EpisodeSpec` (``prefetched``, ``searched=True``). A failed search is ``(all None,
+    True)``: the episodes run unguided, never fail."""
+    try:
+        return list(client.search_many(list(queries))), False
+    except Exception as exc:  # noqa: BLE001 - a down service costs guidance, not the step
+        log.warning("search_many failed (%s); guided copies run without experience", exc)
+        return [None] * len(queries), True
+
+
 def search_turns(drivers: Sequence[EpisodeDriver], client: ExperienceClient) -> int:
     """Per-turn retrieval of every driver whose turn waits for its search, in one
     ``client.search_many``; returns 1 when that search failed (the turns run unguided), else 0."""
@@ -425,4 +438,4 @@ def search_turns(drivers: Sequence[EpisodeDriver], client: ExperienceClient) -> 
 
 
 __all__ = ["CUT_REASONS", "Episode", "EpisodeDriver", "EpisodeSpec", "Model", "Turn",
-           "condition_of", "search_turns"]
+           "condition_of", "search_entries", "search_turns"]

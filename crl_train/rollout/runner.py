@@ -36,6 +36,7 @@ from crl_gym.episode import (
     EpisodeSpec,
     condition_of,
     first_messages,
+    search_entries,
     search_turns,
 )
 from crl_gym.protocol import (
@@ -181,12 +182,8 @@ class RolloutRunner:
         if guided_groups and self.client is not None and self.episode_search:
             queries = [task_text.get(g, "") for g in guided_groups]
             t0 = time.perf_counter()
-            try:
-                refs = self.client.search_many(queries)
-            except Exception as exc:  # noqa: BLE001 - a down manager costs guidance, not the step
-                self.search_failures += 1
-                log.warning("search_many failed (%s); guided copies run without experience", exc)
-                refs = [None] * len(queries)
+            refs, failed = search_entries(self.client, queries)
+            self.search_failures += failed
             self.last_search_s = time.perf_counter() - t0
             prefetched = dict(zip(guided_groups, refs, strict=True))
         guided_eps = [ep for ep in episodes if ep.condition == GUIDED_CONDITION]
