@@ -244,7 +244,9 @@ class EpisodeDriver:
         shown = info.get("experience")
         episode.experience = ExperienceRef.from_dict(shown) if isinstance(shown, dict) else None
         for more in info.get("experience_more") or ():  # entries_per_episode > 1
-            episode.turn_experience.append(TurnGuidance(0, ExperienceRef.from_dict(more)))
+            entry = ExperienceRef.from_dict(more)
+            if entry is not None:
+                episode.turn_experience.append(TurnGuidance(0, entry))
         self._note_turn_entry(info, 0)
         self._obs, self._info = obs, info
         episode.first = self._user_text(obs)
@@ -393,8 +395,9 @@ class EpisodeDriver:
     def _note_turn_entry(self, info: Mapping[str, object], turn: int) -> None:
         """Keep the entry per-turn retrieval showed with this turn's observation."""
         shown = info.get("turn_experience")
-        if isinstance(shown, dict):
-            self._open().turn_experience.append(TurnGuidance(turn, ExperienceRef.from_dict(shown)))
+        entry = ExperienceRef.from_dict(shown) if isinstance(shown, dict) else None
+        if entry is not None:
+            self._open().turn_experience.append(TurnGuidance(turn, entry))
 
 
 def _search_one(wrapper: ExperienceWrapper | None, query: str) -> ExperienceRef | None:

@@ -76,5 +76,11 @@ def first_messages(system: str, user: str) -> list[ChatMessage]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+def plain_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """``messages`` as plain dicts (what a chat template's ``apply_chat_template`` takes)."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 __all__ = ["ACTIONS_LINE", "MAX_OBS_CHARS", "SYSTEM_CONSTRAINED", "SYSTEM_REACT", "SYSTEM_TOOLS",
-           "ChatMessage", "first_messages", "listed_actions", "system_text", "user_text"]
+           "ChatMessage", "first_messages", "listed_actions", "plain_messages", "system_text",
+           "user_text"]

@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from crl_gym.episode import Episode, EpisodeDriver, EpisodeSpec, first_messages, system_text
+from crl_gym.episode import Episode, EpisodeDriver, EpisodeSpec, system_text
+from crl_gym.episode.prompt import first_messages, plain_messages
 from crl_gym.protocol import (
     CONDITIONS,
     GUIDED_CONDITION,
@@ -324,7 +325,7 @@ class CRLAgentInstance(AgentInstanceBase):
             self.task = TaskLabel.parse(label)
             self.env = await rt.run(rt.acquire_env, self.task.env_id)
             self.driver = EpisodeDriver(self.env, max_turns=rt.cfg.env.max_turns)
-            spec = EpisodeSpec(self.task.env_id, self.task.seed, self.condition)  # type: ignore[arg-type]
+            spec = EpisodeSpec(self.task.env_id, self.task.seed, self.condition)
             first = await rt.run(self.driver.reset, spec)
         except Exception as exc:  # noqa: BLE001 - see the module docstring
             self._fail("reset", exc)
@@ -388,7 +389,7 @@ class CRLAgentInstance(AgentInstanceBase):
     def _render_first(self, user: str) -> str:
         chat = self.runtime.chat(self.tokenizer)
         system = self.driver.system if self.driver is not None else system_text()
-        return chat.render(list(first_messages(system, user)))
+        return chat.render(plain_messages(first_messages(system, user)))
 
     def extra_logs(self) -> dict[str, float]:
         return {"crl_guided": float(self.condition == GUIDED_CONDITION), "crl_experience": float(self.experience is not None),

@@ -36,6 +36,7 @@ from crl_gym.episode import (
     EpisodeSpec,
     condition_of,
     first_messages,
+    plain_messages,
     search_entries,
     search_turns,
 )
@@ -245,7 +246,7 @@ class RolloutRunner:
         assert played is not None
         ep.task, ep.admissible, ep.experience = played.task, list(played.admissible), played.experience
         ep.turn_experience = played.turn_experience
-        ep.prompt_ids = self.policy.apply_chat(list(first_messages(driver.system, first)))
+        ep.prompt_ids = self.policy.apply_chat(plain_messages(first_messages(driver.system, first)))
         ep.sequence.append_context(ep.prompt_ids)
 
     def _fail(self, ep: Episode) -> None:

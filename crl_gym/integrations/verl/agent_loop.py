@@ -249,7 +249,7 @@ class _Episode:
 
     def __init__(self, condition: str) -> None:
         self.condition = condition
-        self.entry: str | None = None
+        self.entry: int | None = None
         self.ids: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []

@@ -93,10 +93,14 @@ class VerlEpisode:
 
 
 def _message(m: Mapping[str, str]) -> ChatMessage:
-    role = m.get("role")
-    if role not in ("system", "user", "assistant"):
-        raise ValueError(f"raw_prompt: a message's role is system, user or assistant, got {role!r}")
-    return {"role": role, "content": str(m.get("content", ""))}
+    role, content = m.get("role"), str(m.get("content", ""))
+    if role == "system":
+        return {"role": "system", "content": content}
+    if role == "user":
+        return {"role": "user", "content": content}
+    if role == "assistant":
+        return {"role": "assistant", "content": content}
+    raise ValueError(f"raw_prompt: a message's role is system, user or assistant, got {role!r}")
 
 
 def _condition(value: str) -> Condition:
@@ -104,8 +108,11 @@ def _condition(value: str) -> Condition:
 
 
 def _int(value: object) -> int:
-    item = getattr(value, "item", None)
-    return int(item() if callable(item) else value)  # type: ignore[call-overload]
+    item = getattr(value, "item", None)  # a numpy scalar (a parquet row's)
+    plain = item() if callable(item) else value
+    if isinstance(plain, bool) or not isinstance(plain, int | float | str):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return int(plain)
 
 
 def _rollout_step(value: object) -> int | None:
