@@ -47,15 +47,23 @@ def test_one_system_text_per_answer_format() -> None:
 # ------------------------------------------------------------------------------ answer
 
 
-@pytest.mark.parametrize(("text", "action", "readable", "tool"), [
-    ("go <action>east</action>", "east", True, False),
-    ("<action>a</action> then <action> b </action>", "b", True, False),
-    # a draft is no action: unreadable, so the whole answer goes to the env
-    ("<think><action>x</action></think> east", "<think><action>x</action></think> east", False, False),
-    ("  east\n", "east", False, False),
-    ("<action>search_and_ask[where?]</action>", "search_and_ask[where?]", True, True),
-    ("<action>search_and_ask[wher", "<action>search_and_ask[wher", False, True),  # cut off
-])
+@pytest.mark.parametrize(
+    ("text", "action", "readable", "tool"),
+    [
+        ("go <action>east</action>", "east", True, False),
+        ("<action>a</action> then <action> b </action>", "b", True, False),
+        # a draft is no action: unreadable, so the whole answer goes to the env
+        (
+            "<think><action>x</action></think> east",
+            "<think><action>x</action></think> east",
+            False,
+            False,
+        ),
+        ("  east\n", "east", False, False),
+        ("<action>search_and_ask[where?]</action>", "search_and_ask[where?]", True, True),
+        ("<action>search_and_ask[wher", "<action>search_and_ask[wher", False, True),  # cut off
+    ],
+)
 def test_read_answer(text: str, action: str, readable: bool, tool: bool) -> None:
     answer = read_answer(text)
     assert (answer.action, answer.readable, answer.tool_call) == (action, readable, tool)
@@ -76,9 +84,13 @@ def test_condition_of_splits_each_group_in_halves() -> None:
 # ------------------------------------------------------------------------------ driver
 
 
-def wrapped(entries: tuple[str, ...] = ("Walk east.",), **kwargs: Any) -> tuple[ExperienceWrapper, Any]:
+def wrapped(
+    entries: tuple[str, ...] = ("Walk east.",), **kwargs: Any
+) -> tuple[ExperienceWrapper, Any]:
     mgr = manager(entries)
-    return ExperienceWrapper(CorridorEnv(length=2), LocalClient(mgr), env_id="corridor", **kwargs), mgr
+    return ExperienceWrapper(
+        CorridorEnv(length=2), LocalClient(mgr), env_id="corridor", **kwargs
+    ), mgr
 
 
 def test_an_episode_the_env_ends() -> None:
@@ -86,9 +98,14 @@ def test_an_episode_the_env_ends() -> None:
     driver = EpisodeDriver(env, max_turns=5)
     first = driver.reset(EpisodeSpec("corridor", 0, "guided", rollout_step=2, copy=0, group_size=2))
     assert first.startswith("Experience from similar tasks") and "Walk east." in first
-    assert driver.messages() == [{"role": "system", "content": SYSTEM_REACT}, {"role": "user", "content": first}]
+    assert driver.messages() == [
+        {"role": "system", "content": SYSTEM_REACT},
+        {"role": "user", "content": first},
+    ]
     assert driver.step("<action>east</action>") == (
-        "You are at cell 1 of a corridor; the exit is at cell 2, to the east.\nValid actions: east, west")
+        "You are at cell 1 of a corridor; the exit is at cell 2, to the east."
+        "\nValid actions: east, west"
+    )
     assert driver.step("east") is None  # unreadable, passed on whole: the env ends the episode
     ep = driver.episode
     assert ep is not None and ep.done and ep.success and ep.cut is None and ep.unreadable == 1
@@ -108,7 +125,9 @@ def test_the_turn_cap_cuts_and_the_wrapper_submits_a_failure() -> None:
     assert driver.step("<action>west</action>") is None
     ep = driver.episode
     assert ep is not None and ep.cut == "turn_cap" and not ep.success
-    assert ep.request is not None and ep.request.meta == {"turn_cap": True} and not ep.request.success
+    assert (
+        ep.request is not None and ep.request.meta == {"turn_cap": True} and not ep.request.success
+    )
     assert len(ep.request.trajectory.steps) == 2 and mgr.pending() == 1
     with pytest.raises(RuntimeError, match="over"):
         driver.act("east")
@@ -140,9 +159,15 @@ def test_an_env_error_ends_the_episode_without_a_request() -> None:
     with pytest.raises(RuntimeError, match="crashed"):
         driver.act("<action>east</action>")
     ep = driver.episode
-    assert ep is not None and ep.done and ep.error == "step: RuntimeError: crashed" and ep.request is None
+    assert (
+        ep is not None
+        and ep.done
+        and ep.error == "step: RuntimeError: crashed"
+        and ep.request is None
+    )
     episode = EpisodeDriver(ExperienceWrapper(Broken(length=2), LocalClient(mgr))).run(
-        EpisodeSpec("broken", 0), lambda messages: "<action>east</action>")
+        EpisodeSpec("broken", 0), lambda messages: "<action>east</action>"
+    )
     assert episode.error is not None and not episode.success  # run() records it, never raises
     mgr.close()
 
@@ -158,8 +183,14 @@ def test_per_turn_searches_of_many_drivers_are_one_search_many() -> None:
         return search_many(queries)
 
     client.search_many = spy  # type: ignore[method-assign]
-    drivers = [EpisodeDriver(ExperienceWrapper(CorridorEnv(length=3), client, retrieve="turn",
-                                               defer_turn_search=True)) for _ in range(3)]
+    drivers = [
+        EpisodeDriver(
+            ExperienceWrapper(
+                CorridorEnv(length=3), client, retrieve="turn", defer_turn_search=True
+            )
+        )
+        for _ in range(3)
+    ]
     for d in drivers:
         d.reset(EpisodeSpec("corridor", 0, "guided"))
         d.act("<action>east</action>")
@@ -169,7 +200,11 @@ def test_per_turn_searches_of_many_drivers_are_one_search_many() -> None:
     assert search_turns(drivers, client) == 0 and len(calls) == 1 and len(calls[0]) == 3
     for d in drivers:
         shown = d.observe()
-        assert shown is not None and shown.startswith("Experience for this step") and "Walk east." in shown
+        assert (
+            shown is not None
+            and shown.startswith("Experience for this step")
+            and "Walk east." in shown
+        )
         assert d.episode is not None and [g.turn for g in d.episode.turn_experience] == [0, 1]
     mgr.close()
 

@@ -37,8 +37,12 @@ ENV_ID = "crl-test/LoopCorridor-v0"
 ENTRY = "Walk east until the exit."
 SEED = 3
 if ENV_ID not in gym.registry:
-    gym.register(ENV_ID, entry_point=CorridorEnv, kwargs={"length": 2, "max_turns": 50},
-                 disable_env_checker=True)
+    gym.register(
+        ENV_ID,
+        entry_point=CorridorEnv,
+        kwargs={"length": 2, "max_turns": 50},
+        disable_env_checker=True,
+    )
 
 
 def raw_env(env_id: str = ENV_ID) -> gym.Env:
@@ -77,10 +81,18 @@ class ScriptedPolicy:
     def user_turn_ids(self, text: str, *, after_eos: bool = False) -> list[int]:
         return self._id(text)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, allowed: Any = None,
-                 cache_keys: Any = None) -> list[Generation]:
-        return [Generation(prompt_ids=list(p), token_ids=[7], logprobs=[-0.5], text=self.reply)
-                for p in prompts]
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        *,
+        allowed: Any = None,
+        cache_keys: Any = None,
+    ) -> list[Generation]:
+        return [
+            Generation(prompt_ids=list(p), token_ids=[7], logprobs=[-0.5], text=self.reply)
+            for p in prompts
+        ]
 
     def release_cache(self, keys: Any) -> None:
         pass
@@ -88,9 +100,16 @@ class ScriptedPolicy:
 
 def via_runner(client: LocalClient, reply: str, condition: str, max_turns: int) -> Played:
     policy = ScriptedPolicy(reply)
-    runner = RolloutRunner(policy, lambda env_id: ExperienceWrapper(raw_env(env_id), client, env_id=env_id,
-                                                                    defer_turn_search=True),
-                           client=client, group_size=2, max_turns=max_turns, max_new_tokens=4)
+    runner = RolloutRunner(
+        policy,
+        lambda env_id: ExperienceWrapper(
+            raw_env(env_id), client, env_id=env_id, defer_turn_search=True
+        ),
+        client=client,
+        group_size=2,
+        max_turns=max_turns,
+        max_new_tokens=4,
+    )
     episodes = runner.collect([(ENV_ID, SEED)], step=0)
     (ep,) = [e for e in episodes if e.condition == condition]
     (first,) = ep.prompt_ids
@@ -122,8 +141,9 @@ def via_openrlhf(service: RetrievalService, reply: str, condition: str, max_turn
     from crl_train.openrlhf import executor as ex
     from crl_train.openrlhf.tasks import TaskLabel
 
-    cfg = load_config(None, ["env.group_size=2", f"env.max_turns={max_turns}",
-                             "experience.search_and_ask=false"])
+    cfg = load_config(
+        None, ["env.group_size=2", f"env.max_turns={max_turns}", "experience.search_and_ask=false"]
+    )
     runtime = ex.EpisodeRuntime(cfg, LocalClient(service), env_factory=raw_env, env_threads=2)
     chat = RecordingChat()
     runtime.chat = lambda tokenizer: chat  # type: ignore[method-assign]
@@ -138,7 +158,9 @@ def via_openrlhf(service: RetrievalService, reply: str, condition: str, max_turn
     inst = asyncio.run(play())
     runtime.close()
     assert [m["role"] for m in chat.messages] == ["system", "user"]
-    return Played(chat.messages[0]["content"], [chat.messages[1]["content"], *chat.users], inst.request)
+    return Played(
+        chat.messages[0]["content"], [chat.messages[1]["content"], *chat.users], inst.request
+    )
 
 
 def via_trl(client: LocalClient, reply: str, condition: str, max_turns: int) -> Played:
@@ -157,7 +179,9 @@ def via_trl(client: LocalClient, reply: str, condition: str, max_turns: int) -> 
 
 def via_verl(client: LocalClient, reply: str, condition: str, max_turns: int) -> Played:
     row = task_rows([SEED], [condition], env_id=ENV_ID)[0]
-    episode = VerlEpisode(wrap(raw_env(), client, search_and_ask=False, env_id=ENV_ID), max_turns=max_turns)
+    episode = VerlEpisode(
+        wrap(raw_env(), client, search_and_ask=False, env_id=ENV_ID), max_turns=max_turns
+    )
     messages = episode.start(row_spec(row["extra_info"], ENV_ID, 0), row["prompt"])
     users = [messages[-1]["content"]]
     while episode.answer(reply) is not None:
@@ -168,27 +192,36 @@ def via_verl(client: LocalClient, reply: str, condition: str, max_turns: int) ->
 # ------------------------------------------------------------------------------ the test
 
 
-def comparable(request: DistillationRequest | None, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+def comparable(
+    request: DistillationRequest | None, *, drop: tuple[str, ...] = ()
+) -> dict[str, Any]:
     assert request is not None
     out = request.to_dict()
     out.pop("request_id")
-    out["meta"] = {k: v for k, v in (out.get("meta") or {}).items()
-                   if k not in (GROUP_COPY, GROUP_SIZE, *drop)}
+    out["meta"] = {
+        k: v for k, v in (out.get("meta") or {}).items() if k not in (GROUP_COPY, GROUP_SIZE, *drop)
+    }
     return out
 
 
-@pytest.mark.parametrize(("condition", "reply", "max_turns"), [
-    ("guided", "I will walk. <action>east</action>", 6),   # the env ends it: a success
-    ("free", "west", 2),                                    # unreadable answers; the turn cap cuts it
-])
-def test_four_loops_show_the_same_prompts_and_send_the_same_request(condition: str, reply: str,
-                                                                    max_turns: int) -> None:
+@pytest.mark.parametrize(
+    ("condition", "reply", "max_turns"),
+    [
+        ("guided", "I will walk. <action>east</action>", 6),  # the env ends it: a success
+        ("free", "west", 2),  # unreadable answers; the turn cap cuts it
+    ],
+)
+def test_four_loops_show_the_same_prompts_and_send_the_same_request(
+    condition: str, reply: str, max_turns: int
+) -> None:
     service = RetrievalService(manager((ENTRY,)))
     client = LocalClient(service)
-    played = {"runner": via_runner(client, reply, condition, max_turns),
-              "openrlhf": via_openrlhf(service, reply, condition, max_turns),
-              "trl": via_trl(client, reply, condition, max_turns),
-              "verl": via_verl(client, reply, condition, max_turns)}
+    played = {
+        "runner": via_runner(client, reply, condition, max_turns),
+        "openrlhf": via_openrlhf(service, reply, condition, max_turns),
+        "trl": via_trl(client, reply, condition, max_turns),
+        "verl": via_verl(client, reply, condition, max_turns),
+    }
     runner = played["runner"]
     # the prompts: the first user turn and every next one, byte for byte
     assert runner.users[0].endswith(f"{ACTIONS_LINE}east, west")
@@ -202,12 +235,19 @@ def test_four_loops_show_the_same_prompts_and_send_the_same_request(condition: s
     # the requests
     request = runner.request
     assert request is not None and request.condition == condition
-    assert [s.action for s in request.trajectory.steps] == [read_answer(reply).action] * len(runner.users)
+    assert [s.action for s in request.trajectory.steps] == [read_answer(reply).action] * len(
+        runner.users
+    )
     if condition == "guided":
-        assert request.success and request.experience is not None and request.experience.text == ENTRY
+        assert (
+            request.success and request.experience is not None and request.experience.text == ENTRY
+        )
     else:
         assert not request.success and request.meta["turn_cap"] is True
-    assert (request.meta[GROUP_COPY], request.meta[GROUP_SIZE]) == (0 if condition == "guided" else 1, 2)
+    assert (request.meta[GROUP_COPY], request.meta[GROUP_SIZE]) == (
+        0 if condition == "guided" else 1,
+        2,
+    )
     for name in ("openrlhf", "verl"):
         assert comparable(played[name].request) == comparable(request), name
     assert comparable(played["trl"].request) == comparable(request, drop=("turn_cap",))
@@ -217,7 +257,12 @@ def test_four_loops_show_the_same_prompts_and_send_the_same_request(condition: s
 
 
 def test_the_spec_is_the_reset_options_of_the_wrapper() -> None:
-    spec = EpisodeSpec(ENV_ID, SEED, "guided", rollout_step=4, copy=1, group_size=4, meta={"gate": "x"})
-    assert spec.reset_options() == {"experience": "guided", "rollout_step": 4,
-                                    "meta": {GROUP_COPY: 1, GROUP_SIZE: 4, "gate": "x"}}
+    spec = EpisodeSpec(
+        ENV_ID, SEED, "guided", rollout_step=4, copy=1, group_size=4, meta={"gate": "x"}
+    )
+    assert spec.reset_options() == {
+        "experience": "guided",
+        "rollout_step": 4,
+        "meta": {GROUP_COPY: 1, GROUP_SIZE: 4, "gate": "x"},
+    }
     assert "prefetched" in EpisodeSpec(ENV_ID, SEED, searched=True).reset_options()

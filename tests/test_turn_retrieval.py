@@ -172,7 +172,8 @@ def test_the_bank_logs_one_episode_per_entry_per_episode() -> None:
 
 
 def test_the_request_of_a_cut_episode_keeps_its_turn_entries() -> None:
-    """The episode driver cuts at the turn cap; the wrapper's request carries both turns' entries."""
+    """The episode driver cuts at the turn cap; the wrapper's request carries both turns'
+    entries."""
     from crl_gym.episode import EpisodeDriver, EpisodeSpec
 
     client, manager = _client(["Walk east along the corridor."])
@@ -198,7 +199,8 @@ def test_the_runner_own_request_is_deprecated() -> None:
 
     ep = Episode(group=0, condition="guided", env_id="corridor", seed=0, task="t")
     with pytest.warns(DeprecationWarning, match="own_request"):
-        req = RolloutRunner.own_request(None, ep)  # type: ignore[arg-type]  # reads only the episode
+        # reads only the episode
+        req = RolloutRunner.own_request(None, ep)  # type: ignore[arg-type]
     assert (req.success, req.condition, req.task) == (False, "guided", "t")
 
 

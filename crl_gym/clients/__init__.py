@@ -62,7 +62,8 @@ from crl_gym.outbox import SubmitCounts as SubmitCounts
 
 __all__ = [
     "ASK_FALLBACKS", "TOKEN_ENV", "Combiner", "ExperienceAuthError", "ExperienceClient", "ExperienceUnavailable",
-    "KeepingClient", "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "RunSteps", "StepOrderError",
+    "KeepingClient",
+    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "RunSteps", "StepOrderError",
     "StorageFault", "SubmitCounts", "SubmitUndelivered",
     "as_service", "ask_manager", "check_step",
 ]

@@ -50,8 +50,7 @@ DEFAULT_MAX_UNSENT = 10_000
 class Submitter(Protocol):
     """What a :class:`KeepingClient` needs of the client it keeps for."""
 
-    def submit(self, request: DistillationRequest) -> None:
-        ...
+    def submit(self, request: DistillationRequest) -> None: ...
 
 
 def reraise_misuse(exc: BaseException) -> None:
@@ -90,8 +89,13 @@ class KeepingClient:
         max_unsent: most requests kept in memory.
     """
 
-    def __init__(self, client: Submitter, *, spill_path: str | Path | None = None,
-                 max_unsent: int = DEFAULT_MAX_UNSENT) -> None:
+    def __init__(
+        self,
+        client: Submitter,
+        *,
+        spill_path: str | Path | None = None,
+        max_unsent: int = DEFAULT_MAX_UNSENT,
+    ) -> None:
         if max_unsent < 1:
             raise ValueError(f"max_unsent must be >= 1, got {max_unsent}")
         self.client = client
@@ -106,25 +110,39 @@ class KeepingClient:
         self.offer(request)
 
     def offer(self, request: DistillationRequest) -> Offered:
-        """Submit ``request`` after any older unsent ones, in order; keep it when the client is down."""
+        """Submit ``request`` after any older unsent ones, in order; keep it when the client is
+        down."""
         outages: list[str] = []
         rejections: list[str] = []
         if self.unsent and self._retry(outages, rejections) > 0:
             kept = self._keep(request, rejections)  # still down: do not try again right away
-            return Offered(kept=kept, outages=tuple(outages), rejections=tuple(rejections),
-                           still_unsent=len(self.unsent))
+            return Offered(
+                kept=kept,
+                outages=tuple(outages),
+                rejections=tuple(rejections),
+                still_unsent=len(self.unsent),
+            )
         try:
             self.client.submit(request)
         except Exception as exc:  # noqa: BLE001 - keep the request, never lose the episode
             if malformed(exc):
-                rejections.append(f"submit of request {request.request_id} was rejected "
-                                  f"({type(exc).__name__}: {exc})")
-                return Offered(outages=tuple(outages), rejections=tuple(rejections),
-                               still_unsent=len(self.unsent))
+                rejections.append(
+                    f"submit of request {request.request_id} was rejected "
+                    f"({type(exc).__name__}: {exc})"
+                )
+                return Offered(
+                    outages=tuple(outages),
+                    rejections=tuple(rejections),
+                    still_unsent=len(self.unsent),
+                )
             outages.append(f"submit failed: {type(exc).__name__}: {exc}")
             kept = self._keep(request, rejections)
-            return Offered(kept=kept, outages=tuple(outages), rejections=tuple(rejections),
-                           still_unsent=len(self.unsent))
+            return Offered(
+                kept=kept,
+                outages=tuple(outages),
+                rejections=tuple(rejections),
+                still_unsent=len(self.unsent),
+            )
         self.submitted += 1
         return Offered(sent=True, outages=tuple(outages), rejections=tuple(rejections))
 
@@ -154,8 +172,10 @@ class KeepingClient:
                     outages.append(f"submit failed: {type(exc).__name__}: {exc}")
                     break
                 self.unsent.popleft()
-                rejections.append(f"submit of kept request {request.request_id} was rejected "
-                                  f"({type(exc).__name__}: {exc})")
+                rejections.append(
+                    f"submit of kept request {request.request_id} was rejected "
+                    f"({type(exc).__name__}: {exc})"
+                )
                 continue
             self.unsent.popleft()
             self.submitted += 1
@@ -167,22 +187,37 @@ class KeepingClient:
             try:
                 line = json.dumps(request.to_dict(), ensure_ascii=False)
             except MALFORMED_ERRORS as exc:
-                rejections.append(f"request {request.request_id} cannot be spilled "
-                                  f"({type(exc).__name__}: {exc})")
+                rejections.append(
+                    f"request {request.request_id} cannot be spilled ({type(exc).__name__}: {exc})"
+                )
                 return False
             try:
                 spill.append(self.spill_path, [line])
                 return True
             except OSError as exc:
-                logger.error("experience: cannot spill request %s to %s (%s); keeping it in memory",
-                             request.request_id, self.spill_path, exc)
+                logger.error(
+                    "experience: cannot spill request %s to %s (%s); keeping it in memory",
+                    request.request_id,
+                    self.spill_path,
+                    exc,
+                )
         self.unsent.append(request)
         if len(self.unsent) > self.max_unsent:
             dropped = self.unsent.popleft()
-            logger.error("experience: more than %d unsent requests; request %s survives only in "
-                         "info['distillation_request']", self.max_unsent, dropped.request_id)
+            logger.error(
+                "experience: more than %d unsent requests; request %s survives only in "
+                "info['distillation_request']",
+                self.max_unsent,
+                dropped.request_id,
+            )
         return True
 
 
-__all__ = ["DEFAULT_MAX_UNSENT", "MALFORMED_ERRORS", "KeepingClient", "Offered", "malformed",
-           "reraise_misuse"]
+__all__ = [
+    "DEFAULT_MAX_UNSENT",
+    "MALFORMED_ERRORS",
+    "KeepingClient",
+    "Offered",
+    "malformed",
+    "reraise_misuse",
+]

@@ -30,7 +30,25 @@ from crl_gym.episode.prompt import (
     user_text,
 )
 
-__all__ = ["ACTIONS_LINE", "ACTION_PATTERN", "CUT_REASONS", "MAX_OBS_CHARS", "Answer", "ChatMessage",
-           "Episode", "EpisodeDriver", "EpisodeSpec", "Model", "Turn", "condition_of",
-           "first_messages", "parse_action", "plain_messages", "read_answer", "search_entries",
-           "search_turns", "system_text", "user_text"]
+__all__ = [
+    "ACTIONS_LINE",
+    "ACTION_PATTERN",
+    "CUT_REASONS",
+    "MAX_OBS_CHARS",
+    "Answer",
+    "ChatMessage",
+    "Episode",
+    "EpisodeDriver",
+    "EpisodeSpec",
+    "Model",
+    "Turn",
+    "condition_of",
+    "first_messages",
+    "parse_action",
+    "plain_messages",
+    "read_answer",
+    "search_entries",
+    "search_turns",
+    "system_text",
+    "user_text",
+]

@@ -66,7 +66,8 @@ class Answer:
 
 
 def read_answer(text: str, *, constrained: bool = False) -> Answer:
-    """The action an answer asks for (module docstring); ``constrained``: the answer is the action."""
+    """The action an answer asks for (module docstring); ``constrained``: the answer is the
+    action."""
     found = None if constrained else parse_action(text)
     action = text.strip() if found is None else found
     tool = first_query(action) is not None or is_malformed_call(action)

@@ -77,7 +77,8 @@ StepKind = Literal["env", "search_and_ask"]
 
 def condition_of(copy: int, group_size: int, *, guided: bool = True) -> Condition:
     """The condition of copy ``copy`` (counted from 0; ``copy mod group_size`` is its place in its
-    group): guided for the first ``group_size // 2`` copies of each group when ``guided``, else free."""
+    group): guided for the first ``group_size // 2`` copies of each group when ``guided``, else
+    free."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     return GUIDED_CONDITION if guided and copy % group_size < group_size // 2 else FREE_CONDITION
@@ -86,8 +87,7 @@ def condition_of(copy: int, group_size: int, *, guided: bool = True) -> Conditio
 class Model(Protocol):
     """A ``generate``-like callable: the chat so far (system, user, assistant, ...) → the answer."""
 
-    def __call__(self, messages: Sequence[ChatMessage], /) -> str:
-        ...
+    def __call__(self, messages: Sequence[ChatMessage], /) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,11 @@ class EpisodeSpec:
 
     def reset_options(self) -> dict[str, object]:
         """The reset options of an ``ExperienceWrapper`` for this episode."""
-        options: dict[str, object] = {"experience": self.condition, "rollout_step": self.rollout_step,
-                                      "meta": self.request_meta()}
+        options: dict[str, object] = {
+            "experience": self.condition,
+            "rollout_step": self.rollout_step,
+            "meta": self.request_meta(),
+        }
         if self.searched:
             options["prefetched"] = self.prefetched
         return options
@@ -211,8 +214,15 @@ class EpisodeDriver:
         max_obs_chars: the truncation of each observation.
     """
 
-    def __init__(self, env: gym.Env, *, constrained: bool = False, tools: bool = False,
-                 max_turns: int | None = None, max_obs_chars: int = MAX_OBS_CHARS) -> None:
+    def __init__(
+        self,
+        env: gym.Env,
+        *,
+        constrained: bool = False,
+        tools: bool = False,
+        max_turns: int | None = None,
+        max_obs_chars: int = MAX_OBS_CHARS,
+    ) -> None:
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.env = env
@@ -271,7 +281,11 @@ class EpisodeDriver:
         episode = self._open()
         if episode.done:
             raise RuntimeError("act: the episode is over")
-        read = answer if isinstance(answer, Answer) else read_answer(answer, constrained=self.constrained)
+        read = (
+            answer
+            if isinstance(answer, Answer)
+            else read_answer(answer, constrained=self.constrained)
+        )
         episode.unreadable += not read.readable
         try:
             obs, reward, terminated, truncated, info = self.env.step(read.action)
@@ -351,8 +365,14 @@ class EpisodeDriver:
         episode.error = f"{where}: {type(exc).__name__}: {exc}"
         episode.done, episode.success = True, False
         self.turn_query = None
-        log.debug("episode env=%s seed=%s %s: %s failed and ends as a failure: %s",
-                    episode.spec.env_id, episode.spec.seed, episode.spec.condition, where, exc)
+        log.debug(
+            "episode env=%s seed=%s %s: %s failed and ends as a failure: %s",
+            episode.spec.env_id,
+            episode.spec.seed,
+            episode.spec.condition,
+            where,
+            exc,
+        )
 
     def end(self) -> DistillationRequest | None:
         """End an episode the loop stopped without a reason of :data:`CUT_REASONS` (TRL: the model
@@ -366,7 +386,8 @@ class EpisodeDriver:
 
     # ------------------------------------------------------------------ whole episodes
     def run(self, spec: EpisodeSpec, model: Model) -> Episode:
-        """Play ``spec``'s episode with ``model``; an env error ends it as a failure (not raised)."""
+        """Play ``spec``'s episode with ``model``; an env error ends it as a failure (not
+        raised)."""
         try:
             messages = list(first_messages(self.system, self.reset(spec)))
         except Exception:  # noqa: BLE001 - recorded in episode.error
@@ -379,7 +400,10 @@ class EpisodeDriver:
                 break
             if shown is None:
                 break
-            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": shown}]
+            messages += [
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": shown},
+            ]
         return self._open()
 
     # ------------------------------------------------------------------ internals
@@ -389,8 +413,12 @@ class EpisodeDriver:
         return self.episode
 
     def _user_text(self, obs: object) -> str:
-        return user_text(obs, self._open().admissible, constrained=self.constrained,
-                         max_obs_chars=self.max_obs_chars)
+        return user_text(
+            obs,
+            self._open().admissible,
+            constrained=self.constrained,
+            max_obs_chars=self.max_obs_chars,
+        )
 
     def _note_turn_entry(self, info: Mapping[str, object], turn: int) -> None:
         """Keep the entry per-turn retrieval showed with this turn's observation."""
@@ -410,8 +438,9 @@ def _search_one(wrapper: ExperienceWrapper | None, query: str) -> ExperienceRef 
         return None
 
 
-def search_entries(client: ExperienceClient,
-                   queries: Sequence[str]) -> tuple[list[ExperienceRef | None], bool]:
+def search_entries(
+    client: ExperienceClient, queries: Sequence[str]
+) -> tuple[list[ExperienceRef | None], bool]:
     """Retrieval at reset for many episodes at once (a loop that runs groups: the runner): one
     ``client.search_many``; the entries (None: nothing found) go into each guided episode's
     :class:`EpisodeSpec` (``prefetched``, ``searched=True``). A failed search is ``(all None,
@@ -440,5 +469,14 @@ def search_turns(drivers: Sequence[EpisodeDriver], client: ExperienceClient) -> 
     return failed
 
 
-__all__ = ["CUT_REASONS", "Episode", "EpisodeDriver", "EpisodeSpec", "Model", "Turn",
-           "condition_of", "search_entries", "search_turns"]
+__all__ = [
+    "CUT_REASONS",
+    "Episode",
+    "EpisodeDriver",
+    "EpisodeSpec",
+    "Model",
+    "Turn",
+    "condition_of",
+    "search_entries",
+    "search_turns",
+]

@@ -46,8 +46,13 @@ def system_text(*, constrained: bool = False, tools: bool = False) -> str:
     return SYSTEM_TOOLS if tools else SYSTEM_REACT
 
 
-def user_text(obs: object, admissible: Sequence[str], *, constrained: bool = False,
-              max_obs_chars: int = MAX_OBS_CHARS) -> str:
+def user_text(
+    obs: object,
+    admissible: Sequence[str],
+    *,
+    constrained: bool = False,
+    max_obs_chars: int = MAX_OBS_CHARS,
+) -> str:
     """The user turn of an observation: shortened to ``max_obs_chars``, followed by the admissible
     actions unless decoding is constrained to them."""
     text = truncate_middle(obs if isinstance(obs, str) else str(obs), max_obs_chars)
@@ -81,6 +86,16 @@ def plain_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-__all__ = ["ACTIONS_LINE", "MAX_OBS_CHARS", "SYSTEM_CONSTRAINED", "SYSTEM_REACT", "SYSTEM_TOOLS",
-           "ChatMessage", "first_messages", "listed_actions", "plain_messages", "system_text",
-           "user_text"]
+__all__ = [
+    "ACTIONS_LINE",
+    "MAX_OBS_CHARS",
+    "SYSTEM_CONSTRAINED",
+    "SYSTEM_REACT",
+    "SYSTEM_TOOLS",
+    "ChatMessage",
+    "first_messages",
+    "listed_actions",
+    "plain_messages",
+    "system_text",
+    "user_text",
+]

@@ -12,7 +12,8 @@ open rollout step); its :meth:`~TRLExperience.environment_factory` makes :class:
 instances, each a Gymnasium text env under ``ExperienceWrapper`` (and ``SearchAndAskWrapper``
 when asked: :class:`SearchAndAskEnv` adds the ``search_and_ask`` tool) played by an
 :class:`~crl_gym.episode.EpisodeDriver`: the texts the model reads are the driver's (the same as
-under every other loop), the env's action is the ``take_action`` tool's argument. :meth:`~TRLExperience.callback` is a ``TrainerCallback`` that closes each
+under every other loop), the env's action is the ``take_action`` tool's argument.
+:meth:`~TRLExperience.callback` is a ``TrainerCallback`` that closes each
 TRL optimizer step with ``client.end_step``.
 
 Guided or free comes from the row's ``experience`` column: ``"guided"`` or ``"free"`` for every
@@ -110,9 +111,10 @@ def dataset_rows(
 
 def split_conditions(experience: list[object], positions: list[int], num_generations: int, *,
                      guided: bool = True) -> list[Condition]:
-    """The condition of each generation: a ``"split"`` (or missing) row's first ``num_generations // 2``
-    copies are guided, the rest free (every copy free when not ``guided``: a method without
-    experience; :func:`crl_gym.episode.condition_of`); ``"guided"`` / ``"free"`` rows keep theirs.
+    """The condition of each generation: a ``"split"`` (or missing) row's first
+    ``num_generations // 2`` copies are guided, the rest free (every copy free when not
+    ``guided``: a method without experience; :func:`crl_gym.episode.condition_of`);
+    ``"guided"`` / ``"free"`` rows keep theirs.
 
     >>> split_conditions(["split"] * 4 + ["free", None], [0, 1, 2, 3, 0, 1], 4)
     ['guided', 'guided', 'free', 'free', 'free', 'guided']
@@ -316,7 +318,8 @@ class ExperienceEnv:
 
     def _over(self) -> str:
         episode = self._driver.episode
-        return OVER.format(outcome="success" if episode is not None and episode.success else "failure")
+        won = episode is not None and episode.success
+        return OVER.format(outcome="success" if won else "failure")
 
     def _end(self) -> None:
         self._open = False

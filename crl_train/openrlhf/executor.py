@@ -193,7 +193,8 @@ class EpisodeRuntime:
         driver's ``cut``). Hands ``request`` to the service without blocking the loop (failures
         logged)."""
         warnings.warn("EpisodeRuntime.submit is deprecated: the episode driver's cut() has the "
-                      "env's wrapper submit a cut episode's request", DeprecationWarning, stacklevel=2)
+                      "env's wrapper submit a cut episode's request", DeprecationWarning,
+                      stacklevel=2)
         if self.client is None:
             return
         try:
@@ -357,7 +358,8 @@ class CRLAgentInstance(AgentInstanceBase):
             return self._result("")
         shown = self.driver.observe()
         assert shown is not None
-        feedback = self.runtime.chat(self.tokenizer).user_turn_text(shown, after_eos=bool(after_eos))
+        chat = self.runtime.chat(self.tokenizer)
+        feedback = chat.user_turn_text(shown, after_eos=bool(after_eos))
         return self._result(feedback)
 
     # ------------------------------------------------------------------ ending

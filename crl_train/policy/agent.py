@@ -21,7 +21,11 @@ def model_agent_factory(directory: Path, max_new_tokens: int) -> Callable[[], Ag
     """A factory of agents that answer with the model in ``directory`` (a checkpoint with a
     ``model/`` folder, or a Hugging Face model directory); one policy, loaded once, serves all."""
     is_checkpoint = (directory / "model").is_dir()
-    policy = HFPolicy.from_checkpoint(directory) if is_checkpoint else HFPolicy.from_pretrained(directory)
+    policy = (
+        HFPolicy.from_checkpoint(directory)
+        if is_checkpoint
+        else HFPolicy.from_pretrained(directory)
+    )
 
     def agent(messages: Messages) -> str:
         ids = policy.chat.prompt_ids(messages)

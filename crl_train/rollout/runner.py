@@ -124,7 +124,8 @@ class RolloutRunner:
         self.malformed_tool_calls = 0
         """Cut-off or malformed ``search_and_ask`` calls answered as a tool error (status ``malformed``)."""
         self.unreadable_answers = 0
-        """Answers without an action tag, passed to the env whole (:mod:`crl_gym.episode.answer`)."""
+        """Answers without an action tag, passed to the env whole
+        (:mod:`crl_gym.episode.answer`)."""
         self.search_failures = 0
         self.submit_failures = 0
         self.gate: EntryGate | None = None
@@ -166,8 +167,9 @@ class RolloutRunner:
         pools = {env_id: self._drivers(env_id, n) for env_id, n in need.items()}
         for g, (env_id, seed) in enumerate(tasks):
             for c in range(k):
+                driver = pools[env_id][taken[env_id]]
                 episodes.append(Episode(group=g, condition=condition_of(c, k, guided=guided),
-                                        env_id=env_id, seed=seed, driver=pools[env_id][taken[env_id]],
+                                        env_id=env_id, seed=seed, driver=driver,
                                         request_meta={GROUP_COPY: c, GROUP_SIZE: k}))
                 taken[env_id] += 1
         # 1. free copies first: they give the task text of each group
@@ -244,7 +246,8 @@ class RolloutRunner:
             return
         played = driver.episode
         assert played is not None
-        ep.task, ep.admissible, ep.experience = played.task, list(played.admissible), played.experience
+        ep.task, ep.admissible = played.task, list(played.admissible)
+        ep.experience = played.experience
         ep.turn_experience = played.turn_experience
         ep.prompt_ids = self.policy.apply_chat(plain_messages(first_messages(driver.system, first)))
         ep.sequence.append_context(ep.prompt_ids)
@@ -294,7 +297,8 @@ class RolloutRunner:
             ep.num_actions += turn.kind == "env"
             ep.search_calls += turn.kind == "search_and_ask"
             ep.reward += turn.reward
-            ep.steps.append(Step(observation="", action=turn.action, reward=turn.reward, kind=turn.kind))
+            ep.steps.append(Step(observation="", action=turn.action, reward=turn.reward,
+                                 kind=turn.kind))
             ep.admissible = list(played.admissible)
             stepped.append((ep, gen))
         if self.client is not None:  # the wrappers left the turns' searches to one batch

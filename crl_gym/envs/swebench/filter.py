@@ -54,7 +54,8 @@ def _import_object(spec: str) -> Any:
 
 MODEL_AGENT_GROUP = "crl_gym.model_agents"
 """Entry point group of ``model_agent(directory, max_new_tokens) -> AgentFactory``: what loads a
-model directory as an agent (``crl_train`` registers ``crl_train.policy.agent:model_agent_factory``)."""
+model directory as an agent (``crl_train`` registers
+``crl_train.policy.agent:model_agent_factory``)."""
 
 ModelAgent = Callable[[Path, int], AgentFactory]
 

@@ -43,8 +43,9 @@ def row_spec(extra: Mapping[str, object], env_id: str, global_steps: object) -> 
         raise ValueError(f"extra_info.experience must be one of {CONDITIONS}, got {condition!r}")
     step = -1 if bool(extra.get("evaluation", False)) else _rollout_step(global_steps)
     seed = extra.get("seed")
-    return EpisodeSpec(env_id, None if seed is None else _int(seed), _condition(condition),
-                       rollout_step=step)
+    return EpisodeSpec(
+        env_id, None if seed is None else _int(seed), _condition(condition), rollout_step=step
+    )
 
 
 class VerlEpisode:
@@ -116,7 +117,8 @@ def _int(value: object) -> int:
 
 
 def _rollout_step(value: object) -> int | None:
-    """The row's ``global_steps`` as an int; None (the service's open step) when the row has none."""
+    """The row's ``global_steps`` as an int; None (the service's open step) when the row has
+    none."""
     return None if value is None else _int(value)
 
 
