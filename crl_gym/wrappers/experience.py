@@ -68,7 +68,7 @@ import logging
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypedDict
 
 import gymnasium as gym
 
@@ -130,6 +130,15 @@ DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
 
 _OWN_OPTIONS = ("experience", "prefetched", "rollout_step", "meta")
 
+class FlushReport(TypedDict):
+    """What :meth:`ExperienceWrapper.flush_experience` reports."""
+
+    kept: int
+    """Requests still kept by the wrapper's outbox."""
+    undelivered: str | None
+    """The flush error's message, or None."""
+
+
 _malformed = malformed  # the outbox's rule (crl_gym.clients.keeping), under its old name here
 _reraise_misuse = reraise_misuse
 
@@ -164,7 +173,8 @@ def require_gym_env(env: object, wrapper: str) -> None:
     raise TypeError(f"{wrapper} wraps a gymnasium.Env, got {name}; {hint}")
 
 
-__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper", "require_gym_env"]
+__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper", "FlushReport",
+           "require_gym_env"]
 
 
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -298,7 +308,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._condition: str = FREE_CONDITION
         self._seed: int | None = None
         self._rollout_step: int | None = None
-        self._meta: dict[str, Any] | None = None
+        self._meta: dict[str, object] | None = None
         self._errors: list[str] = []
         self._carry: AutoresetCarry | None = None
         """The last explicit reset's seed and options, for the episodes after it (vector autoreset)."""
@@ -365,8 +375,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return obs, info
 
     def _parse_options(
-        self, options: dict[str, Any] | None,
-    ) -> tuple[str, ExperienceRef | None, bool, int | None, dict[str, Any] | None]:
+        self, options: dict[str, object] | None,
+    ) -> tuple[str, ExperienceRef | None, bool, int | None, dict[str, object] | None]:
         if not options:
             return self.default_condition, None, False, None, options
         if not isinstance(options, dict):
@@ -405,7 +415,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 return self._guide_turn(obs, turn, info), reward, terminated, truncated, info
         return out  # the env's own tuple: no repacking on the common turn
 
-    def _guide_turn(self, obs: Any, turn: int, info: dict[str, Any], display: Any = None) -> Any:
+    def _guide_turn(self, obs: Any, turn: int, info: dict[str, object], display: Any = None) -> Any:
         """``obs`` with the entry found for it (fitted to the space) in front (per-turn retrieval);
         the entry goes to ``info["turn_experience"]`` (a caller that writes its own request of a
         cut episode reads it there)."""
@@ -421,7 +431,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info["turn_experience"] = {"id": e.id, "text": e.text, "version": e.version}
         return shown
 
-    def show_turn_entry(self, entry: ExperienceRef | None, info: dict[str, Any] | None = None) -> Any:
+    def show_turn_entry(self, entry: ExperienceRef | None,
+                        info: dict[str, object] | None = None) -> Any:
         """The observation of a deferred turn (``defer_turn_search``) with ``entry`` in front of it,
         the caller's search result for ``info["turn_query"]`` (None: the bank had nothing, or the
         search failed). ``info`` (the step's) gets ``"turn_experience"`` as in a turn searched here."""
@@ -553,7 +564,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         for message in offered.rejections:
             self._reject(message)
 
-    def flush_experience(self, timeout: float | None = None) -> dict[str, Any]:
+    def flush_experience(self, timeout: float | None = None) -> FlushReport:
         """Retry the requests kept here, then wait until the client has delivered every request
         submitted in this process (``client.flush``). A vector env calls it in each of its copies
         before the driver closes the step (``envs.call("flush_experience")``, or
@@ -593,7 +604,7 @@ def _task_text(value: object) -> str:
         return str(value)
 
 
-def _request_meta(options: dict[str, Any] | None) -> dict[str, Any] | None:
+def _request_meta(options: Mapping[str, object] | None) -> dict[str, object] | None:
     """``options["meta"]``: what the caller wants the episode's request to carry (e.g. the gate's verdict)."""
     meta = options.get("meta") if options else None
     if meta is not None and not isinstance(meta, dict):

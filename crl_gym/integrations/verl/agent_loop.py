@@ -143,7 +143,7 @@ class ExperienceAgentLoop(AgentLoopBase):
         extra = row_extra(kwargs)
         env_id = extra.get("env_id") or self.env_id
         spec = row_spec(extra, str(env_id or ""), kwargs.get("global_steps"))
-        metrics: dict[str, Any] = {}
+        metrics: dict[str, float] = {}
         env = await asyncio.to_thread(self.make_env, extra.get("env_id"))
         episode = _Episode(spec.condition)
         played = VerlEpisode(env, max_turns=self.max_turns)
@@ -168,7 +168,7 @@ class ExperienceAgentLoop(AgentLoopBase):
         return self._output(episode, extra, spec.rollout_step, metrics)
 
     async def _play(self, played: VerlEpisode, episode: _Episode, ids: list[int],
-                    sampling_params: dict[str, Any], metrics: dict[str, Any]) -> None:
+                    sampling_params: dict[str, Any], metrics: dict[str, float]) -> None:
         request_id = uuid4().hex
         while True:
             with simple_timer("generate_sequences", metrics):
@@ -205,7 +205,7 @@ class ExperienceAgentLoop(AgentLoopBase):
             episode.logprobs = list(logprobs or [])
 
     def _output(self, episode: _Episode, extra: Mapping[str, Any], step: int | None,
-                metrics: dict[str, Any]) -> AgentLoopOutput:
+                metrics: dict[str, float]) -> AgentLoopOutput:
         n_response = len(episode.mask)
         prompt_ids = episode.ids[: len(episode.ids) - n_response]
         response_ids = episode.ids[len(episode.ids) - n_response:]
@@ -259,11 +259,11 @@ class _Episode:
         self.valid = True
         self.cut: str | None = None
         self.request: Any = None
-        self.server: dict[str, Any] = {}
+        self.server: dict[str, object] = {}
         """What the inference server reported (``min_global_steps`` / ``max_global_steps``: the weight
         versions the episode was generated with, which verl's v1 trainer reads for staleness)."""
 
-    def server_fields(self, fields: dict[str, Any]) -> None:
+    def server_fields(self, fields: Mapping[str, object]) -> None:
         """Keep the first generation's fields, then the latest ``max_global_steps`` (as ``ToolAgentLoop``)."""
         if not self.server:
             self.server.update(fields)

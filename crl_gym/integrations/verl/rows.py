@@ -58,7 +58,7 @@ def task_rows(
     rows: list[dict[str, Any]] = []
     for group, seed in enumerate(seeds):
         for condition in conditions:
-            extra: dict[str, Any] = {"index": len(rows), "seed": int(seed), "group": group,
+            extra: dict[str, object] = {"index": len(rows), "seed": int(seed), "group": group,
                                      "experience": condition, "evaluation": bool(evaluation)}
             if env_id is not None:
                 extra["env_id"] = env_id
