@@ -4,12 +4,16 @@ Order of a rollout step (``RolloutRunner.collect``):
 
 1. every free copy is reset with its task's seed; the task text comes from ``info["task"]``;
 2. the guided halves are prefetched with ONE ``client.search_many`` over the task texts of all
-   groups, then reset with ``options={"experience": "guided", "prefetched": entry}``;
+   groups (the driver's :func:`~crl_gym.episode.search_entries`), then reset with the entry in
+   their :class:`~crl_gym.episode.EpisodeSpec`;
 3. all live episodes advance together: one ``policy.generate`` call per turn over every
    unfinished episode (constrained to ``info["admissible_actions"]`` through a token trie when
    ``constrained``), then one ``env.step`` each.
 
-Every :class:`Episode` keeps its token ids, loss mask (1 only on the agent's own tokens), old
+Each episode is played by an :class:`~crl_gym.episode.EpisodeDriver` (its prompts, the reading of
+its answers, its turn cap and its request, the same as in every training loop); the runner keeps
+the batched generation and the tokens. Every :class:`Episode` keeps its token ids, loss mask (1
+only on the agent's own tokens), old
 log-probs and constraints (a :class:`~crl_train.policy.base.TokenSequence`), its turn count, the
 entry it saw and its distillation request.
 

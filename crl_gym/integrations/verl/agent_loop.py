@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import warnings
 from collections.abc import Mapping
 from typing import Any
 from uuid import uuid4
@@ -76,11 +77,14 @@ def parse_action(text: str) -> str:
     (:func:`crl_gym.episode.read_answer`): the last ``<action>...</action>``, else all of
     ``text`` stripped.
 
-    >>> parse_action("I think <action>east</action>")
-    'east'
-    >>> parse_action(" north ")
-    'north'
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", DeprecationWarning)
+    ...     parse_action("I think <action>east</action>"), parse_action(" north ")
+    ('east', 'north')
     """
+    warnings.warn("crl_gym.integrations.verl.agent_loop.parse_action is deprecated: use "
+                  "crl_gym.episode.read_answer", DeprecationWarning, stacklevel=2)
     return read_answer(text).action
 
 
