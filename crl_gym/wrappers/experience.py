@@ -173,8 +173,8 @@ def require_gym_env(env: object, wrapper: str) -> None:
     raise TypeError(f"{wrapper} wraps a gymnasium.Env, got {name}; {hint}")
 
 
-__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper", "FlushReport",
-           "require_gym_env"]
+__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper",
+           "FlushReport", "require_gym_env"]
 
 
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
