@@ -56,7 +56,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import gymnasium as gym
 
@@ -89,9 +89,17 @@ that answers by calling tools: :func:`crl_gym.episode.system_text`)."""
 OVER = "The episode is over: {outcome}."
 
 
+class TRLRow(TypedDict):
+    """One TRL dataset row of :func:`dataset_rows`."""
+
+    prompt: list[dict[str, str]]
+    seed: int
+    experience: str
+
+
 def dataset_rows(
     seeds: list[int], *, experience: str = SPLIT, instruction: str = DEFAULT_INSTRUCTION,
-) -> list[dict[str, Any]]:
+) -> list[TRLRow]:
     """One TRL dataset row per seed: a conversational ``prompt`` whose user turn ``reset`` fills
     with the first observation, the ``seed``, and ``experience`` (``"split"``, ``"guided"`` or ``"free"``).
 
@@ -346,5 +354,5 @@ class SearchAndAskEnv(ExperienceEnv):
 __all__ = [
     "DEFAULT_INSTRUCTION", "EXPERIENCE_VALUES", "SPLIT", "EndStepCallback", "ExperienceEnv",
     "split_conditions",
-    "SearchAndAskEnv", "TRLExperience", "dataset_rows",
+    "SearchAndAskEnv", "TRLExperience", "TRLRow", "dataset_rows",
 ]
