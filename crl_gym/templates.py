@@ -72,6 +72,12 @@ SYSTEM_REACT = (
 )
 """System prompt of a free-text (ReAct-style) actor, which may call ``search_and_ask``."""
 
+SYSTEM_TOOLS = (
+    "You play a text game. Each turn, call the take_action tool with exactly one of the admissible "
+    "actions. Use any experience you are shown."
+)
+"""System prompt of an actor that answers by calling tools (TRL's environments: ``take_action``)."""
+
 SEARCH_ACTION = "search_and_ask[what should I do next?]"
 """The tool call offered to a constrained (tiny) actor when search_and_ask is on."""
 
@@ -273,5 +279,6 @@ __all__ = [
     "SEARCH_AND_ASK_MALFORMED_TEMPLATE", "SEARCH_AND_ASK_NO_ENTRY_TEMPLATE", "SEARCH_AND_ASK_OVER_CAP_TEMPLATE",
     "SEARCH_AND_ASK_TOOL",
     "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "SEARCH_STEP_TEMPLATE", "STEP_TEMPLATE", "SYSTEM_CONSTRAINED",
-    "SWEBENCH_TASK_TEMPLATE", "SYSTEM_REACT", "UPDATE_RULE_FREE", "UPDATE_RULE_GUIDED", "WEBSHOP_SEARCH_ACTION",
+    "SWEBENCH_TASK_TEMPLATE", "SYSTEM_REACT",
+    "SYSTEM_TOOLS", "UPDATE_RULE_FREE", "UPDATE_RULE_GUIDED", "WEBSHOP_SEARCH_ACTION",
 ]

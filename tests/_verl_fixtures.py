@@ -34,7 +34,7 @@ TOOL_CALL = '<tool_call>\n{"name": "search_and_ask", "arguments": {"query": "whi
 def save_tiny_actor(path: Path, replies: tuple[str, ...] = REPLIES) -> tuple[Any, Any]:
     """A tiny actor whose tokenizer knows ``replies`` as single tokens, saved (model and tokenizer) to ``path``."""
     texts = [f"Task: {task_name(i)}. Play its secret sequence of 2 actions, one per turn; a wrong action ends "
-             f"the episode.\nAdmissible actions: north, east" for i in range(4)]
+             f"the episode.\nValid actions: north, east" for i in range(4)]
     tokenizer = train_tiny_tokenizer(texts, vocab_size=400)
     tokenizer.add_tokens([AddedToken(r, normalized=False, special=False) for r in replies])
     model = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)

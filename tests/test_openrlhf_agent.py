@@ -275,3 +275,13 @@ def test_agent_file_loads_as_openrlhf_loads_it(monkeypatch: pytest.MonkeyPatch) 
         assert runtime.cfg.method == "grpo" and runtime.client is None and runtime.threads._max_workers == 4
     finally:
         ex.set_default_runtime(None)
+
+
+def test_runtime_submit_is_deprecated_and_still_submits(tmp_path: Path) -> None:
+    from crl_gym.protocol import DistillationRequest, Trajectory
+
+    runtime, service = runtime_of(tmp_path)
+    with pytest.warns(DeprecationWarning, match="EpisodeRuntime.submit"):
+        asyncio.run(runtime.submit(DistillationRequest("t", Trajectory(), 0.0, False, None)))
+    assert service.counters["submitted"] == 1
+    runtime.close()

@@ -133,3 +133,41 @@ def test_cli_filter_with_scripted_policies(tmp_path: Path) -> None:
         assert out.read_text() == ""  # 2/2 = 1.0 is not below 0.8
     finally:
         client.images.remove(instance_image(client, inst).name, force=True)
+
+
+def test_a_model_directory_loads_through_the_model_agent(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """crl_gym finds the model agent through its entry point group (crl_train registers it), or
+    takes one as a parameter: it never imports crl_train itself."""
+    import configparser
+    import importlib
+    from importlib.metadata import EntryPoint
+
+    from crl_gym.envs.swebench import filter as swe_filter
+
+    seen: list[tuple[Path, int]] = []
+
+    def fake(directory: Path, max_new_tokens: int) -> Any:
+        seen.append((directory, max_new_tokens))
+        return lambda: (lambda messages: "patch")
+
+    assert load_policy(str(tmp_path), max_new_tokens=7, model_agent=fake)()([]) == "patch"
+    assert seen == [(tmp_path, 7)]
+    monkeypatch.setattr(swe_filter, "entry_points", lambda group: [])
+    with pytest.raises(ImportError, match=swe_filter.MODEL_AGENT_GROUP):
+        load_policy(str(tmp_path))
+    registered = EntryPoint("test", f"{__name__}:_fake_agent", swe_filter.MODEL_AGENT_GROUP)
+    monkeypatch.setattr(swe_filter, "entry_points",
+                        lambda group: [registered] if group == swe_filter.MODEL_AGENT_GROUP else [])
+    assert load_policy(str(tmp_path), max_new_tokens=3)()([]) == "registered 3"
+    # what setup.cfg registers (active once the package is installed) names crl_train's agent
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    line = cfg["options.entry_points"][swe_filter.MODEL_AGENT_GROUP].strip()
+    name, _, target = (part.strip() for part in line.partition("="))
+    module, _, attr = target.partition(":")
+    assert name == "crl_train" and callable(getattr(importlib.import_module(module), attr))
+
+
+def _fake_agent(directory: Path, max_new_tokens: int) -> Any:
+    return lambda: (lambda messages: f"registered {max_new_tokens}")

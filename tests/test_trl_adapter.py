@@ -102,7 +102,7 @@ def test_guided_episode_shows_the_entry_and_search_and_ask_answers(service: Retr
     env = TRLExperience(client, lambda: CorridorEnv(length=2), search_and_ask=True).environment_factory()
     assert isinstance(env, SearchAndAskEnv)
     first = env.reset(prompt=[], seed=0, experience="guided")
-    assert "keep walking east" in first and first.endswith("Admissible actions: east, west")
+    assert "keep walking east" in first and first.endswith("Valid actions: east, west")
     answer = env.search_and_ask("which way?")
     assert answer.startswith("Answer to search_and_ask[which way?]") and env.turns == 1
     env.take_action("east")

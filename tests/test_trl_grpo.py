@@ -55,7 +55,8 @@ def tool_calling_tiny_actor() -> tuple[Any, Any, list[list[Any]]]:
     """A tiny random-init Qwen2, its tokenizer (Qwen2.5's chat template, the call's text as two
     added tokens) and the ``sequence_bias`` that makes every sample a ``take_action`` call."""
     texts = [f"Task: {task_name(i)}. Play its secret sequence of 2 actions, one per turn; a wrong action ends "
-             f"the episode.\nActions so far: (none)\nTurn 1: action 1 of 2?\nAdmissible actions: north, east"
+             f"the episode.\nActions so far: (none)\nTurn 1: action 1 of 2?"
+             "\nValid actions: north, east"
              for i in range(4)]
     tokenizer = train_tiny_tokenizer(texts + [qwen2_5_chat_template], vocab_size=512)
     tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in (CALL_OPEN, CALL_CLOSE)])

@@ -171,25 +171,37 @@ def test_the_bank_logs_one_episode_per_entry_per_episode() -> None:
     service.close()
 
 
-def test_the_runner_request_of_a_cut_episode_keeps_its_turn_entries() -> None:
-    from crl_train.rollout.runner import Episode, RolloutRunner
+def test_the_request_of_a_cut_episode_keeps_its_turn_entries() -> None:
+    """The episode driver cuts at the turn cap; the wrapper's request carries both turns'
+    entries."""
+    from crl_gym.episode import EpisodeDriver, EpisodeSpec
 
     client, manager = _client(["Walk east along the corridor."])
     env = ExperienceWrapper(CorridorEnv(length=5), client, retrieve="turn")
-    obs, info = env.reset(seed=0, options={"experience": "guided", "rollout_step": 0})
-    assert info["turn_experience"]["text"] == "Walk east along the corridor."
-    ep = Episode(group=0, condition="guided", env_id="corridor", seed=0)
-    from crl_train.rollout import runner as runner_module
-
-    runner_module._note_turn_entry(ep, info, 0)
-    obs, _, _, _, info = env.step("east")
-    runner_module._note_turn_entry(ep, info, 1)
-    # the env's recorded info is its own: the entry is in the returned info only
-    req = RolloutRunner.own_request(None, ep)  # type: ignore[arg-type]  # reads only the episode
+    driver = EpisodeDriver(env, max_turns=1)
+    first = driver.reset(EpisodeSpec("corridor", 0, "guided", rollout_step=0))
+    assert first.startswith("Experience for this step")
+    assert driver.step("<action>east</action>") is None  # the turn cap cut it
+    ep = driver.episode
+    assert ep is not None and ep.cut == "turn_cap" and ep.request is not None
+    req = ep.request
+    assert req.meta["turn_cap"] is True and req.success is False and req.rollout_step == 0
     assert [(g.turn, g.entry.text) for g in req.turn_experience] == [(0, "Walk east along the corridor."),
                                                                       (1, "Walk east along the corridor.")]
+    assert [(g.turn, g.entry.text) for g in ep.turn_experience] == [
+        (g.turn, g.entry.text) for g in req.turn_experience]
     assert credited_entries(req) == [req.turn_experience[0].entry.id]
     manager.close()
+
+
+def test_the_runner_own_request_is_deprecated() -> None:
+    from crl_train.rollout.runner import Episode, RolloutRunner
+
+    ep = Episode(group=0, condition="guided", env_id="corridor", seed=0, task="t")
+    with pytest.warns(DeprecationWarning, match="own_request"):
+        # reads only the episode
+        req = RolloutRunner.own_request(None, ep)  # type: ignore[arg-type]
+    assert (req.success, req.condition, req.task) == (False, "guided", "t")
 
 
 def test_k_entries_per_episode_are_shown_together_and_each_credited_once() -> None:

@@ -14,8 +14,9 @@ ops, ``stats`` / ``health`` report.
 
 One module per concept, every name re-exported here (import them from ``crl_gym.clients``):
 :mod:`~crl_gym.clients.interface` (:class:`ExperienceClient`, :data:`TOKEN_ENV`, :func:`check_step`),
-:mod:`~crl_gym.clients.local`, :mod:`~crl_gym.clients.remote` and :mod:`~crl_gym.clients.combiner`
-(the flat combining of ``RemoteClient.search``).
+:mod:`~crl_gym.clients.local`, :mod:`~crl_gym.clients.remote`, :mod:`~crl_gym.clients.combiner`
+(the flat combining of ``RemoteClient.search``) and :mod:`~crl_gym.clients.keeping`
+(:class:`KeepingClient`: the outbox of a client whose ``submit`` can fail).
 
 >>> from crl_gym.experience.bank import ExperienceBank
 >>> from crl_gym.experience.embedders import HashingEmbedder
@@ -39,6 +40,7 @@ from crl_gym.clients.combiner import Combiner as Combiner
 from crl_gym.clients.interface import TOKEN_ENV as TOKEN_ENV
 from crl_gym.clients.interface import ExperienceClient as ExperienceClient
 from crl_gym.clients.interface import check_step as check_step
+from crl_gym.clients.keeping import KeepingClient as KeepingClient
 from crl_gym.clients.local import LocalClient as LocalClient
 from crl_gym.clients.local import as_service as as_service
 from crl_gym.clients.remote import RemoteClient as RemoteClient
@@ -60,6 +62,7 @@ from crl_gym.outbox import SubmitCounts as SubmitCounts
 
 __all__ = [
     "ASK_FALLBACKS", "TOKEN_ENV", "Combiner", "ExperienceAuthError", "ExperienceClient", "ExperienceUnavailable",
+    "KeepingClient",
     "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "RunSteps", "StepOrderError",
     "StorageFault", "SubmitCounts", "SubmitUndelivered",
     "as_service", "ask_manager", "check_step",

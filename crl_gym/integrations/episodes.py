@@ -1,18 +1,19 @@
-"""What the trainer integrations share about one episode of a wrapped text env: the text the model
-reads each turn and the reward the rollout gets (``crl_gym.integrations.trl``'s environments,
-``crl_gym.integrations.verl.agent_loop``'s ``crl_agent``). Both wrap the env with
-:func:`crl_gym.wrappers.wrap`.
+"""What the trainer integrations share about one episode of a wrapped text env beyond the episode
+driver (:mod:`crl_gym.episode`, which writes the text the model reads each turn): the reward the
+rollout gets (``crl_gym.integrations.trl``'s environments, ``crl_gym.integrations.verl``'s
+``crl_agent``). Both wrap the env with :func:`crl_gym.wrappers.wrap`.
 
->>> with_actions("You are at cell 0.", {"admissible_actions": ["east", "west"]})
-'You are at cell 0.\\nAdmissible actions: east, west'
 >>> rollout_reward("success", success=True, ret=0.5), rollout_reward("return", success=True, ret=0.5)
 (1.0, 0.5)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
+
+from crl_gym.episode.prompt import user_text
 
 REWARDS = ("success", "return")
 """How a rollout is scored: ``"success"`` (1.0 when the episode succeeded, else 0.0: the paper's R)
@@ -41,12 +42,12 @@ def rollout_reward(reward: str, *, success: bool, ret: float) -> float:
 
 
 def with_actions(obs: object, info: Mapping[str, Any]) -> str:
-    """The observation, with the admissible actions named when the env lists them."""
-    text = obs if isinstance(obs, str) else str(obs)
-    actions = info.get("admissible_actions")
-    if actions:
-        text = f"{text}\nAdmissible actions: {', '.join(str(a) for a in actions)}"
-    return text
+    """Deprecated: the episode driver's user turn (:func:`crl_gym.episode.user_text`) of ``obs``
+    and ``info["admissible_actions"]``."""
+    warnings.warn("crl_gym.integrations.episodes.with_actions is deprecated: use "
+                  "crl_gym.episode.user_text (the episode driver's user turn)", DeprecationWarning,
+                  stacklevel=2)
+    return user_text(obs, [str(a) for a in info.get("admissible_actions") or ()])
 
 
 __all__ = ["REWARDS", "check_reward", "rollout_reward", "with_actions"]

@@ -10,8 +10,10 @@ once per finished rollout and its float is the rollout's reward.
 :class:`TRLExperience` is what the envs of one run share (the client, how to make the env, the
 open rollout step); its :meth:`~TRLExperience.environment_factory` makes :class:`ExperienceEnv`
 instances, each a Gymnasium text env under ``ExperienceWrapper`` (and ``SearchAndAskWrapper``
-when asked: :class:`SearchAndAskEnv` adds the ``search_and_ask`` tool). The env's action is the
-``take_action`` tool. :meth:`~TRLExperience.callback` is a ``TrainerCallback`` that closes each
+when asked: :class:`SearchAndAskEnv` adds the ``search_and_ask`` tool) played by an
+:class:`~crl_gym.episode.EpisodeDriver`: the texts the model reads are the driver's (the same as
+under every other loop), the env's action is the ``take_action`` tool's argument.
+:meth:`~TRLExperience.callback` is a ``TrainerCallback`` that closes each
 TRL optimizer step with ``client.end_step``.
 
 Guided or free comes from the row's ``experience`` column: ``"guided"`` or ``"free"`` for every
@@ -38,7 +40,7 @@ Experience from similar tasks (use it if it helps):
 Walk east until the exit.
 <BLANKLINE>
 You are at cell 0 of a corridor; the exit is at cell 1, to the east.
-Admissible actions: east, west
+Valid actions: east, west
 >>> print(env.take_action("east"))
 You are at cell 1 of a corridor; the exit is at cell 1, to the east.
 The episode is over: success.
@@ -54,16 +56,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import gymnasium as gym
 
 from crl_gym.clients.run_steps import RunSteps
+from crl_gym.episode import Answer, EpisodeDriver, EpisodeSpec, condition_of
 from crl_gym.experience.results import StepEnded
-from crl_gym.integrations.episodes import check_reward, rollout_reward, with_actions
-from crl_gym.protocol import CONDITIONS, FREE_CONDITION, DistillationRequest
+from crl_gym.integrations.episodes import check_reward, rollout_reward
+from crl_gym.protocol import CONDITIONS, FREE_CONDITION, Condition, DistillationRequest
+from crl_gym.templates import SYSTEM_TOOLS
 from crl_gym.wrappers import wrap
-from crl_gym.wrappers.success import ended_success
 
 try:  # transformers is in the [train] extra; the callback subclasses its TrainerCallback
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -80,17 +83,23 @@ logger = logging.getLogger(__name__)
 SPLIT = "split"
 """Row value of ``experience``: half of the row's generations guided, half free (the trainer decides which)."""
 EXPERIENCE_VALUES: tuple[str, ...] = (*CONDITIONS, SPLIT)
-DEFAULT_INSTRUCTION = (
-    "You play a text game. Each turn, call the take_action tool with exactly one of the admissible "
-    "actions. Use any experience you are shown."
-)
-"""The system message :func:`dataset_rows` puts in each prompt."""
+DEFAULT_INSTRUCTION = SYSTEM_TOOLS
+"""The system message :func:`dataset_rows` puts in each prompt (the episode driver's for a model
+that answers by calling tools: :func:`crl_gym.episode.system_text`)."""
 OVER = "The episode is over: {outcome}."
+
+
+class TRLRow(TypedDict):
+    """One TRL dataset row of :func:`dataset_rows`."""
+
+    prompt: list[dict[str, str]]
+    seed: int
+    experience: str
 
 
 def dataset_rows(
     seeds: list[int], *, experience: str = SPLIT, instruction: str = DEFAULT_INSTRUCTION,
-) -> list[dict[str, Any]]:
+) -> list[TRLRow]:
     """One TRL dataset row per seed: a conversational ``prompt`` whose user turn ``reset`` fills
     with the first observation, the ``seed``, and ``experience`` (``"split"``, ``"guided"`` or ``"free"``).
 
@@ -106,6 +115,30 @@ def dataset_rows(
          "seed": int(seed), "experience": experience}
         for seed in seeds
     ]
+
+
+def split_conditions(experience: list[object], positions: list[int], num_generations: int, *,
+                     guided: bool = True) -> list[Condition]:
+    """The condition of each generation: a ``"split"`` (or missing) row's first
+    ``num_generations // 2`` copies are guided, the rest free (every copy free when not
+    ``guided``: a method without experience; :func:`crl_gym.episode.condition_of`);
+    ``"guided"`` / ``"free"`` rows keep theirs.
+
+    >>> split_conditions(["split"] * 4 + ["free", None], [0, 1, 2, 3, 0, 1], 4)
+    ['guided', 'guided', 'free', 'free', 'free', 'guided']
+    >>> split_conditions(["split"] * 2, [0, 1], 2, guided=False)
+    ['free', 'free']
+    """
+    out: list[Condition] = []
+    for value, j in zip(experience, positions, strict=True):
+        if value is None or value == SPLIT:
+            out.append(condition_of(j, num_generations, guided=guided))
+        elif value in CONDITIONS:
+            out.append(value)
+        else:
+            raise ValueError(f"a row's experience must be 'split', "
+                             f"{' or '.join(map(repr, CONDITIONS))}, got {value!r}")
+    return out
 
 
 class TRLExperience:
@@ -205,7 +238,8 @@ class EndStepCallback(TrainerCallback):
 
 
 class ExperienceEnv:
-    """One TRL rollout: a wrapped text env whose action is the ``take_action`` tool.
+    """One TRL rollout: a wrapped text env whose action is the ``take_action`` tool, played by an
+    :class:`~crl_gym.episode.EpisodeDriver` (this class only translates TRL's calls).
 
     Public methods are TRL tools; everything else is private or a property on purpose.
     """
@@ -214,12 +248,8 @@ class ExperienceEnv:
         self._session = session
         self._wrapper = wrap(session.make_env(), session.client, search_and_ask=session.search_and_ask,
                              max_calls=session.max_calls, spill_path=session.spill_path)
+        self._driver = EpisodeDriver(self._wrapper, tools=True)
         self._open = False
-        self._return = 0.0
-        self._success = False
-        self._condition: str = FREE_CONDITION
-        self._request: DistillationRequest | None = None
-        self._turns = 0
 
     # ------------------------------------------------------------------ TRL's contract
     def reset(self, **row: Any) -> str:
@@ -238,15 +268,12 @@ class ExperienceEnv:
             seed = int(seed)
         if self._open:  # TRL reuses instances: an episode left open (no get_reward) still gets distilled
             self._end()
-        obs, info = self._wrapper.reset(
-            seed=seed, options={"experience": experience, "rollout_step": self._session.steps.service_step(self._session.step)})
+        session = self._session
+        spec = EpisodeSpec(self._wrapper.env_id, seed, experience,
+                           rollout_step=session.steps.service_step(session.step))
+        first = self._driver.reset(spec)
         self._open = True
-        self._return = 0.0
-        self._success = False
-        self._condition = str(experience)
-        self._request = None
-        self._turns = 0
-        return with_actions(obs, info)
+        return first
 
     def take_action(self, action: str) -> str:
         """Take one action in the environment (one turn of the episode).
@@ -258,46 +285,53 @@ class ExperienceEnv:
             The next observation, or the outcome once the episode is over.
         """
         if not self._open:
-            return OVER.format(outcome="success" if self._success else "failure")
-        return self._step(str(action))
+            return self._over()
+        return self._step(Answer(str(action), readable=True, tool_call=False))
 
     def get_reward(self) -> float:
         """The rollout's reward; ends the episode (as truncated) when the model stopped before the env did."""
         if self._open:
             self._end()
-        return rollout_reward(self._session.reward, success=self._success, ret=self._return)
+        episode = self._driver.episode
+        if episode is None:
+            return rollout_reward(self._session.reward, success=False, ret=0.0)
+        return rollout_reward(self._session.reward, success=episode.success, ret=episode.ret)
 
     # ------------------------------------------------------------------ what the trainer reads
     @property
     def condition(self) -> str:
         """``"guided"`` or ``"free"``: the condition the episode ran under (its request's, once ended)."""
-        return self._request.condition if self._request is not None else self._condition
+        episode = self._driver.episode
+        return FREE_CONDITION if episode is None else episode.condition
 
     @property
     def request(self) -> DistillationRequest | None:
         """The episode's distillation request once it ended (``None`` before, or when refused)."""
-        return self._request
+        episode = self._driver.episode
+        return None if episode is None else episode.request
 
     @property
     def turns(self) -> int:
         """Env steps taken by the episode (``search_and_ask`` calls included)."""
-        return self._turns
+        episode = self._driver.episode
+        return 0 if episode is None else len(episode.turns)
 
     # ------------------------------------------------------------------ internals
-    def _step(self, action: str) -> str:
-        obs, reward, terminated, truncated, info = self._wrapper.step(action)
-        self._turns += 1
-        self._return += float(reward)
-        if not (terminated or truncated):
-            return with_actions(obs, info)
+    def _step(self, answer: Answer) -> str:
+        shown = self._driver.step(answer)
+        if shown is not None:
+            return shown
         self._open = False
-        self._success = ended_success(info, [self._return], self._wrapper.env_id)
-        self._request = info.get("distillation_request")
-        return f"{obs}\n{OVER.format(outcome='success' if self._success else 'failure')}"
+        return f"{self._driver.observation}\n{self._over()}"
+
+    def _over(self) -> str:
+        episode = self._driver.episode
+        won = episode is not None and episode.success
+        return OVER.format(outcome="success" if won else "failure")
 
     def _end(self) -> None:
         self._open = False
-        self._request = self._wrapper.end_episode()
+        self._driver.end()
 
 
 class SearchAndAskEnv(ExperienceEnv):
@@ -313,11 +347,12 @@ class SearchAndAskEnv(ExperienceEnv):
             The advice found for the query, followed by the current observation.
         """
         if not self._open:
-            return OVER.format(outcome="success" if self._success else "failure")
-        return self._step(f"search_and_ask[{query}]")
+            return self._over()
+        return self._step(Answer(f"search_and_ask[{query}]", readable=True, tool_call=True))
 
 
 __all__ = [
     "DEFAULT_INSTRUCTION", "EXPERIENCE_VALUES", "SPLIT", "EndStepCallback", "ExperienceEnv",
-    "SearchAndAskEnv", "TRLExperience", "dataset_rows",
+    "split_conditions",
+    "SearchAndAskEnv", "TRLExperience", "TRLRow", "dataset_rows",
 ]

@@ -32,12 +32,17 @@ Actions and observations are recorded as text. At episode end (not per step) a v
 not ``str`` is converted — a numpy scalar or 0-d array to its Python value's ``str``, bytes
 decoded as UTF-8 with replacement, a number to its ``str`` — or, for ``None``, arrays and
 other objects, the request is refused: nothing is submitted, ``info["distillation_request"]``
-is ``None`` and ``info["experience_error"]`` names the turn and the value. A request the client
-rejects as malformed (``TypeError`` / ``ValueError``, see :data:`MALFORMED_ERRORS`) is logged
-and dropped, never retried; both count in ``rejected_count``. An outage
-(``ExperienceUnavailable``, a transport error) keeps the request for a later retry. (A
-``RemoteClient``'s submit only buffers, so it never raises for an outage: the client retries
-and spills to its own file, see :class:`~crl_gym.clients.RemoteClient`.)
+is ``None`` and ``info["experience_error"]`` names the turn and the value.
+
+The wrapper injects experience and emits requests; it does not deliver them. Each request goes to
+its outbox, a :class:`~crl_gym.clients.keeping.KeepingClient` over the client (``spill_path`` and
+``max_unsent`` configure it), the one place besides ``RemoteClient``'s own outbox that retries,
+keeps or spills a request: a request the client rejects as malformed (``TypeError`` /
+``ValueError``, see :data:`MALFORMED_ERRORS`) is dropped, never retried; an outage
+(``ExperienceUnavailable``, a transport error) keeps it for a later retry. The wrapper reports
+what happened (``rejected_count``, ``error_count``, ``info["experience_error"]``). (A
+``RemoteClient``'s submit only buffers, so it never raises for an outage: the client retries and
+spills to its own file, see :class:`~crl_gym.clients.RemoteClient`.)
 
 >>> from crl_gym.clients import LocalClient
 >>> from crl_gym.experience.bank import ExperienceBank
@@ -59,16 +64,21 @@ and spills to its own file, see :class:`~crl_gym.clients.RemoteClient`.)
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypedDict
 
 import gymnasium as gym
 
-from crl_gym import spill
-from crl_gym.errors import ProcessBoundaryError
+from crl_gym.clients.keeping import (
+    MALFORMED_ERRORS,
+    KeepingClient,
+    Offered,
+    malformed,
+    reraise_misuse,
+)
 from crl_gym.protocol import (
     CONDITIONS,
     FREE_CONDITION,
@@ -120,27 +130,17 @@ DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
 
 _OWN_OPTIONS = ("experience", "prefetched", "rollout_step", "meta")
 
-MALFORMED_ERRORS: tuple[type[BaseException], ...] = (TypeError, ValueError, RecursionError)
-"""What a client raises for a request it cannot take as it is (it fails to serialise, the server
-answers 4xx): logged, counted in ``rejected_count`` and dropped, because a retry would fail the
-same way and hold up every request queued behind it. Anything else (``ExperienceUnavailable``,
-a transport error) is an outage: the request is kept and retried. So is a ``PermissionError``
-(``ExperienceAuthError``, also a ``ValueError``): a wrong token is the client's fault, not the
-request's, and the request must survive until it is fixed."""
+class FlushReport(TypedDict):
+    """What :meth:`ExperienceWrapper.flush_experience` reports."""
+
+    kept: int
+    """Requests still kept by the wrapper's outbox."""
+    undelivered: str | None
+    """The flush error's message, or None."""
 
 
-def _malformed(exc: BaseException) -> bool:
-    """Whether ``exc`` from ``client.submit`` rejects the request itself (see :data:`MALFORMED_ERRORS`).
-    A client used across a process boundary is neither: it is raised (see :func:`_reraise_misuse`)."""
-    _reraise_misuse(exc)
-    return isinstance(exc, MALFORMED_ERRORS) and not isinstance(exc, PermissionError)
-
-
-def _reraise_misuse(exc: BaseException) -> None:
-    """Raise ``exc`` when it is a :class:`ProcessBoundaryError` (a ``LocalClient`` in a worker
-    process): running on free would hide a setup that never reaches the service."""
-    if isinstance(exc, ProcessBoundaryError):
-        raise exc
+_malformed = malformed  # the outbox's rule (crl_gym.clients.keeping), under its old name here
+_reraise_misuse = reraise_misuse
 
 
 def require_gym_env(env: object, wrapper: str) -> None:
@@ -173,7 +173,8 @@ def require_gym_env(env: object, wrapper: str) -> None:
     raise TypeError(f"{wrapper} wraps a gymnasium.Env, got {name}; {hint}")
 
 
-__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper", "require_gym_env"]
+__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper",
+           "FlushReport", "require_gym_env"]
 
 
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -275,15 +276,16 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.success_rule = success_rule
         # a rule the user declared (threshold or callable) is applied without a warning
         self._rule_declared = success_reward is not None or success_rule is not None
-        self.spill_path = Path(spill_path) if spill_path is not None else None
-        self.unsent: deque[DistillationRequest] = deque()
-        self.max_unsent = max_unsent
+        self.outbox = KeepingClient(self.client, spill_path=spill_path, max_unsent=max_unsent)
+        """Where the episodes' requests go: it retries, keeps and spills what the client could
+        not take (:class:`~crl_gym.clients.keeping.KeepingClient`); the wrapper only reports it."""
         self.error_count = 0
         """Client outages seen by this wrapper (search or submit)."""
         self.rejected_count = 0
         """Requests dropped as malformed: refused here (an action or observation with no text
         form) or by the client (see :data:`MALFORMED_ERRORS`); each one is logged."""
         self.episodes_submitted = 0
+        self._outbox_seen = 0
         # Flat [obs0, action1, reward1, info1, obs1, action2, ...]: extend() with a temporary
         # tuple leaves no new GC-tracked object per step (a tuple or Step per step would make
         # the cyclic GC walk a trainer's whole heap more often).
@@ -306,7 +308,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._condition: str = FREE_CONDITION
         self._seed: int | None = None
         self._rollout_step: int | None = None
-        self._meta: dict[str, Any] | None = None
+        self._meta: dict[str, object] | None = None
         self._errors: list[str] = []
         self._carry: AutoresetCarry | None = None
         """The last explicit reset's seed and options, for the episodes after it (vector autoreset)."""
@@ -373,8 +375,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return obs, info
 
     def _parse_options(
-        self, options: dict[str, Any] | None,
-    ) -> tuple[str, ExperienceRef | None, bool, int | None, dict[str, Any] | None]:
+        self, options: dict[str, object] | None,
+    ) -> tuple[str, ExperienceRef | None, bool, int | None, dict[str, object] | None]:
         if not options:
             return self.default_condition, None, False, None, options
         if not isinstance(options, dict):
@@ -413,7 +415,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 return self._guide_turn(obs, turn, info), reward, terminated, truncated, info
         return out  # the env's own tuple: no repacking on the common turn
 
-    def _guide_turn(self, obs: Any, turn: int, info: dict[str, Any], display: Any = None) -> Any:
+    def _guide_turn(self, obs: Any, turn: int, info: dict[str, object], display: Any = None) -> Any:
         """``obs`` with the entry found for it (fitted to the space) in front (per-turn retrieval);
         the entry goes to ``info["turn_experience"]`` (a caller that writes its own request of a
         cut episode reads it there)."""
@@ -429,7 +431,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info["turn_experience"] = {"id": e.id, "text": e.text, "version": e.version}
         return shown
 
-    def show_turn_entry(self, entry: ExperienceRef | None, info: dict[str, Any] | None = None) -> Any:
+    def show_turn_entry(self, entry: ExperienceRef | None,
+                        info: dict[str, object] | None = None) -> Any:
         """The observation of a deferred turn (``defer_turn_search``) with ``entry`` in front of it,
         the caller's search result for ``info["turn_query"]`` (None: the bank had nothing, or the
         search failed). ``info`` (the step's) gets ``"turn_experience"`` as in a turn searched here."""
@@ -441,18 +444,25 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return shown
 
     # ------------------------------------------------------------ episode end
-    def end_episode(self) -> DistillationRequest | None:
+    def end_episode(self, *, meta: Mapping[str, object] | None = None,
+                    success: bool | None = None) -> DistillationRequest | None:
         """End the open episode without a step, for a caller that stops before the env ends it
-        (a TRL rollout whose model stopped calling the action tool): its request is built and
-        submitted as at a truncation, with the last step's ``success`` (``False`` when it has none).
+        (a TRL rollout whose model stopped calling the action tool, a loop's turn cap): its request
+        is built and submitted as at a truncation, with ``success`` (default: the last step's
+        ``success``, ``False`` when it has none) and ``meta`` added to the request's ``meta`` (a
+        cut's reason: ``{"turn_cap": True}``).
 
         Returns the request; ``None`` when no episode is open or its record was refused.
         """
         records = self._records
         if records is None:
             return None
-        last = records[-2] if len(records) > 1 and isinstance(records[-2], dict) else {}
-        info = self._finish({"success": bool(last.get("success", False)), "ended_by_caller": True})
+        if success is None:
+            last = records[-2] if len(records) > 1 and isinstance(records[-2], dict) else {}
+            success = bool(last.get("success", False))
+        if meta:
+            self._meta = {**(self._meta or {}), **meta}
+        info = self._finish({"success": success, "ended_by_caller": True})
         request: DistillationRequest | None = info["distillation_request"]
         return request
 
@@ -501,46 +511,37 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info["experience_error"] = "; ".join(self._errors)
         return info
 
+    @property
+    def client(self) -> ExperienceClient:
+        """The experience client (searches here; requests through :attr:`outbox`)."""
+        return self._client
+
+    @client.setter
+    def client(self, client: ExperienceClient) -> None:
+        self._client = client
+        outbox: KeepingClient | None = self.__dict__.get("outbox")
+        if outbox is not None:  # a client swapped in later (a service restarted) delivers too
+            outbox.client = client
+
+    # the outbox's state, under the wrapper's old names
+    @property
+    def unsent(self) -> deque[DistillationRequest]:
+        """Requests kept in memory for a retry (the outbox's)."""
+        return self.outbox.unsent
+
+    @property
+    def spill_path(self) -> Path | None:
+        return self.outbox.spill_path
+
+    @property
+    def max_unsent(self) -> int:
+        return self.outbox.max_unsent
+
     def _submit(self, request: DistillationRequest) -> None:
-        """Submit ``request`` after any older unsent ones, in order.
-
-        On failure the request is kept: appended to ``spill_path`` when one is set (a durable
-        file to import later, e.g. a training run's ``unsent_requests.jsonl``), else queued in
-        memory and retried at the next episode end or by :meth:`retry_unsent`.
-        """
-        if self.unsent and self.retry_unsent() > 0:
-            self._keep(request)  # the client is still down: do not try again right away
-            return
-        try:
-            self.client.submit(request)
-        except Exception as exc:  # noqa: BLE001 - keep the request, never lose the episode
-            if _malformed(exc):
-                self._reject(f"submit of request {request.request_id} was rejected ({type(exc).__name__}: {exc})")
-            else:
-                self._note_error("submit", exc)
-                self._keep(request)
-            return
-        self.episodes_submitted += 1
-
-    def _keep(self, request: DistillationRequest) -> None:
-        if self.spill_path is not None:
-            try:
-                line = json.dumps(request.to_dict(), ensure_ascii=False)
-            except MALFORMED_ERRORS as exc:
-                self._reject(f"request {request.request_id} cannot be spilled ({type(exc).__name__}: {exc})")
-                return
-            try:
-                spill.append(self.spill_path, [line])
-                return
-            except OSError as exc:
-                logger.error("experience: cannot spill request %s to %s (%s); keeping it in memory", request.request_id, self.spill_path, exc)
-        self.unsent.append(request)
-        if len(self.unsent) > self.max_unsent:
-            dropped = self.unsent.popleft()
-            logger.error(
-                "experience: more than %d unsent requests; request %s survives only in info['distillation_request']",
-                self.max_unsent, dropped.request_id,
-            )
+        """Hand ``request`` to the outbox (which keeps it when the client is down: a spill file
+        when ``spill_path`` is set, else memory, retried at the next episode end or by
+        :meth:`retry_unsent`) and report what happened in the episode's ``info``."""
+        self._report(self.outbox.offer(request))
 
     def retry_unsent(self) -> int:
         """Submit the requests kept in memory, oldest first; returns how many are still unsent.
@@ -548,22 +549,22 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         A request the client rejects as malformed is dropped (counted in ``rejected_count``)
         and the next one is tried: it must not hold up the requests queued behind it.
         """
-        while self.unsent:
-            request = self.unsent[0]
-            try:
-                self.client.submit(request)
-            except Exception as exc:  # noqa: BLE001
-                if not _malformed(exc):
-                    self._note_error("submit", exc)
-                    break
-                self.unsent.popleft()
-                self._reject(f"submit of kept request {request.request_id} was rejected ({type(exc).__name__}: {exc})")
-                continue
-            self.unsent.popleft()
-            self.episodes_submitted += 1
-        return len(self.unsent)
+        offered = self.outbox.retry()
+        self._report(offered)
+        return offered.still_unsent
 
-    def flush_experience(self, timeout: float | None = None) -> dict[str, Any]:
+    def _report(self, offered: Offered) -> None:
+        sent_before = self.episodes_submitted
+        self.episodes_submitted = sent_before + (self.outbox.submitted - self._outbox_seen)
+        self._outbox_seen = self.outbox.submitted
+        for message in offered.outages:
+            self.error_count += 1
+            self._errors.append(message)
+            logger.warning("experience: %s (episode continues)", message)
+        for message in offered.rejections:
+            self._reject(message)
+
+    def flush_experience(self, timeout: float | None = None) -> FlushReport:
         """Retry the requests kept here, then wait until the client has delivered every request
         submitted in this process (``client.flush``). A vector env calls it in each of its copies
         before the driver closes the step (``envs.call("flush_experience")``, or
@@ -603,7 +604,7 @@ def _task_text(value: object) -> str:
         return str(value)
 
 
-def _request_meta(options: dict[str, Any] | None) -> dict[str, Any] | None:
+def _request_meta(options: Mapping[str, object] | None) -> dict[str, object] | None:
     """``options["meta"]``: what the caller wants the episode's request to carry (e.g. the gate's verdict)."""
     meta = options.get("meta") if options else None
     if meta is not None and not isinstance(meta, dict):

@@ -36,15 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from crl_gym.integrations.trl import SPLIT
-from crl_gym.protocol import CONDITIONS, Condition
+from crl_gym.integrations.trl import split_conditions
 from crl_train.algorithms import sequence_weights, split_subgroup_advantages
 from crl_train.algorithms.advantages import FREE, GUIDED
 from crl_train.rollout.contract import (
     CONDITION_IDS,
     ActorSide,
     Outcomes,
-    condition_of,
     trained_advantages,
 )
 
@@ -104,28 +102,6 @@ def trl_advantages(
     if bool(ok.any()):
         scale[ok] = n * sequence_weights(group_index.cpu()[ok], condition.cpu()[ok] if by_condition else None)
     return adv * scale.to(device=adv.device, dtype=adv.dtype)
-
-
-def split_conditions(experience: list[object], positions: list[int], num_generations: int, *,
-                     guided: bool = True) -> list[Condition]:
-    """The condition of each generation: a ``"split"`` (or missing) row's first ``num_generations // 2``
-    copies are guided, the rest free (every copy free when not ``guided``: a method without
-    experience; :func:`crl_train.rollout.contract.condition_of`); ``"guided"`` / ``"free"`` rows keep theirs.
-
-    >>> split_conditions(["split"] * 4 + ["free", None], [0, 1, 2, 3, 0, 1], 4)
-    ['guided', 'guided', 'free', 'free', 'free', 'guided']
-    >>> split_conditions(["split"] * 2, [0, 1], 2, guided=False)
-    ['free', 'free']
-    """
-    out: list[Condition] = []
-    for value, j in zip(experience, positions, strict=True):
-        if value is None or value == SPLIT:
-            out.append(condition_of(j, num_generations, guided=guided))
-        elif value in CONDITIONS:
-            out.append(value)
-        else:
-            raise ValueError(f"a row's experience must be 'split', {' or '.join(map(repr, CONDITIONS))}, got {value!r}")
-    return out
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ with verl_required(__name__):
     from verl.trainer.ppo.v1.trainer_base import register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from crl_gym.integrations.verl.rows import task_rows
+from crl_gym.integrations.verl.rows import TaskRow, task_rows
 from crl_gym.integrations.verl.service import service_client
 from crl_train.rollout.contract import (
     ActorSide,
@@ -94,7 +94,7 @@ def method_named(name: str, config_path: str | None = None) -> ActorSide:
 
 
 def rows_for(seeds: Sequence[int], method: ActorSide | None = None, *, evaluation: bool = False,
-             **kwargs: Any) -> list[dict[str, Any]]:
+             **kwargs: Any) -> list[TaskRow]:
     """The dataset rows for ``seeds`` under ``method``: two per task (the contract's
     :func:`~crl_train.rollout.contract.condition_of` over two rows: guided, free) for a guided
     method, one free row per task otherwise. Run each row :func:`rollout_n` times.

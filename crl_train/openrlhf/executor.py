@@ -18,7 +18,8 @@ concurrently on the engine's event loop and share one label. Here:
 * **Our wrappers do the experience work**: :class:`~crl_gym.wrappers.ExperienceWrapper` injects the
   retrieved entry into a guided episode's first observation and submits its distillation request
   when the env ends it; :class:`~crl_gym.wrappers.SearchAndAskWrapper` answers ``search_and_ask``.
-  An episode the executor cuts (turn cap, context) submits its own request (awaited, not blocking).
+  An episode the executor cuts (turn cap, context) is ended by its
+  :class:`~crl_gym.episode.EpisodeDriver`, whose wrapper submits its request (in the thread pool).
   The trainer (``crl_train.openrlhf.steps``) calls ``end_step`` after each update.
 * **Caps are ours.** OpenRLHF overwrites ``sampling_params.max_tokens`` with the remaining
   ``max_length`` budget each turn and has no turn limit; :meth:`AgentExecutor.execute` gives each
@@ -41,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,21 +53,18 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from crl_gym.experience.prompts import truncate_middle
+from crl_gym.episode import Episode, EpisodeDriver, EpisodeSpec, system_text
+from crl_gym.episode.prompt import first_messages, plain_messages
 from crl_gym.protocol import (
     CONDITIONS,
     GUIDED_CONDITION,
     DistillationRequest,
     ExperienceRef,
-    Step,
     TurnGuidance,
 )
-from crl_gym.templates import SYSTEM_REACT
-from crl_gym.wrappers.success import ended_success
 from crl_train.config import TrainConfig
 from crl_train.openrlhf.tasks import ConditionAssigner, TaskLabel
-from crl_train.policy.chat import ChatFormatter, parse_action
-from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, shown_turn_entry, user_text
+from crl_train.policy.chat import ChatFormatter
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -190,7 +189,12 @@ class EpisodeRuntime:
             self.counters[key] += 1
 
     async def submit(self, request: DistillationRequest) -> None:
-        """Hand a cut episode's request to the service without blocking the loop (failures logged)."""
+        """Deprecated: a cut episode's request is submitted by its env's wrapper (the episode
+        driver's ``cut``). Hands ``request`` to the service without blocking the loop (failures
+        logged)."""
+        warnings.warn("EpisodeRuntime.submit is deprecated: the episode driver's cut() has the "
+                      "env's wrapper submit a cut episode's request", DeprecationWarning,
+                      stacklevel=2)
         if self.client is None:
             return
         try:
@@ -241,7 +245,9 @@ def set_default_runtime(runtime: EpisodeRuntime | None) -> None:
 
 
 class CRLAgentInstance(AgentInstanceBase):
-    """One episode of our env behind OpenRLHF's ``reset`` / ``step`` protocol (see the module docstring).
+    """One episode of our env behind OpenRLHF's ``reset`` / ``step`` protocol (see the module
+    docstring): a translation between OpenRLHF's texts and an
+    :class:`~crl_gym.episode.EpisodeDriver`, which plays the episode.
 
     ``__init__`` is synchronous and cheap (OpenRLHF builds one per sample); the env is taken from
     the runtime's pool in :meth:`reset`.
@@ -256,20 +262,55 @@ class CRLAgentInstance(AgentInstanceBase):
         self.tokenizer = tokenizer
         self.task: TaskLabel | None = None
         self.env: Any = None
-        self.task_text = ""
-        self.observation = ""
-        self.admissible: list[str] = []
-        self.experience: ExperienceRef | None = None
-        self.turn_experience: list[TurnGuidance] = []
-        self.steps: list[Step] = []
-        self.turns = 0
-        self.search_calls = 0
-        self.reward = 0.0
-        self.success = False
-        self.done = False
+        self.driver: EpisodeDriver | None = None
         self.error: str | None = None
-        self.cut_reason: str | None = None
-        self.request: DistillationRequest | None = None
+        self.done = False
+
+    # ------------------------------------------------------------------ what the episode did
+    @property
+    def episode(self) -> Episode | None:
+        """The driver's episode (None before :meth:`reset` took an env)."""
+        return None if self.driver is None else self.driver.episode
+
+    @property
+    def task_text(self) -> str:
+        return self.episode.task if self.episode is not None else ""
+
+    @property
+    def admissible(self) -> list[str]:
+        return self.episode.admissible if self.episode is not None else []
+
+    @property
+    def experience(self) -> ExperienceRef | None:
+        return self.episode.experience if self.episode is not None else None
+
+    @property
+    def turn_experience(self) -> list[TurnGuidance]:
+        return self.episode.turn_experience if self.episode is not None else []
+
+    @property
+    def turns(self) -> int:
+        return len(self.episode.turns) if self.episode is not None else 0
+
+    @property
+    def search_calls(self) -> int:
+        return self.episode.search_calls if self.episode is not None else 0
+
+    @property
+    def reward(self) -> float:
+        return self.episode.ret if self.episode is not None else 0.0
+
+    @property
+    def success(self) -> bool:
+        return self.episode is not None and self.episode.success and self.error is None
+
+    @property
+    def cut_reason(self) -> str | None:
+        return self.episode.cut if self.episode is not None else None
+
+    @property
+    def request(self) -> DistillationRequest | None:
+        return self.episode.request if self.episode is not None else None
 
     # ------------------------------------------------------------------ protocol
     async def reset(self, states: dict[str, Any], **kwargs: object) -> dict[str, Any]:
@@ -284,23 +325,18 @@ class CRLAgentInstance(AgentInstanceBase):
         try:
             self.task = TaskLabel.parse(label)
             self.env = await rt.run(rt.acquire_env, self.task.env_id)
-            options = {"experience": self.condition} if rt.guided else None
-            obs, info = await rt.run(self.env.reset, seed=self.task.seed, options=options)
+            self.driver = EpisodeDriver(self.env, max_turns=rt.cfg.env.max_turns)
+            spec = EpisodeSpec(self.task.env_id, self.task.seed, self.condition)
+            first = await rt.run(self.driver.reset, spec)
         except Exception as exc:  # noqa: BLE001 - see the module docstring
             self._fail("reset", exc)
             text = f"The environment failed to start ({type(exc).__name__}). Answer with any action."
             return {"observation": self._render_first(text)}
-        self.task_text = str(info.get("task") or obs)
-        self.admissible = [str(a) for a in info.get("admissible_actions") or []]
-        exp = info.get("experience")
-        self.experience = ExperienceRef.from_dict(exp) if isinstance(exp, dict) else None
-        self._note_turn_entry(info, 0)
-        self.observation = str(obs)
-        return {"observation": self._render_first(self._user_text(self.observation))}
+        return {"observation": self._render_first(first)}
 
     async def step(self, states: dict[str, Any], **kwargs: object) -> dict[str, Any]:
         """One env turn on the model's ``action_text``: the next user turn as ``environment_feedback``."""
-        if self.done:  # failed at reset: this turn's text is not an action
+        if self.done or self.driver is None:  # failed at reset: this turn's text is not an action
             return self._result("")
         text = str(states.get("action_text", ""))
         eos = str(getattr(self.tokenizer, "eos_token", None) or "")
@@ -308,56 +344,34 @@ class CRLAgentInstance(AgentInstanceBase):
         if after_eos is None:
             after_eos = bool(eos) and text.endswith(eos)
         clean = text[: -len(eos)] if eos and text.endswith(eos) else text
-        action = parse_action(clean) or clean.strip()
         try:
-            obs, reward, terminated, truncated, info = await self.runtime.run(self.env.step, action)
+            await self.runtime.run(self.driver.act, clean)
         except Exception as exc:  # noqa: BLE001 - see the module docstring
             self._fail("step", exc)
             return self._result("")
-        kind = "search_and_ask" if info.get("search_and_ask") is not None else "env"
-        self.turns += 1
-        self.search_calls += kind == "search_and_ask"
-        self.reward += float(reward)
-        self.steps.append(Step(observation=truncate_middle(self.observation, MAX_OBS_CHARS), action=action,
-                               reward=float(reward), kind=kind))  # type: ignore[arg-type]
-        self.admissible = [str(a) for a in info.get("admissible_actions") or self.admissible]
-        self.observation = str(obs)
-        self._note_turn_entry(info, self.turns)
-        if terminated or truncated:
-            self.success = ended_success(info, [st.reward for st in self.steps], (self.task or TaskLabel("?", -1)).env_id)
-            req = info.get("distillation_request")
-            self.request = req if isinstance(req, DistillationRequest) else None
+        episode = self.driver.episode
+        assert episode is not None
+        if episode.done:
+            if episode.cut == "turn_cap":
+                self.runtime.count("turn_caps")
             self._finish()
             return self._result("")
-        if self.turns >= self.runtime.cfg.env.max_turns:
-            await self.cut("turn_cap")
-            return self._result("")
-        feedback = self.runtime.chat(self.tokenizer).user_turn_text(self._user_text(self.observation),
-                                                                    after_eos=bool(after_eos))
+        shown = self.driver.observe()
+        assert shown is not None
+        chat = self.runtime.chat(self.tokenizer)
+        feedback = chat.user_turn_text(shown, after_eos=bool(after_eos))
         return self._result(feedback)
 
     # ------------------------------------------------------------------ ending
     async def cut(self, reason: str) -> None:
-        """End the episode here as a failure (``turn_cap`` / ``context_truncated``) and submit its request:
-        the env did not finish it, so no wrapper did."""
+        """End the episode here as a failure (``turn_cap`` / ``context_truncated``): the driver
+        has the env's wrapper submit its request (the env did not end it)."""
         if self.done:
             return
-        self.cut_reason = reason
         self.runtime.count("turn_caps" if reason == "turn_cap" else "context_truncations")
-        self.success = False
-        if self.runtime.guided and self.task is not None:
-            self.request = cut_request(task=self.task_text, steps=self.steps, outcome=self.reward,
-                                       experience=self.experience, condition=self.condition,
-                                       env_id=self.task.env_id, seed=self.task.seed, reasons={reason: True},
-                                       turn_experience=self.turn_experience)
-            await self.runtime.submit(self.request)
+        if self.driver is not None:
+            await self.runtime.run(self.driver.cut, reason)
         self._finish()
-
-    def _note_turn_entry(self, info: dict[str, Any], turn: int) -> None:
-        """Keep the entry per-turn retrieval showed with this observation, for a cut episode's request."""
-        shown = shown_turn_entry(info, turn)
-        if shown is not None:
-            self.turn_experience.append(shown)
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.error = f"{where}: {type(exc).__name__}: {exc}"
@@ -365,7 +379,6 @@ class CRLAgentInstance(AgentInstanceBase):
         task = self.task or TaskLabel("?", -1)
         log.warning("episode env=%s seed=%s %s: %s failed and ends as a failure (not trained on): %s",
                     task.env_id, task.seed, self.condition, where, exc)
-        self.success = False
         self._finish(broken=True)
 
     def _finish(self, *, broken: bool = False) -> None:
@@ -375,12 +388,10 @@ class CRLAgentInstance(AgentInstanceBase):
         self.env = None
 
     # ------------------------------------------------------------------ texts
-    def _render_first(self, user_text: str) -> str:
+    def _render_first(self, user: str) -> str:
         chat = self.runtime.chat(self.tokenizer)
-        return chat.render([{"role": "system", "content": SYSTEM_REACT}, {"role": "user", "content": user_text}])
-
-    def _user_text(self, obs: str) -> str:
-        return user_text(obs, self.admissible)
+        system = self.driver.system if self.driver is not None else system_text()
+        return chat.render(plain_messages(first_messages(system, user)))
 
     def extra_logs(self) -> dict[str, float]:
         return {"crl_guided": float(self.condition == GUIDED_CONDITION), "crl_experience": float(self.experience is not None),

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
+from crl_gym.episode.prompt import ACTIONS_LINE
 from crl_gym.templates import EXPERIENCE_TEMPLATE, GUIDED_OBSERVATION_TEMPLATE
 
 from .base import (
@@ -90,7 +91,7 @@ observation (reading too little is safe; reading too much would not be)."""
 RNG_FILE, RNG_KEY = "reader_rng.safetensors", "rng_state"
 """A checkpoint's only tensor: the fallback generator's state (``model/reader_rng.safetensors``)."""
 _USER_OPEN, _ASSISTANT_OPEN, _TURN_END = "<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_end|>"
-_VALID_ACTIONS = "\nValid actions: "  # crl_train.rollout.rules.user_text, for an unconstrained runner
+_VALID_ACTIONS = ACTIONS_LINE  # the episode driver's actions line, for an unconstrained runner
 
 
 class ReaderNotTrainable(RuntimeError):

@@ -3,8 +3,9 @@ executor and TRL's trainer each call this module, so ``--method`` means the same
 
 Three rules, written once:
 
-* **Which copies of a group are guided** (:func:`condition_of`): the first K/2 of the K copies of a
-  task, when the method is guided; every copy is free otherwise.
+* **Which copies of a group are guided** (:func:`condition_of`, the episode driver's:
+  :func:`crl_gym.episode.condition_of`): the first K/2 of the K copies of a task, when the method
+  is guided; every copy is free otherwise.
 * **What a rollout hands a method**: :class:`Outcomes`, the ``[N]`` tensors that advantages and
   train masks read (a loop without episode objects, OpenRLHF's experience maker or TRL's trainer,
   hands these), and :class:`Rollout`, the same tensors with the episodes they were computed from (our
@@ -26,22 +27,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from crl_gym.episode import condition_of
 from crl_gym.protocol import CONDITIONS, FREE_CONDITION, GUIDED_CONDITION, Condition
 from crl_train.algorithms.advantages import FREE, GUIDED
 
 if TYPE_CHECKING:
-    from crl_train.rollout.runner import Episode
+    from crl_train.rollout.episode import Episode
 
 CONDITION_IDS: dict[Condition, int] = {GUIDED_CONDITION: GUIDED, FREE_CONDITION: FREE}
 """A condition's id in a ``condition`` tensor (``crl_train.algorithms``: GUIDED 0, FREE 1)."""
-
-
-def condition_of(copy: int, group_size: int, *, guided: bool = True) -> Condition:
-    """The condition of copy ``copy`` (counted from 0; ``copy mod group_size`` is its place in its group):
-    guided for the first ``group_size // 2`` copies of each group when ``guided``, else free."""
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    return GUIDED_CONDITION if guided and copy % group_size < group_size // 2 else FREE_CONDITION
 
 
 def condition_ids(conditions: Sequence[str]) -> torch.Tensor:

@@ -1,9 +1,8 @@
-"""The episode rules both rollout backends follow: what the actor reads each turn, and the request
-of an episode the trainer cut (turn cap, context limit) rather than its env.
-
-One owner for :class:`~crl_train.rollout.runner.RolloutRunner` (the ``hf`` backend) and
-:mod:`crl_train.openrlhf.executor` (OpenRLHF's agent mode), so both show the same text and send
-the service the same request.
+"""Deprecated home of the episode rules: what the actor reads each turn is
+:mod:`crl_gym.episode.prompt`'s (``user_text``, ``MAX_OBS_CHARS``, re-exported here), and the
+request of an episode a loop cuts is written by the env's wrapper
+(:meth:`crl_gym.episode.EpisodeDriver.cut`). :func:`cut_request` and :func:`shown_turn_entry`
+stay one release for callers outside the project.
 
 >>> user_text("abcdefghij", ["north", "south"], max_obs_chars=7)
 'ab … ij\\nValid actions: north, south'
@@ -16,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crl_gym.experience.prompts import truncate_middle
+from crl_gym.episode.driver import CUT_REASONS as DRIVER_CUT_REASONS
+from crl_gym.episode.prompt import MAX_OBS_CHARS, user_text
 from crl_gym.protocol import (
     FREE_CONDITION,
     GUIDED_CONDITION,
@@ -27,20 +27,8 @@ from crl_gym.protocol import (
     TurnGuidance,
 )
 
-MAX_OBS_CHARS = 4000
-"""Observations are shortened to this many characters (middle elided) before the actor reads them."""
-
-CUT_REASONS: tuple[str, ...] = ("turn_cap", "context_truncated")
+CUT_REASONS: tuple[str, ...] = DRIVER_CUT_REASONS
 """Why the trainer ends an episode its env did not: the turn cap, or a next turn that would not fit."""
-
-def user_text(obs: object, admissible: Sequence[str], *, constrained: bool = False,
-              max_obs_chars: int = MAX_OBS_CHARS) -> str:
-    """The user turn of an observation: shortened to ``max_obs_chars``, followed by the admissible
-    actions unless decoding is constrained to them (then the trie shows them instead)."""
-    text = truncate_middle(str(obs), max_obs_chars)
-    if admissible and not constrained:
-        return f"{text}\nValid actions: {', '.join(admissible)}"
-    return text
 
 
 def shown_turn_entry(info: Mapping[str, Any], turn: int) -> TurnGuidance | None:

@@ -4,12 +4,16 @@ Order of a rollout step (``RolloutRunner.collect``):
 
 1. every free copy is reset with its task's seed; the task text comes from ``info["task"]``;
 2. the guided halves are prefetched with ONE ``client.search_many`` over the task texts of all
-   groups, then reset with ``options={"experience": "guided", "prefetched": entry}``;
+   groups (the driver's :func:`~crl_gym.episode.search_entries`), then reset with the entry in
+   their :class:`~crl_gym.episode.EpisodeSpec`;
 3. all live episodes advance together: one ``policy.generate`` call per turn over every
    unfinished episode (constrained to ``info["admissible_actions"]`` through a token trie when
    ``constrained``), then one ``env.step`` each.
 
-Every :class:`Episode` keeps its token ids, loss mask (1 only on the agent's own tokens), old
+Each episode is played by an :class:`~crl_gym.episode.EpisodeDriver` (its prompts, the reading of
+its answers, its turn cap and its request, the same as in every training loop); the runner keeps
+the batched generation and the tokens. Every :class:`Episode` keeps its token ids, loss mask (1
+only on the agent's own tokens), old
 log-probs and constraints (a :class:`~crl_train.policy.base.TokenSequence`), its turn count, the
 entry it saw and its distillation request.
 
@@ -26,34 +30,39 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from crl_gym.episode import (
+    MAX_OBS_CHARS,
+    EpisodeDriver,
+    EpisodeSpec,
+    condition_of,
+    first_messages,
+    plain_messages,
+    search_entries,
+    search_turns,
+)
 from crl_gym.protocol import (
     FREE_CONDITION,
     GROUP_COPY,
     GROUP_SIZE,
     GUIDED_CONDITION,
-    Condition,
     DistillationRequest,
     ExperienceRef,
     Step,
-    TurnGuidance,
 )
-from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
-from crl_gym.wrappers.success import ended_success
+from crl_gym.templates import SEARCH_ACTION
 from crl_train.policy.base import Generation, Policy, TokenSequence
-from crl_train.policy.chat import parse_action
-from crl_train.rollout.contract import condition_of
-from crl_train.rollout.rules import MAX_OBS_CHARS, cut_request, shown_turn_entry, user_text
+from crl_train.rollout.episode import Episode, Turn
+from crl_train.rollout.rules import cut_request, shown_turn_entry
 
 if TYPE_CHECKING:
-    import gymnasium as gym
-
     from crl_gym.clients import ExperienceClient
 
 log = logging.getLogger(__name__)
+
 
 class EntryGate(Protocol):
     """What the runner asks of an entry gate (``crl_train.methods.gate.ActorCriticGate``)."""
@@ -67,51 +76,10 @@ class EntryGate(Protocol):
         ...
 
 
-@dataclass
-class Turn:
-    """One generation and the context tokens that followed it (for rebuilding a sequence)."""
-
-    generation: Generation
-    context_ids: list[int]
-    kind: str = "env"
-
-
-@dataclass
-class Episode:
-    """One rollout of the batch."""
-
-    group: int
-    condition: Condition
-    env_id: str
-    seed: int
-    sequence: TokenSequence = field(default_factory=TokenSequence)
-    task: str = ""
-    reward: float = 0.0
-    success: bool = False
-    turns: int = 0
-    num_actions: int = 0
-    experience: ExperienceRef | None = None
-    request: DistillationRequest | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    done: bool = False
-    prompt_ids: list[int] = field(default_factory=list)
-    history: list[Turn] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    admissible: list[str] = field(default_factory=list)
-    search_calls: int = 0
-    request_meta: dict[str, Any] = field(default_factory=dict)
-    """What the episode's request carries in ``meta`` besides the env's own: its place in its group
-    (``GROUP_COPY``, ``GROUP_SIZE``: per-group distillation) and the gate's verdict."""
-    turn_experience: list[TurnGuidance] = field(default_factory=list)
-    """Entries per-turn retrieval showed (``info["turn_experience"]``), for the request of a cut episode."""
-
-    @property
-    def failed_by_error(self) -> bool:
-        return "error" in self.info
-
-
 class RolloutRunner:
-    """Runs groups of episodes with one policy over a pool of (wrapped) envs.
+    """Runs groups of episodes with one policy over a pool of (wrapped) envs: the batched
+    generation and the tokens are the runner's, everything else about an episode is its
+    :class:`~crl_gym.episode.EpisodeDriver`'s (one per env of the pool).
 
     Args:
         policy: the actor (:class:`~crl_train.policy.base.Policy`).
@@ -154,11 +122,14 @@ class RolloutRunner:
         self.search_and_ask = search_and_ask
         self.max_obs_chars = max_obs_chars
         self.episode_search = episode_search
-        self._pool: dict[str, list[Any]] = {}
+        self._pool: dict[str, list[EpisodeDriver]] = {}
         self.errors = 0
         self.context_truncations = 0
         self.malformed_tool_calls = 0
         """Cut-off or malformed ``search_and_ask`` calls answered as a tool error (status ``malformed``)."""
+        self.unreadable_answers = 0
+        """Answers without an action tag, passed to the env whole
+        (:mod:`crl_gym.episode.answer`)."""
         self.search_failures = 0
         self.submit_failures = 0
         self.gate: EntryGate | None = None
@@ -168,74 +139,48 @@ class RolloutRunner:
         self.eos_ids = set(policy.eos_token_ids)
 
     # ------------------------------------------------------------------ envs
-    def _envs(self, env_id: str, n: int) -> list[Any]:
+    def _drivers(self, env_id: str, n: int) -> list[EpisodeDriver]:
         pool = self._pool.setdefault(env_id, [])
         while len(pool) < n:
-            pool.append(self.make_env(env_id))
+            pool.append(EpisodeDriver(self.make_env(env_id), constrained=self.constrained,
+                                      max_turns=self.max_turns, max_obs_chars=self.max_obs_chars))
         return pool[:n]
 
     def close(self) -> None:
         for pool in self._pool.values():
-            for env in pool:
+            for driver in pool:
                 try:
-                    env.close()
+                    driver.env.close()
                 except Exception:  # noqa: BLE001 - closing is best effort
                     log.debug("env close failed", exc_info=True)
         self._pool.clear()
 
-    # --------------------------------------------------------------- prompts
-    def _system(self) -> str:
-        return SYSTEM_CONSTRAINED if self.constrained else SYSTEM_REACT
-
-    def _user_text(self, obs: object, admissible: Sequence[str]) -> str:
-        return user_text(obs, admissible, constrained=self.constrained, max_obs_chars=self.max_obs_chars)
-
-    def _start(self, ep: Episode, obs: object, info: dict[str, Any]) -> None:
-        ep.task = str(info.get("task") or obs)
-        ep.admissible = list(info.get("admissible_actions") or [])
-        exp = info.get("experience")
-        ep.experience = ExperienceRef.from_dict(exp) if isinstance(exp, dict) else None
-        for more in info.get("experience_more") or ():  # entries_per_episode > 1: shown with the first observation
-            ep.turn_experience.append(TurnGuidance(0, ExperienceRef(**more)))
-        _note_turn_entry(ep, info, 0)
-        ep.prompt_ids = self.policy.apply_chat(
-            [{"role": "system", "content": self._system()}, {"role": "user", "content": self._user_text(obs, ep.admissible)}]
-        )
-        ep.sequence.append_context(ep.prompt_ids)
-
-    def _fail(self, ep: Episode, where: str, exc: BaseException) -> None:
-        self.errors += 1
-        ep.info["error"] = f"{where}: {type(exc).__name__}: {exc}"
-        ep.done, ep.success = True, False
-        log.warning("episode env=%s seed=%s %s %s failed and ends as a failure: %s", ep.env_id, ep.seed, ep.condition, where, exc)
-
     # ----------------------------------------------------------------- collect
-    def collect(self, tasks: Sequence[tuple[str, int]], *, guided: bool = True, step: int = 0) -> list[Episode]:
+    def collect(self, tasks: Sequence[tuple[str, int]], *, guided: bool = True,
+                step: int = 0) -> list[Episode]:
         """Run one rollout step: ``tasks`` = [(env_id, seed)] groups of K copies each.
 
         ``guided=False`` runs every copy free (GRPO, or evaluation without experience).
         """
         k = self.group_size
         episodes: list[Episode] = []
-        envs: list[Any] = []
         need: dict[str, int] = {}
         for env_id, _ in tasks:
             need[env_id] = need.get(env_id, 0) + k
         taken: dict[str, int] = dict.fromkeys(need, 0)
-        pools = {env_id: self._envs(env_id, n) for env_id, n in need.items()}
+        pools = {env_id: self._drivers(env_id, n) for env_id, n in need.items()}
         for g, (env_id, seed) in enumerate(tasks):
             for c in range(k):
-                cond = condition_of(c, k, guided=guided)
-                episodes.append(Episode(group=g, condition=cond, env_id=env_id, seed=seed,
+                driver = pools[env_id][taken[env_id]]
+                episodes.append(Episode(group=g, condition=condition_of(c, k, guided=guided),
+                                        env_id=env_id, seed=seed, driver=driver,
                                         request_meta={GROUP_COPY: c, GROUP_SIZE: k}))
-                envs.append(pools[env_id][taken[env_id]])
                 taken[env_id] += 1
         # 1. free copies first: they give the task text of each group
         task_text: dict[int, str] = {}
-        for ep, env in zip(episodes, envs, strict=True):
+        for ep in episodes:
             if ep.condition == FREE_CONDITION:
-                self._reset(ep, env, {"experience": FREE_CONDITION, "rollout_step": step, "meta": ep.request_meta}
-                            if self.client is not None else None)
+                self._reset(ep, self._spec(ep, step))
                 if not ep.failed_by_error:
                     task_text.setdefault(ep.group, ep.task)
         # 2. one batched search for all guided halves
@@ -244,42 +189,41 @@ class RolloutRunner:
         if guided_groups and self.client is not None and self.episode_search:
             queries = [task_text.get(g, "") for g in guided_groups]
             t0 = time.perf_counter()
-            try:
-                refs = self.client.search_many(queries)
-            except Exception as exc:  # noqa: BLE001 - a down manager costs guidance, not the step
-                self.search_failures += 1
-                log.warning("search_many failed (%s); guided copies run without experience", exc)
-                refs = [None] * len(queries)
+            refs, failed = search_entries(self.client, queries)
+            self.search_failures += failed
             self.last_search_s = time.perf_counter() - t0
             prefetched = dict(zip(guided_groups, refs, strict=True))
-        judged = self._judge([ep for ep in episodes if ep.condition == GUIDED_CONDITION], prefetched, task_text)
-        for ep, env in zip(episodes, envs, strict=True):
-            if ep.condition == GUIDED_CONDITION:
-                options: dict[str, Any] = {"experience": GUIDED_CONDITION, "rollout_step": step, "meta": ep.request_meta}
-                if self.episode_search:
-                    options["prefetched"] = prefetched.get(ep.group)
-                if id(ep) in judged:
-                    ep.request_meta["gate"] = judged[id(ep)].meta()
-                    options.update(prefetched=judged[id(ep)].shown, meta=ep.request_meta)
-                self._reset(ep, env, options)
+        guided_eps = [ep for ep in episodes if ep.condition == GUIDED_CONDITION]
+        judged = self._judge(guided_eps, prefetched, task_text)
+        for ep in guided_eps:
+            entry = prefetched.get(ep.group)
+            if id(ep) in judged:
+                ep.request_meta["gate"] = judged[id(ep)].meta()
+                entry = judged[id(ep)].shown
+            self._reset(ep, self._spec(ep, step, entry=entry,
+                                       searched=self.episode_search or id(ep) in judged))
         # 3. advance all together
         for ep in episodes:
             ep.info["rollout_step"] = step
         try:
             while True:
-                live = [(ep, env) for ep, env in zip(episodes, envs, strict=True) if not ep.done]
+                live = [ep for ep in episodes if not ep.done]
                 if not live:
                     break
                 self._turn(live)
                 # a finished episode's kept keys/values are not needed again
-                self.policy.release_cache([id(ep) for ep, _ in live if ep.done])
+                self.policy.release_cache([id(ep) for ep in live if ep.done])
         finally:
             self.policy.release_cache([id(ep) for ep in episodes])
-        self._submit_unfinished(episodes, step)
-        if self.gate is not None and step >= 0:  # held-out episodes do not move the actor's success rates
+        if self.gate is not None and step >= 0:  # held-out episodes do not move the actor's rates
             done = [ep for ep in episodes if not ep.failed_by_error]
             self.gate.observe([ep.task for ep in done], [ep.success for ep in done])
         return episodes
+
+    def _spec(self, ep: Episode, step: int, *, entry: ExperienceRef | None = None,
+              searched: bool = False) -> EpisodeSpec:
+        return EpisodeSpec(ep.env_id, ep.seed, ep.condition, rollout_step=step,
+                           meta=dict(ep.request_meta), prefetched=entry, searched=searched)
 
     def _judge(self, guided: list[Episode], prefetched: dict[int, ExperienceRef | None],
                task_text: dict[int, str]) -> dict[int, Any]:
@@ -287,7 +231,8 @@ class RolloutRunner:
         pairs = [(ep, e) for ep in guided if (e := prefetched.get(ep.group)) is not None]
         if self.gate is None or not pairs:
             return {}
-        verdicts, seconds = self.gate.judge([task_text.get(ep.group, "") for ep, _ in pairs], [e for _, e in pairs])
+        verdicts, seconds = self.gate.judge([task_text.get(ep.group, "") for ep, _ in pairs],
+                                            [e for _, e in pairs])
         out = {}
         for (ep, _), v in zip(pairs, verdicts, strict=True):
             ep.info["gate"] = v.verdict
@@ -295,28 +240,29 @@ class RolloutRunner:
             out[id(ep)] = v
         return out
 
-    def _submit_unfinished(self, episodes: list[Episode], step: int) -> None:
-        """Episodes the trainer cut (turn cap, context limit) got no request from their env: the
-        runner writes and submits one, so the service sees every episode it can credit."""
-        if self.client is None:
-            return
-        for ep in episodes:
-            if ep.request is None and not ep.failed_by_error and ep.prompt_ids:
-                ep.request = self.own_request(ep)
-                ep.request.rollout_step = step
-                try:
-                    self.client.submit(ep.request)
-                except Exception as exc:  # noqa: BLE001 - counted and logged; the step goes on
-                    self.submit_failures += 1
-                    log.warning("submit of a cut episode failed: %s", exc)
-
-    def _reset(self, ep: Episode, env: gym.Env, options: dict[str, Any] | None) -> None:
+    def _reset(self, ep: Episode, spec: EpisodeSpec) -> None:
+        driver = _driver(ep)
+        ep.request_meta = spec.request_meta()
         try:
-            obs, info = env.reset(seed=ep.seed, options=options)
-        except Exception as exc:  # noqa: BLE001 - see module docstring
-            self._fail(ep, "reset", exc)
+            first = driver.reset(spec)
+        except Exception:  # noqa: BLE001 - see module docstring (the driver logged it)
+            self._fail(ep)
             return
-        self._start(ep, obs, info)
+        played = driver.episode
+        assert played is not None
+        ep.task, ep.admissible = played.task, list(played.admissible)
+        ep.experience = played.experience
+        ep.turn_experience = played.turn_experience
+        ep.prompt_ids = self.policy.apply_chat(plain_messages(first_messages(driver.system, first)))
+        ep.sequence.append_context(ep.prompt_ids)
+
+    def _fail(self, ep: Episode) -> None:
+        self.errors += 1
+        played = _driver(ep).episode
+        ep.info["error"] = played.error if played is not None and played.error else "error"
+        ep.done, ep.success = True, False
+        log.warning("episode env=%s seed=%s %s %s and ends as a failure", ep.env_id, ep.seed,
+                    ep.condition, ep.info["error"])
 
     def _allowed(self, ep: Episode) -> list[str] | None:
         if not self.constrained:
@@ -326,82 +272,93 @@ class RolloutRunner:
             actions.append(SEARCH_ACTION)
         return actions or None
 
-    def _turn(self, live: list[tuple[Episode, Any]]) -> None:
-        prompts = [ep.sequence.input_ids for ep, _ in live]
-        allowed = [self._allowed(ep) for ep, _ in live]
+    def _turn(self, live: list[Episode]) -> None:
+        prompts = [ep.sequence.input_ids for ep in live]
+        allowed = [self._allowed(ep) for ep in live]
         # a policy with a prefix cache encodes only each episode's new tokens (keys live until collect ends)
-        keys = [id(ep) for ep, _ in live] if self.policy.prefix_cache else None
+        keys = [id(ep) for ep in live] if self.policy.prefix_cache else None
         gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None,
                                     cache_keys=keys)
-        stepped: list[tuple[Episode, Any, Generation, str, list[Any]]] = []
-        for (ep, env), gen in zip(live, gens, strict=True):
+        stepped: list[tuple[Episode, Generation]] = []
+        for ep, gen in zip(live, gens, strict=True):
             ep.sequence.append_generation(gen)
-            action = gen.text.strip() if self.constrained else (parse_action(gen.text) or gen.text.strip())
+            driver = _driver(ep)
             try:
-                stepped.append((ep, env, gen, action, list(env.step(action))))
-            except Exception as exc:  # noqa: BLE001 - see module docstring
+                turn = driver.act(gen.text)
+            except Exception:  # noqa: BLE001 - see module docstring (the driver logged it)
                 ep.history.append(Turn(gen, []))
-                self._fail(ep, "step", exc)
-        self._search_turns(stepped)
-        for ep, _env, gen, action, (obs, reward, terminated, truncated, info) in stepped:
-            kind = "search_and_ask" if info.get("search_and_ask") is not None else "env"
-            if kind == "search_and_ask" and info["search_and_ask"].get("status") == "malformed":
-                self.malformed_tool_calls += 1
-            ep.turns += 1
-            ep.num_actions += kind == "env"
-            ep.search_calls += kind == "search_and_ask"
-            ep.reward += float(reward)
-            ep.steps.append(Step(observation="", action=action, reward=float(reward), kind=kind))  # type: ignore[arg-type]
-            ep.admissible = list(info.get("admissible_actions") or ep.admissible)
-            _note_turn_entry(ep, info, ep.turns)
-            if terminated or truncated or ep.turns >= self.max_turns:
-                ep.done = True
-                req = info.get("distillation_request")
-                if isinstance(req, DistillationRequest):
-                    ep.request = req
-                ep.success = ended_success(info, [s.reward for s in ep.steps], ep.env_id) if (terminated or truncated) else False
-                if not (terminated or truncated):
-                    ep.info["turn_cap"] = True
-                ep.history.append(Turn(gen, [], kind))
+                self._fail(ep)
                 continue
+            played = driver.episode
+            assert played is not None
+            info = played.last_info
+            tool = info.get("search_and_ask")
+            if isinstance(tool, dict) and tool.get("status") == "malformed":
+                self.malformed_tool_calls += 1
+            self.unreadable_answers += not turn.readable
+            ep.unreadable = played.unreadable
+            ep.turns += 1
+            ep.num_actions += turn.kind == "env"
+            ep.search_calls += turn.kind == "search_and_ask"
+            ep.reward += turn.reward
+            ep.steps.append(Step(observation="", action=turn.action, reward=turn.reward,
+                                 kind=turn.kind))
+            ep.admissible = list(played.admissible)
+            stepped.append((ep, gen))
+        if self.client is not None:  # the wrappers left the turns' searches to one batch
+            self.search_failures += search_turns([_driver(ep) for ep, _ in stepped], self.client)
+        for ep, gen in stepped:
+            driver = _driver(ep)
+            played = driver.episode
+            assert played is not None
+            if played.done:
+                self._end(ep, gen, played.cut)
+                continue
+            shown = driver.observe()
+            assert shown is not None
             after_eos = bool(gen.token_ids) and gen.token_ids[-1] in self.eos_ids
-            ctx = self.policy.chat.user_turn_ids(self._user_text(obs, ep.admissible), after_eos=after_eos)
+            ctx = self.policy.chat.user_turn_ids(shown, after_eos=after_eos)
             if len(ep.sequence) + len(ctx) + self.max_new_tokens > self.max_context_tokens:
                 self.context_truncations += 1
-                ep.info["context_truncated"] = True
-                ep.done, ep.success = True, False
-                ep.history.append(Turn(gen, [], kind))  # the history mirrors the sequence: no context was added
+                driver.cut("context_truncated")
+                self._end(ep, gen, "context_truncated")
                 continue
-            ep.history.append(Turn(gen, list(ctx), kind))
+            ep.history.append(Turn(gen, list(ctx), ep.steps[-1].kind))
             ep.sequence.append_context(ctx)
 
-    def _search_turns(self, stepped: list[tuple[Episode, Any, Generation, str, list[Any]]]) -> None:
-        """Per-turn retrieval of every env that asked for it (``info["turn_query"]``: its wrapper
-        defers the search to us) in one ``search_many``; each env then shows its entry
-        (``show_turn_entry``), which replaces the step's observation. An episode the turn cap ends
-        now is not searched for: its next observation is never shown."""
-        asked = [row for row in stepped if isinstance(row[4][4].get("turn_query"), str)
-                 and row[0].turns + 1 < self.max_turns]
-        if not asked or self.client is None:
-            return
-        try:
-            refs: list[ExperienceRef | None] = list(self.client.search_many([row[4][4]["turn_query"] for row in asked]))
-        except Exception as exc:  # noqa: BLE001 - a down manager costs the turns their entries, not the step
-            self.search_failures += 1
-            log.warning("per-turn search_many failed (%s); these turns run unguided", exc)
-            refs = [None] * len(asked)
-        for (_, env, _, _, result), ref in zip(asked, refs, strict=True):
-            result[0] = env.get_wrapper_attr("show_turn_entry")(ref, result[4])
+    def _end(self, ep: Episode, gen: Generation, cut: str | None) -> None:
+        """Close ``ep`` after its last generation (the history mirrors the sequence: no context)."""
+        played = _driver(ep).episode
+        assert played is not None
+        ep.done = True
+        ep.success = played.success
+        ep.request = played.request
+        if cut is not None:
+            ep.info[cut] = True
+        ep.history.append(Turn(gen, [], ep.steps[-1].kind))
 
     def own_request(self, ep: Episode) -> DistillationRequest:
-        """A request for an episode the env did not finish (turn cap / context cut)."""
+        """Deprecated: the driver ends a cut episode through its wrapper, which submits the request
+        (:meth:`crl_gym.episode.EpisodeDriver.cut`). A request for an episode the env did not
+        finish (turn cap / context cut), built from the runner's episode."""
+        warnings.warn("RolloutRunner.own_request is deprecated: the episode driver's cut() ends a "
+                      "cut episode and its wrapper submits the request", DeprecationWarning,
+                      stacklevel=2)
         return cut_request(task=ep.task, steps=ep.steps, outcome=ep.reward, experience=ep.experience,
                            condition=ep.condition, env_id=ep.env_id, seed=ep.seed, reasons=ep.info,
                            meta=ep.request_meta, turn_experience=ep.turn_experience)
 
 
+def _driver(ep: Episode) -> EpisodeDriver:
+    if ep.driver is None:
+        raise RuntimeError("the episode has no driver: the runner built neither it nor its env")
+    return ep.driver
+
+
 def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:
-    """Record the entry per-turn retrieval showed with this turn's observation, if any."""
+    """Deprecated: the driver records the entries per-turn retrieval showed."""
+    warnings.warn("crl_train.rollout.runner._note_turn_entry is deprecated: the episode driver "
+                  "records the turns' entries", DeprecationWarning, stacklevel=2)
     shown = shown_turn_entry(info, turn)
     if shown is not None:
         ep.turn_experience.append(shown)

@@ -7,7 +7,9 @@ observations, ``assistant`` messages its own turns) and returns its next turn. I
 
 * ``path/to/file.py:name`` or ``package.module:name`` — a function, or a zero-argument factory
   (a class or function whose name starts with ``make_``) that returns a fresh agent per episode;
-* a model directory — through the project's policy backend (``crl_train.policy.HFPolicy``).
+* a model directory — through a model agent registered in the entry point group
+  :data:`MODEL_AGENT_GROUP` (``crl_train`` registers the project's policy backend:
+  ``crl_train.policy.agent``), or the ``model_agent`` given to :func:`load_policy`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -49,26 +52,32 @@ def _import_object(spec: str) -> Any:
     return getattr(module, name)
 
 
-def _model_agent_factory(directory: Path, max_new_tokens: int) -> AgentFactory:
-    try:
-        from crl_train.policy import HFPolicy
-    except ImportError as exc:  # the [train] extra is missing
-        raise ImportError(f"loading a model directory needs crl_train's policy backend: {exc}") from exc
-    is_checkpoint = (directory / "model").is_dir()
-    policy = HFPolicy.from_checkpoint(directory) if is_checkpoint else HFPolicy.from_pretrained(directory)
+MODEL_AGENT_GROUP = "crl_gym.model_agents"
+"""Entry point group of ``model_agent(directory, max_new_tokens) -> AgentFactory``: what loads a
+model directory as an agent (``crl_train`` registers
+``crl_train.policy.agent:model_agent_factory``)."""
 
-    def agent(messages: Messages) -> str:
-        ids = policy.chat.prompt_ids(messages)
-        return str(policy.generate([ids], max_new_tokens)[0].text)
-
-    return lambda: agent
+ModelAgent = Callable[[Path, int], AgentFactory]
 
 
-def load_policy(spec: str, *, max_new_tokens: int = 2048) -> AgentFactory:
-    """A factory of agents (one fresh agent per episode) from a policy spec (module doc)."""
+def _registered_model_agent() -> ModelAgent:
+    found = sorted(entry_points(group=MODEL_AGENT_GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise ImportError(f"loading a model directory needs a model agent in the entry point group "
+                          f"{MODEL_AGENT_GROUP!r}: install complementary-rl with its [train] extra "
+                          "(crl_train registers one), or pass model_agent")
+    agent: ModelAgent = found[0].load()
+    return agent
+
+
+def load_policy(spec: str, *, max_new_tokens: int = 2048,
+                model_agent: ModelAgent | None = None) -> AgentFactory:
+    """A factory of agents (one fresh agent per episode) from a policy spec (module doc);
+    ``model_agent`` loads a model directory (default: the one registered in
+    :data:`MODEL_AGENT_GROUP`)."""
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _model_agent_factory(path, max_new_tokens)
+        return (model_agent or _registered_model_agent())(path, max_new_tokens)
     obj = _import_object(spec)
     if inspect.isclass(obj) or getattr(obj, "__name__", "").startswith("make_"):
         return obj

@@ -15,8 +15,9 @@ One episode:
   entry in front of the first observation; :mod:`~crl_gym.integrations.verl.rows`), with
   ``rollout_step`` = the row's ``global_steps`` (verl's v1 trainer puts the step in every row), or
   -1 for an ``evaluation`` row, which the service never credits;
-* then ``server_manager.generate`` and ``env.step`` alternate. The action is the last
-  ``<action>...</action>`` of the reply, else the whole stripped reply. Tokens go through verl's
+* then ``server_manager.generate`` and ``env.step`` alternate, the episode played by
+  :class:`~crl_gym.integrations.verl.episode.VerlEpisode` (the episode driver: its user turns, its
+  reading of the reply, its cuts; :mod:`crl_gym.episode`). Tokens go through verl's
   Continuous Token helpers (``ct_merge_assistant_token`` / ``ct_merge_context_msg``): generated
   tokens have ``response_mask`` 1, observation tokens (a ``search_and_ask`` answer included) 0; the
   experience entry sits in the first user turn, in the prompt, never trained on.
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 from uuid import uuid4
@@ -58,30 +59,33 @@ with verl_required(__name__):
     )
     from verl.utils.profiler import simple_timer
 
+from crl_gym.episode import read_answer
 from crl_gym.integrations.episodes import check_reward, rollout_reward, with_actions
+from crl_gym.integrations.verl.episode import VerlEpisode, row_spec
 from crl_gym.integrations.verl.rows import AGENT_NAME, row_extra
 from crl_gym.integrations.verl.service import DEFAULT_TIMEOUT_S, service_client
-from crl_gym.protocol import CONDITIONS
 from crl_gym.wrappers import wrap
 from crl_gym.wrappers.experience import ExperienceWrapper
-from crl_gym.wrappers.success import ended_success
 
 logger = logging.getLogger(__name__)
 
-ACTION_PATTERN = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 DEFAULT_MAX_TURNS = 16
 
 
 def parse_action(text: str) -> str:
-    """The last ``<action>...</action>`` of ``text`` (stripped), else all of ``text`` stripped.
+    """Deprecated: the action the episode driver reads in ``text``
+    (:func:`crl_gym.episode.read_answer`): the last ``<action>...</action>``, else all of
+    ``text`` stripped.
 
-    >>> parse_action("I think <action>east</action>")
-    'east'
-    >>> parse_action(" north ")
-    'north'
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", DeprecationWarning)
+    ...     parse_action("I think <action>east</action>"), parse_action(" north ")
+    ('east', 'north')
     """
-    found = ACTION_PATTERN.findall(text)
-    return (found[-1] if found else text).strip()
+    warnings.warn("crl_gym.integrations.verl.agent_loop.parse_action is deprecated: use "
+                  "crl_gym.episode.read_answer", DeprecationWarning, stacklevel=2)
+    return read_answer(text).action
 
 
 def _plain(value: object) -> object:
@@ -141,44 +145,42 @@ class ExperienceAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         extra = row_extra(kwargs)
-        condition = str(extra.get("experience", "free"))
-        if condition not in CONDITIONS:
-            raise ValueError(f"extra_info.experience must be one of {CONDITIONS}, got {condition!r}")
-        step = -1 if bool(extra.get("evaluation", False)) else _rollout_step(kwargs.get("global_steps"))
-        seed = extra.get("seed")
-        seed = None if seed is None else int(seed)
-        metrics: dict[str, Any] = {}
+        env_id = extra.get("env_id") or self.env_id
+        spec = row_spec(extra, str(env_id or ""), kwargs.get("global_steps"))
+        metrics: dict[str, float] = {}
         env = await asyncio.to_thread(self.make_env, extra.get("env_id"))
-        episode = _Episode(condition)
+        episode = _Episode(spec.condition)
+        played = VerlEpisode(env, max_turns=self.max_turns)
         try:
-            with simple_timer("tool_calls", metrics):
-                obs, info = await asyncio.to_thread(
-                    env.reset, seed=seed, options={"experience": condition, "rollout_step": step})
-            shown = info.get("experience")
-            episode.entry = shown.get("id") if isinstance(shown, Mapping) else None
             prompt = _plain(kwargs.get("raw_prompt")) or []
             if not isinstance(prompt, list):
                 raise TypeError(f"raw_prompt: a list of chat messages, got {type(prompt).__name__}")
-            messages = [*(dict(m) for m in prompt),
-                        {"role": "user", "content": with_actions(obs, info)}]
-            ids = episode.ids = await self.ct_build_initial_tokens(messages)
-            await self._play(env, episode, messages, ids, sampling_params, metrics)
+            with simple_timer("tool_calls", metrics):
+                messages = await asyncio.to_thread(played.start, spec, prompt)
+            shown = played.played.experience
+            episode.entry = None if shown is None else shown.id
+            ids = episode.ids = await self.ct_build_initial_tokens(list(messages))
+            await self._play(played, episode, ids, sampling_params, metrics)
         finally:
             await asyncio.to_thread(_close, env)
-        if episode.request is not None:
-            episode.condition = str(episode.request.condition)
+        if played.driver.episode is not None:
+            done = played.played
+            episode.success, episode.ret, episode.turns = done.success, done.ret, len(done.turns)
+            episode.request, episode.cut = done.request, played.cut_label
+            episode.condition = str(done.condition)
         await asyncio.to_thread(self.client.flush)
-        return self._output(episode, extra, step, metrics)
+        return self._output(episode, extra, spec.rollout_step, metrics)
 
-    async def _play(self, env: ExperienceWrapper, episode: _Episode, messages: list[dict[str, Any]],
-                    ids: list[int], sampling_params: dict[str, Any], metrics: dict[str, Any]) -> None:
+    async def _play(self, played: VerlEpisode, episode: _Episode, ids: list[int],
+                    sampling_params: dict[str, Any], metrics: dict[str, float]) -> None:
         request_id = uuid4().hex
         while True:
             with simple_timer("generate_sequences", metrics):
                 out = await self.server_manager.generate(request_id=request_id, prompt_ids=ids,
                                                          sampling_params=sampling_params)
             merged, episode.mask, logprobs = await self.ct_merge_assistant_token(
-                ids, list(out.token_ids), episode.mask, episode.logprobs if (episode.logprobs or out.log_probs) else None,
+                ids, list(out.token_ids), episode.mask,
+                episode.logprobs if (episode.logprobs or out.log_probs) else None,
                 assistant_logprobs=list(out.log_probs) if out.log_probs else None)
             ids = episode.ids = list(merged.token_ids)
             episode.logprobs = list(logprobs or [])
@@ -186,40 +188,28 @@ class ExperienceAgentLoop(AgentLoopBase):
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             try:
                 with simple_timer("tool_calls", metrics):
-                    obs, reward, terminated, truncated, info = await asyncio.to_thread(env.step, parse_action(text))
+                    previous = await asyncio.to_thread(played.answer, text)
             except Exception as exc:  # noqa: BLE001 - an env error ends this episode, never the batch
                 logger.warning("crl_agent: the env raised on step %d (%s: %s); the episode ends as a failure",
-                               episode.turns, type(exc).__name__, exc)
+                               len(played.played.turns), type(exc).__name__, exc)
                 episode.valid = False
                 return
-            episode.turns += 1
-            episode.ret += float(reward)
-            if terminated or truncated:
-                episode.success = ended_success(info, [episode.ret], env.env_id)
-                episode.request = info.get("distillation_request")
+            if previous is None:  # the env ended it, or the driver's turn cap cut it
                 return
-            if len(episode.mask) >= self.response_length or episode.turns >= self.max_turns:
-                await self._cut(env, episode, "context" if len(episode.mask) >= self.response_length else "turns")
+            if len(episode.mask) >= self.response_length:
+                await asyncio.to_thread(played.cut_context)
                 return
-            messages.append({"role": "assistant", "content": text})
-            previous = list(messages)
-            messages.append({"role": "user", "content": with_actions(obs, info)})
             merged, mask, logprobs = await self.ct_merge_context_msg(
-                previous, messages, ids, episode.mask, episode.logprobs or None)
+                previous, list(played.messages), ids, episode.mask, episode.logprobs or None)
             if len(mask) >= self.response_length:  # the observation does not fit: stop before it
-                await self._cut(env, episode, "context")
+                await asyncio.to_thread(played.cut_context)
                 return
             ids = episode.ids = list(merged.token_ids)
             episode.mask = list(mask)
             episode.logprobs = list(logprobs or [])
 
-    @staticmethod
-    async def _cut(env: ExperienceWrapper, episode: _Episode, why: str) -> None:
-        episode.cut = why
-        episode.request = await asyncio.to_thread(env.end_episode)
-
     def _output(self, episode: _Episode, extra: Mapping[str, Any], step: int | None,
-                metrics: dict[str, Any]) -> AgentLoopOutput:
+                metrics: dict[str, float]) -> AgentLoopOutput:
         n_response = len(episode.mask)
         prompt_ids = episode.ids[: len(episode.ids) - n_response]
         response_ids = episode.ids[len(episode.ids) - n_response:]
@@ -263,7 +253,7 @@ class _Episode:
 
     def __init__(self, condition: str) -> None:
         self.condition = condition
-        self.entry: str | None = None
+        self.entry: int | None = None
         self.ids: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []
@@ -273,25 +263,16 @@ class _Episode:
         self.valid = True
         self.cut: str | None = None
         self.request: Any = None
-        self.server: dict[str, Any] = {}
+        self.server: dict[str, object] = {}
         """What the inference server reported (``min_global_steps`` / ``max_global_steps``: the weight
         versions the episode was generated with, which verl's v1 trainer reads for staleness)."""
 
-    def server_fields(self, fields: dict[str, Any]) -> None:
+    def server_fields(self, fields: Mapping[str, object]) -> None:
         """Keep the first generation's fields, then the latest ``max_global_steps`` (as ``ToolAgentLoop``)."""
         if not self.server:
             self.server.update(fields)
         elif fields.get("max_global_steps") is not None:
             self.server["max_global_steps"] = fields["max_global_steps"]
-
-
-def _rollout_step(value: Any) -> int | None:
-    """The row's ``global_steps`` as an int; None (the service's open step) when the row has none."""
-    if value is None:
-        return None
-    if hasattr(value, "item"):
-        value = value.item()
-    return int(value)
 
 
 def _close(env: gym.Env) -> None:

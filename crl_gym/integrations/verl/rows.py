@@ -26,17 +26,36 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from crl_gym.protocol import CONDITIONS
+from crl_gym.templates import SYSTEM_REACT
 
 AGENT_NAME = "crl_agent"
 """The name ``ExperienceAgentLoop`` is registered under (``agent_name`` column, agent-loop YAML)."""
-DEFAULT_INSTRUCTION = (
-    "You play a text game. Each turn, answer with exactly one of the admissible actions inside "
-    "<action>...</action>. Use any experience you are shown."
-)
-"""The system message of :func:`task_rows`' prompts."""
+DEFAULT_INSTRUCTION = SYSTEM_REACT
+"""The system message of :func:`task_rows`' prompts: the episode driver's for an answer with its
+action inside ``<action>...</action>`` (:func:`crl_gym.episode.system_text`), as in every loop."""
+
+
+class ExtraInfo(TypedDict, total=False):
+    """A row's ``extra_info`` (the module docstring names each key)."""
+
+    index: int
+    seed: int
+    group: int
+    experience: str
+    evaluation: bool
+    env_id: str
+
+
+class TaskRow(TypedDict):
+    """One dataset row of :func:`task_rows`."""
+
+    data_source: str
+    agent_name: str
+    prompt: list[dict[str, str]]
+    extra_info: ExtraInfo
 
 
 def task_rows(
@@ -47,7 +66,7 @@ def task_rows(
     instruction: str = DEFAULT_INSTRUCTION,
     env_id: str | None = None,
     data_source: str = "crl",
-) -> list[dict[str, Any]]:
+) -> list[TaskRow]:
     """One row per (seed, condition), the conditions of a task next to each other; ``group`` is the
     seed's position in ``seeds``. ``conditions`` is ``["guided", "free"]`` for the split,
     ``["free"]`` for a method without experience."""
@@ -56,10 +75,10 @@ def task_rows(
             raise ValueError(f"a row's condition is one of {CONDITIONS}, got {c!r}")
     if not conditions:
         raise ValueError("conditions must name at least one condition")
-    rows: list[dict[str, Any]] = []
+    rows: list[TaskRow] = []
     for group, seed in enumerate(seeds):
         for condition in conditions:
-            extra: dict[str, Any] = {"index": len(rows), "seed": int(seed), "group": group,
+            extra: ExtraInfo = {"index": len(rows), "seed": int(seed), "group": group,
                                      "experience": condition, "evaluation": bool(evaluation)}
             if env_id is not None:
                 extra["env_id"] = env_id
@@ -79,4 +98,4 @@ def row_extra(row: Mapping[str, Any]) -> dict[str, Any]:
     return dict(extra)
 
 
-__all__ = ["AGENT_NAME", "DEFAULT_INSTRUCTION", "row_extra", "task_rows"]
+__all__ = ["AGENT_NAME", "DEFAULT_INSTRUCTION", "ExtraInfo", "TaskRow", "row_extra", "task_rows"]
