@@ -3,15 +3,16 @@
 ``load_config(path, overrides)`` reads a YAML file (or the packaged tiny preset when ``path`` is
 None), applies ``--set a.b=c`` overrides (the value is parsed as YAML: ``3``, ``true``,
 ``[a, b]``) and validates everything before anything starts. An unknown key or a wrong type
-raises :class:`ConfigError` naming the key and the accepted keys or type.
+raises :class:`ConfigError` naming the key, its close match when there is one, and the accepted
+keys or type.
 
 >>> cfg = load_config(None, ["train.steps=3", "method=grpo"])
 >>> cfg.train.steps, cfg.method.value
 (3, 'grpo')
->>> load_config(None, ["train.stepz=3"])
+>>> load_config(None, ["train.stepz=3"])  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-crl_train.config.io.ConfigError: unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, max_track_failures, steps
+crl_train.config.io.ConfigError: unknown key 'train.stepz' (did you mean 'train.steps'?); ...
 """
 from __future__ import annotations
 
