@@ -24,6 +24,7 @@ import yaml
 from crl_train.config.algo import AlgoConfig, EdgeConfig, GateConfig, PerplexityConfig
 from crl_train.config.env import EnvConfig
 from crl_train.config.experience import ExperienceConfig
+from crl_train.config.extractor import ExtractorSettings
 from crl_train.config.io import (
     ConfigError,
     build_dataclass,
@@ -77,7 +78,7 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
 
 
-__all__ = ["ConfigError", "EnvConfig", "ModelConfig", "AlgoConfig", "EdgeConfig", "GateConfig", "PerplexityConfig",
-           "ExperienceConfig", "RunConfig", "TrainConfig",
+__all__ = ["ConfigError", "EnvConfig", "ModelConfig", "AlgoConfig", "EdgeConfig", "GateConfig",
+           "PerplexityConfig", "ExperienceConfig", "ExtractorSettings", "RunConfig", "TrainConfig",
            "METHOD_NAMES", "PACKAGED_CONFIGS", "preset_path", "config_from_dict", "config_to_dict", "dump_config", "load_config",
            "parse_override", "read_yaml"]

@@ -149,26 +149,50 @@ class AlgoConfig:
     """EDGE's settings (read by method ``edge`` only)."""
 
     RENAMED: ClassVar[dict[str, str]] = {
-        "gate": "gate.enabled", "gate_warmup_steps": "gate.warmup_steps", "gate_rewrite_tokens": "gate.rewrite_tokens",
-        "perplexity_bonus": "perplexity.transform", "perplexity_weight": "perplexity.weight",
-        "perplexity_temperature": "perplexity.temperature", "perplexity_clip": "perplexity.clip",
+        "gate": "gate.enabled",
+        "gate_warmup_steps": "gate.warmup_steps",
+        "gate_rewrite_tokens": "gate.rewrite_tokens",
+        "perplexity_bonus": "perplexity.transform",
+        "perplexity_weight": "perplexity.weight",
+        "perplexity_temperature": "perplexity.temperature",
+        "perplexity_clip": "perplexity.clip",
         "perplexity_clip_negative": "perplexity.clip_negative",
-        "edge_threshold": "edge.threshold", "edge_ema": "edge.ema", "edge_prune": "edge.prune",
-        "edge_reflect_below": "edge.reflect_below", "edge_reflection_entries": "edge.reflection_entries",
-        "edge_dedup_similarity": "edge.dedup_similarity", "edge_lambda": "edge.kl_weight",
-        "edge_kl_estimator": "edge.kl_estimator", "edge_top_k": "edge.top_k",
+        "edge_threshold": "edge.threshold",
+        "edge_ema": "edge.ema",
+        "edge_prune": "edge.prune",
+        "edge_reflect_below": "edge.reflect_below",
+        "edge_reflection_entries": "edge.reflection_entries",
+        "edge_dedup_similarity": "edge.dedup_similarity",
+        "edge_lambda": "edge.kl_weight",
+        "edge_kl_estimator": "edge.kl_estimator",
+        "edge_top_k": "edge.top_k",
     }
     """Keys of the flat layout before the sections (``algo.edge_lambda``) → their place now: still
     read from YAML, ``--set`` and attributes, with a deprecation warning (``crl_train.config.io``)."""
 
     def __post_init__(self) -> None:
         check_choices(self, "algo")
-        _at_least(self, "algo", 0, "clip_eps", "cispo_eps_low", "cispo_eps_high", "count_alpha", "adv_eps",
-                  "self_distill_coef", "cooldown", "merge_every", "merge_token_budget")
+        _at_least(
+            self,
+            "algo",
+            0,
+            "clip_eps",
+            "cispo_eps_low",
+            "cispo_eps_high",
+            "count_alpha",
+            "adv_eps",
+            "self_distill_coef",
+            "cooldown",
+            "merge_every",
+            "merge_token_budget",
+        )
         _at_least(self, "algo", 1, "buffer_size")
         if self.return_reward is not None and not math.isfinite(self.return_reward):
             raise ConfigError(f"algo.return_reward must be a finite number or null, got {self.return_reward}")
 
-    if not TYPE_CHECKING:  # old attribute names read at run time; the project's own code uses the sections
+    if (
+        not TYPE_CHECKING
+    ):  # old attribute names read at run time; the project's own code uses the sections
+
         def __getattr__(self, name: str) -> Any:
             return renamed_attribute(self, name)

@@ -98,8 +98,12 @@ class ExperienceConfig:
         if isinstance(self.seed_entries, dict):
             per_env: dict[str, tuple[str, ...]] = {}
             for env_id, texts in self.seed_entries.items():
-                if (not isinstance(env_id, str) or isinstance(texts, str) or not isinstance(texts, (list, tuple))
-                        or not all(isinstance(t, str) for t in texts)):
+                if (
+                    not isinstance(env_id, str)
+                    or isinstance(texts, str)
+                    or not isinstance(texts, (list, tuple))
+                    or not all(isinstance(t, str) for t in texts)
+                ):
                     raise ConfigError(f"experience.seed_entries[{env_id!r}]: expected a list of texts, got {texts!r}")
                 per_env[env_id] = tuple(texts)
             object.__setattr__(self, "seed_entries", per_env)
@@ -114,28 +118,44 @@ class ExperienceConfig:
         if self.distill_per_group < 0:
             raise ConfigError(f"experience.distill_per_group must be >= 0 (0 = off), got {self.distill_per_group}")
         if self.distill_per_group and self.distill_fraction < 1:
-            raise ConfigError("experience.distill_per_group and experience.distill_fraction < 1 are two distillation "
-                              "rules; set one (distill_per_group > 0 with distill_fraction 1, or distill_per_group 0)")
+            raise ConfigError(
+                "experience.distill_per_group and experience.distill_fraction < 1 are two distillation "
+                "rules; set one (distill_per_group > 0 with distill_fraction 1, or distill_per_group 0)"
+            )
         if self.distill_linger_s < 0:
             raise ConfigError(f"experience.distill_linger_s must be >= 0, got {self.distill_linger_s}")
         if not 0 <= self.extractor_nice <= 19:
             raise ConfigError(f"experience.extractor_nice must be in [0, 19], got {self.extractor_nice}")
-        for name in ("max_search_calls", "distill_batch", "actor_threads", "extractor_threads", "max_prompt_chars",
-                     "max_ops"):
+        for name in (
+            "max_search_calls",
+            "distill_batch",
+            "actor_threads",
+            "extractor_threads",
+            "max_prompt_chars",
+            "max_ops",
+        ):
             if getattr(self, name) < (0 if name == "max_search_calls" else 1):
                 raise ConfigError(f"experience.{name} is out of range: {getattr(self, name)}")
         if self.max_entry_chars is not None and self.max_entry_chars < 1:
             raise ConfigError(f"experience.max_entry_chars must be >= 1 or null, got {self.max_entry_chars}")
         if not 0 <= self.action_slot <= MAX_ACTION_SLOT:
-            raise ConfigError(f"experience.action_slot must be in [0, {MAX_ACTION_SLOT}] (0 = off), got "
-                              f"{self.action_slot}")
+            raise ConfigError(
+                f"experience.action_slot must be in [0, {MAX_ACTION_SLOT}] (0 = off), got "
+                f"{self.action_slot}"
+            )
         for name in ("actor_cpus", "extractor_cpus"):
             cpus = getattr(self, name)
             if cpus is not None and (not cpus or min(cpus) < 0):
                 raise ConfigError(f"experience.{name} must list core numbers >= 0, got {list(cpus)}")
-        if self.actor_cpus and self.extractor_cpus and set(self.actor_cpus) & set(self.extractor_cpus):
-            raise ConfigError(f"experience.actor_cpus {list(self.actor_cpus)} and experience.extractor_cpus "
-                              f"{list(self.extractor_cpus)} overlap: each track needs its own cores")
+        if (
+            self.actor_cpus
+            and self.extractor_cpus
+            and set(self.actor_cpus) & set(self.extractor_cpus)
+        ):
+            raise ConfigError(
+                f"experience.actor_cpus {list(self.actor_cpus)} and experience.extractor_cpus "
+                f"{list(self.extractor_cpus)} overlap: each track needs its own cores"
+            )
 
     def seeds_for(self, env_ids: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
         """``(text, tags)`` of the seed entries for a run on ``env_ids``: a list's texts untagged, a

@@ -120,13 +120,19 @@ class ModelConfig:
         if self.lora_rank < 0:
             raise ConfigError(f"lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
         if self.lora_rank and not (self.lora_alpha > 0 and self.lora_targets):
-            raise ConfigError(f"lora_rank {self.lora_rank} needs lora_alpha > 0 (got {self.lora_alpha}) and at least "
-                              "one module in lora_targets")
+            raise ConfigError(
+                f"lora_rank {self.lora_rank} needs lora_alpha > 0 (got {self.lora_alpha}) and at least "
+                "one module in lora_targets"
+            )
         if self.think_tokens and not self.constrained:
             raise ConfigError(f"think_tokens ({self.think_tokens}) needs constrained=true: a free-text model reasons on its own")
         if self.think_tokens and not self.structured:
-            raise ConfigError(f"think_tokens ({self.think_tokens}) needs structured=true: the reasoning precedes a "
-                              "structured answer")
+            raise ConfigError(
+                f"think_tokens ({self.think_tokens}) needs structured=true: the reasoning precedes a "
+                "structured answer"
+            )
         if self.max_new_tokens + self.think_tokens >= self.max_context_tokens:
-            raise ConfigError(f"max_new_tokens + think_tokens ({self.max_new_tokens} + {self.think_tokens}) must be "
-                              f"< max_context_tokens ({self.max_context_tokens})")
+            raise ConfigError(
+                f"max_new_tokens + think_tokens ({self.max_new_tokens} + {self.think_tokens}) must be "
+                f"< max_context_tokens ({self.max_context_tokens})"
+            )

@@ -8,6 +8,7 @@ from crl_gym.experience.config import ManagerConfig
 from crl_train.config.algo import AlgoConfig
 from crl_train.config.env import EnvConfig
 from crl_train.config.experience import ExperienceConfig
+from crl_train.config.extractor import EXTRACTOR_MAX_NEW_TOKENS
 from crl_train.config.io import ConfigError, enum_member
 from crl_train.config.model import ModelConfig
 from crl_train.config.names import MethodName, ModelKind
@@ -57,7 +58,8 @@ class TrainConfig:
     """Environments and rollout grouping."""
     actor: ModelConfig = field(default_factory=lambda: ModelConfig(constrained=True))
     """The policy actor π_θ."""
-    extractor: ModelConfig = field(default_factory=lambda: ModelConfig(max_new_tokens=96))
+    extractor: ModelConfig = field(
+        default_factory=lambda: ModelConfig(max_new_tokens=EXTRACTOR_MAX_NEW_TOKENS))
     """The experience extractor π_φ (separate parameters, as the paper requires)."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Losses and their hyper-parameters."""
@@ -76,16 +78,27 @@ class TrainConfig:
             raise ConfigError("extractor.model: 'reader' is an actor, not an extractor (use it as actor.model)")
         if self.actor.kind is ModelKind.READER:
             # the reader has no distribution to distil, judge with or measure the entropy of
-            needs = [what for what, on in (("algo.self_distill", self.algo.self_distill),
-                                           ("algo.gate.enabled", self.algo.gate.enabled),
-                                           ("algo.perplexity.transform", self.algo.perplexity.transform != "off"))
-                     if on]
+            needs = [
+                what
+                for what, on in (
+                    ("algo.self_distill", self.algo.self_distill),
+                    ("algo.gate.enabled", self.algo.gate.enabled),
+                    ("algo.perplexity.transform", self.algo.perplexity.transform != "off"),
+                )
+                if on
+            ]
             if needs:
-                raise ConfigError(f"actor.model: 'reader' is a script without weights; {', '.join(needs)} needs a "
-                                  "model actor")
+                raise ConfigError(
+                    f"actor.model: 'reader' is a script without weights; {', '.join(needs)} needs a "
+                    "model actor"
+                )
         if self.actor.think_tokens:
-            raise ConfigError(f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
-                              "constrained answers take reasoning tokens")
+            raise ConfigError(
+                f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
+                "constrained answers take reasoning tokens"
+            )
         if self.extractor.constrained and not self.extractor.structured:
-            raise ConfigError("extractor.constrained=true (a model that cannot write an answer on its own) needs "
-                              "extractor.structured=true: its answers are generated under their schemas")
+            raise ConfigError(
+                "extractor.constrained=true (a model that cannot write an answer on its own) needs "
+                "extractor.structured=true: its answers are generated under their schemas"
+            )
