@@ -64,6 +64,7 @@ from crl_gym.experience.schemas import (
     ops_schema,
     refinement_schema,
 )
+from crl_gym.json_types import GrammarSpec
 from crl_gym.protocol import (
     AddOp,
     DistillationRequest,
@@ -249,7 +250,8 @@ class Extractor:
             for p, pid, g, a in zip(prompts, ids, gens, rows, strict=True):
                 # a constrained answer cut by the budget is incomplete: make it unparsable (it is counted)
                 text = "" if a is not None and g.finish_reason == "length" else g.text
-                spec = ({"schema": a.schema, "think_tokens": a.think_tokens, "reasoning_end": a.reasoning_end}
+                spec = (GrammarSpec(schema=a.schema, think_tokens=a.think_tokens,
+                                    reasoning_end=a.reasoning_end)
                         if isinstance(a, JsonGrammar) else None)  # the sample carries its grammar: it replays anywhere
                 s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
                                     prompt_token_ids=pid, extractor_version=self.version, grammar=spec)
