@@ -167,7 +167,7 @@ class Extractor:
     """
 
     def __init__(self, policy: Policy, settings: ExtractorSettings | None = None,
-                 **legacy: Any) -> None:
+                 **legacy: object) -> None:
         settings = settings if settings is not None else ExtractorSettings()
         if legacy:
             warnings.warn("Extractor(policy, max_new_tokens=..., ...) is deprecated: pass "
