@@ -55,7 +55,6 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from typing import Any
 
-# find_json and strip_think are re-exported: callers import them from here.
 from crl_gym.experience.op_forms import (
     Malformed,
     find_json,
@@ -65,6 +64,9 @@ from crl_gym.experience.op_forms import (
     strip_think,
 )
 from crl_gym.experience.schemas import MAX_ACTION_SLOT, MAX_SLOT_ACTION_CHARS
+
+# find_json and strip_think are re-exported: callers import them from here.
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import AddOp, DeleteOp, ExperienceOp, ReturnOp, UpdateOp
 
 logger = logging.getLogger(__name__)
@@ -127,7 +129,7 @@ class ParseStats:
         with self._lock:
             return sum(self._reasons.values())
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> JSONDict:
         """Plain-dict copy: ``outputs``, ``ops_by_kind``, ``malformed``, ``malformed_by_reason``."""
         with self._lock:
             return {

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import fields
 from typing import Any
 
-from crl_gym.json_types import RequestDict, SearchCallDict, StepDict
+from crl_gym.json_types import JSONDict, RequestDict, SearchCallDict, StepDict
 from crl_gym.protocol import (
     Condition,
     DistillationRequest,
@@ -231,7 +231,7 @@ class RecordedRequest(DistillationRequest):
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the parent dataclass
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> JSONDict:
         # The record pickles as it is (cheaper than Steps); readers build on the other side.
         with _BUILD_LOCK:
             return dict(self.__dict__)

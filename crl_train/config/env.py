@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from crl_gym.json_types import JSONDict
 from crl_train.config.io import ConfigError
 
 
@@ -46,6 +47,6 @@ class EnvConfig:
             if not isinstance(kw, dict):
                 raise ConfigError(f"env.id_kwargs[{env_id!r}]: expected a mapping of keyword arguments, got {kw!r}")
 
-    def kwargs_for(self, env_id: str) -> dict[str, Any]:
+    def kwargs_for(self, env_id: str) -> JSONDict:
         """The constructor's keyword arguments of ``env_id``: its ``id_kwargs``, then ``kwargs``."""
         return {**self.id_kwargs.get(env_id, {}), **self.kwargs}

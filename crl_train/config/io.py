@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import yaml
 
+from crl_gym.json_types import JSONDict
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -311,7 +313,7 @@ def parse_override(text: str) -> tuple[str, object]:
     return key, value
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> JSONDict:
     """The mapping in a YAML file; a missing, unreadable, non-UTF-8 or non-mapping file raises
     :class:`ConfigError` naming it (never a bare ``UnicodeDecodeError`` traceback)."""
     p = Path(path)
@@ -336,7 +338,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def config_to_dict(cfg: DataclassInstance) -> dict[str, Any]:
+def config_to_dict(cfg: DataclassInstance) -> JSONDict:
     """A plain, YAML-safe dict (tuples become lists)."""
 
     def plain(v: object) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from crl_gym.json_types import JSONDict
 from crl_train.config.names import MethodName
 from crl_train.experiment.fifths import (
     PARTS,
@@ -80,7 +81,7 @@ def results_table(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> 
     return head + rows
 
 
-def _mean_eval(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _mean_eval(recs: Sequence[dict[str, Any]]) -> JSONDict:
     out: dict[str, Any] = {}
     for mode in ("with_experience", "without_experience"):
         vals = _final(recs, mode)
@@ -361,7 +362,7 @@ def _headline(records: Sequence[dict[str, Any]], out: Path, pairs: Sequence[tupl
             f"guided success) in their last fifth, {int(LEVEL * 100)} % paired t interval over seeds:", "", *lines, ""]
 
 
-def _plain(suite: Suite) -> dict[str, Any]:
+def _plain(suite: Suite) -> JSONDict:
     from crl_train.config.io import config_to_dict
 
     data: dict[str, Any] = config_to_dict(suite)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crl_gym.json_types import JSONDict
 from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
 from crl_train.config.io import build_dataclass, read_yaml
 from crl_train.config.names import MethodName
@@ -241,7 +242,7 @@ def cell_lock(out: Path, cell: Cell, *, wait: bool) -> Iterator[bool]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
+def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> JSONDict:
     """Train and evaluate one cell (or resume it); returns what ``cell.json`` holds."""
     from crl_train.run.checkpoints import resolve_checkpoint
     from crl_train.run.evaluate import evaluate_run
@@ -263,15 +264,17 @@ def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str]
         result = evaluate_run(trainer, suite.eval_episodes, memory=suite.eval_memory)
     finally:
         trainer.close()
-    record = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs), "steps": cfg.train.steps,
-              "run_method": cfg.method, "eval": result, "resumed_from": resumed_from(cell_dir)}
+    record: JSONDict = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs),
+                        "steps": cfg.train.steps,
+              "run_method": cfg.method, "eval": result,
+                        "resumed_from": [*resumed_from(cell_dir)]}
     tmp = cell_dir / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
     tmp.replace(cell_dir / CELL_FILE)
     return record
 
 
-def _ray_cell(suite: Suite, cell: Cell, out: str) -> dict[str, Any]:
+def _ray_cell(suite: Suite, cell: Cell, out: str) -> JSONDict:
     return run_cell(suite, cell, Path(out))
 
 

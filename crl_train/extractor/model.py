@@ -64,7 +64,7 @@ from crl_gym.experience.schemas import (
     ops_schema,
     refinement_schema,
 )
-from crl_gym.json_types import GrammarSpec
+from crl_gym.json_types import GrammarSpec, JSONDict
 from crl_gym.protocol import (
     AddOp,
     DistillationRequest,
@@ -173,7 +173,7 @@ class Extractor:
             warnings.warn("Extractor(policy, max_new_tokens=..., ...) is deprecated: pass "
                           "Extractor(policy, ExtractorSettings(max_new_tokens=..., ...))",
                           DeprecationWarning, stacklevel=2)
-            settings = replace(settings, **legacy)
+            settings = replace(settings, **legacy)  # type: ignore[arg-type]  # checked there
         self.settings = settings
         """What the extractor was built with (the attributes below are read from it)."""
         self.policy = policy
@@ -434,7 +434,7 @@ class Extractor:
         with self.lock:
             self.policy.load(directory)
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self) -> JSONDict:
         """Version and per-sample constraints (JSON-ready) for a checkpoint.
 
         Each distinct allowed set is written once in ``allowed_sets`` and the samples refer to it by

@@ -56,6 +56,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.config import ModelConfig
 from crl_train.config.extractor import TINY_ENTRY_CHARS as TINY_ENTRY_CHARS  # its old home
@@ -143,7 +144,7 @@ def _train(ext: Extractor, items: list[BufferItem], counts: list[int], lasts: li
     return ext.train(items, counts, lasts, step), ext.version
 
 
-def _get_state(ext: Extractor | OracleExtractor) -> dict[str, Any]:
+def _get_state(ext: Extractor | OracleExtractor) -> JSONDict:
     """The extractor's state and this process's generators (π_φ samples with them: a resume draws on)."""
     from crl_train.policy import rng_state
 
@@ -405,7 +406,7 @@ class ExtractorWorker:
     def load(self, directory: str | Path) -> None:
         self._call("load", str(directory))
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self) -> JSONDict:
         state: dict[str, Any] = self._call("get_state")
         self.version = int(state.get("version", self.version))
         return state

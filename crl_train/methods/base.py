@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.algorithms import (
     ADVANTAGES,
@@ -205,7 +206,7 @@ def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[lis
     return [term], {"self_distill_samples": len(seqs)}
 
 
-def gate_metrics(rollout: Rollout) -> dict[str, Any]:
+def gate_metrics(rollout: Rollout) -> JSONDict:
     """Share of each verdict among the judged guided episodes, and the gate's seconds per episode."""
     judged = [e for e in rollout.episodes if "gate" in e.info]
     if not judged:

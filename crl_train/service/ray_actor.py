@@ -41,7 +41,7 @@ import numpy as np
 from crl_gym.clients import ExperienceUnavailable, check_step
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.results import Health, JSONValue, OpsApplied, ServiceStats, StepEnded
-from crl_gym.json_types import ExperienceRefDict, JSONInput, RequestDict
+from crl_gym.json_types import ExperienceRefDict, JSONDict, JSONInput, RequestDict
 from crl_gym.protocol import (
     DistillationRequest,
     ExperienceOp,
@@ -169,7 +169,7 @@ class ServiceActor:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self) -> JSONDict:
         """Counters, B_φ and π_φ into ``service_dir/checkpoint``, taken between two passes of the
         extractor's loop (:meth:`ExperienceService.save`), by the run's checkpoint writer
         (``crl_train.service.checkpoint``): written whole beside the current one, ``state.json`` last
@@ -286,7 +286,7 @@ class RayServiceClient:
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> JSONDict:
         return {"name": self.name, "namespace": self.namespace, "timeout": self.timeout}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -416,7 +416,7 @@ class RayServiceClient:
         return Health.from_dict(await self._acall(ServiceActor.health))
 
     # ------------------------------------------------------------------ the actor's own
-    def checkpoint(self, timeout: float = 3600.0) -> dict[str, Any]:
+    def checkpoint(self, timeout: float = 3600.0) -> JSONDict:
         """The service's checkpoint (``ServiceActor.checkpoint``): may take minutes with a real π_φ."""
         return dict(self._call_within(timeout, ServiceActor.checkpoint))
 

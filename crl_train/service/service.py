@@ -35,6 +35,7 @@ from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.results import Health, ServiceStats
 from crl_gym.experience.service import ClosedStep, RetrievalService
 from crl_gym.experience.snapshots import default_name, prune_snapshots
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float, guiding_entries
 from crl_train.config import AlgoConfig, ExperienceConfig, TrainConfig
 from crl_train.config.io import check_choices
@@ -167,7 +168,7 @@ def row_columns() -> dict[str, str]:
     return out
 
 
-def _object(value: object, what: str) -> dict[str, Any]:
+def _object(value: object, what: str) -> JSONDict:
     if not isinstance(value, dict):
         raise ValueError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
