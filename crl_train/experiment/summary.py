@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from crl_train.experiment.fifths import PARTS, is_recall, new_entry_verdicts, part_of
-from crl_train.experiment.suite import record_dir
+from crl_train.experiment.suite import CellRecord, record_dir
 from crl_train.run.stats import paired_difference
 
 MEMORY_ORDER = ("frozen", "none", "online")
 
 
-def heldout_success(record: dict[str, Any], memory: str) -> float | None:
+def heldout_success(record: CellRecord, memory: str) -> float | None:
     """A cell's held-out success in ``memory`` (a cell evaluated without a bank: its ``none``), or None."""
     modes = record["eval"].get("memory") or {
         m: record["eval"][k] for m, k in (("frozen", "with_experience"), ("none", "without_experience"))
@@ -56,9 +56,9 @@ def right_entries_per_request(cell_dir: Path, steps: int, *, last_part_only: boo
     return right / requests
 
 
-def comparisons(records: Sequence[dict[str, Any]], out: Path, contrasts: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+def comparisons(records: Sequence[CellRecord], out: Path, contrasts: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     """The comparisons of the module docstring."""
-    by_row: dict[str, dict[int, dict[str, Any]]] = {}
+    by_row: dict[str, dict[int, CellRecord]] = {}
     for r in records:
         by_row.setdefault(r["method"], {})[int(r["seed"])] = r
     modes = [m for m in MEMORY_ORDER if any(m in (r["eval"].get("memory") or {}) for r in records)] or ["frozen", "none"]
@@ -86,7 +86,7 @@ def comparisons(records: Sequence[dict[str, Any]], out: Path, contrasts: Sequenc
     return out_rows
 
 
-def write_summary(out: Path, records: Sequence[dict[str, Any]], contrasts: Sequence[tuple[str, str]]) -> Path:
+def write_summary(out: Path, records: Sequence[CellRecord], contrasts: Sequence[tuple[str, str]]) -> Path:
     """``OUT/summary.json`` (written atomically)."""
     path = out / "summary.json"
     tmp = path.with_name(path.name + ".tmp")
