@@ -53,7 +53,6 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Collection, Iterable
-from typing import Any
 
 from crl_gym.experience.op_forms import (
     Malformed,
@@ -185,7 +184,7 @@ def _parse_id(value: object) -> int:
 
 
 def _finish(
-    raw: dict[str, Any],
+    raw: JSONDict,
     *,
     allowed: Collection[int] | None,
     retrieved_id: int | None,
@@ -246,7 +245,7 @@ def _parse(
     if not answer.strip():
         raise Malformed("empty_answer")
     value = find_json(answer, looks_like_op)
-    raws: list[dict[str, Any] | Malformed] = [] if value is None else ops_from_json(value)
+    raws: list[JSONDict | Malformed] = [] if value is None else ops_from_json(value)
     if all(isinstance(r, Malformed) for r in raws):
         # e.g. "ADD: send {"type": "x"}": the JSON was part of a line-form text, not the answer
         raws = list(ops_from_lines(answer)) or raws
@@ -257,7 +256,7 @@ def _parse(
 
 
 def _validate(
-    raws: list[dict[str, Any] | Malformed],
+    raws: list[JSONDict | Malformed],
     *,
     allowed: Collection[int] | None,
     retrieved_id: int | None,
@@ -303,7 +302,7 @@ def _structured(text: object, *, allowed: Collection[int] | None, max_len: int, 
         raise Malformed("not_the_schema") from err
     if not isinstance(value, list) or not value:
         raise Malformed("not_the_schema")
-    raws: list[dict[str, Any] | Malformed] = []
+    raws: list[JSONDict | Malformed] = []
     for item in value:
         kind = item.get("op") if isinstance(item, dict) else None
         if kind not in ("add", "update", "return"):
