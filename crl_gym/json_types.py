@@ -1,4 +1,4 @@
-"""Types of JSON payloads: any parsed JSON (:data:`JSONValue`), and the payloads whose shape is known.
+"""Types of JSON payloads: any parsed JSON (:data:`JSONValue`), and the payloads of known shape.
 
 The wire forms of :mod:`crl_gym.protocol` (a distillation request, its steps and search calls, an
 entry reference, an extractor sample, an op) are :class:`~typing.TypedDict` s here: ``to_dict``

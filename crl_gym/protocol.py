@@ -404,7 +404,9 @@ class DistillationRequest:
             "request_id": self.request_id,
             "meta": _jsonable(self.meta),
         }
-        if self.turn_experience:  # only then: the requests of episode-level retrieval keep their form
+        if (
+            self.turn_experience
+        ):  # only then: the requests of episode-level retrieval keep their form
             out["turn_experience"] = [g.to_dict() for g in self.turn_experience]
         return out
 

@@ -66,7 +66,8 @@ def test_think_tokens_are_validated() -> None:
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ("train.stepz=3", r"unknown key 'train.stepz' \(did you mean 'train.steps'\?\); accepted keys: "
+        ("train.stepz=3", r"unknown key 'train.stepz' \(did you mean 'train.steps'\?\); "
+                          "accepted keys: "
                           "checkpoint_every, eval_episodes, log_every, max_track_failures, steps"),
         ("algo.clip_epz=0.1", r"unknown key 'algo.clip_epz' \(did you mean 'algo.clip_eps'\?\)"),
         ("nope=1", "unknown key 'nope'"),

@@ -185,7 +185,8 @@ def test_the_cispo_normalisation_option_reaches_the_extractors_loss() -> None:
     assert spec.settings is not None and spec.settings.normalisation == "sequences"
     policy = build_tiny_policy(TEXTS, vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, seed=0)
     assert Extractor(policy).loss == PolicyLoss.CISPO
-    assert Extractor(policy, ExtractorSettings(normalisation="sequences")).loss == PolicyLoss.CISPO_SEQUENCES
+    sequences = ExtractorSettings(normalisation="sequences")
+    assert Extractor(policy, sequences).loss == PolicyLoss.CISPO_SEQUENCES
     with pytest.warns(DeprecationWarning, match="ExtractorSettings"):  # the old keyword form
         assert Extractor(policy, normalisation="sequences").loss == PolicyLoss.CISPO_SEQUENCES
     with pytest.raises(ValueError, match="normalisation"):

@@ -206,7 +206,10 @@ def test_the_extractor_records_pi_old_as_training_computes_it(monkeypatch: pytes
         return gens
 
     monkeypatch.setattr(policy, "generate", shifted)
-    ext = Extractor(policy, ExtractorSettings(max_new_tokens=6, max_context_tokens=256, structured=False))
+    ext = Extractor(
+        policy,
+        ExtractorSettings(max_new_tokens=6, max_context_tokens=256, structured=False),
+    )
     for exact in (True, False):
         monkeypatch.setattr(HFPolicy, "sampled_logprobs_exact", property(lambda self, e=exact: e))
         samples = ext.generate(["Task amber falcon:", "Task amber falcon: east west"], None)

@@ -103,7 +103,15 @@ def test_uncreditable_and_malformed_are_counted(policies: tuple[Any, Any]) -> No
     _, ext_policy = policies
     mgr = manager(("seed entry without provenance",))
     # unstructured random model: its text is not an op → a counted malformed Return, bank unchanged
-    extractor = Extractor(ext_policy, ExtractorSettings(max_new_tokens=8, max_context_tokens=1024, max_prompt_chars=600, structured=False))
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=8,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            structured=False,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False)
     mgr.submit(_request(False))
     track.run_until_idle()
@@ -134,7 +142,15 @@ def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option
         policies: tuple[Any, Any], return_reward: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
     _, ext_policy = policies
     mgr = manager()
-    extractor = Extractor(ext_policy, ExtractorSettings(max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=800, constrained=True))
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=800,
+            constrained=True,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False, return_reward=return_reward)
     calls = recorded_distills(extractor, monkeypatch)
     torch.manual_seed(0)
@@ -156,7 +172,15 @@ def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option
 def test_distill_fraction_distils_a_seeded_share_and_the_same_one_on_a_resend(
         policies: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     _, ext_policy = policies
-    extractor = Extractor(ext_policy, ExtractorSettings(max_new_tokens=16, max_context_tokens=1024, max_prompt_chars=400, constrained=True))
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=16,
+            max_context_tokens=1024,
+            max_prompt_chars=400,
+            constrained=True,
+        ),
+    )
     calls = recorded_distills(extractor, monkeypatch)
 
     def distilled_tasks(fraction: float, seed: int) -> list[str]:
@@ -185,7 +209,15 @@ def test_async_track_never_blocks_and_drains_queue(policies: tuple[Any, Any]) ->
     actor, ext_policy = policies
     mgr = manager()
     client = LocalClient(mgr)
-    extractor = Extractor(ext_policy, ExtractorSettings(max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600, constrained=True))
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=True)
     track.start()
     runner = RolloutRunner(actor, corridor_factory(client, max_turns=2), client=client, group_size=2, max_turns=2, max_new_tokens=4, constrained=True)
@@ -202,13 +234,22 @@ def test_async_track_never_blocks_and_drains_queue(policies: tuple[Any, Any]) ->
 def test_state_roundtrip(policies: tuple[Any, Any]) -> None:
     _, ext_policy = policies
     mgr = manager()
-    extractor = Extractor(ext_policy, ExtractorSettings(max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600, constrained=True))
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False)
     (sample,) = extractor.generate(["p"], [["RETURN: nothing new", "ADD: x"]])
     (s2, _), = extractor.distill([_request(True)])
     track.credit([Credit(step=3, reward=-1.0, sample=sample), Credit(step=3, reward=1.0, sample=s2)])
     state = json.loads(json.dumps(track.state()))  # a checkpoint is JSON
-    other = BackgroundTrack(mgr, Extractor(ext_policy, ExtractorSettings(constrained=True)), buffer_size=64, asynchronous=False)
+    other_extractor = Extractor(ext_policy, ExtractorSettings(constrained=True))
+    other = BackgroundTrack(mgr, other_extractor, buffer_size=64, asynchronous=False)
     other.load_state(state)
     assert [b.to_dict() for b in other.buffer] == [b.to_dict() for b in track.buffer]
     assert other.extractor.constraints == extractor.constraints and len(other.buffer) == 2

@@ -124,7 +124,9 @@ def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text:
         raise ValueError(f"ops_schema: max_ops must be >= 1, got {max_ops}")
     if not 0 <= slot_size <= MAX_ACTION_SLOT:
         raise ValueError(f"ops_schema: slot_size must be in [0, {MAX_ACTION_SLOT}], got {slot_size}")
-    slot: JSONDict = {"actions": slot_schema(slot_actions, slot_size)} if slot_size and slot_actions else {}
+    slot: JSONDict = (
+        {"actions": slot_schema(slot_actions, slot_size)} if slot_size and slot_actions else {}
+    )
     add = _op("add", **slot, text=text_schema(max_text))
     ret = _op("return", reason=text_schema(max_reason))
     ids = sorted({int(i) for i in update_ids})
@@ -133,7 +135,8 @@ def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text:
         values: list[JSONValue] = list(ids)
         target: JSONDict = {"const": ids[0]} if len(ids) == 1 else {"enum": values}
         first.insert(1, _op("update", id=target, **slot, text=text_schema(max_text)))
-    schema: JSONDict = {"type": "array", "prefixItems": [{"anyOf": first}], "minItems": 1, "maxItems": max_ops}
+    schema: JSONDict = {"type": "array", "prefixItems": [{"anyOf": first}], "minItems": 1,
+                        "maxItems": max_ops}
     schema["items"] = {"anyOf": [add, ret]} if max_ops > 1 else False
     return {**schema, "x-guidance": dict(GUIDANCE_OPTIONS)}
 

@@ -22,11 +22,12 @@ class GateConfig:
     """Actor-critic gate (appendix B.1; off by default, as in the paper)."""
 
     enabled: bool = False
-    """Before each guided episode the actor judges its entry, knowing the task and its own success rate:
-    accept (used as is, s_c = 1), refine (the actor rewrites it, 0.5) or reject (the episode runs
-    without it, 0); r̃(m) = s_c + r(m)."""
+    """Before each guided episode the actor judges its entry, knowing the task and its own success
+    rate: accept (used as is, s_c = 1), refine (the actor rewrites it, 0.5) or reject (the episode
+    runs without it, 0); r̃(m) = s_c + r(m)."""
     warmup_steps: int = 2
-    """T_warm: rollout steps that establish the actor's success rate per task before the gate judges."""
+    """T_warm: rollout steps that establish the actor's success rate per task before the gate
+    judges."""
     rewrite_tokens: int = 48
     """Tokens of the actor's rewrite of an entry it refines."""
 
@@ -41,7 +42,8 @@ class PerplexityConfig:
     the entry minus with it (sampled-token estimate from the rollout)."""
 
     transform: PerplexityChoice = "off"
-    """f: one of the paper's five transforms (``crl_train.algorithms.perplexity_bonus``), or ``off``."""
+    """f: one of the paper's five transforms (``crl_train.algorithms.perplexity_bonus``), or
+    ``off``."""
     weight: float = 0.1
     """w of the bonus."""
     temperature: float = 1.0
@@ -49,7 +51,8 @@ class PerplexityConfig:
     clip: float = 1.0
     """Upper clip of ``relative`` / ``asymmetric`` (and lower clip of ``relative``)."""
     clip_negative: float = 0.1
-    """Lower clip (magnitude) of ``asymmetric``: a small penalty for entries that raise the entropy."""
+    """Lower clip (magnitude) of ``asymmetric``: a small penalty for entries that raise the entropy.
+    """
 
     def __post_init__(self) -> None:
         check_choices(self, "algo.perplexity")
@@ -70,19 +73,21 @@ class EdgeConfig:
     prune: float = -0.2
     """η: entries whose EMA utility falls below it are pruned."""
     reflect_below: float = 0.5
-    """ξ: a task category (``info["task_category"]``, else the env id) whose success rate in a step is
-    below it makes the extractor reflect on its failed and successful episodes."""
+    """ξ: a task category (``info["task_category"]``, else the env id) whose success rate in a step
+    is below it makes the extractor reflect on its failed and successful episodes."""
     reflection_entries: int = 3
     """Most new entries the reflections of one step add (the EDGE summary: up to three)."""
     dedup_similarity: float | None = 0.95
     """A new entry whose embedding has cosine similarity ≥ this to one in the bank is refused
-    (counted in ``refused``); null switches the refusal off. Other methods: ``manager.dedup_similarity``."""
+    (counted in ``refused``); null switches the refusal off. Other methods:
+    ``manager.dedup_similarity``."""
     kl_weight: float = 0.1
     """λ, weight of the reverse-KL distillation term, added to the RL loss of the same update
     (the EDGE summary reports that λ = 1 lets distillation dominate the RL signal)."""
     kl_estimator: KLEstimator = "topk"
     """The reverse KL over the student's top-k tokens per position (``topk``, EDGE's) or its
-    sampled-token estimate (``sampled``: one teacher log-prob per token, cheaper on a large vocabulary)."""
+    sampled-token estimate (``sampled``: one teacher log-prob per token, cheaper on a large
+    vocabulary)."""
     top_k: int = 20
     """k of the ``topk`` reverse KL."""
 
@@ -91,16 +96,22 @@ class EdgeConfig:
         _at_least(self, "algo.edge", 0, "kl_weight", "reflection_entries")
         _at_least(self, "algo.edge", 1, "top_k")
         if self.dedup_similarity is not None and not -1.0 <= self.dedup_similarity <= 1.0:
-            raise ConfigError(f"algo.edge.dedup_similarity must be in [-1, 1] or null, got {self.dedup_similarity}")
+            raise ConfigError(
+                "algo.edge.dedup_similarity must be in [-1, 1] or null, got "
+                f"{self.dedup_similarity}"
+            )
         if not 0.0 <= self.reflect_below <= 1.0:
-            raise ConfigError(f"algo.edge.reflect_below must be in [0, 1], got {self.reflect_below}")
+            raise ConfigError(
+                f"algo.edge.reflect_below must be in [0, 1], got {self.reflect_below}"
+            )
         if not 0 <= self.ema <= 1:
             raise ConfigError(f"algo.edge.ema must be in [0, 1], got {self.ema}")
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    """Objectives of both models (paper defaults); the optional components' settings in their own sections."""
+    """Objectives of both models (paper defaults); the optional components' settings in their own
+    sections."""
 
     ratio_level: Literal["token", "sequence"] = "sequence"
     """Actor IS ratio: per token, or per trajectory length-normalised (Eq. 5)."""
@@ -115,9 +126,10 @@ class AlgoConfig:
     cispo_eps_high: float = 0.1
     """CISPO upper clip of the IS weight (paper: 0.1)."""
     cispo_normalisation: CispoNormalisation = "tokens"
-    """CISPO's normaliser: ``tokens`` divides by Σ_i |m_i| over the batch (the paper's Eq. 3); ``sequences``
-    averages each sample over its own tokens, then the samples (an option: long answers no longer take
-    a larger share of the push, e.g. toward short Returns when most advantages are negative)."""
+    """CISPO's normaliser: ``tokens`` divides by Σ_i |m_i| over the batch (the paper's Eq. 3);
+    ``sequences`` averages each sample over its own tokens, then the samples (an option: long
+    answers no longer take a larger share of the push, e.g. toward short Returns when most
+    advantages are negative)."""
     buffer_size: int = 64
     """|B_φ| that triggers a CISPO update of the extractor (paper: 64)."""
     return_reward: float | None = None
@@ -135,8 +147,8 @@ class AlgoConfig:
     merge_token_budget: int = 6000
     """Tokens per Merge window prompt."""
     entry_reward: EntryReward = "direct"
-    """r(m): ``direct`` ±1 by success (the paper's choice) or ``relative`` (minus the free subgroup's
-    mean ±1; the variant the paper found worse, appendix B.2)."""
+    """r(m): ``direct`` ±1 by success (the paper's choice) or ``relative`` (minus the free
+    subgroup's mean ±1; the variant the paper found worse, appendix B.2)."""
     self_distill: bool = False
     """Self-distillation of winning guided trajectories with the experience stripped (appendix)."""
     self_distill_coef: float = 0.1
@@ -168,7 +180,8 @@ class AlgoConfig:
         "edge_top_k": "edge.top_k",
     }
     """Keys of the flat layout before the sections (``algo.edge_lambda``) → their place now: still
-    read from YAML, ``--set`` and attributes, with a deprecation warning (``crl_train.config.io``)."""
+    read from YAML, ``--set`` and attributes, with a deprecation warning (``crl_train.config.io``).
+    """
 
     def __post_init__(self) -> None:
         check_choices(self, "algo")
@@ -188,7 +201,9 @@ class AlgoConfig:
         )
         _at_least(self, "algo", 1, "buffer_size")
         if self.return_reward is not None and not math.isfinite(self.return_reward):
-            raise ConfigError(f"algo.return_reward must be a finite number or null, got {self.return_reward}")
+            raise ConfigError(
+                f"algo.return_reward must be a finite number or null, got {self.return_reward}"
+            )
 
     if (
         not TYPE_CHECKING

@@ -1,4 +1,5 @@
-"""What π_φ's :class:`~crl_train.extractor.Extractor` needs beyond its model: :class:`ExtractorSettings`.
+"""What π_φ's :class:`~crl_train.extractor.Extractor` needs beyond its model:
+:class:`ExtractorSettings`.
 
 The one source of the extractor's defaults: the Extractor reads nothing else (``Extractor(policy,
 settings)``), the worker's :class:`~crl_train.extractor.ExtractorSpec` carries it across the
@@ -53,7 +54,8 @@ class ExtractorSettings:
     constrained: bool = ModelConfig.constrained
     """The model cannot write an answer on its own (the tiny preset); needs ``structured``."""
     think_tokens: int = ModelConfig.think_tokens
-    """Free reasoning tokens before a structured distillation answer (``extractor.think_tokens``)."""
+    """Free reasoning tokens before a structured distillation answer
+    (``extractor.think_tokens``)."""
     max_entry_chars: int = DEFAULT_MAX_LEN
     """Longest entry text (and refined advice) a schema allows (``experience.max_entry_chars``;
     :data:`TINY_ENTRY_CHARS` for the tiny extractor when the config leaves it null)."""
@@ -80,31 +82,44 @@ class ExtractorSettings:
             return ValueError(f"ExtractorSettings: {text}")
 
         if self.constrained and not self.structured:
-            raise bad("constrained=True (a model that cannot write an answer on its own) needs "
-                      "structured=True: its answers are generated under their schemas")
+            raise bad(
+                "constrained=True (a model that cannot write an answer on its own) needs "
+                "structured=True: its answers are generated under their schemas"
+            )
         if self.think_tokens < 0 or (self.think_tokens and not self.structured):
-            raise bad(f"think_tokens={self.think_tokens} needs structured=True and must be >= 0 "
-                      "(the free tokens precede a structured answer; a free-text model reasons on "
-                      "its own)")
-        for name in ("max_new_tokens", "max_context_tokens", "max_prompt_chars",
-                     "max_entry_chars", "max_ops"):
+            raise bad(
+                f"think_tokens={self.think_tokens} needs structured=True and must be >= 0 "
+                "(the free tokens precede a structured answer; a free-text model reasons on "
+                "its own)"
+            )
+        for name in (
+            "max_new_tokens",
+            "max_context_tokens",
+            "max_prompt_chars",
+            "max_entry_chars",
+            "max_ops",
+        ):
             if getattr(self, name) < 1:
                 raise bad(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.action_slot <= MAX_ACTION_SLOT:
             raise bad(f"action_slot must be in [0, {MAX_ACTION_SLOT}], got {self.action_slot}")
         if self.normalisation not in get_args(CispoNormalisation):
-            raise bad(f"normalisation must be one of {get_args(CispoNormalisation)}, "
-                      f"got {self.normalisation!r}")
+            raise bad(
+                f"normalisation must be one of {get_args(CispoNormalisation)}, "
+                f"got {self.normalisation!r}"
+            )
 
     @classmethod
     def for_model(cls, model: ModelConfig) -> ExtractorSettings:
         """The defaults for ``model``: its budgets and answer form; short entries for ``tiny``."""
-        return cls(max_new_tokens=model.max_new_tokens,
-                   max_context_tokens=model.max_context_tokens,
-                   structured=model.structured, constrained=model.constrained,
-                   think_tokens=model.think_tokens,
-                   max_entry_chars=TINY_ENTRY_CHARS if model.kind is ModelKind.TINY
-                   else DEFAULT_MAX_LEN)
+        return cls(
+            max_new_tokens=model.max_new_tokens,
+            max_context_tokens=model.max_context_tokens,
+            structured=model.structured,
+            constrained=model.constrained,
+            think_tokens=model.think_tokens,
+            max_entry_chars=TINY_ENTRY_CHARS if model.kind is ModelKind.TINY else DEFAULT_MAX_LEN,
+        )
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> ExtractorSettings:
@@ -112,12 +127,19 @@ class ExtractorSettings:
         exp, algo = cfg.experience, cfg.algo
         base = cls.for_model(cfg.extractor)
         return replace(
-            base, max_prompt_chars=exp.max_prompt_chars, max_ops=exp.max_ops,
+            base,
+            max_prompt_chars=exp.max_prompt_chars,
+            max_ops=exp.max_ops,
             action_slot=exp.action_slot,
-            max_entry_chars=base.max_entry_chars if exp.max_entry_chars is None
+            max_entry_chars=base.max_entry_chars
+            if exp.max_entry_chars is None
             else exp.max_entry_chars,
-            eps_low=algo.cispo_eps_low, eps_high=algo.cispo_eps_high, cooldown=algo.cooldown,
-            alpha=algo.count_alpha, normalisation=algo.cispo_normalisation)
+            eps_low=algo.cispo_eps_low,
+            eps_high=algo.cispo_eps_high,
+            cooldown=algo.cooldown,
+            alpha=algo.count_alpha,
+            normalisation=algo.cispo_normalisation,
+        )
 
 
 __all__ = ["EXTRACTOR_MAX_NEW_TOKENS", "TINY_ENTRY_CHARS", "ExtractorSettings"]

@@ -1,4 +1,5 @@
-"""The ``train`` section (:class:`RunConfig`) and the whole run (:class:`TrainConfig`, every section)."""
+"""The ``train`` section (:class:`RunConfig`) and the whole run (:class:`TrainConfig`, every
+section)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class RunConfig:
     steps: int = 40
     """Actor steps (rollout → advantages → update)."""
     checkpoint_every: int = 10
-    """Write a checkpoint (both models, bank, buffers, counters) every this many steps (and at the end)."""
+    """Write a checkpoint (both models, bank, buffers, counters) every this many steps (and at the
+    end)."""
     log_every: int = 1
     """Write a metrics.jsonl row every this many steps."""
     eval_episodes: int = 8
@@ -30,12 +32,15 @@ class RunConfig:
     """The run fails, naming the cause, once the extractor's background track has failed this many
     times: passes that raised (``track_errors``), CISPO batches dropped because the extractor's
     worker is gone (``skipped_updates``) and samples left out of CISPO because they do not replay
-    under their grammar (``unreplayable``), together, since the run (or its resume) started. Each failure is shown in the progress bar, logged and
-    listed in the run's summary whatever the limit; 0 never fails the run."""
+    under their grammar (``unreplayable``), together, since the run (or its resume) started. Each
+    failure is shown in the progress bar, logged and listed in the run's summary whatever the limit;
+    0 never fails the run."""
 
     def __post_init__(self) -> None:
         if self.max_track_failures < 0:
-            raise ConfigError(f"train.max_track_failures must be >= 0, got {self.max_track_failures}")
+            raise ConfigError(
+                f"train.max_track_failures must be >= 0, got {self.max_track_failures}"
+            )
         if self.steps < 1:
             raise ConfigError(f"train.steps must be >= 1, got {self.steps}")
         for name in ("checkpoint_every", "log_every"):
@@ -50,8 +55,8 @@ class TrainConfig:
     """The whole run."""
 
     method: MethodName = MethodName.COMPLEMENTARY
-    """One of grpo, complementary, static_online, exp_only, offline_exp, edge (``crl_train.methods``; each
-    checks the settings it needs when it is made)."""
+    """One of grpo, complementary, static_online, exp_only, offline_exp, edge
+    (``crl_train.methods``; each checks the settings it needs when it is made)."""
     seed: int = 0
     """Seed of torch and the samplers."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -59,7 +64,8 @@ class TrainConfig:
     actor: ModelConfig = field(default_factory=lambda: ModelConfig(constrained=True))
     """The policy actor π_θ."""
     extractor: ModelConfig = field(
-        default_factory=lambda: ModelConfig(max_new_tokens=EXTRACTOR_MAX_NEW_TOKENS))
+        default_factory=lambda: ModelConfig(max_new_tokens=EXTRACTOR_MAX_NEW_TOKENS)
+    )
     """The experience extractor π_φ (separate parameters, as the paper requires)."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Losses and their hyper-parameters."""
@@ -73,9 +79,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", enum_member(MethodName, self.method, "method"))
         if self.actor.kind is ModelKind.ORACLE:
-            raise ConfigError("actor.model: 'oracle' is an extractor, not an actor (use it as extractor.model)")
+            raise ConfigError(
+                "actor.model: 'oracle' is an extractor, not an actor (use it as extractor.model)"
+            )
         if self.extractor.kind is ModelKind.READER:
-            raise ConfigError("extractor.model: 'reader' is an actor, not an extractor (use it as actor.model)")
+            raise ConfigError(
+                "extractor.model: 'reader' is an actor, not an extractor (use it as actor.model)"
+            )
         if self.actor.kind is ModelKind.READER:
             # the reader has no distribution to distil, judge with or measure the entropy of
             needs = [
@@ -89,12 +99,14 @@ class TrainConfig:
             ]
             if needs:
                 raise ConfigError(
-                    f"actor.model: 'reader' is a script without weights; {', '.join(needs)} needs a "
+                    "actor.model: 'reader' is a script without weights; "
+                    f"{', '.join(needs)} needs a "
                     "model actor"
                 )
         if self.actor.think_tokens:
             raise ConfigError(
-                f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the extractor's "
+                f"actor.think_tokens must be 0 (got {self.actor.think_tokens}): only the "
+                "extractor's "
                 "constrained answers take reasoning tokens"
             )
         if self.extractor.constrained and not self.extractor.structured:

@@ -277,7 +277,9 @@ MEASURES = (
 )
 
 
-def values(records: Sequence[CellRecord], out: Path, measure: Measure) -> dict[str, dict[int, Parts]]:
+def values(
+    records: Sequence[CellRecord], out: Path, measure: Measure
+) -> dict[str, dict[int, Parts]]:
     """method → seed → the measure's values by span, for every cell that has its run directory."""
     got: dict[str, dict[int, Parts]] = defaultdict(dict)
     for r in records:
@@ -354,7 +356,9 @@ def fifths_tables(records: Sequence[CellRecord], methods: Sequence[str], out: Pa
     return lines
 
 
-def headline(records: Sequence[CellRecord], out: Path, contrasts: Sequence[tuple[str, str]]) -> list[str]:
+def headline(
+    records: Sequence[CellRecord], out: Path, contrasts: Sequence[tuple[str, str]]
+) -> list[str]:
     """One line per measure and contrast: the last fifth's paired difference, and whether it excludes 0."""
     lines = []
     for a, b in contrasts:
@@ -364,8 +368,11 @@ def headline(records: Sequence[CellRecord], out: Path, contrasts: Sequence[tuple
             text, excludes = last_part_contrast(values(records, out, measure), a, b)
             if text == "n/a":
                 continue
-            verdict = {True: "the interval excludes 0", False: "the interval includes 0",
-                       None: "no interval (fewer than 2 paired seeds, or no spread)"}[excludes]
+            verdict = {
+                True: "the interval excludes 0",
+                False: "the interval includes 0",
+                None: "no interval (fewer than 2 paired seeds, or no spread)",
+            }[excludes]
             name = measure.title.split(",")[0]
             lines.append(f"* {name}, last fifth, {a} − {b}: **{text}** ({verdict}).")
     return lines

@@ -84,8 +84,10 @@ def results_table(records: Sequence[CellRecord], methods: Sequence[str]) -> list
     if len(envs) > 1:
         for m in methods:
             per_seed = _by([r for r in records if r["method"] == m], lambda r: r["seed"])
-            avg: list[SeedEval] = [{"seed": s, "eval": _mean_eval(rs)} for s, rs in sorted(per_seed.items())]
-            grpo_seed = _by([r for r in records if r["method"] == MethodName.GRPO], lambda r: r["seed"])
+            avg: list[SeedEval] = [{"seed": s, "eval": _mean_eval(rs)}
+                                   for s, rs in sorted(per_seed.items())]
+            grpo_runs = [r for r in records if r["method"] == MethodName.GRPO]
+            grpo_seed = _by(grpo_runs, lambda r: r["seed"])
             grpo_avg: dict[int, SeedEval] = {s: {"seed": s, "eval": _mean_eval(rs)}
                                              for s, rs in grpo_seed.items()}
             rows.append(_row("**mean over envs**", m, avg, grpo_avg))
@@ -364,14 +366,23 @@ def _reading(suite: Suite) -> list[str]:
     return [Path(suite.reading).read_text(encoding="utf-8").strip(), ""]
 
 
-def _headline(records: Sequence[CellRecord], out: Path, pairs: Sequence[tuple[str, str]]) -> list[str]:
+def _headline(
+    records: Sequence[CellRecord], out: Path, pairs: Sequence[tuple[str, str]]
+) -> list[str]:
     lines = headline(records, out, pairs)
     if not lines:
         return []
     what = "share of new entries holding their task's secret, " if is_recall(records) else ""
-    return ["## Headline: the last fifth of training", "",
-            f"The paired differences of the tables per fifth of training ({what}r̄(m) of the entries retrieved, "
-            f"guided success) in their last fifth, {int(LEVEL * 100)} % paired t interval over seeds:", "", *lines, ""]
+    return [
+        "## Headline: the last fifth of training",
+        "",
+        f"The paired differences of the tables per fifth of training "
+        f"({what}r̄(m) of the entries retrieved, guided success) in their last fifth, "
+        f"{int(LEVEL * 100)} % paired t interval over seeds:",
+        "",
+        *lines,
+        "",
+    ]
 
 
 def _plain(suite: Suite) -> JSONDict:

@@ -255,7 +255,9 @@ def cell_lock(out: Path, cell: Cell, *, wait: bool) -> Iterator[bool]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> CellRecord:
+def run_cell(
+    suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None
+) -> CellRecord:
     """Train and evaluate one cell (or resume it); returns what ``cell.json`` holds."""
     from crl_train.run.checkpoints import resolve_checkpoint
     from crl_train.run.evaluate import evaluate_run
@@ -278,10 +280,15 @@ def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str]
         result = evaluate_run(trainer, suite.eval_episodes, memory=suite.eval_memory)
     finally:
         trainer.close()
-    record: CellRecord = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs),
-                        "steps": cfg.train.steps,
-              "run_method": cfg.method, "eval": result,
-                        "resumed_from": resumed_from(cell_dir)}
+    record: CellRecord = {
+        "method": cell.method,
+        "seed": cell.seed,
+        "envs": list(cell.envs),
+        "steps": cfg.train.steps,
+        "run_method": cfg.method,
+        "eval": result,
+        "resumed_from": resumed_from(cell_dir),
+    }
     tmp = cell_dir / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
     tmp.replace(cell_dir / CELL_FILE)
@@ -328,11 +335,17 @@ def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progre
     return [records[c.name] for c in grid]
 
 
-def _run_on_ray(suite: Suite, grid: list[Cell], out: Path, address: str, bar: Any) -> dict[str, CellRecord]:
+def _run_on_ray(
+    suite: Suite, grid: list[Cell], out: Path, address: str, bar: Any
+) -> dict[str, CellRecord]:
     """Each unfinished cell as one Ray task with ``suite.resources`` (Ray is the scheduler)."""
     import ray
 
-    ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
+    ray.init(
+        address=None if address == "local" else address,
+        ignore_reinit_error=True,
+        log_to_driver=False,
+    )
     task = ray.remote(**{k: v for k, v in suite.resources.items() if v is not None})(_ray_cell)
     records: dict[str, CellRecord] = {}
     pending: dict[Any, str] = {}

@@ -217,10 +217,15 @@ class Trainer:
                 if e.request is not None:
                     f.write(e.request.to_json() + "\n")
 
-    def _row(self, rollout: Rollout, adv: torch.Tensor, total: float, rollout_s: float, update_s: float) -> JSONDict:
+    def _row(
+        self, rollout: Rollout, adv: torch.Tensor, total: float, rollout_s: float, update_s: float
+    ) -> JSONDict:
         stats = self.c.client.stats()
-        return {**service_columns(stats, self.method.service_metrics), **rollout_columns(rollout, adv, self.c.runner, stats),
-                **time_columns(total, rollout_s, update_s)}
+        return {
+            **service_columns(stats, self.method.service_metrics),
+            **rollout_columns(rollout, adv, self.c.runner, stats),
+            **time_columns(total, rollout_s, update_s),
+        }
 
     # ------------------------------------------------------------------ loop
     def checkpoint(self, step: int) -> None:

@@ -132,11 +132,19 @@ def _price_upper(price: float, rng: random.Random) -> tuple[float, str]:
     return NO_PRICE_LIMIT, ""
 
 
-def _goal(p: dict[str, Any], text: str, attributes: list[str], options: object, upper: float) -> JSONDict:
+def _goal(
+    p: dict[str, Any], text: str, attributes: list[str], options: object, upper: float
+) -> JSONDict:
     return {
-        "asin": p["asin"], "category": p["category"], "query": p["query"], "name": p["name"],
-        "product_category": p["product_category"], "instruction_text": text,
-        "attributes": list(attributes), "price_upper": upper, "goal_options": options,
+        "asin": p["asin"],
+        "category": p["category"],
+        "query": p["query"],
+        "name": p["name"],
+        "product_category": p["product_category"],
+        "instruction_text": text,
+        "attributes": list(attributes),
+        "price_upper": upper,
+        "goal_options": options,
     }
 
 
