@@ -51,7 +51,7 @@ import threading
 import traceback
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -161,7 +161,7 @@ def _set_state(ext: Extractor | OracleExtractor, d: dict[str, Any]) -> None:
         rng_state.restore(rng, "extractor.rng")
 
 
-_HANDLERS: dict[str, Any] = {
+_HANDLERS: dict[str, Callable[..., object]] = {
     "distill": lambda ext, reqs: ext.distill(reqs),
     "refine": lambda ext, q, entry, ctx: ext.refine(q, entry, ctx),
     "reflect": lambda ext, category, failures, successes, n: ext.reflect(category, failures, successes, n),
