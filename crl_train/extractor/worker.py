@@ -43,6 +43,7 @@ False
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -122,6 +123,13 @@ class ExtractorSpec:
     def extractor_settings(self) -> ExtractorSettings:
         """``settings``, or the model's defaults."""
         return self.settings or ExtractorSettings.for_model(self.model)
+
+
+def extractor_options(spec: ExtractorSpec) -> dict[str, object]:
+    """Deprecated: the Extractor's settings as keyword arguments; use ``spec.extractor_settings``."""
+    warnings.warn("extractor_options(spec) is deprecated: use spec.extractor_settings",
+                  DeprecationWarning, stacklevel=2)
+    return dataclasses.asdict(spec.extractor_settings)
 
 
 def build_extractor(spec: ExtractorSpec) -> Extractor | OracleExtractor:
