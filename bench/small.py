@@ -83,7 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from crl_gym.experience.schemas import MAX_OPS, ops_schema  # noqa: E402
 from crl_gym.protocol import DistillationRequest, Step, Trajectory  # noqa: E402
 from crl_train.algorithms import LOSSES  # noqa: E402
-from crl_train.config import load_config  # noqa: E402
+from crl_train.config import ExtractorSettings, load_config  # noqa: E402
 from crl_train.extractor.model import BufferItem, Extractor  # noqa: E402
 from crl_train.policy.base import Generation, OptimConfig, SamplingConfig, TokenSequence, TrainBatch  # noqa: E402
 from crl_train.policy.checkpoint import resolve_dtype  # noqa: E402
@@ -372,9 +372,16 @@ def _smol(cfg: Any, dtype: str) -> tuple[HFPolicy, Extractor]:
                                       optim=OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale="tokens"))
     policy.name = display_name(mc.model)
     policy.enable_lora(LoraSpec(mc.lora_rank, mc.lora_alpha, mc.lora_targets))
-    ext = Extractor(policy, max_new_tokens=mc.max_new_tokens, max_context_tokens=mc.max_context_tokens,
-                    max_prompt_chars=cfg.experience.max_prompt_chars, structured=True,
-                    max_entry_chars=cfg.experience.max_entry_chars or 160)
+    ext = Extractor(
+        policy,
+        ExtractorSettings(
+            max_new_tokens=mc.max_new_tokens,
+            max_context_tokens=mc.max_context_tokens,
+            max_prompt_chars=cfg.experience.max_prompt_chars,
+            structured=True,
+            max_entry_chars=cfg.experience.max_entry_chars or 160,
+        ),
+    )
     return policy, ext
 
 
@@ -596,9 +603,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                     optim=OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale="tokens"))
     smol.name = display_name(mc.model)
     smol.enable_lora(LoraSpec(mc.lora_rank, mc.lora_alpha, mc.lora_targets))
-    ext = Extractor(smol, max_new_tokens=mc.max_new_tokens, max_context_tokens=mc.max_context_tokens,
-                    max_prompt_chars=cfg.experience.max_prompt_chars, structured=True,
-                    max_entry_chars=cfg.experience.max_entry_chars or 160)
+    ext = Extractor(
+        smol,
+        ExtractorSettings(
+            max_new_tokens=mc.max_new_tokens,
+            max_context_tokens=mc.max_context_tokens,
+            max_prompt_chars=cfg.experience.max_prompt_chars,
+            structured=True,
+            max_entry_chars=cfg.experience.max_entry_chars or 160,
+        ),
+    )
     from crl_gym.experience.prompts import build_distillation_prompt
 
     prompt = ext._prompt_ids(build_distillation_prompt(_requests(1)[0], max_chars=cfg.experience.max_prompt_chars,

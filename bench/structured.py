@@ -43,6 +43,7 @@ from crl_gym.experience.prompts import (  # noqa: E402
 )
 from crl_gym.experience.schemas import merge_schema, ops_schema, refinement_schema  # noqa: E402
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory  # noqa: E402
+from crl_train.config import ExtractorSettings  # noqa: E402
 from crl_train.extractor.model import Extractor  # noqa: E402
 from crl_train.extractor.worker import TINY_ENTRY_CHARS  # noqa: E402
 from crl_train.policy.grammar import JsonGrammar  # noqa: E402
@@ -163,7 +164,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy = build_tiny_policy(_corpus(), vocab_size=args.vocab, max_positions=1024, seed=args.seed,
                                sampling=SamplingConfig(seed=args.seed))
     build_s = time.perf_counter() - t0
-    ext = Extractor(policy, max_new_tokens=48, max_context_tokens=1024, constrained=True, max_entry_chars=TINY_ENTRY_CHARS)
+    ext = Extractor(
+        policy,
+        ExtractorSettings(
+            max_new_tokens=48,
+            max_context_tokens=1024,
+            constrained=True,
+            max_entry_chars=TINY_ENTRY_CHARS,
+        ),
+    )
     tasks = _tasks(args.prompts)
     engine = policy.grammar_engine
     compile_ms: dict[str, float] = {}

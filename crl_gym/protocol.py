@@ -15,8 +15,22 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, SupportsFloat, SupportsIndex, get_args
+
+from crl_gym.json_types import (
+    ExperienceRefDict,
+    GrammarSpec,
+    JSONInput,
+    JSONValue,
+    OpDict,
+    RequestDict,
+    SampleDict,
+    SearchCallDict,
+    StepDict,
+    TrajectoryDict,
+    TurnGuidanceDict,
+)
 
 Condition = Literal["guided", "free"]
 """How an episode ran: with a retrieved entry in its context (guided) or without (free)."""
@@ -86,7 +100,7 @@ def check_str(value: object, what: str) -> str:
     return value
 
 
-def _mapping(d: object, what: str) -> dict[str, Any]:
+def _mapping(d: object, what: str) -> JSONInput:
     if not isinstance(d, dict):
         raise ValueError(f"{what} must be a JSON object, got {type(d).__name__}")
     return d
@@ -98,13 +112,13 @@ def _list(value: object, what: str) -> list[Any]:
     return list(value)
 
 
-def _required(d: dict[str, Any], key: str, what: str) -> object:
+def _required(d: JSONInput, key: str, what: str) -> object:
     if key not in d:
         raise ValueError(f"{what}.{key} is missing" if what else f"{key} is missing")
     return d[key]
 
 
-def _grammar(value: object, what: str) -> dict[str, Any] | None:
+def _grammar(value: object, what: str) -> GrammarSpec | None:
     """An :class:`ExtractorSample`'s ``grammar`` (None, or ``schema`` text with its reasoning rule)."""
     if value is None:
         return None
@@ -119,14 +133,15 @@ def _named(what: str, key: str) -> str:
     return f"{what}.{key}" if what else key
 
 
-def _jsonable(value: object) -> object:
+def _jsonable(value: object) -> JSONValue:
     """Best-effort conversion of info values (numpy scalars, arrays, sets) to JSON types."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
         return [_jsonable(v) for v in value]
     if hasattr(value, "tolist"):  # numpy arrays and scalars
-        return value.tolist()
+        listed: JSONValue = value.tolist()
+        return listed
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return repr(value)
@@ -152,11 +167,11 @@ class ExperienceRef:
         if not (type(self.version) is int and self.version >= 0):
             object.__setattr__(self, "version", check_int(self.version, "experience.version", low=0))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> ExperienceRefDict:
+        return {"id": self.id, "text": self.text, "version": self.version}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None, what: str = "experience") -> ExperienceRef | None:
+    def from_dict(cls, d: object, what: str = "experience") -> ExperienceRef | None:
         """Inverse of :meth:`to_dict` (``None`` stays ``None``); a bad field raises ``ValueError`` naming it."""
         if d is None:
             return None
@@ -174,7 +189,7 @@ class TurnGuidance:
     """Env steps taken before the observation the entry was shown with (0: the first one)."""
     entry: ExperienceRef
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TurnGuidanceDict:
         return {"turn": self.turn, "entry": self.entry.to_dict()}
 
     @classmethod
@@ -201,7 +216,7 @@ class Step:
     kind: Literal["env", "search_and_ask"] = "env"
     """``search_and_ask`` when the wrapper intercepted the action and the env was not stepped."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StepDict:
         return {
             "observation": self.observation,
             "action": self.action,
@@ -211,7 +226,7 @@ class Step:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], what: str = "step") -> Step:
+    def from_dict(cls, d: object, what: str = "step") -> Step:
         """Inverse of :meth:`to_dict`; a bad field raises ``ValueError`` naming it (``steps[3].reward``).
 
         Construction is not checked (the rollout loop builds one per turn); the request's
@@ -227,7 +242,7 @@ class Step:
             action=check_str(_required(d, "action", what), f"{what}.action"),
             reward=finite_float(d.get("reward", 0.0), f"{what}.reward"),
             info=dict(_mapping(info, f"{what}.info")),
-            kind=kind,
+            kind="search_and_ask" if kind == "search_and_ask" else "env",
         )
 
 
@@ -244,7 +259,7 @@ class SearchCall:
     provenance: dict[str, Any] | None = None
     """Extractor sample that produced the refinement: prompt, response, logprobs, version."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SearchCallDict:
         return {
             "query": self.query,
             "answer": self.answer,
@@ -255,13 +270,14 @@ class SearchCall:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], what: str = "search_call") -> SearchCall:
+    def from_dict(cls, d: object, what: str = "search_call") -> SearchCall:
         """Inverse of :meth:`to_dict`; a bad field (a NaN log-prob of the provenance too) names itself."""
         d = _mapping(d, what)
         provenance = d.get("provenance")
         if provenance is not None:
             # the refinement's sample is trained on (CISPO) when the call is credited: check it now
-            ExtractorSample.from_dict(_mapping(provenance, f"{what}.provenance"), f"{what}.provenance")
+            provenance = dict(_mapping(provenance, f"{what}.provenance"))
+            ExtractorSample.from_dict(provenance, f"{what}.provenance")
         return cls(
             query=check_str(_required(d, "query", what), f"{what}.query"),
             answer=check_str(_required(d, "answer", what), f"{what}.answer"),
@@ -288,7 +304,7 @@ class Trajectory:
         """Env actions taken (search_and_ask turns excluded)."""
         return sum(1 for s in self.steps if s.kind == "env")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TrajectoryDict:
         return {
             "steps": [s.to_dict() for s in self.steps],
             "initial_observation": self.initial_observation,
@@ -370,12 +386,12 @@ class DistillationRequest:
         if self.turn_experience and not all(isinstance(g, TurnGuidance) for g in self.turn_experience):
             raise ValueError("turn_experience must be a list of TurnGuidance")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RequestDict:
         return self._to_dict_with(self.trajectory.to_dict())
 
-    def _to_dict_with(self, trajectory: dict[str, Any]) -> dict[str, Any]:
+    def _to_dict_with(self, trajectory: TrajectoryDict) -> RequestDict:
         """The JSON dict of this request around an already serialised ``trajectory``."""
-        return {
+        out: RequestDict = {
             "task": self.task,
             "trajectory": trajectory,
             "outcome": float(self.outcome),
@@ -387,23 +403,29 @@ class DistillationRequest:
             "rollout_step": self.rollout_step,
             "request_id": self.request_id,
             "meta": _jsonable(self.meta),
-            # only when there is one: the requests of episode-level retrieval keep their old form
-            **({"turn_experience": [g.to_dict() for g in self.turn_experience]} if self.turn_experience else {}),
         }
+        if (
+            self.turn_experience
+        ):  # only then: the requests of episode-level retrieval keep their form
+            out["turn_experience"] = [g.to_dict() for g in self.turn_experience]
+        return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DistillationRequest:
+    def from_dict(cls, d: JSONInput) -> DistillationRequest:
         """Inverse of :meth:`to_dict`. A missing, malformed or non-finite field raises
         ``ValueError`` naming it (``outcome``, ``trajectory.steps[3].reward``, ``experience.id``)."""
         d = _mapping(d, "request")
         seed, step, rid = d.get("seed"), d.get("rollout_step"), d.get("request_id")
+        condition = d.get("condition", FREE_CONDITION)
+        if condition not in CONDITIONS:
+            raise ValueError(f"condition must be one of {CONDITIONS}, got {condition!r}")
         return cls(
             task=check_str(_required(d, "task", ""), "task"),
             trajectory=Trajectory.from_dict(_required(d, "trajectory", "")),
             outcome=finite_float(_required(d, "outcome", ""), "outcome"),
             success=check_flag(_required(d, "success", ""), "success"),
             experience=ExperienceRef.from_dict(d.get("experience")),
-            condition=d.get("condition", FREE_CONDITION),
+            condition="guided" if condition == "guided" else "free",
             env_id=check_str(d.get("env_id", ""), "env_id"),
             seed=None if seed is None else check_int(seed, "seed"),
             rollout_step=None if step is None else check_int(step, "rollout_step"),
@@ -476,21 +498,32 @@ class ReturnOp:
 ExperienceOp = AddOp | UpdateOp | DeleteOp | ReturnOp
 
 
-def op_to_dict(op: ExperienceOp) -> dict[str, Any]:
-    d = asdict(op)
-    if "tags" in d:
-        d["tags"] = list(d["tags"])
-    return d
+def op_to_dict(op: ExperienceOp) -> OpDict:
+    if isinstance(op, AddOp):
+        return {"text": op.text, "tags": list(op.tags), "kind": op.kind}
+    if isinstance(op, UpdateOp):
+        return {"id": op.id, "text": op.text, "kind": op.kind}
+    if isinstance(op, DeleteOp):
+        return {"id": op.id, "kind": op.kind}
+    return {"reason": op.reason, "malformed": op.malformed, "kind": op.kind}
 
 
-def op_from_dict(d: dict[str, Any]) -> ExperienceOp:
+def _op_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    return int(value)
+
+
+def op_from_dict(d: JSONInput) -> ExperienceOp:
+    """Inverse of :func:`op_to_dict`; an unknown ``kind`` raises ``ValueError``."""
     kind = d.get("kind")
     if kind == "add":
-        return AddOp(text=str(d["text"]), tags=tuple(d.get("tags", ())))
+        tags = _list(d.get("tags", ()), "tags")
+        return AddOp(text=str(d["text"]), tags=tuple(str(t) for t in tags))
     if kind == "update":
-        return UpdateOp(id=int(d["id"]), text=str(d["text"]))
+        return UpdateOp(id=_op_int(d["id"], "id"), text=str(d["text"]))
     if kind == "delete":
-        return DeleteOp(id=int(d["id"]))
+        return DeleteOp(id=_op_int(d["id"], "id"))
     if kind == "return":
         return ReturnOp(reason=str(d.get("reason", "")), malformed=bool(d.get("malformed", False)))
     raise ValueError(f"unknown op kind {kind!r}; expected add, update, delete or return")
@@ -507,7 +540,7 @@ class ExtractorSample:
     token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
     extractor_version: int = 0
-    grammar: dict[str, Any] | None = None
+    grammar: GrammarSpec | None = None
     """The JSON grammar ``response`` was drawn under (``schema`` as JSON text, ``think_tokens``,
     ``reasoning_end``): its masks are replayed when CISPO trains on the sample, in whatever process
     and after whatever restart. None: drawn without one."""
@@ -520,11 +553,14 @@ class ExtractorSample:
         if self.token_ids and self.logprobs and len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"logprobs has {len(self.logprobs)} values for {len(self.token_ids)} token_ids")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> SampleDict:
+        return {"prompt": self.prompt, "response": self.response, "logprobs": list(self.logprobs),
+                "token_ids": list(self.token_ids), "prompt_token_ids": list(self.prompt_token_ids),
+                "extractor_version": self.extractor_version,
+                "grammar": None if self.grammar is None else GrammarSpec(**self.grammar)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None, what: str = "provenance") -> ExtractorSample | None:
+    def from_dict(cls, d: JSONInput | None, what: str = "provenance") -> ExtractorSample | None:
         """Inverse of :meth:`to_dict` (empty or ``None`` → ``None``); a bad field raises ``ValueError``
         naming it (``provenance.logprobs[4]``)."""
         if not d:

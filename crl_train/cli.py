@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from crl_gym.json_types import JSONDict
 from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Trainer:
 
 def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] | None = None,
                  env_factory: Callable[[str], Any] | None = None, *,
-                 memory: tuple[str, ...] = ("frozen", "none")) -> dict[str, Any]:
+                 memory: tuple[str, ...] = ("frozen", "none")) -> JSONDict:
     """:func:`crl_train.run.evaluate.evaluate_dir`, a vLLM generator that cannot start reported as a usage error."""
     from crl_train.policy.factory import GeneratorUnavailable
     from crl_train.run.evaluate import evaluate_dir as run_eval

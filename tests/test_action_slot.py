@@ -38,7 +38,7 @@ from crl_gym.templates import (
     DISTILLATION_TEMPLATE,
     GUIDED_OBSERVATION_TEMPLATE,
 )
-from crl_train.config import ConfigError, load_config
+from crl_train.config import ConfigError, ExtractorSettings, load_config
 from crl_train.extractor.model import BufferItem, Extractor, sample_key
 from crl_train.policy.base import TrainBatch
 from crl_train.policy.reader import ReaderPolicy
@@ -186,8 +186,18 @@ def _recall_requests(n: int) -> tuple[list[DistillationRequest], tuple[str, ...]
 
 @pytest.fixture(scope="module")
 def slot_run() -> tuple[Extractor, list[DistillationRequest], list[Any], tuple[str, ...]]:
-    ext = Extractor(tiny_policy(1, loss_scale="tokens"), max_new_tokens=40, max_context_tokens=1024,
-                    max_prompt_chars=600, constrained=True, max_entry_chars=32, action_slot=1, cooldown=0)
+    ext = Extractor(
+        tiny_policy(1, loss_scale="tokens"),
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+            max_entry_chars=32,
+            action_slot=1,
+            cooldown=0,
+        ),
+    )
     reqs, admissible = _recall_requests(6)
     no_actions = _request([Step("cell 0", "east", 1.0)])  # an env that lists no admissible actions
     return ext, [*reqs, no_actions], ext.distill([*reqs, no_actions]), admissible
@@ -246,12 +256,12 @@ def test_cispo_recomputes_the_sampled_logprobs_of_slot_samples(slot_run: Any) ->
 def test_the_config_key_is_validated_and_reaches_the_extractor() -> None:
     assert load_config(None, []).experience.action_slot == 0
     cfg = load_config(None, ["experience.action_slot=2"])
-    assert extractor_spec(cfg, None).options["action_slot"] == 2
+    assert extractor_spec(cfg, None).extractor_settings.action_slot == 2
     for bad in ("-1", "9"):
         with pytest.raises(ConfigError, match=r"experience\.action_slot must be in \[0, 8\]"):
             load_config(None, [f"experience.action_slot={bad}"])
     with pytest.raises(ValueError, match="action_slot"):
-        Extractor(tiny_policy(1), action_slot=9)
+        Extractor(tiny_policy(1), ExtractorSettings(action_slot=9))
 
 
 def test_the_slot_suite_is_small_recall_extractor_before_its_resizing_with_the_slot_on_every_row() -> None:

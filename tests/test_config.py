@@ -66,7 +66,10 @@ def test_think_tokens_are_validated() -> None:
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ("train.stepz=3", "unknown key 'train.stepz'; accepted keys: checkpoint_every, eval_episodes, log_every, max_track_failures, steps"),
+        ("train.stepz=3", r"unknown key 'train.stepz' \(did you mean 'train.steps'\?\); "
+                          "accepted keys: "
+                          "checkpoint_every, eval_episodes, log_every, max_track_failures, steps"),
+        ("algo.clip_epz=0.1", r"unknown key 'algo.clip_epz' \(did you mean 'algo.clip_eps'\?\)"),
         ("nope=1", "unknown key 'nope'"),
         ("train.steps=three", r"train.steps: expected int, got 'three'"),
         ("algo.gate=1", r"algo.gate: expected bool"),
@@ -193,3 +196,26 @@ def test_a_choice_is_checked_from_its_annotation_on_direct_construction_too() ->
         PerplexityConfig(transform="cube")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"ServiceOptions.entry_reward: expected one of 'direct', 'relative'"):
         ServiceOptions(entry_reward="other")  # type: ignore[arg-type]
+
+
+def test_extractor_settings_are_the_one_source_of_the_extractors_defaults() -> None:
+    from dataclasses import fields
+
+    from crl_train.config import ExtractorSettings, ModelConfig
+    from crl_train.extractor import ExtractorSpec
+    from crl_train.service.build import extractor_spec
+
+    # a default config's settings are the settings' own defaults (none repeated elsewhere)
+    cfg = load_config(None, ["extractor.model=Qwen/Qwen3-0.6B", "extractor.constrained=false"])
+    derived = ExtractorSettings.from_config(cfg)
+    for f in fields(ExtractorSettings):
+        if f.name not in ("max_new_tokens", "max_context_tokens", "max_prompt_chars"):
+            assert getattr(derived, f.name) == f.default, f.name
+    assert extractor_spec(cfg, None).settings == derived
+    # the old keyword forms still work, with a DeprecationWarning
+    with pytest.warns(DeprecationWarning, match="settings=ExtractorSettings"):
+        spec = ExtractorSpec(ModelConfig(model="tiny"), options={"max_ops": 2})
+    assert spec.options is None and spec.extractor_settings.max_ops == 2
+    assert spec.extractor_settings.max_entry_chars == 64  # the tiny model's default stays
+    with pytest.raises(ValueError, match="ExtractorSettings: max_ops must be >= 1"):
+        ExtractorSettings(max_ops=0)

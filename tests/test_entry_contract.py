@@ -122,8 +122,7 @@ def test_the_extractor_states_its_own_schema_bound(tmp_path: object) -> None:
 
     r = _recall_requests()[0]
     texts = (build_distillation_prompt(r, 1500), r.task, "north east south west")
-    ext = build_extractor(ExtractorSpec(ModelConfig(model="tiny", max_new_tokens=8), texts=texts,
-                                        options={"max_new_tokens": 8}))
+    ext = build_extractor(ExtractorSpec(ModelConfig(model="tiny", max_new_tokens=8), texts=texts))
     try:
         (sample, _), = ext.distill([r])
     finally:

@@ -13,6 +13,7 @@ from _trainer_fixtures import manager, tiny_policy
 
 from crl_gym.experience.service import ClosedStep, StepOrderError
 from crl_gym.protocol import AddOp, DistillationRequest, ExperienceRef, SearchCall, Trajectory
+from crl_train.config import ExtractorSettings
 from crl_train.extractor import Extractor
 from crl_train.service import EdgeUtility, ExperienceService, ServiceOptions
 from crl_train.service.credit import group_gains, step_credits, utility_updates
@@ -20,8 +21,16 @@ from crl_train.service.credit import group_gains, step_credits, utility_updates
 
 @pytest.fixture(scope="module")
 def extractor() -> Extractor:
-    return Extractor(tiny_policy(1, loss_scale="tokens"), max_new_tokens=8, max_context_tokens=512,
-                     max_prompt_chars=400, constrained=True, cooldown=0)
+    return Extractor(
+        tiny_policy(1, loss_scale="tokens"),
+        ExtractorSettings(
+            max_new_tokens=8,
+            max_context_tokens=512,
+            max_prompt_chars=400,
+            constrained=True,
+            cooldown=0,
+        ),
+    )
 
 
 def _req(entry: int | None, ok: bool, step: int | None, *, cond: str = "guided", seed: int = 0,

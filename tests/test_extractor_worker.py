@@ -30,7 +30,7 @@ from crl_gym.protocol import (
     Step,
     Trajectory,
 )
-from crl_train.config import ModelConfig
+from crl_train.config import ExtractorSettings, ModelConfig
 from crl_train.extractor.model import BufferItem
 from crl_train.extractor.worker import (
     TINY_ENTRY_CHARS,
@@ -47,7 +47,8 @@ SPEC = ExtractorSpec(
     ModelConfig(tiny_vocab_size=300, tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_kv_heads=1, tiny_intermediate=64,
                 lr=1e-3, micro_batch_size=4),
     texts=tuple(TEXTS), seed=1,
-    options={"max_new_tokens": 40, "max_context_tokens": 1024, "max_prompt_chars": 600, "constrained": True, "cooldown": 0},
+    settings=ExtractorSettings(max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600,
+                               constrained=True, cooldown=0, max_entry_chars=TINY_ENTRY_CHARS),
 )
 
 

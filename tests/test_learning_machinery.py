@@ -22,7 +22,7 @@ import crl_train.extractor.model as extractor_model
 from crl_gym.envs.recall import RecallEnv
 from crl_gym.experience.schemas import MAX_OPS
 from crl_gym.protocol import DistillationRequest, ExperienceRef, Step, Trajectory
-from crl_train.config import load_config
+from crl_train.config import ExtractorSettings, load_config
 from crl_train.extractor.model import Extractor
 from crl_train.methods.grpo import GRPO
 from crl_train.policy.base import OptimConfig, SamplingConfig
@@ -80,8 +80,18 @@ def extractor_rates(rounds: int) -> list[tuple[int, int]]:
     policy = build_tiny_policy([*TEXTS, "north east south west", GOAL], vocab_size=300, hidden=32, layers=1, heads=2,
                                kv_heads=1, intermediate=64, seed=1, sampling=SamplingConfig(seed=1),
                                optim=OptimConfig(lr=1e-2, loss_scale="tokens"))  # type: ignore[arg-type]
-    extractor = Extractor(policy, max_new_tokens=24, max_context_tokens=1024, max_prompt_chars=500, constrained=True,
-                          max_entry_chars=8, action_slot=1, cooldown=0)
+    extractor = Extractor(
+        policy,
+        ExtractorSettings(
+            max_new_tokens=24,
+            max_context_tokens=1024,
+            max_prompt_chars=500,
+            constrained=True,
+            max_entry_chars=8,
+            action_slot=1,
+            cooldown=0,
+        ),
+    )
     options = ServiceOptions(distill=True, train=True, buffer_size=16, asynchronous=False, merge_every=0, refine=False)
     service = ExperienceService(manager(), extractor, options)
     env = RecallEnv(num_tasks=4, length=1, num_actions=4)
@@ -172,12 +182,15 @@ def test_the_cispo_normalisation_option_reaches_the_extractors_loss() -> None:
 
     assert load_config(None, []).algo.cispo_normalisation == "tokens"  # Eq. 3 is the default
     spec = extractor_spec(load_config(None, ["algo.cispo_normalisation=sequences"]), None)
-    assert spec.options["normalisation"] == "sequences"
+    assert spec.settings is not None and spec.settings.normalisation == "sequences"
     policy = build_tiny_policy(TEXTS, vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, seed=0)
     assert Extractor(policy).loss == PolicyLoss.CISPO
-    assert Extractor(policy, normalisation="sequences").loss == PolicyLoss.CISPO_SEQUENCES
+    sequences = ExtractorSettings(normalisation="sequences")
+    assert Extractor(policy, sequences).loss == PolicyLoss.CISPO_SEQUENCES
+    with pytest.warns(DeprecationWarning, match="ExtractorSettings"):  # the old keyword form
+        assert Extractor(policy, normalisation="sequences").loss == PolicyLoss.CISPO_SEQUENCES
     with pytest.raises(ValueError, match="normalisation"):
-        Extractor(policy, normalisation="bytes")  # type: ignore[arg-type]
+        Extractor(policy, ExtractorSettings(normalisation="bytes"))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cispo_normalisation"):
         load_config(None, ["algo.cispo_normalisation=bytes"])
 
@@ -187,7 +200,8 @@ def test_the_max_ops_option_bounds_every_distillation_answer() -> None:
     from crl_train.service.build import extractor_spec
 
     assert load_config(None, []).experience.max_ops == MAX_OPS
-    assert extractor_spec(load_config(None, ["experience.max_ops=1"]), None).options["max_ops"] == 1
+    spec = extractor_spec(load_config(None, ["experience.max_ops=1"]), None)
+    assert spec.extractor_settings.max_ops == 1
     with pytest.raises(ConfigError, match="max_ops"):
         load_config(None, ["experience.max_ops=0"])
     env = RecallEnv(num_tasks=4, length=1, num_actions=4)
@@ -200,8 +214,18 @@ def test_the_max_ops_option_bounds_every_distillation_answer() -> None:
     def ops_per_answer(max_ops: int) -> list[int]:
         policy = build_tiny_policy([*TEXTS, "north east south west"], vocab_size=300, hidden=32, layers=1, heads=2,
                                    kv_heads=1, intermediate=64, seed=1, sampling=SamplingConfig(seed=1))
-        extractor = Extractor(policy, max_new_tokens=24, max_context_tokens=1024, max_prompt_chars=500,
-                              constrained=True, max_entry_chars=8, action_slot=1, max_ops=max_ops)
+        extractor = Extractor(
+            policy,
+            ExtractorSettings(
+                max_new_tokens=24,
+                max_context_tokens=1024,
+                max_prompt_chars=500,
+                constrained=True,
+                max_entry_chars=8,
+                action_slot=1,
+                max_ops=max_ops,
+            ),
+        )
         return [len(ops) for _, ops in extractor.distill(requests)]
 
     assert max(ops_per_answer(MAX_OPS)) > 1  # allowed several, the untrained model writes several

@@ -210,15 +210,13 @@ def test_edge_trains_rl_and_distillation_in_one_actor_step(tmp_path: Path) -> No
 
 
 def test_one_cooldown_default_that_really_cools_down() -> None:
-    import inspect
-
     from crl_train.algorithms import training_count_weights
-    from crl_train.config import AlgoConfig
-    from crl_train.extractor import Extractor
+    from crl_train.config import AlgoConfig, ExtractorSettings
 
     algo = AlgoConfig()
 
-    assert inspect.signature(Extractor.__init__).parameters["cooldown"].default == algo.cooldown == 2
+    # the Extractor reads its cooldown from ExtractorSettings, whose default is the config's
+    assert ExtractorSettings().cooldown == algo.cooldown == 2
     # an entry trained at extractor step 4 gets weight 0 at step 5 under the default δ
     w = training_count_weights(torch.tensor([1]), torch.tensor([4]), 5, cooldown=algo.cooldown, alpha=algo.count_alpha)
     assert w.tolist() == [0.0]

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from test_prefix_sharing import _llama_policy, _prompts  # noqa: E402
 
 from crl_train.algorithms import LOSSES  # noqa: E402
-from crl_train.config import ModelConfig  # noqa: E402
+from crl_train.config import ExtractorSettings, ModelConfig  # noqa: E402
 from crl_train.policy import checkpoint as checkpoint_mod  # noqa: E402
 from crl_train.policy.base import Generation, TokenSequence, TrainBatch, recompute_old_logprobs  # noqa: E402
 from crl_train.policy.factory import build_policy, model_dtype  # noqa: E402
@@ -206,7 +206,10 @@ def test_the_extractor_records_pi_old_as_training_computes_it(monkeypatch: pytes
         return gens
 
     monkeypatch.setattr(policy, "generate", shifted)
-    ext = Extractor(policy, max_new_tokens=6, max_context_tokens=256, structured=False)
+    ext = Extractor(
+        policy,
+        ExtractorSettings(max_new_tokens=6, max_context_tokens=256, structured=False),
+    )
     for exact in (True, False):
         monkeypatch.setattr(HFPolicy, "sampled_logprobs_exact", property(lambda self, e=exact: e))
         samples = ext.generate(["Task amber falcon:", "Task amber falcon: east west"], None)

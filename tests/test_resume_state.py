@@ -18,7 +18,7 @@ from crl_gym.experience.distill_queue import DistillQueue
 from crl_gym.experience.store import BankCorruptError, verify_bank_copy
 from crl_gym.protocol import DistillationRequest, ExtractorSample, Step, Trajectory
 from crl_gym.wrappers.examples import CorridorEnv
-from crl_train.config import load_config
+from crl_train.config import ExtractorSettings, load_config
 from crl_train.extractor.model import Extractor
 from crl_train.policy.hf import HFPolicy
 from crl_train.run.trainer import TrackFailure, Trainer
@@ -34,7 +34,15 @@ def test_a_tiny_tokenizer_reloads_as_saved_and_its_samples_replay(tmp_path: Path
     # AutoTokenizer once turned the tiny byte-level BPE into a Qwen2Tokenizer (digits split one by
     # one, NFC): a sample holding the token "16" no longer replayed under its grammar after a resume.
     policy = tiny_policy(1, loss_scale="tokens")
-    extractor = Extractor(policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600, constrained=True)
+    extractor = Extractor(
+        policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+        ),
+    )
     (sample, _), = extractor.distill([_request()])
     policy.save(tmp_path / "ext")
     saved = json.loads((tmp_path / "ext" / "model" / "tokenizer.json").read_text())
@@ -45,7 +53,15 @@ def test_a_tiny_tokenizer_reloads_as_saved_and_its_samples_replay(tmp_path: Path
     text = 'id 16, text: "go 123 east" café'
     assert reloaded.tokenizer.encode(text) == policy.tokenizer.encode(text)
     # a fresh extractor (a restarted process: no grammar map) replays the sample from the grammar it carries
-    fresh = Extractor(reloaded, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600, constrained=True)
+    fresh = Extractor(
+        reloaded,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+        ),
+    )
     assert sample.grammar is not None and not fresh.grammars
     assert fresh.allowed_of(sample) == extractor.allowed_of(sample)
 

@@ -28,6 +28,7 @@ from crl_gym.experience.schemas import (
     refinement_schema,
 )
 from crl_gym.protocol import ReturnOp
+from crl_train.config import ExtractorSettings
 from crl_train.extractor.model import Extractor, reasoning_end_token
 from crl_train.policy.base import Generation, SamplingConfig, TokenSequence, TrainBatch
 from crl_train.policy.grammar import JsonGrammar
@@ -169,7 +170,15 @@ def test_a_merge_decision_of_the_tiny_extractor_is_applied_to_a_real_bank(policy
     bank = ExperienceBank(tmp_path / "bank", dim=32)
     texts = [f"Entry {i}: walk east then north." for i in range(6)]
     ids = [bank.add(t, emb.encode([t])[0]) for t in texts]
-    extractor = Extractor(policy, max_new_tokens=48, max_context_tokens=1024, constrained=True, max_entry_chars=40)
+    extractor = Extractor(
+        policy,
+        ExtractorSettings(
+            max_new_tokens=48,
+            max_context_tokens=1024,
+            constrained=True,
+            max_entry_chars=40,
+        ),
+    )
     torch.manual_seed(0)
     report = merge_bank(bank, emb, extractor.merge_generate, token_budget=1500, count_tokens=extractor.count_tokens,
                         order="id")
@@ -198,7 +207,10 @@ def test_a_merge_decision_of_the_tiny_extractor_is_applied_to_a_real_bank(policy
 
 
 def test_free_text_extractor_answers_are_not_constrained(policy: Any) -> None:
-    extractor = Extractor(policy, max_new_tokens=8, max_context_tokens=512, structured=False)
+    extractor = Extractor(
+        policy,
+        ExtractorSettings(max_new_tokens=8, max_context_tokens=512, structured=False),
+    )
     (s,) = extractor.merge_generate([MergePrompt("[E1] a [E2] b", ("E1", "E2"))])
     assert not extractor.grammars and not extractor.constraints and len(s.token_ids) <= 8
 
@@ -297,7 +309,15 @@ def test_vllm_requests_carry_the_same_schema_and_its_masks_replay(monkeypatch: p
     assert init["structured_outputs_config"] == {"backend": "guidance", "reasoning_parser": "qwen3"}
     assert init["logprobs_mode"] == "processed_logprobs" and gen.structured_outputs and gen.reasoning_parser == "qwen3"
     policy.attach_generator(gen)
-    extractor = Extractor(policy, max_new_tokens=40, max_context_tokens=1024, constrained=True, max_entry_chars=40)
+    extractor = Extractor(
+        policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            constrained=True,
+            max_entry_chars=40,
+        ),
+    )
     from crl_gym.protocol import DistillationRequest, Step, Trajectory
 
     req = DistillationRequest(task="Walk east", trajectory=Trajectory(steps=[Step("cell 0", "east", 0.0)]),

@@ -21,6 +21,7 @@ from crl_gym.protocol import (
     Trajectory,
     UpdateOp,
 )
+from crl_train.config import ExtractorSettings
 from crl_train.extractor.model import Extractor, sample_key
 from crl_train.policy.base import TrainBatch
 from crl_train.rollout.runner import RolloutRunner
@@ -40,8 +41,16 @@ def _request(success: bool, exp: Any = None) -> DistillationRequest:
 
 def test_structured_distillation_answers_are_valid_ops_of_their_schema(policies: tuple[Any, Any]) -> None:
     _, ext_policy = policies
-    extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600,
-                          constrained=True, max_entry_chars=48)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+            max_entry_chars=48,
+        ),
+    )
     reqs = [_request(True), _request(False, ExperienceRef(5, "Walk east.", 0))] * 4
     for r, (s, ops) in zip(reqs, extractor.distill(reqs), strict=True):
         ids = {5} if r.experience else set()
@@ -53,8 +62,17 @@ def test_structured_distillation_answers_are_valid_ops_of_their_schema(policies:
 def test_sync_track_distils_credits_trains_and_records_counts(policies: tuple[Any, Any]) -> None:
     actor, ext_policy = policies
     mgr = manager()
-    extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=800, constrained=True,
-                          cooldown=0, alpha=0.5)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=800,
+            constrained=True,
+            cooldown=0,
+            alpha=0.5,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=2, asynchronous=False)
     torch.manual_seed(0)
     rounds = 0
@@ -85,7 +103,15 @@ def test_uncreditable_and_malformed_are_counted(policies: tuple[Any, Any]) -> No
     _, ext_policy = policies
     mgr = manager(("seed entry without provenance",))
     # unstructured random model: its text is not an op → a counted malformed Return, bank unchanged
-    extractor = Extractor(ext_policy, max_new_tokens=8, max_context_tokens=1024, max_prompt_chars=600, structured=False)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=8,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            structured=False,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False)
     mgr.submit(_request(False))
     track.run_until_idle()
@@ -116,7 +142,15 @@ def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option
         policies: tuple[Any, Any], return_reward: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
     _, ext_policy = policies
     mgr = manager()
-    extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=800, constrained=True)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=800,
+            constrained=True,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False, return_reward=return_reward)
     calls = recorded_distills(extractor, monkeypatch)
     torch.manual_seed(0)
@@ -138,7 +172,15 @@ def test_return_only_answers_enter_the_buffer_only_with_the_return_reward_option
 def test_distill_fraction_distils_a_seeded_share_and_the_same_one_on_a_resend(
         policies: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     _, ext_policy = policies
-    extractor = Extractor(ext_policy, max_new_tokens=16, max_context_tokens=1024, max_prompt_chars=400, constrained=True)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=16,
+            max_context_tokens=1024,
+            max_prompt_chars=400,
+            constrained=True,
+        ),
+    )
     calls = recorded_distills(extractor, monkeypatch)
 
     def distilled_tasks(fraction: float, seed: int) -> list[str]:
@@ -167,7 +209,15 @@ def test_async_track_never_blocks_and_drains_queue(policies: tuple[Any, Any]) ->
     actor, ext_policy = policies
     mgr = manager()
     client = LocalClient(mgr)
-    extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600, constrained=True)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=True)
     track.start()
     runner = RolloutRunner(actor, corridor_factory(client, max_turns=2), client=client, group_size=2, max_turns=2, max_new_tokens=4, constrained=True)
@@ -184,13 +234,22 @@ def test_async_track_never_blocks_and_drains_queue(policies: tuple[Any, Any]) ->
 def test_state_roundtrip(policies: tuple[Any, Any]) -> None:
     _, ext_policy = policies
     mgr = manager()
-    extractor = Extractor(ext_policy, max_new_tokens=40, max_context_tokens=1024, max_prompt_chars=600, constrained=True)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=40,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+        ),
+    )
     track = BackgroundTrack(mgr, extractor, buffer_size=64, asynchronous=False)
     (sample,) = extractor.generate(["p"], [["RETURN: nothing new", "ADD: x"]])
     (s2, _), = extractor.distill([_request(True)])
     track.credit([Credit(step=3, reward=-1.0, sample=sample), Credit(step=3, reward=1.0, sample=s2)])
     state = json.loads(json.dumps(track.state()))  # a checkpoint is JSON
-    other = BackgroundTrack(mgr, Extractor(ext_policy, constrained=True), buffer_size=64, asynchronous=False)
+    other_extractor = Extractor(ext_policy, ExtractorSettings(constrained=True))
+    other = BackgroundTrack(mgr, other_extractor, buffer_size=64, asynchronous=False)
     other.load_state(state)
     assert [b.to_dict() for b in other.buffer] == [b.to_dict() for b in track.buffer]
     assert other.extractor.constraints == extractor.constraints and len(other.buffer) == 2
@@ -203,8 +262,17 @@ def test_state_roundtrip(policies: tuple[Any, Any]) -> None:
 def test_thinking_extractor_reasons_then_answers_under_the_schema_and_recomputes_its_logprobs(
         policies: tuple[Any, Any]) -> None:
     _, ext_policy = policies
-    extractor = Extractor(ext_policy, max_new_tokens=96, max_context_tokens=1024, max_prompt_chars=600,
-                          constrained=True, think_tokens=12, max_entry_chars=48)
+    extractor = Extractor(
+        ext_policy,
+        ExtractorSettings(
+            max_new_tokens=96,
+            max_context_tokens=1024,
+            max_prompt_chars=600,
+            constrained=True,
+            think_tokens=12,
+            max_entry_chars=48,
+        ),
+    )
     torch.manual_seed(0)
     reqs = [_request(True), _request(False)]
     out = extractor.distill(reqs)
@@ -232,7 +300,7 @@ def test_thinking_extractor_reasons_then_answers_under_the_schema_and_recomputes
     # a checkpoint writes the grammar once, and reads back to the same grammars and masks
     state = json.loads(json.dumps(extractor.get_state()))
     assert sum(k.startswith("grammar:") for k in state["constraints"]) == 1 and state["allowed_sets"] == []
-    other = Extractor(ext_policy, constrained=True, think_tokens=12)
+    other = Extractor(ext_policy, ExtractorSettings(constrained=True, think_tokens=12))
     other.set_state(state)
     assert other.grammars == extractor.grammars and other.allowed_of(out[0][0]) == extractor.allowed_of(out[0][0])
     # the older checkpoint form (sets written inline) still loads
@@ -250,9 +318,9 @@ def test_thinking_extractor_reasons_then_answers_under_the_schema_and_recomputes
 
 def test_think_tokens_need_a_structured_extractor(policies: tuple[Any, Any]) -> None:
     with pytest.raises(ValueError, match="needs structured=True"):
-        Extractor(policies[1], structured=False, think_tokens=4)
+        Extractor(policies[1], ExtractorSettings(structured=False, think_tokens=4))
     with pytest.raises(ValueError, match="needs structured=True"):
-        Extractor(policies[1], structured=False, constrained=True)
+        Extractor(policies[1], ExtractorSettings(structured=False, constrained=True))
 
 
 # --- through the trainer: sync waits, async uses the worker, a dead worker costs nothing but counts ------------

@@ -17,14 +17,23 @@ import pytest
 from _trainer_fixtures import manager, tiny_policy
 
 from crl_gym.protocol import AddOp, DeleteOp, ExtractorSample, UpdateOp
+from crl_train.config import ExtractorSettings
 from crl_train.extractor import BufferItem, Extractor
 from crl_train.service.track import BackgroundTrack, Credit
 
 
 @pytest.fixture(scope="module")
 def extractor() -> Extractor:
-    return Extractor(tiny_policy(1, loss_scale="tokens"), max_new_tokens=8, max_context_tokens=512,
-                     max_prompt_chars=400, constrained=True, cooldown=0)
+    return Extractor(
+        tiny_policy(1, loss_scale="tokens"),
+        ExtractorSettings(
+            max_new_tokens=8,
+            max_context_tokens=512,
+            max_prompt_chars=400,
+            constrained=True,
+            cooldown=0,
+        ),
+    )
 
 
 def _spy(extractor: Extractor, seen: list[list[BufferItem]]) -> None:

@@ -22,9 +22,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from crl_gym.envs.textworld_env import TextWorldEnv
+from crl_gym.json_types import JSONDict
 
 if TYPE_CHECKING:
     import textworld
@@ -182,7 +183,7 @@ class ALFWorldEnv(TextWorldEnv):
             return first_obs.split(marker, 1)[1].strip()
         return first_obs
 
-    def _info(self) -> dict[str, Any]:
+    def _info(self) -> JSONDict:
         info = super()._info()
         if self.game_file is not None:
             info["task_category"] = task_category_of(Path(self.game_file))

@@ -20,6 +20,7 @@ from typing import Any
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
 from crl_gym.envs.registry import GEM_USAGE, MissingEnvArgumentError
+from crl_gym.json_types import JSONDict
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class GEMEnv(TextEnv):
         self._last_obs = to_charset(obs)[:MAX_TEXT]
         return self._last_obs
 
-    def _info(self, gem_info: dict[str, Any]) -> dict[str, Any]:
+    def _info(self, gem_info: dict[str, Any]) -> JSONDict:
         info = dict(gem_info or {})
         info.update(task=self.task, turn=self.turn, success=self._success, gem_env_id=self.env_id,
                     invalid_action=self._invalid)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
 from crl_gym.envs.registry import TEXTWORLD_USAGE, MissingEnvArgumentError
+from crl_gym.json_types import JSONDict
 
 if TYPE_CHECKING:
     import textworld
@@ -209,7 +210,7 @@ class TextWorldEnv(TextEnv):
         self._last_obs = to_charset(obs)[:MAX_TEXT]
         return self._last_obs
 
-    def _info(self) -> dict[str, Any]:
+    def _info(self) -> JSONDict:
         info: dict[str, Any] = {
             "task": self.task,
             "admissible_actions": self.admissible_actions(),

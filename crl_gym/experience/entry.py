@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import ExperienceRef, ExtractorSample, check_int, finite_float
 
 UINT64_MAX = 2**64 - 1
@@ -93,7 +94,7 @@ class ExperienceEntry:
             tuple(self.tags), prov, list(self.history), self.source, self.key,
         )
 
-    def to_dict(self, *, with_embedding: bool = True) -> dict[str, Any]:
+    def to_dict(self, *, with_embedding: bool = True) -> JSONDict:
         """JSON-ready dict (the JSONL export format)."""
         d: dict[str, Any] = {
             "id": self.id,

@@ -49,6 +49,7 @@ from crl_gym.experience.origin import Origin
 from crl_gym.experience.pinning import is_pinned
 from crl_gym.experience.storage_faults import as_fault
 from crl_gym.experience.store import WriteRecord
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import (
     AddOp,
     DeleteOp,
@@ -86,7 +87,7 @@ class ApplyResult:
     """Extractor Update/Delete ops on a pinned (user's) entry: the Update's text is added as a new
     entry, the Delete does nothing (:mod:`crl_gym.experience.pinning`)."""
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JSONDict:
         """What the call did, as remembered with its write id (:mod:`~crl_gym.experience.write_ids`)."""
         return {"added_ids": list(self.added), "updated": list(self.updated), "deleted": list(self.deleted),
                 "returned": self.returned, "malformed": self.malformed, "stale": self.stale, "refused": self.refused}
@@ -542,7 +543,7 @@ class ExperienceManager:
         res.malformed += 1
 
     # -- housekeeping ----------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> JSONDict:
         """Counters: requests, batches, cache hits/misses and hit rate, pool hits, queue."""
         c: dict[str, Any] = dict(self._counters)
         looked = c["cache_hits"] + c["cache_misses"]

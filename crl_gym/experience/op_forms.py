@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from crl_gym.json_types import JSONDict, JSONValue
+
 MAX_JSON_DEPTH = 64
 """Deepest embedded JSON value decoded as a whole (an op answer nests 3 deep); deeper spans are
 only looked into, which keeps the decoder far from Python's recursion limit."""
@@ -247,10 +249,11 @@ def _last_accepted(value: object, accept: Callable[[Any], bool], found: object) 
     return found
 
 
-def _op_name(d: dict[str, Any]) -> str:
+def _op_name(d: JSONDict) -> str:
     for key in OP_KEYS:
-        if isinstance(d.get(key), str):
-            name = d[key].strip().lower()
+        value = d.get(key)
+        if isinstance(value, str):
+            name = value.strip().lower()
             if name in OP_NAMES:
                 return OP_NAMES[name]
             raise Malformed("unknown_op")
@@ -261,14 +264,14 @@ def _op_name(d: dict[str, Any]) -> str:
     raise Malformed("unknown_op")
 
 
-def _text_of(d: dict[str, Any]) -> Any:
+def _text_of(d: JSONDict) -> Any:
     for key in TEXT_KEYS:
         if key in d:
             return d[key]
     return None
 
 
-def ops_from_json(value: Any) -> list[dict[str, Any] | Malformed]:
+def ops_from_json(value: Any) -> list[JSONDict | Malformed]:
     """Normalise a JSON value to raw op dicts: ``{"kind", "text", "id", "tags", "reason"}``."""
     if isinstance(value, dict):
         for key in LIST_KEYS:
@@ -277,7 +280,7 @@ def ops_from_json(value: Any) -> list[dict[str, Any] | Malformed]:
         items: list[Any] = [value]
     else:
         items = list(value)
-    out: list[dict[str, Any] | Malformed] = []
+    out: list[JSONDict | Malformed] = []
     for item in items:
         if not isinstance(item, dict):
             out.append(Malformed("not_an_object"))
@@ -317,9 +320,9 @@ _LINE = re.compile(
 )
 
 
-def ops_from_lines(text: str) -> list[dict[str, Any]]:
-    ops: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
+def ops_from_lines(text: str) -> list[JSONDict]:
+    ops: list[JSONDict] = []
+    current: JSONDict | None = None
     for line in text.splitlines():
         m = _LINE.match(line)
         kind = m.group("kind").lower() if m else ""
@@ -337,8 +340,8 @@ def ops_from_lines(text: str) -> list[dict[str, Any]]:
             continue
         rest = (m.group("text") or "").strip().lstrip("*_").strip()
         bracket = m.group("bracket")
-        raw_id: object = m.group("id")
-        tags: list[str] = []
+        raw_id: str | None = m.group("id")
+        tags: list[JSONValue] = []
         if bracket is not None:
             if kind == "add":
                 tags = [t.strip() for t in bracket.split(",") if t.strip()]

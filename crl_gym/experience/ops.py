@@ -53,9 +53,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Collection, Iterable
-from typing import Any
 
-# find_json and strip_think are re-exported: callers import them from here.
 from crl_gym.experience.op_forms import (
     Malformed,
     find_json,
@@ -65,6 +63,9 @@ from crl_gym.experience.op_forms import (
     strip_think,
 )
 from crl_gym.experience.schemas import MAX_ACTION_SLOT, MAX_SLOT_ACTION_CHARS
+
+# find_json and strip_think are re-exported: callers import them from here.
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import AddOp, DeleteOp, ExperienceOp, ReturnOp, UpdateOp
 
 logger = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class ParseStats:
         with self._lock:
             return sum(self._reasons.values())
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> JSONDict:
         """Plain-dict copy: ``outputs``, ``ops_by_kind``, ``malformed``, ``malformed_by_reason``."""
         with self._lock:
             return {
@@ -183,7 +184,7 @@ def _parse_id(value: object) -> int:
 
 
 def _finish(
-    raw: dict[str, Any],
+    raw: JSONDict,
     *,
     allowed: Collection[int] | None,
     retrieved_id: int | None,
@@ -244,7 +245,7 @@ def _parse(
     if not answer.strip():
         raise Malformed("empty_answer")
     value = find_json(answer, looks_like_op)
-    raws: list[dict[str, Any] | Malformed] = [] if value is None else ops_from_json(value)
+    raws: list[JSONDict | Malformed] = [] if value is None else ops_from_json(value)
     if all(isinstance(r, Malformed) for r in raws):
         # e.g. "ADD: send {"type": "x"}": the JSON was part of a line-form text, not the answer
         raws = list(ops_from_lines(answer)) or raws
@@ -255,7 +256,7 @@ def _parse(
 
 
 def _validate(
-    raws: list[dict[str, Any] | Malformed],
+    raws: list[JSONDict | Malformed],
     *,
     allowed: Collection[int] | None,
     retrieved_id: int | None,
@@ -301,7 +302,7 @@ def _structured(text: object, *, allowed: Collection[int] | None, max_len: int, 
         raise Malformed("not_the_schema") from err
     if not isinstance(value, list) or not value:
         raise Malformed("not_the_schema")
-    raws: list[dict[str, Any] | Malformed] = []
+    raws: list[JSONDict | Malformed] = []
     for item in value:
         kind = item.get("op") if isinstance(item, dict) else None
         if kind not in ("add", "update", "return"):

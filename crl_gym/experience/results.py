@@ -26,14 +26,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar, get_args
 
+from crl_gym.json_types import JSONValue as JSONValue  # its old home
+
 ExtractorStatus = Literal["alive", "gone"]
 """The extractor's process as the service sees it (``None`` in an answer: no extractor attached)."""
 
 Figure = int | float | str | bool | None
 """One value of :attr:`ServiceStats.counters` (a count, a mean, the last error's text)."""
 
-JSONValue = Figure | list["JSONValue"] | dict[str, "JSONValue"]
-"""A value of parsed JSON."""
 
 T = TypeVar("T")
 

@@ -39,11 +39,13 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
+from crl_gym.json_types import JSONDict, JSONValue
+
 TEXT_CHARS = r"[ !#-\[\]-~]"
 """One character of a free-text field: printable ASCII except ``"`` and ``\\`` (no escapes)."""
 FIRST_CHAR = r"[!#-\[\]-~]"
 """The first character: visible (a text is never empty or blank)."""
-GUIDANCE_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "json_allowed_escapes": ""}
+GUIDANCE_OPTIONS: JSONDict = {"whitespace_flexible": False, "json_allowed_escapes": ""}
 """llguidance's JSON options, carried inside each schema so both backends compile the same grammar."""
 MERGE_ACTIONS = ("keep", "merge", "discard")
 """What a Merge answer says of each entry of its window."""
@@ -62,15 +64,15 @@ MAX_SLOT_ACTION_CHARS = 100
 _SLOT_ACTION = re.compile(f"{FIRST_CHAR}{TEXT_CHARS}{{0,{MAX_SLOT_ACTION_CHARS - 1}}}")
 
 
-def text_schema(max_chars: int) -> dict[str, Any]:
+def text_schema(max_chars: int) -> JSONDict:
     """A bounded plain-text string (see the module docstring)."""
     if max_chars < 1:
         raise ValueError(f"text_schema: max_chars must be >= 1, got {max_chars}")
     return {"type": "string", "pattern": f"^{FIRST_CHAR}{TEXT_CHARS}{{0,{max_chars - 1}}}$", "maxLength": max_chars}
 
 
-def _op(kind: str, **fields: dict[str, Any]) -> dict[str, Any]:
-    props = {"op": {"const": kind}, **fields}
+def _op(kind: str, **fields: JSONValue) -> JSONDict:
+    props: JSONDict = {"op": {"const": kind}, **fields}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
@@ -85,7 +87,7 @@ def slot_action(value: object) -> bool:
     return isinstance(value, str) and _SLOT_ACTION.fullmatch(value) is not None
 
 
-def slot_schema(actions: Sequence[str], size: int) -> dict[str, Any]:
+def slot_schema(actions: Sequence[str], size: int) -> JSONDict:
     """The ``"actions"`` field of an action slot: 1 … ``size`` items, each one of ``actions``.
 
     >>> slot_schema(["north", "east"], 2)
@@ -99,12 +101,13 @@ def slot_schema(actions: Sequence[str], size: int) -> dict[str, Any]:
         raise ValueError(f"slot_schema: actions must be 1 to {MAX_SLOT_ACTIONS} distinct plain strings "
                          f"(printable ASCII, no quotes or backslashes, at most {MAX_SLOT_ACTION_CHARS} characters), "
                          f"got {actions!r}")
-    return {"type": "array", "items": {"enum": actions}, "minItems": 1, "maxItems": size}
+    enum: list[JSONValue] = list(actions)
+    return {"type": "array", "items": {"enum": enum}, "minItems": 1, "maxItems": size}
 
 
 def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text: int = 2000,
                max_reason: int = MAX_REASON_CHARS, slot_actions: Sequence[str] = (),
-               slot_size: int = 0) -> dict[str, Any]:
+               slot_size: int = 0) -> JSONDict:
     """The distillation answer: 1 … ``max_ops`` ops; an update (of one of ``update_ids``) only first.
 
     With ``slot_size`` N > 0 and some ``slot_actions``, every add and update has a required
@@ -121,31 +124,35 @@ def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text:
         raise ValueError(f"ops_schema: max_ops must be >= 1, got {max_ops}")
     if not 0 <= slot_size <= MAX_ACTION_SLOT:
         raise ValueError(f"ops_schema: slot_size must be in [0, {MAX_ACTION_SLOT}], got {slot_size}")
-    slot: dict[str, Any] = {"actions": slot_schema(slot_actions, slot_size)} if slot_size and slot_actions else {}
+    slot: JSONDict = (
+        {"actions": slot_schema(slot_actions, slot_size)} if slot_size and slot_actions else {}
+    )
     add = _op("add", **slot, text=text_schema(max_text))
     ret = _op("return", reason=text_schema(max_reason))
     ids = sorted({int(i) for i in update_ids})
-    first: list[dict[str, Any]] = [add, ret]
+    first: list[JSONValue] = [add, ret]
     if ids:
-        target = {"const": ids[0]} if len(ids) == 1 else {"enum": ids}
+        values: list[JSONValue] = list(ids)
+        target: JSONDict = {"const": ids[0]} if len(ids) == 1 else {"enum": values}
         first.insert(1, _op("update", id=target, **slot, text=text_schema(max_text)))
-    schema: dict[str, Any] = {"type": "array", "prefixItems": [{"anyOf": first}], "minItems": 1, "maxItems": max_ops}
+    schema: JSONDict = {"type": "array", "prefixItems": [{"anyOf": first}], "minItems": 1,
+                        "maxItems": max_ops}
     schema["items"] = {"anyOf": [add, ret]} if max_ops > 1 else False
     return {**schema, "x-guidance": dict(GUIDANCE_OPTIONS)}
 
 
-def refinement_schema(max_text: int = 1500) -> dict[str, Any]:
+def refinement_schema(max_text: int = 1500) -> JSONDict:
     """The ``search_and_ask`` answer: ``{"advice": "..."}``."""
     return {"type": "object", "properties": {"advice": text_schema(max_text)}, "required": ["advice"],
             "additionalProperties": False, "x-guidance": dict(GUIDANCE_OPTIONS)}
 
 
-def merge_schema(labels: Sequence[str], max_text: int = 2000) -> dict[str, Any]:
+def merge_schema(labels: Sequence[str], max_text: int = 2000) -> JSONDict:
     """One Merge window's answer over ``labels``: each decided once, in window order, then ``merged``."""
     labels = list(labels)
     if len(set(labels)) != len(labels) or not all(isinstance(x, str) and LABEL.fullmatch(x) for x in labels):
         raise ValueError(f"merge_schema: labels must be distinct window labels like 'E3', got {labels!r}")
-    props: dict[str, Any] = {x: {"enum": list(MERGE_ACTIONS)} for x in labels}
+    props: JSONDict = {x: {"enum": list(MERGE_ACTIONS)} for x in labels}
     props["merged"] = text_schema(max_text)
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False,
             "x-guidance": dict(GUIDANCE_OPTIONS)}
@@ -180,7 +187,7 @@ def _max_len(s: Mapping[str, Any] | Literal[False]) -> int:
     raise ValueError(f"max_answer_chars: unsupported schema part {s!r}")
 
 
-def max_answer_chars(schema: dict[str, Any]) -> int:
+def max_answer_chars(schema: JSONDict) -> int:
     """Length bound of any answer valid under ``schema``; it is also a token bound (a token is at
     least one character), so a budget this large never cuts a constrained answer.
 

@@ -35,7 +35,7 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from crl_gym.errors import StorageFault
 from crl_gym.experience.manager import ExperienceManager, Refiner
@@ -71,10 +71,18 @@ def ask_manager(manager: ExperienceManager, query: str, entry: ExperienceRef, co
     if not isinstance(text, str) or not text.strip():
         _count_fallback(f"refiner returned an empty answer ({text!r})")
         return entry.text, None
-    return text, (sample.to_dict() if sample is not None else None)
+    # the clients' ``ask`` answers the provenance as a plain mapping (its SampleDict form)
+    return text, (cast("dict[str, Any]", sample.to_dict()) if sample is not None else None)
 
 
-ASK_FALLBACKS: dict[str, Any] = {"count": 0, "last_reason": ""}
+class AskFallbacks(TypedDict):
+    """How often ``ask`` answered the raw entry because the refiner failed, and the last reason."""
+
+    count: int
+    last_reason: str
+
+
+ASK_FALLBACKS: AskFallbacks = {"count": 0, "last_reason": ""}
 """How many ``ask`` calls fell back to the raw entry because the refiner failed (per process)."""
 _FALLBACK_LOCK = threading.Lock()
 

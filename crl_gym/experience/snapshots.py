@@ -31,7 +31,9 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from crl_gym.json_types import JSONDict
 
 if TYPE_CHECKING:
     from crl_gym.experience.manager import ExperienceManager
@@ -51,7 +53,7 @@ class SnapshotInfo:
     pending: int
     path: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)
 
 

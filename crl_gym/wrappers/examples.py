@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from crl_gym.envs.base import TextEnv
+from crl_gym.json_types import JSONDict
 
 
 class CorridorEnv(TextEnv):
@@ -38,7 +39,7 @@ class CorridorEnv(TextEnv):
     def _describe(self) -> str:
         return f"You are at cell {self.pos} of a corridor; the exit is at cell {self.length}, to the east."
 
-    def _info(self) -> dict[str, Any]:
+    def _info(self) -> JSONDict:
         return {"task": self.task, "admissible_actions": list(self.ACTIONS), "turn": self.turn}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import fields
 from typing import Any
 
+from crl_gym.json_types import JSONDict, RequestDict, SearchCallDict, StepDict
 from crl_gym.protocol import (
     Condition,
     DistillationRequest,
@@ -206,14 +207,15 @@ class RecordedRequest(DistillationRequest):
         return self._trajectory is not None
 
     # -- protocol ----------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RequestDict:
         """Same dict as ``DistillationRequest.to_dict``; straight from the record when the
         trajectory was never read (no ``Step`` objects are made just to be serialised)."""
         with _BUILD_LOCK:
             record = self._record if self._trajectory is None else None
         if record is None:
             return super().to_dict()
-        steps, calls = [], []
+        steps: list[StepDict] = []
+        calls: list[SearchCallDict] = []
         for obs, action, reward, info in _turns(record):
             searched, call = _search_call(info)
             if call is not None:
@@ -229,7 +231,7 @@ class RecordedRequest(DistillationRequest):
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the parent dataclass
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> JSONDict:
         # The record pickles as it is (cheaper than Steps); readers build on the other side.
         with _BUILD_LOCK:
             return dict(self.__dict__)

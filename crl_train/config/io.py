@@ -13,16 +13,20 @@ type checking of values against dataclass annotations, and the way back to plain
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import re
 import types
 import typing
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 import yaml
+
+from crl_gym.json_types import JSONDict
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -206,6 +210,19 @@ def renamed_attribute(obj: object, name: str) -> Any:
     return value
 
 
+def unknown_key_message(full: str, names: Iterable[str]) -> str:
+    """The error of an unknown key ``full`` (dotted) among the accepted ``names`` of its section:
+    the close match, when one is (:func:`difflib.get_close_matches`), then every accepted key.
+
+    >>> unknown_key_message("train.stepz", ["steps", "log_every"])
+    "unknown key 'train.stepz' (did you mean 'train.steps'?); accepted keys: log_every, steps"
+    """
+    prefix, _, key = full.rpartition(".")
+    close = difflib.get_close_matches(key, list(names), n=1)
+    hint = f" (did you mean {(f'{prefix}.' if prefix else '') + close[0]!r}?)" if close else ""
+    return f"unknown key {full!r}{hint}; accepted keys: {', '.join(sorted(names))}"
+
+
 def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """``cls(**data)`` with every value checked against its field's annotation (floats finite);
     an unknown key, a wrong type or a failing ``__post_init__`` raises :class:`ConfigError` naming the key.
@@ -217,7 +234,7 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
-            raise ConfigError(f"unknown key {full!r}; accepted keys: {', '.join(sorted(names))}")
+            raise ConfigError(unknown_key_message(full, names))
         try:
             kwargs[key] = _coerce(value, hints[key], full)
         except ConfigError as exc:
@@ -296,7 +313,7 @@ def parse_override(text: str) -> tuple[str, object]:
     return key, value
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> JSONDict:
     """The mapping in a YAML file; a missing, unreadable, non-UTF-8 or non-mapping file raises
     :class:`ConfigError` naming it (never a bare ``UnicodeDecodeError`` traceback)."""
     p = Path(path)
@@ -321,7 +338,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def config_to_dict(cfg: DataclassInstance) -> dict[str, Any]:
+def config_to_dict(cfg: DataclassInstance) -> JSONDict:
     """A plain, YAML-safe dict (tuples become lists)."""
 
     def plain(v: object) -> Any:

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from crl_train.experiment.suite import record_dir
+from crl_train.experiment.suite import CellRecord, record_dir
 from crl_train.run.stats import LEVEL, mean_t, paired_difference
 
 RECALL = "crl/Recall-v0"
@@ -240,11 +240,11 @@ class Measure:
 
     title: str
     explanation: str
-    by_part: Callable[[Path, dict[str, Any]], Parts]
+    by_part: Callable[[Path, CellRecord], Parts]
     recall_only: bool = False
 
 
-def _guided(cell_dir: Path, record: dict[str, Any]) -> Parts:
+def _guided(cell_dir: Path, record: CellRecord) -> Parts:
     from crl_train.run.metrics import read_metrics
 
     path = cell_dir / "metrics.jsonl"
@@ -277,7 +277,9 @@ MEASURES = (
 )
 
 
-def values(records: Sequence[dict[str, Any]], out: Path, measure: Measure) -> dict[str, dict[int, Parts]]:
+def values(
+    records: Sequence[CellRecord], out: Path, measure: Measure
+) -> dict[str, dict[int, Parts]]:
     """method → seed → the measure's values by span, for every cell that has its run directory."""
     got: dict[str, dict[int, Parts]] = defaultdict(dict)
     for r in records:
@@ -334,11 +336,11 @@ def last_part_contrast(per_method: dict[str, dict[int, Parts]], a: str, b: str) 
     return iv.text(), iv.low > 0 or iv.high < 0
 
 
-def is_recall(records: Sequence[dict[str, Any]]) -> bool:
+def is_recall(records: Sequence[CellRecord]) -> bool:
     return bool(records) and all(tuple(r["envs"]) == (RECALL,) for r in records)
 
 
-def fifths_tables(records: Sequence[dict[str, Any]], methods: Sequence[str], out: Path,
+def fifths_tables(records: Sequence[CellRecord], methods: Sequence[str], out: Path,
                   contrasts: Sequence[tuple[str, str]]) -> list[str]:
     """Markdown: the three tables of the module docstring (the secret share on Recall suites only)."""
     head = ("| method | seeds | " + " | ".join(f"steps {p * 100 // PARTS}–{(p + 1) * 100 // PARTS} %" for p in range(PARTS))
@@ -354,7 +356,9 @@ def fifths_tables(records: Sequence[dict[str, Any]], methods: Sequence[str], out
     return lines
 
 
-def headline(records: Sequence[dict[str, Any]], out: Path, contrasts: Sequence[tuple[str, str]]) -> list[str]:
+def headline(
+    records: Sequence[CellRecord], out: Path, contrasts: Sequence[tuple[str, str]]
+) -> list[str]:
     """One line per measure and contrast: the last fifth's paired difference, and whether it excludes 0."""
     lines = []
     for a, b in contrasts:
@@ -364,8 +368,11 @@ def headline(records: Sequence[dict[str, Any]], out: Path, contrasts: Sequence[t
             text, excludes = last_part_contrast(values(records, out, measure), a, b)
             if text == "n/a":
                 continue
-            verdict = {True: "the interval excludes 0", False: "the interval includes 0",
-                       None: "no interval (fewer than 2 paired seeds, or no spread)"}[excludes]
+            verdict = {
+                True: "the interval excludes 0",
+                False: "the interval includes 0",
+                None: "no interval (fewer than 2 paired seeds, or no spread)",
+            }[excludes]
             name = measure.title.split(",")[0]
             lines.append(f"* {name}, last fifth, {a} − {b}: **{text}** ({verdict}).")
     return lines

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from crl_train.experiment.suite import record_dir
+from crl_train.experiment.suite import CellRecord, record_dir
 from crl_train.run.stats import LEVEL, mean_t
 
 RECALL = "crl/Recall-v0"
@@ -45,7 +45,7 @@ def gap_by_part(rows: Sequence[dict[str, Any]], parts: int = PARTS) -> list[floa
     return out
 
 
-def gap_table(records: Sequence[dict[str, Any]], methods: Sequence[str], out: Path) -> list[str]:
+def gap_table(records: Sequence[CellRecord], methods: Sequence[str], out: Path) -> list[str]:
     """Markdown: one row per guided method, one column per fifth of training."""
     from crl_train.run.metrics import read_metrics
 
@@ -96,7 +96,7 @@ def secret_share(cell_dir: Path) -> tuple[int, int] | None:
     return held, total
 
 
-def secret_table(records: Sequence[dict[str, Any]], methods: Sequence[str], out: Path) -> list[str]:
+def secret_table(records: Sequence[CellRecord], methods: Sequence[str], out: Path) -> list[str]:
     """Markdown: per method, the share of final-bank entries holding their task's secret (Recall only)."""
     if not records or any(tuple(r["envs"]) != (RECALL,) for r in records):
         return []

@@ -14,12 +14,13 @@ import os
 import platform
 import subprocess
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import yaml
 
+from crl_gym.json_types import JSONDict
 from crl_train.config.names import MethodName
 from crl_train.experiment.fifths import (
     PARTS,
@@ -31,7 +32,7 @@ from crl_train.experiment.fifths import (
     part_of,
 )
 from crl_train.experiment.information import gap_table, secret_table
-from crl_train.experiment.suite import Suite, record_dir
+from crl_train.experiment.suite import CellRecord, Suite, record_dir
 from crl_train.experiment.summary import write_summary
 from crl_train.run.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 
@@ -44,53 +45,67 @@ CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 """Learning-curve plots: file stem, metrics keys, title."""
 
 
-def _final(records: Sequence[dict[str, Any]], mode: str, key: str = "success") -> list[float]:
+class SeedEval(TypedDict):
+    """What the results table reads of a record: its seed and its ``eval.json`` (a
+    :class:`CellRecord`, or the mean of a seed's records over env mixtures)."""
+
+    seed: int
+    eval: dict[str, Any]
+
+
+K = TypeVar("K", str, int)
+
+
+def _final(records: Sequence[SeedEval], mode: str, key: str = "success") -> list[float]:
     return [float(r["eval"][mode][key]) for r in records if mode in r["eval"] and r["eval"][mode][key] is not None]
 
 
-def _by(records: Sequence[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    out: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+def _by(records: Sequence[CellRecord], key: Callable[[CellRecord], K]) -> dict[K, list[CellRecord]]:
+    out: dict[K, list[CellRecord]] = defaultdict(list)
     for r in records:
-        out[tuple("+".join(r[k]) if isinstance(r[k], list) else r[k] for k in keys)].append(r)
+        out[key(r)].append(r)
     return out
 
 
-def results_table(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[str]:
+def results_table(records: Sequence[CellRecord], methods: Sequence[str]) -> list[str]:
     """Markdown rows: per env mixture and method, and averaged over mixtures."""
     head = ["| env | method | seeds | success with exp | success without exp | Δ without vs grpo (paired) | "
             "internalisation (without / with) | actions / episode (without) |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     rows = []
-    by_env = _by(records, "envs")
+    by_env = _by(records, lambda r: "+".join(r["envs"]))
     envs = sorted(by_env)
-    for (env,) in envs:
-        per_method = _by(by_env[(env,)], "method")
-        grpo = {r["seed"]: r for r in per_method.get(("grpo",), [])}
+    for env in envs:
+        per_method = _by(by_env[env], lambda r: r["method"])
+        grpo: dict[int, SeedEval] = {r["seed"]: r for r in per_method.get("grpo", [])}
         for m in methods:
-            recs = sorted(per_method.get((m,), []), key=lambda r: r["seed"])
+            recs = sorted(per_method.get(m, []), key=lambda r: r["seed"])
             rows.append(_row(env, m, recs, grpo))
     if len(envs) > 1:
         for m in methods:
-            recs = [r for r in records if r["method"] == m]
-            per_seed = _by(recs, "seed")
-            avg = [{"seed": s, "eval": _mean_eval(rs)} for (s,), rs in sorted(per_seed.items())]
-            grpo_seed = _by([r for r in records if r["method"] == MethodName.GRPO], "seed")
-            grpo_avg = {s: {"seed": s, "eval": _mean_eval(rs)} for (s,), rs in grpo_seed.items()}
+            per_seed = _by([r for r in records if r["method"] == m], lambda r: r["seed"])
+            avg: list[SeedEval] = [{"seed": s, "eval": _mean_eval(rs)}
+                                   for s, rs in sorted(per_seed.items())]
+            grpo_runs = [r for r in records if r["method"] == MethodName.GRPO]
+            grpo_seed = _by(grpo_runs, lambda r: r["seed"])
+            grpo_avg: dict[int, SeedEval] = {s: {"seed": s, "eval": _mean_eval(rs)}
+                                             for s, rs in grpo_seed.items()}
             rows.append(_row("**mean over envs**", m, avg, grpo_avg))
     return head + rows
 
 
-def _mean_eval(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _mean_eval(recs: Sequence[SeedEval]) -> JSONDict:
+    out: JSONDict = {}
     for mode in ("with_experience", "without_experience"):
         vals = _final(recs, mode)
         acts = _final(recs, mode, "actions_per_episode")
         if vals:
-            out[mode] = {"success": sum(vals) / len(vals), "actions_per_episode": sum(acts) / len(acts) if acts else None}
+            out[mode] = {"success": sum(vals) / len(vals),
+                         "actions_per_episode": sum(acts) / len(acts) if acts else None}
     return out
 
 
-def _row(env: str, method: str, recs: Sequence[dict[str, Any]], grpo: dict[int, dict[str, Any]]) -> str:
+def _row(env: str, method: str, recs: Sequence[SeedEval], grpo: dict[int, SeedEval]) -> str:
     with_exp = mean_t(_final(recs, "with_experience"))
     without = mean_t(_final(recs, "without_experience"))
     paired = [(r, grpo[r["seed"]]) for r in recs if r["seed"] in grpo and "without_experience" in r["eval"]]
@@ -105,7 +120,7 @@ def _row(env: str, method: str, recs: Sequence[dict[str, Any]], grpo: dict[int, 
             f"{inter.text() if with_exp.value is not None else 'n/a'} | {acts.text(2)} |")
 
 
-def _curves(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
+def _curves(records: Sequence[CellRecord], out: Path) -> list[str]:
     """One PNG per curve, one line per method (per mixture): each run's mean over windows of steps
     (``curve_window``), then the mean over seeds of those, shaded t interval."""
     import matplotlib
@@ -232,7 +247,7 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
     return out
 
 
-def cells_table(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
+def cells_table(records: Sequence[CellRecord], out: Path) -> list[str]:
     """Per cell: steps, whether it was resumed, the extractor's CISPO updates and the background track's
     failed passes at its last metrics row (read by column name), entries written, final bank, training time."""
     from crl_train.run.metrics import read_metrics
@@ -256,7 +271,7 @@ def cells_table(records: Sequence[dict[str, Any]], out: Path) -> list[str]:
     return [*lines, ""]
 
 
-def _resumed(record: dict[str, Any]) -> str:
+def _resumed(record: CellRecord) -> str:
     if "resumed_from" not in record:
         return "not recorded"
     steps = record["resumed_from"]
@@ -301,7 +316,7 @@ def provenance() -> list[str]:
             f"torch {torch.__version__}, GPU: {gpu}"]
 
 
-def write_report(suite: Suite, out: Path, records: Sequence[dict[str, Any]]) -> Path:
+def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path:
     """``OUT/report.md``, its PNGs and ``OUT/summary.json`` (:mod:`crl_train.experiment.summary`) from the cells' records."""
     plots = _curves(records, out)
     variants = "".join(f" + reference line {n} ({v.method} with {', '.join(v.set) or 'no overrides'})"
@@ -351,17 +366,26 @@ def _reading(suite: Suite) -> list[str]:
     return [Path(suite.reading).read_text(encoding="utf-8").strip(), ""]
 
 
-def _headline(records: Sequence[dict[str, Any]], out: Path, pairs: Sequence[tuple[str, str]]) -> list[str]:
+def _headline(
+    records: Sequence[CellRecord], out: Path, pairs: Sequence[tuple[str, str]]
+) -> list[str]:
     lines = headline(records, out, pairs)
     if not lines:
         return []
     what = "share of new entries holding their task's secret, " if is_recall(records) else ""
-    return ["## Headline: the last fifth of training", "",
-            f"The paired differences of the tables per fifth of training ({what}r̄(m) of the entries retrieved, "
-            f"guided success) in their last fifth, {int(LEVEL * 100)} % paired t interval over seeds:", "", *lines, ""]
+    return [
+        "## Headline: the last fifth of training",
+        "",
+        f"The paired differences of the tables per fifth of training "
+        f"({what}r̄(m) of the entries retrieved, guided success) in their last fifth, "
+        f"{int(LEVEL * 100)} % paired t interval over seeds:",
+        "",
+        *lines,
+        "",
+    ]
 
 
-def _plain(suite: Suite) -> dict[str, Any]:
+def _plain(suite: Suite) -> JSONDict:
     from crl_train.config.io import config_to_dict
 
     data: dict[str, Any] = config_to_dict(suite)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
 from crl_train.config.io import build_dataclass, read_yaml
@@ -158,7 +158,21 @@ class Cell:
         return f"{self.method}/{self.env_tag}/seed{self.seed}"
 
 
-def record_dir(out: Path, record: dict[str, Any]) -> Path:
+class CellRecord(TypedDict):
+    """A finished cell's ``cell.json``: what the report reads of one run."""
+
+    method: str
+    seed: int
+    envs: list[str]
+    steps: int
+    run_method: str
+    eval: dict[str, Any]
+    """The run's ``eval.json`` (:func:`crl_train.run.evaluate.evaluate_run`)."""
+    resumed_from: list[int]
+    """The checkpoint steps its starts resumed from ([]: it ran in one go)."""
+
+
+def record_dir(out: Path, record: CellRecord) -> Path:
     """The run directory of the cell a ``cell.json`` record describes."""
     return out / "cells" / Cell(record["method"], int(record["seed"]), tuple(record["envs"])).name
 
@@ -241,7 +255,9 @@ def cell_lock(out: Path, cell: Cell, *, wait: bool) -> Iterator[bool]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None) -> dict[str, Any]:
+def run_cell(
+    suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str], Any] | None = None
+) -> CellRecord:
     """Train and evaluate one cell (or resume it); returns what ``cell.json`` holds."""
     from crl_train.run.checkpoints import resolve_checkpoint
     from crl_train.run.evaluate import evaluate_run
@@ -249,7 +265,8 @@ def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str]
 
     cell_dir = out / "cells" / cell.name
     if is_finished(cell_dir):
-        return dict(json.loads((cell_dir / CELL_FILE).read_text(encoding="utf-8")))
+        done: CellRecord = json.loads((cell_dir / CELL_FILE).read_text(encoding="utf-8"))
+        return done
     cfg = cell_config(suite, cell)
     resume = cell_dir.is_dir() and resolve_checkpoint(cell_dir) is not None
     if cell_dir.exists() and not resume:
@@ -263,20 +280,27 @@ def run_cell(suite: Suite, cell: Cell, out: Path, *, env_factory: Callable[[str]
         result = evaluate_run(trainer, suite.eval_episodes, memory=suite.eval_memory)
     finally:
         trainer.close()
-    record = {"method": cell.method, "seed": cell.seed, "envs": list(cell.envs), "steps": cfg.train.steps,
-              "run_method": cfg.method, "eval": result, "resumed_from": resumed_from(cell_dir)}
+    record: CellRecord = {
+        "method": cell.method,
+        "seed": cell.seed,
+        "envs": list(cell.envs),
+        "steps": cfg.train.steps,
+        "run_method": cfg.method,
+        "eval": result,
+        "resumed_from": resumed_from(cell_dir),
+    }
     tmp = cell_dir / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
     tmp.replace(cell_dir / CELL_FILE)
     return record
 
 
-def _ray_cell(suite: Suite, cell: Cell, out: str) -> dict[str, Any]:
+def _ray_cell(suite: Suite, cell: Cell, out: str) -> CellRecord:
     return run_cell(suite, cell, Path(out))
 
 
 def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progress: bool = True,
-              env_factory: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
+              env_factory: Callable[[str], Any] | None = None) -> list[CellRecord]:
     """Every cell (finished ones are read back); returns the cells' records in grid order."""
     from tqdm import tqdm
 
@@ -284,7 +308,7 @@ def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progre
     grid = cells(suite)
     finished = {c.name for c in grid if is_finished(out / "cells" / c.name)}
     bar = tqdm(total=len(grid), initial=len(finished), desc=f"{suite.name} cells", unit="cell", disable=not progress)
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, CellRecord] = {}
 
     def run(c: Cell) -> None:
         records[c.name] = run_cell(suite, c, out, env_factory=env_factory)
@@ -311,13 +335,19 @@ def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progre
     return [records[c.name] for c in grid]
 
 
-def _run_on_ray(suite: Suite, grid: list[Cell], out: Path, address: str, bar: Any) -> dict[str, dict[str, Any]]:
+def _run_on_ray(
+    suite: Suite, grid: list[Cell], out: Path, address: str, bar: Any
+) -> dict[str, CellRecord]:
     """Each unfinished cell as one Ray task with ``suite.resources`` (Ray is the scheduler)."""
     import ray
 
-    ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
+    ray.init(
+        address=None if address == "local" else address,
+        ignore_reinit_error=True,
+        log_to_driver=False,
+    )
     task = ray.remote(**{k: v for k, v in suite.resources.items() if v is not None})(_ray_cell)
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, CellRecord] = {}
     pending: dict[Any, str] = {}
     for c in grid:
         if is_finished(out / "cells" / c.name):

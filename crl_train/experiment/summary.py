@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from crl_train.experiment.fifths import PARTS, is_recall, new_entry_verdicts, part_of
-from crl_train.experiment.suite import record_dir
+from crl_train.experiment.suite import CellRecord, record_dir
 from crl_train.run.stats import paired_difference
 
 MEMORY_ORDER = ("frozen", "none", "online")
 
 
-def heldout_success(record: dict[str, Any], memory: str) -> float | None:
+def heldout_success(record: CellRecord, memory: str) -> float | None:
     """A cell's held-out success in ``memory`` (a cell evaluated without a bank: its ``none``), or None."""
     modes = record["eval"].get("memory") or {
         m: record["eval"][k] for m, k in (("frozen", "with_experience"), ("none", "without_experience"))
@@ -56,40 +56,87 @@ def right_entries_per_request(cell_dir: Path, steps: int, *, last_part_only: boo
     return right / requests
 
 
-def comparisons(records: Sequence[dict[str, Any]], out: Path, contrasts: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+def comparisons(
+    records: Sequence[CellRecord], out: Path, contrasts: Sequence[tuple[str, str]]
+) -> list[dict[str, Any]]:
     """The comparisons of the module docstring."""
-    by_row: dict[str, dict[int, dict[str, Any]]] = {}
+    by_row: dict[str, dict[int, CellRecord]] = {}
     for r in records:
         by_row.setdefault(r["method"], {})[int(r["seed"])] = r
-    modes = [m for m in MEMORY_ORDER if any(m in (r["eval"].get("memory") or {}) for r in records)] or ["frozen", "none"]
+    modes = [
+        m for m in MEMORY_ORDER if any(m in (r["eval"].get("memory") or {}) for r in records)
+    ] or ["frozen", "none"]
     out_rows: list[dict[str, Any]] = []
 
-    def add(a: str, b: str, metric: str, memory: str | None, values: dict[int, tuple[float | None, float | None]]) -> None:
+    def add(
+        a: str,
+        b: str,
+        metric: str,
+        memory: str | None,
+        values: dict[int, tuple[float | None, float | None]],
+    ) -> None:
         pairs = [(x, y) for _, (x, y) in sorted(values.items()) if x is not None and y is not None]
         if not pairs:
             return
         iv = paired_difference([x for x, _ in pairs], [y for _, y in pairs])
-        out_rows.append({"a": a, "b": b, "metric": metric, "memory": memory, "diff": iv.value,
-                         "ci95": [iv.low, iv.high], "n_seeds": len(pairs)})
+        out_rows.append(
+            {
+                "a": a,
+                "b": b,
+                "metric": metric,
+                "memory": memory,
+                "diff": iv.value,
+                "ci95": [iv.low, iv.high],
+                "n_seeds": len(pairs),
+            }
+        )
 
     for a, b in contrasts:
         ra, rb = by_row.get(a, {}), by_row.get(b, {})
         seeds = sorted(set(ra) & set(rb))
         for memory in modes:
-            add(a, b, "heldout_success", memory,
-                {s: (heldout_success(ra[s], memory), heldout_success(rb[s], memory)) for s in seeds})
+            add(
+                a,
+                b,
+                "heldout_success",
+                memory,
+                {
+                    s: (heldout_success(ra[s], memory), heldout_success(rb[s], memory))
+                    for s in seeds
+                },
+            )
         if is_recall(records):
-            for metric, last in (("right_entries_per_request", False), ("right_entries_per_request_last_fifth", True)):
-                add(a, b, metric, None, {s: tuple(  # type: ignore[misc]
-                    right_entries_per_request(record_dir(out, rec), int(rec["steps"]), last_part_only=last)
-                    for rec in (ra[s], rb[s])) for s in seeds})
+            for metric, last in (
+                ("right_entries_per_request", False),
+                ("right_entries_per_request_last_fifth", True),
+            ):
+                add(
+                    a,
+                    b,
+                    metric,
+                    None,
+                    {
+                        s: tuple(  # type: ignore[misc]
+                            right_entries_per_request(
+                                record_dir(out, rec), int(rec["steps"]), last_part_only=last
+                            )
+                            for rec in (ra[s], rb[s])
+                        )
+                        for s in seeds
+                    },
+                )
     return out_rows
 
 
-def write_summary(out: Path, records: Sequence[dict[str, Any]], contrasts: Sequence[tuple[str, str]]) -> Path:
+def write_summary(
+    out: Path, records: Sequence[CellRecord], contrasts: Sequence[tuple[str, str]]
+) -> Path:
     """``OUT/summary.json`` (written atomically)."""
     path = out / "summary.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"comparisons": comparisons(records, out, contrasts)}, indent=1), encoding="utf-8")
+    tmp.write_text(
+        json.dumps({"comparisons": comparisons(records, out, contrasts)}, indent=1),
+        encoding="utf-8",
+    )
     tmp.replace(path)
     return path

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class ExtractorBackend(Protocol):
 
     def load(self, directory: str | Path) -> None: ...
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self) -> JSONDict:
         """Version and per-sample constraints (JSON-ready) for a checkpoint."""
         ...
 

@@ -41,14 +41,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from crl_gym.experience.ops import DEFAULT_MAX_LEN, parse_ops, parse_structured_ops
+from crl_gym.experience.ops import parse_ops, parse_structured_ops
 from crl_gym.experience.prompts import (
     build_distillation_prompt,
     build_refinement_prompt,
@@ -58,13 +59,12 @@ from crl_gym.experience.prompts import (
     extract_refined_advice,
 )
 from crl_gym.experience.schemas import (
-    MAX_ACTION_SLOT,
-    MAX_OPS,
     max_answer_chars,
     merge_schema,
     ops_schema,
     refinement_schema,
 )
+from crl_gym.json_types import GrammarSpec, JSONDict
 from crl_gym.protocol import (
     AddOp,
     DistillationRequest,
@@ -81,8 +81,7 @@ from crl_train.algorithms import (
     loss_scale_for,
     training_count_weights,
 )
-from crl_train.config import AlgoConfig
-from crl_train.config.names import CispoNormalisation
+from crl_train.config import ExtractorSettings
 from crl_train.policy.base import AllowedRow, Generation, Policy, TokenSequence, TrainBatch
 from crl_train.policy.grammar import JsonGrammar
 
@@ -159,77 +158,46 @@ class Extractor:
 
     Args:
         policy: the extractor's model (its ``generate`` takes ``JsonGrammar`` rows).
-        max_new_tokens: token budget of an answer (a structured one gets at least its schema's
-            longest answer; ``think_tokens`` come on top).
-        max_context_tokens: prompt + answer; a prompt keeps its end.
-        max_prompt_chars: characters of the distillation / refinement prompt.
-        structured: generate every answer under its task's schema (see the module docstring).
-        constrained: the model cannot write an answer on its own (the tiny preset); it needs
-            ``structured`` (kept so configs that say ``extractor.constrained`` keep their meaning).
-        think_tokens: free reasoning tokens before a structured distillation answer (tiny preset).
-        max_entry_chars: longest entry text (and refined advice) a schema allows.
-        max_ops: most operations in one distillation answer (``experience.max_ops``).
-        action_slot: N > 0: a distillation answer chooses up to N of its episode's admissible
-            actions before each entry's text (see the module docstring); 0 = off.
-        thinking: whether the model reasons before answering (``</think>``); None = detect it.
-        normalisation: CISPO's normaliser, ``tokens`` (Eq. 3) or ``sequences`` (``algo.cispo_normalisation``).
+        settings: its budgets, answer form and CISPO hyper-parameters
+            (:class:`~crl_train.config.ExtractorSettings`, the one source of their defaults;
+            ``ExtractorSettings.from_config(cfg)`` for a run's).
+        **legacy: the settings' fields as keyword arguments (``max_new_tokens=24``), the form
+            before :class:`~crl_train.config.ExtractorSettings`: still read, over ``settings``,
+            with a ``DeprecationWarning``.
     """
 
-    def __init__(
-        self,
-        policy: Policy,
-        *,
-        max_new_tokens: int = 96,
-        max_context_tokens: int = 4096,
-        max_prompt_chars: int = 6000,
-        structured: bool = True,
-        constrained: bool = False,
-        think_tokens: int = 0,
-        max_entry_chars: int = DEFAULT_MAX_LEN,
-        max_ops: int = MAX_OPS,
-        action_slot: int = 0,
-        thinking: bool | None = None,
-        eps_low: float = AlgoConfig.cispo_eps_low,
-        eps_high: float = AlgoConfig.cispo_eps_high,
-        cooldown: int = AlgoConfig.cooldown,
-        alpha: float = AlgoConfig.count_alpha,
-        normalisation: CispoNormalisation = "tokens",
-    ) -> None:
+    def __init__(self, policy: Policy, settings: ExtractorSettings | None = None,
+                 **legacy: object) -> None:
+        settings = settings if settings is not None else ExtractorSettings()
+        if legacy:
+            warnings.warn("Extractor(policy, max_new_tokens=..., ...) is deprecated: pass "
+                          "Extractor(policy, ExtractorSettings(max_new_tokens=..., ...))",
+                          DeprecationWarning, stacklevel=2)
+            settings = replace(settings, **legacy)  # type: ignore[arg-type]  # checked there
+        self.settings = settings
+        """What the extractor was built with (the attributes below are read from it)."""
         self.policy = policy
-        self.max_new_tokens = max_new_tokens
-        self.max_context_tokens = max_context_tokens
-        self.max_prompt_chars = max_prompt_chars
-        if constrained and not structured:
-            raise ValueError("Extractor: constrained=True (a model that cannot write an answer on its own) needs "
-                             "structured=True: its answers are generated under their schemas")
-        if think_tokens < 0 or (think_tokens and not structured):
-            raise ValueError(f"Extractor: think_tokens={think_tokens} needs structured=True and must be >= 0 "
-                             "(the free tokens precede a structured answer; a free-text model reasons on its own)")
-        if max_entry_chars < 1:
-            raise ValueError(f"Extractor: max_entry_chars must be >= 1, got {max_entry_chars}")
-        if max_ops < 1:
-            raise ValueError(f"Extractor: max_ops must be >= 1, got {max_ops}")
-        self.max_ops = max_ops
-        if not 0 <= action_slot <= MAX_ACTION_SLOT:
-            raise ValueError(f"Extractor: action_slot must be in [0, {MAX_ACTION_SLOT}], got {action_slot}")
-        self.action_slot = action_slot
+        self.max_new_tokens = settings.max_new_tokens
+        self.max_context_tokens = settings.max_context_tokens
+        self.max_prompt_chars = settings.max_prompt_chars
+        self.max_ops = settings.max_ops
+        self.action_slot = settings.action_slot
         self.slotless_requests = 0
         """Distillation requests with the slot on whose trajectory listed no admissible actions (no slot)."""
-        self.structured = structured
-        self.constrained = constrained
-        self.think_tokens = think_tokens
-        self.max_entry_chars = max_entry_chars
+        self.structured = settings.structured
+        self.constrained = settings.constrained
+        self.think_tokens = settings.think_tokens
+        self.max_entry_chars = settings.max_entry_chars
         self.reasoning_end: int | None = None
         """``</think>`` of a thinking model: its reasoning is free, the answer after it is constrained."""
-        if structured and thinking is not False and not think_tokens:
+        if settings.structured and settings.thinking is not False and not settings.think_tokens:
             self.reasoning_end = reasoning_end_token(policy)
-            if thinking and self.reasoning_end is None:
+            if settings.thinking and self.reasoning_end is None:
                 raise ValueError("Extractor: thinking=True but the tokenizer has no </think> token")
-        self.eps_low, self.eps_high = eps_low, eps_high
-        self.cooldown, self.alpha = cooldown, alpha
-        if normalisation not in get_args(CispoNormalisation):
-            raise ValueError(f"Extractor: normalisation must be one of {get_args(CispoNormalisation)}, got {normalisation!r}")
-        self.loss = PolicyLoss.CISPO if normalisation == "tokens" else PolicyLoss.CISPO_SEQUENCES
+        self.eps_low, self.eps_high = settings.eps_low, settings.eps_high
+        self.cooldown, self.alpha = settings.cooldown, settings.alpha
+        self.loss = (PolicyLoss.CISPO if settings.normalisation == "tokens"
+                     else PolicyLoss.CISPO_SEQUENCES)
         """Eq. 3's loss, or its per-sample normalisation (``algo.cispo_normalisation``)."""
         self.version = 0
         self.lock = threading.RLock()
@@ -282,7 +250,8 @@ class Extractor:
             for p, pid, g, a in zip(prompts, ids, gens, rows, strict=True):
                 # a constrained answer cut by the budget is incomplete: make it unparsable (it is counted)
                 text = "" if a is not None and g.finish_reason == "length" else g.text
-                spec = ({"schema": a.schema, "think_tokens": a.think_tokens, "reasoning_end": a.reasoning_end}
+                spec = (GrammarSpec(schema=a.schema, think_tokens=a.think_tokens,
+                                    reasoning_end=a.reasoning_end)
                         if isinstance(a, JsonGrammar) else None)  # the sample carries its grammar: it replays anywhere
                 s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
                                     prompt_token_ids=pid, extractor_version=self.version, grammar=spec)
@@ -465,7 +434,7 @@ class Extractor:
         with self.lock:
             self.policy.load(directory)
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self) -> JSONDict:
         """Version and per-sample constraints (JSON-ready) for a checkpoint.
 
         Each distinct allowed set is written once in ``allowed_sets`` and the samples refer to it by

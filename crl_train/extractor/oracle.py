@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import (
     AddOp,
     DistillationRequest,
@@ -133,7 +134,7 @@ class OracleExtractor:
     def load(self, directory: str | Path) -> None:
         """No weights: nothing to read."""
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self) -> JSONDict:
         return {"version": 0}
 
     def set_state(self, d: dict[str, Any]) -> None:

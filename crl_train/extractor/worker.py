@@ -29,10 +29,11 @@ Failures:
   process group; the trainer handles it and still checkpoints π_φ through the worker) and exits
   by itself when the trainer's end of the pipe closes (trainer killed).
 
->>> from crl_train.config import ModelConfig
+>>> from crl_train.config import ExtractorSettings, ModelConfig
 >>> spec = ExtractorSpec(ModelConfig(tiny_vocab_size=300, tiny_hidden=32, tiny_layers=1),
 ...                      texts=("RETURN: nothing new", "ADD: walk east"), seed=1,
-...                      options={"max_new_tokens": 8, "max_context_tokens": 256, "constrained": True})
+...                      settings=ExtractorSettings(max_new_tokens=8, max_context_tokens=256,
+...                                                 constrained=True))
 >>> w = ExtractorWorker(spec)
 >>> [s.response for s in w.generate(["advice?"], [["ADD: walk east"]])]
 ['ADD: walk east']
@@ -42,20 +43,25 @@ False
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
 import signal
 import threading
 import traceback
+import warnings
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, ExtractorSample
 from crl_train.config import ModelConfig
+from crl_train.config.extractor import TINY_ENTRY_CHARS as TINY_ENTRY_CHARS  # its old home
+from crl_train.config.extractor import ExtractorSettings
 from crl_train.config.names import ModelKind
 from crl_train.extractor.model import BufferItem, Extractor, cispo_update
 from crl_train.extractor.oracle import OracleExtractor
@@ -90,10 +96,12 @@ class ExtractorSpec:
     """Seed of the tiny model's init and of torch in the child."""
     checkpoint: str | None = None
     """A ``Policy.save`` directory to rebuild π_φ from (resume)."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of :class:`~crl_train.extractor.Extractor` (max_new_tokens, think_tokens, action_slot, …);
-    ``structured`` defaults to ``model.structured``, ``max_entry_chars`` to :data:`TINY_ENTRY_CHARS`
-    for the tiny preset."""
+    settings: ExtractorSettings | None = None
+    """The Extractor's settings; None: :meth:`ExtractorSettings.for_model` of ``model`` (its
+    budgets and answer form, short entries for the tiny preset)."""
+    options: dict[str, Any] | None = None
+    """Deprecated (use ``settings``): the Extractor's keyword arguments, over the model's defaults;
+    read into ``settings`` with a ``DeprecationWarning``."""
     num_threads: int = 1
     """torch intra-op threads of the child (its share of the cores)."""
     cpus: tuple[int, ...] | None = None
@@ -103,18 +111,25 @@ class ExtractorSpec:
     """Added to the child's scheduling niceness: when cores are oversubscribed the actor's process
     runs first (the extractor is off the critical path; on free cores it changes nothing)."""
 
+    def __post_init__(self) -> None:
+        if self.options is not None:
+            warnings.warn("ExtractorSpec(options={...}) is deprecated: pass "
+                          "settings=ExtractorSettings(...)", DeprecationWarning, stacklevel=3)
+            base = self.settings or ExtractorSettings.for_model(self.model)
+            object.__setattr__(self, "settings", replace(base, **self.options))
+            object.__setattr__(self, "options", None)
 
-TINY_ENTRY_CHARS = 64
-"""Longest entry the tiny preset's extractor writes: its text is random, and short entries keep the
-actor's guided prompts (and the merge windows) small."""
+    @property
+    def extractor_settings(self) -> ExtractorSettings:
+        """``settings``, or the model's defaults."""
+        return self.settings or ExtractorSettings.for_model(self.model)
 
 
-def extractor_options(spec: ExtractorSpec) -> dict[str, Any]:
-    """The Extractor's keyword arguments: ``spec.options`` over the model config's defaults."""
-    defaults: dict[str, Any] = {"structured": spec.model.structured}
-    if spec.model.kind is ModelKind.TINY:
-        defaults["max_entry_chars"] = TINY_ENTRY_CHARS
-    return {**defaults, **spec.options}
+def extractor_options(spec: ExtractorSpec) -> dict[str, object]:
+    """Deprecated: the Extractor's settings as keyword arguments; use ``spec.extractor_settings``."""
+    warnings.warn("extractor_options(spec) is deprecated: use spec.extractor_settings",
+                  DeprecationWarning, stacklevel=2)
+    return dataclasses.asdict(spec.extractor_settings)
 
 
 def build_extractor(spec: ExtractorSpec) -> Extractor | OracleExtractor:
@@ -127,7 +142,7 @@ def build_extractor(spec: ExtractorSpec) -> Extractor | OracleExtractor:
     policy = build_policy(spec.model, list(spec.texts) if spec.texts is not None else None, loss_scale="tokens",
                           seed=spec.seed, checkpoint=Path(spec.checkpoint) if spec.checkpoint else None,
                           role="extractor")
-    return Extractor(policy, **extractor_options(spec))
+    return Extractor(policy, spec.extractor_settings)
 
 
 # ------------------------------------------------------------------------------------ the child
@@ -137,7 +152,7 @@ def _train(ext: Extractor, items: list[BufferItem], counts: list[int], lasts: li
     return ext.train(items, counts, lasts, step), ext.version
 
 
-def _get_state(ext: Extractor | OracleExtractor) -> dict[str, Any]:
+def _get_state(ext: Extractor | OracleExtractor) -> JSONDict:
     """The extractor's state and this process's generators (π_φ samples with them: a resume draws on)."""
     from crl_train.policy import rng_state
 
@@ -154,7 +169,7 @@ def _set_state(ext: Extractor | OracleExtractor, d: dict[str, Any]) -> None:
         rng_state.restore(rng, "extractor.rng")
 
 
-_HANDLERS: dict[str, Any] = {
+_HANDLERS: dict[str, Callable[..., object]] = {
     "distill": lambda ext, reqs: ext.distill(reqs),
     "refine": lambda ext, q, entry, ctx: ext.refine(q, entry, ctx),
     "reflect": lambda ext, category, failures, successes, n: ext.reflect(category, failures, successes, n),
@@ -399,7 +414,7 @@ class ExtractorWorker:
     def load(self, directory: str | Path) -> None:
         self._call("load", str(directory))
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self) -> JSONDict:
         state: dict[str, Any] = self._call("get_state")
         self.version = int(state.get("version", self.version))
         return state

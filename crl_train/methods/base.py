@@ -11,10 +11,11 @@ builder only call these; they never look at a method's name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.algorithms import (
     ADVANTAGES,
@@ -88,7 +89,7 @@ class Method(Protocol):
         """``[N]`` bool: the episodes the RL update trains on."""
         ...
 
-    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
+    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], JSONDict]:
         """More terms of the actor's objective (computed under the weights about to be updated, and
         added to the RL loss of the same step), and the metrics computed on the way."""
         ...
@@ -155,7 +156,7 @@ class MethodBase:
     def train_mask(self, outcomes: Outcomes) -> torch.Tensor:
         return outcomes.valid.clone()
 
-    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
+    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], JSONDict]:
         metrics = gate_metrics(rollout) if self._gate_on() else {}
         if not self._self_distill_on():
             return [], metrics
@@ -185,7 +186,7 @@ class MethodBase:
         return bool(self.algo.self_distill and self.guided and self.trains_actor)
 
 
-def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[list[ActorTerm], dict[str, Any]]:
+def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[list[ActorTerm], JSONDict]:
     """Winning guided trajectories (success above the free mean of their group), experience and
     search_and_ask turns stripped, as an NLL term (the paper's appendix)."""
     eps = rollout.episodes
@@ -205,12 +206,12 @@ def self_distillation(rollout: Rollout, actor: Policy, coef: float) -> tuple[lis
     return [term], {"self_distill_samples": len(seqs)}
 
 
-def gate_metrics(rollout: Rollout) -> dict[str, Any]:
+def gate_metrics(rollout: Rollout) -> JSONDict:
     """Share of each verdict among the judged guided episodes, and the gate's seconds per episode."""
     judged = [e for e in rollout.episodes if "gate" in e.info]
     if not judged:
         return {"gate_judged": 0}
-    out: dict[str, Any] = {f"gate_{v}": sum(e.info["gate"] == v for e in judged) / len(judged) for v in VERDICTS}
+    out: JSONDict = {f"gate_{v}": sum(e.info["gate"] == v for e in judged) / len(judged) for v in VERDICTS}
     out["gate_judged"] = len(judged)
     out["gate_latency_s"] = sum(float(e.info.get("gate_s", 0.0)) for e in judged) / len(judged)
     return out

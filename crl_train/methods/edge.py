@@ -15,10 +15,9 @@ in the ``algo.edge`` section (:class:`~crl_train.config.EdgeConfig`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.algorithms import (
     AdvantageEstimator,
@@ -73,7 +72,7 @@ class Edge(MethodBase):
     def metric_fields(self) -> tuple[str, ...]:
         return EDGE_FIELDS + super().metric_fields()
 
-    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], dict[str, Any]]:
+    def extra_terms(self, rollout: Rollout, actor: Policy) -> tuple[list[ActorTerm], JSONDict]:
         terms, metrics = super().extra_terms(rollout, actor)
         gain = marginal_gain(rollout.reward, rollout.group, rollout.condition, valid=rollout.valid)
         threshold = self.algo.edge.threshold

@@ -20,10 +20,10 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import ExperienceRef
 from crl_gym.templates import GATE_REFINE_TEMPLATE, GATE_TEMPLATE
 from crl_train.algorithms import GATE_SCORES
@@ -47,7 +47,7 @@ class Verdict:
     score: float | None
     """s_c, or None during the warm-up."""
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> JSONDict:
         """The request's ``meta["gate"]``."""
         return {"verdict": self.verdict, "entry": self.entry_id, "score": self.score}
 

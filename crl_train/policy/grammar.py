@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from crl_gym.json_types import JSONDict
+
 if TYPE_CHECKING:
     import llguidance
     from transformers import PreTrainedTokenizerBase
@@ -77,7 +79,7 @@ class JsonGrammar:
                     reasoning_end: int | None = None) -> JsonGrammar:
         return cls(json.dumps(schema, separators=(",", ":")), think_tokens, reasoning_end)
 
-    def schema_dict(self) -> dict[str, Any]:
+    def schema_dict(self) -> JSONDict:
         out: dict[str, Any] = json.loads(self.schema)
         return out
 

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from crl_gym.json_types import JSONDict
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -71,7 +73,7 @@ class LoraSpec:
         """alpha / rank: peft's scale of B·A."""
         return self.alpha / self.rank if self.rank else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         d = asdict(self)
         d["targets"] = list(self.targets)
         return d

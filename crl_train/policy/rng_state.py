@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from crl_gym.json_types import JSONDict
 
-def capture() -> dict[str, Any]:
+
+def capture() -> JSONDict:
     """torch's CPU generator, ``random`` and NumPy's global generator, JSON-ready."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     version, internal, py_gauss = random.getstate()

@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from crl_gym.json_types import JSONDict
+
 from .base import AllowedRow, FinishReason, Generation, SamplingConfig
 from .grammar import JsonGrammar
 
@@ -68,7 +70,7 @@ _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 def sampling_params_kwargs(
     cfg: SamplingConfig, max_new_tokens: int, stop_token_ids: Sequence[int] = ()
-) -> dict[str, Any]:
+) -> JSONDict:
     """Keyword arguments for ``vllm.SamplingParams`` (one sampled token's log-prob per step)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -93,7 +95,7 @@ STRUCTURED_BACKEND = "guidance"
 """vLLM's structured-output backend: llguidance, the same engine as the ``hf`` backend's grammars."""
 
 
-def structured_outputs_kwargs(grammar: JsonGrammar) -> dict[str, Any]:
+def structured_outputs_kwargs(grammar: JsonGrammar) -> JSONDict:
     """Keyword arguments for ``vllm.sampling_params.StructuredOutputsParams`` of a ``JsonGrammar``
     row (its ``json`` field takes the schema; ``x-guidance`` inside it carries the options)."""
     if getattr(grammar, "think_tokens", 0):
@@ -101,7 +103,7 @@ def structured_outputs_kwargs(grammar: JsonGrammar) -> dict[str, Any]:
     return {"json": grammar.schema_dict()}
 
 
-def engine_structured_config(reasoning_parser: str | None) -> dict[str, Any]:
+def engine_structured_config(reasoning_parser: str | None) -> JSONDict:
     """``LLM(structured_outputs_config=...)``: the guidance backend, and the reasoning parser of a
     thinking model (so the grammar applies only after its reasoning)."""
     cfg: dict[str, Any] = {"backend": STRUCTURED_BACKEND}

@@ -15,6 +15,7 @@ import torch
 
 from crl_gym.clients import LocalClient
 from crl_gym.experience.bank import ExperienceBank
+from crl_gym.json_types import JSONDict
 from crl_gym.templates import SEARCH_ACTION, SYSTEM_CONSTRAINED, SYSTEM_REACT
 from crl_train.config import ExperienceConfig, ModelConfig, TrainConfig
 from crl_train.config.names import ModelKind
@@ -55,7 +56,7 @@ class Run:
         """The run's experience bank (what the trainer trims on a resume, logs the new entries of and exports)."""
         return self.service.manager.bank
 
-    def save(self, target: Path, previous: Path | None = None) -> dict[str, Any]:
+    def save(self, target: Path, previous: Path | None = None) -> JSONDict:
         """The service's, the runner's and the generators' part of a checkpoint: ``extractor/`` and
         ``bank/`` written into ``target`` (:meth:`ExperienceService.save`), the rest returned for
         its ``state.json``. ``previous``: the last checkpoint's directory."""

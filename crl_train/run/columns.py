@@ -7,11 +7,11 @@ collects them with the service's and the methods' own columns is :mod:`crl_train
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from crl_gym.experience.results import ServiceStats
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import FREE_CONDITION, GUIDED_CONDITION
 from crl_train.rollout.contract import Rollout
 from crl_train.rollout.runner import RolloutRunner
@@ -40,7 +40,7 @@ ROLLOUT_FIELDS: tuple[str, ...] = (
 
 
 def rollout_columns(rollout: Rollout, adv: torch.Tensor, runner: RolloutRunner,
-                    stats: ServiceStats) -> dict[str, Any]:
+                    stats: ServiceStats) -> JSONDict:
     """:data:`ROLLOUT_FIELDS` of one step: its episodes, their advantages, the runner's counters and
     the service's ``stats()`` (whether the extractor is alive)."""
     eps = rollout.episodes
@@ -66,7 +66,7 @@ SERVICE_FIELDS: tuple[str, ...] = tuple(row_columns())
 """The experience service's columns, declared by the service (:func:`crl_train.service.service.row_columns`)."""
 
 
-def service_columns(stats: ServiceStats, method_columns: Mapping[str, str]) -> dict[str, Any]:
+def service_columns(stats: ServiceStats, method_columns: Mapping[str, str]) -> JSONDict:
     """:data:`SERVICE_FIELDS` and a method's own service columns (``Method.service_metrics``:
     column -> ``stats()`` key) from the service's ``stats()``."""
     return {k: stats.get(src) for k, src in {**row_columns(), **method_columns}.items()}

@@ -27,6 +27,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import GUIDED_CONDITION
 from crl_train.config import TrainConfig
 from crl_train.rollout.runner import Episode
@@ -60,7 +61,7 @@ def memory_of_modes(modes: Sequence[bool]) -> tuple[str, ...]:
 
 
 def evaluate_run(trainer: Trainer, episodes: int, modes: tuple[bool, ...] | None = None, *,
-                 memory: Sequence[str] = DEFAULT_MEMORY) -> dict[str, Any]:
+                 memory: Sequence[str] = DEFAULT_MEMORY) -> JSONDict:
     """Held-out episodes of ``trainer``'s actor in each ``memory`` mode; writes eval.json.
 
     Each held-out task is played a group of times, and its episodes mostly agree, so the task is
@@ -162,7 +163,7 @@ def _task_means(by_task: dict[Task, list[float]]) -> list[float]:
     return [sum(o) / len(o) for o in by_task.values()]
 
 
-def _paired(a: str, b: str, da: dict[Task, list[float]], db: dict[Task, list[float]]) -> dict[str, Any]:
+def _paired(a: str, b: str, da: dict[Task, list[float]], db: dict[Task, list[float]]) -> JSONDict:
     """Success in mode ``a`` − in mode ``b`` over the tasks both played: mean of the per-task differences."""
     common = [t for t in da if t in db]
     iv = paired_difference(_task_means({t: da[t] for t in common}), _task_means({t: db[t] for t in common}))
@@ -171,7 +172,7 @@ def _paired(a: str, b: str, da: dict[Task, list[float]], db: dict[Task, list[flo
 
 def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] | None = None,
                  env_factory: Callable[[str], Any] | None = None, *,
-                 memory: Sequence[str] = DEFAULT_MEMORY) -> dict[str, Any]:
+                 memory: Sequence[str] = DEFAULT_MEMORY) -> JSONDict:
     """``crl-eval``: the run's checkpoint on held-out seeds, with the checkpoint's own bank (``checkpoint/bank``;
     the run's ``bank/`` for a checkpoint written before checkpoints kept one). The run is left as it
     was: retrieval counts, online writes, pending requests and the index change on a copy of the

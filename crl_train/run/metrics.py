@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crl_gym.json_types import JSONDict
 from crl_train.methods import declared_metric_fields
 from crl_train.run.columns import ACTOR_FIELDS, ROLLOUT_FIELDS, SERVICE_FIELDS, TIME_FIELDS
 
@@ -45,7 +46,7 @@ def metric_fields(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     return (*METRIC_FIELDS, *extra)
 
 
-def make_row(fields: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
+def make_row(fields: tuple[str, ...], values: dict[str, Any]) -> JSONDict:
     """A row with exactly ``fields`` (missing ones None); an undeclared key is a programming error.
 
     >>> make_row(("step", "success"), {"step": 3})

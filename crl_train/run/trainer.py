@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from crl_gym.experience.store import BankCorruptError, verify_bank_copy
+from crl_gym.json_types import JSONDict
 from crl_train.algorithms import ClipParams, PolicyLoss, sequence_weights
 from crl_train.config import TrainConfig
 from crl_train.methods import Method, Rollout, make_method
@@ -165,7 +166,7 @@ class Trainer:
                            f"Nothing in {self.run_dir} was changed. {ckpt.alternatives()}")
 
     # ------------------------------------------------------------------ one step
-    def step(self, t: int) -> dict[str, Any]:
+    def step(self, t: int) -> JSONDict:
         c, method = self.c, self.method
         t0 = time.perf_counter()
         # warm-up (experience.warmup_steps): every copy runs free while the bank fills
@@ -185,7 +186,7 @@ class Trainer:
         row.update(self._row(rollout, adv, t3 - t0, t1 - t0, t2 - t1))                       # log
         return make_row(self.fields, row)
 
-    def _update(self, rollout: Rollout, adv: torch.Tensor) -> dict[str, Any]:
+    def _update(self, rollout: Rollout, adv: torch.Tensor) -> JSONDict:
         """One actor step on the RL loss over the method's train mask plus the method's own terms
         (EDGE's distillation, self-distillation), all under the same weights; a frozen actor (or one
         without weights, the reader) has none."""
@@ -216,10 +217,15 @@ class Trainer:
                 if e.request is not None:
                     f.write(e.request.to_json() + "\n")
 
-    def _row(self, rollout: Rollout, adv: torch.Tensor, total: float, rollout_s: float, update_s: float) -> dict[str, Any]:
+    def _row(
+        self, rollout: Rollout, adv: torch.Tensor, total: float, rollout_s: float, update_s: float
+    ) -> JSONDict:
         stats = self.c.client.stats()
-        return {**service_columns(stats, self.method.service_metrics), **rollout_columns(rollout, adv, self.c.runner, stats),
-                **time_columns(total, rollout_s, update_s)}
+        return {
+            **service_columns(stats, self.method.service_metrics),
+            **rollout_columns(rollout, adv, self.c.runner, stats),
+            **time_columns(total, rollout_s, update_s),
+        }
 
     # ------------------------------------------------------------------ loop
     def checkpoint(self, step: int) -> None:
@@ -230,7 +236,7 @@ class Trainer:
         self.c.service.flush()  # queued requests reach the spill file: a kill after this loses none
         commit_checkpoint(self.run_dir, tmp, state)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> JSONDict:
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -298,7 +304,7 @@ class Trainer:
         self.c.close()
 
 
-def _section(state: dict[str, Any], key: str) -> dict[str, Any]:
+def _section(state: dict[str, Any], key: str) -> JSONDict:
     """``state[key]`` (a JSON object, empty when absent) of a checkpoint's state.json."""
     value = state.get(key, {})
     if not isinstance(value, dict):

@@ -8,6 +8,7 @@ the service of one run, its bank under the run directory), ``crl-experience serv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from crl_gym.experience.config import ManagerConfig
 from crl_gym.experience.embedders import Embedder, embedder_name, load_embedder
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.protocol import DistillationRequest
-from crl_train.config import ExperienceConfig, TrainConfig
+from crl_train.config import ExperienceConfig, ExtractorSettings, TrainConfig
 from crl_train.config.names import ModelKind
 from crl_train.extractor import AnyExtractor, ExtractorSpec, ExtractorWorker, build_extractor
 from crl_train.rollout.envs import RawEnvFactory, raw_env_factory, seed_texts, tokenizer_texts
@@ -39,30 +40,15 @@ def extractor_spec(cfg: TrainConfig, texts: list[str] | None, *, checkpoint: Pat
     """How to build π_φ from ``cfg`` (in this process or in its worker)."""
     return ExtractorSpec(
         cfg.extractor, tuple(texts) if texts is not None else None, seed=cfg.seed + 1,
-        checkpoint=str(checkpoint) if checkpoint is not None else None, num_threads=cfg.experience.extractor_threads,
-        cpus=cpus, nice=cfg.experience.extractor_nice,
-        options={"max_new_tokens": cfg.extractor.max_new_tokens, "max_context_tokens": cfg.extractor.max_context_tokens,
-                 "max_prompt_chars": cfg.experience.max_prompt_chars, "constrained": cfg.extractor.constrained,
-                 "think_tokens": cfg.extractor.think_tokens, "eps_low": cfg.algo.cispo_eps_low,
-                 "eps_high": cfg.algo.cispo_eps_high, "cooldown": cfg.algo.cooldown, "alpha": cfg.algo.count_alpha,
-                 "normalisation": cfg.algo.cispo_normalisation,
-                 "action_slot": cfg.experience.action_slot, "max_ops": cfg.experience.max_ops,
-                 # None leaves the worker's default (the tiny extractor's short entries)
-                 **({} if cfg.experience.max_entry_chars is None else {"max_entry_chars": cfg.experience.max_entry_chars})})
+        checkpoint=str(checkpoint) if checkpoint is not None else None,
+        num_threads=cfg.experience.extractor_threads, cpus=cpus, nice=cfg.experience.extractor_nice,
+        settings=ExtractorSettings.from_config(cfg))
 
 
 def service_options(cfg: TrainConfig, **method_side: Any) -> ServiceOptions:
-    """The config's queue, buffer and merge settings, with a method's own choices (``method_side``)."""
-    base = {"buffer_size": cfg.algo.buffer_size, "merge_every": cfg.algo.merge_every,
-            "merge_token_budget": cfg.algo.merge_token_budget, "distill_batch": cfg.experience.distill_batch,
-            "distill_linger_s": cfg.experience.distill_linger_s, "asynchronous": cfg.experience.asynchronous,
-            "distill_fraction": cfg.experience.distill_fraction, "draw_seed": cfg.seed,
-            "distill_per_group": cfg.experience.distill_per_group,
-            "entry_reward": cfg.algo.entry_reward, "return_reward": cfg.algo.return_reward,
-            # a user's entries (seed_entries) are pinned unless the config unpins them all (the
-            # paper's Merge compacts a run's seed entries too: manager.pin_user_entries: false)
-            "merge_seeded": not cfg.manager.pin_user_entries}
-    return ServiceOptions(**{**base, **method_side})
+    """The config's queue, buffer and merge settings (:meth:`ServiceOptions.from_config`), with a
+    method's own choices (``method_side``: fields of :class:`ServiceOptions`)."""
+    return dataclasses.replace(ServiceOptions.from_config(cfg), **method_side)
 
 
 def build_service(experience: ExperienceConfig, manager_config: ManagerConfig, options: ServiceOptions,

@@ -41,6 +41,7 @@ import numpy as np
 from crl_gym.clients import ExperienceUnavailable, check_step
 from crl_gym.experience.embedders import Embedder
 from crl_gym.experience.results import Health, JSONValue, OpsApplied, ServiceStats, StepEnded
+from crl_gym.json_types import ExperienceRefDict, JSONDict, JSONInput, RequestDict
 from crl_gym.protocol import (
     DistillationRequest,
     ExperienceOp,
@@ -130,29 +131,29 @@ class ServiceActor:
                  len(self.service.manager.bank), self.service.ledger.last_ended)
 
     # ------------------------------------------------------------------ the client interface
-    def search(self, query: str) -> dict[str, Any] | None:
+    def search(self, query: str) -> ExperienceRefDict | None:
         ref = self.service.search(query)
         return ref.to_dict() if ref is not None else None
 
-    def search_many(self, queries: list[str]) -> list[dict[str, Any] | None]:
+    def search_many(self, queries: list[str]) -> list[ExperienceRefDict | None]:
         return [r.to_dict() if r is not None else None for r in self.service.search_many(list(queries))]
 
-    def ask(self, query: str, entry: dict[str, Any], context: str) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: JSONInput, context: str) -> tuple[str, dict[str, Any] | None]:
         ref = ExperienceRef.from_dict(entry, "entry")
         if ref is None:
             raise ValueError("ask: entry must be an experience object, got null")
         return self.service.ask(query, ref, context)
 
-    def submit(self, request: dict[str, Any]) -> None:
+    def submit(self, request: JSONInput) -> None:
         self.service.submit(DistillationRequest.from_dict(request))
 
-    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[dict[str, Any]]:
+    def get_requests(self, max_n: int, timeout: float = 0.0) -> list[RequestDict]:
         return [r.to_dict() for r in self.service.get_requests(max_n, timeout)]
 
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> dict[str, JSONValue]:
         return self.service.end_step(check_step(step), bonus).to_dict()
 
-    def apply_ops(self, ops: list[dict[str, Any]], step: int | None = None) -> dict[str, JSONValue]:
+    def apply_ops(self, ops: list[JSONInput], step: int | None = None) -> dict[str, JSONValue]:
         return self.service.apply_ops([op_from_dict(d) for d in ops], step=step).to_dict()
 
     def stats(self) -> dict[str, JSONValue]:
@@ -168,7 +169,7 @@ class ServiceActor:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self) -> JSONDict:
         """Counters, B_φ and π_φ into ``service_dir/checkpoint``, taken between two passes of the
         extractor's loop (:meth:`ExperienceService.save`), by the run's checkpoint writer
         (``crl_train.service.checkpoint``): written whole beside the current one, ``state.json`` last
@@ -285,7 +286,7 @@ class RayServiceClient:
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> JSONDict:
         return {"name": self.name, "namespace": self.namespace, "timeout": self.timeout}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -415,7 +416,7 @@ class RayServiceClient:
         return Health.from_dict(await self._acall(ServiceActor.health))
 
     # ------------------------------------------------------------------ the actor's own
-    def checkpoint(self, timeout: float = 3600.0) -> dict[str, Any]:
+    def checkpoint(self, timeout: float = 3600.0) -> JSONDict:
         """The service's checkpoint (``ServiceActor.checkpoint``): may take minutes with a real π_φ."""
         return dict(self._call_within(timeout, ServiceActor.checkpoint))
 
@@ -446,7 +447,7 @@ class RayServiceClient:
                 time.sleep(0.1)
 
 
-def _ref_of(d: dict[str, Any] | None) -> ExperienceRef | None:
+def _ref_of(d: JSONInput | None) -> ExperienceRef | None:
     return ExperienceRef.from_dict(d) if d is not None else None
 
 
@@ -454,7 +455,7 @@ def _bonus(bonus: dict[str, float] | None) -> dict[str, float] | None:
     return None if bonus is None else {str(k): float(v) for k, v in bonus.items()}
 
 
-def _request_dict(request: DistillationRequest) -> dict[str, Any]:
+def _request_dict(request: DistillationRequest) -> RequestDict:
     if not isinstance(request, DistillationRequest):
         raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
     return request.to_dict()

@@ -35,7 +35,9 @@ from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.results import Health, ServiceStats
 from crl_gym.experience.service import ClosedStep, RetrievalService
 from crl_gym.experience.snapshots import default_name, prune_snapshots
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import DeleteOp, ExtractorSample, check_int, finite_float, guiding_entries
+from crl_train.config import AlgoConfig, ExperienceConfig, TrainConfig
 from crl_train.config.io import check_choices
 from crl_train.config.names import EntryReward
 from crl_train.extractor import AnyExtractor, ExtractorUnavailable
@@ -70,7 +72,8 @@ class EdgeReflection:
 
 @dataclass(frozen=True)
 class ServiceOptions:
-    """What the service does with the requests it gets (a method's extractor side)."""
+    """What the service does with the requests it gets (a method's extractor side). The defaults
+    are the config keys' (``algo.*``, ``experience.*``): :meth:`from_config` reads a run's."""
 
     extractor: bool = True
     """The service has an extractor π_φ (False: retrieval and queueing only, e.g. ``grpo``)."""
@@ -90,43 +93,59 @@ class ServiceOptions:
     None keeps the manager's own ``manager.dedup_similarity``."""
     seed_bank: bool = True
     """An empty bank starts with ``experience.seed_entries`` (EDGE: False, its bank starts empty)."""
-    entry_reward: EntryReward = "direct"
+    entry_reward: EntryReward = AlgoConfig.entry_reward
     """r(m) of a guided episode: ``direct`` (±1 by its success, the paper's choice) or ``relative``
     (minus the mean ±1 of its group's free subgroup, the variant the paper found worse)."""
     offline_source: str | None = None
     """A frozen bank is built from this file before the first step (a bank ``.jsonl`` export, or a
     ``trajectories.jsonl`` distilled once)."""
-    buffer_size: int = 64
+    buffer_size: int = AlgoConfig.buffer_size
     """|B_φ| that triggers a CISPO update (paper: 64)."""
-    return_reward: float | None = None
+    return_reward: float | None = AlgoConfig.return_reward
     """An answer that only Returns goes into B_φ with this reward when distilled; None (the paper's
     rule): never credited (``algo.return_reward``)."""
-    merge_every: int = 5
+    merge_every: int = AlgoConfig.merge_every
     """Merge the bank every this many ended steps (paper: 5; 0 disables). Only while distilling."""
-    merge_token_budget: int = 6000
+    merge_token_budget: int = AlgoConfig.merge_token_budget
     """Tokens per Merge window prompt."""
     merge_seeded: bool = False
     """Whether Merge may merge, rewrite or discard the pinned entries (a user's ``AddOp``s, a
     config's seed entries: ``crl_gym.experience.pinning.is_pinned``). False keeps them as written
     (``crl-experience serve`` without ``--merge-seeded``; a training run with
     ``manager.pin_user_entries``, the default)."""
-    distill_batch: int = 8
+    distill_batch: int = ExperienceConfig.distill_batch
     """Requests per distillation generate call."""
-    distill_linger_s: float = 2.0
+    distill_linger_s: float = ExperienceConfig.distill_linger_s
     """Asynchronously, after the first request wait up to this long for a full batch."""
-    distill_fraction: float = 1.0
+    distill_fraction: float = ExperienceConfig.distill_fraction
     """Share of requests distilled, each drawn by :func:`~crl_train.service.track.drawn_for_distillation`
     (1: all, the paper; ``experience.distill_fraction``). Every request is still credited."""
     draw_seed: int = 0
     """Salt of that draw (a run's seed)."""
-    distill_per_group: int = 0
+    distill_per_group: int = ExperienceConfig.distill_per_group
     """Copies of each rollout group distilled, chosen outcome-blind (:func:`~crl_train.service.track.drawn_in_group`;
     ``experience.distill_per_group``); 0: off."""
-    asynchronous: bool = True
+    asynchronous: bool = ExperienceConfig.asynchronous
     """The extractor's loop runs in its own thread; False runs it to idle inside each ``end_step``."""
 
     def __post_init__(self) -> None:
         check_choices(self, "ServiceOptions")
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> ServiceOptions:
+        """The queue, buffer and merge settings of a run's config (a method adds its own choices
+        with :func:`dataclasses.replace`)."""
+        algo, exp = cfg.algo, cfg.experience
+        return cls(buffer_size=algo.buffer_size, merge_every=algo.merge_every,
+                   merge_token_budget=algo.merge_token_budget, distill_batch=exp.distill_batch,
+                   distill_linger_s=exp.distill_linger_s, asynchronous=exp.asynchronous,
+                   distill_fraction=exp.distill_fraction, draw_seed=cfg.seed,
+                   distill_per_group=exp.distill_per_group, entry_reward=algo.entry_reward,
+                   return_reward=algo.return_reward,
+                   # a user's entries (seed_entries) are pinned unless the config unpins them all
+                   # (the paper's Merge compacts a run's seed entries too:
+                   # manager.pin_user_entries: false)
+                   merge_seeded=not cfg.manager.pin_user_entries)
 
 
 STATS_COLUMNS: tuple[str, ...] = ("bank_size", "queue_depth", "extractor_reward", "extractor_updates",
@@ -149,7 +168,7 @@ def row_columns() -> dict[str, str]:
     return out
 
 
-def _object(value: object, what: str) -> dict[str, Any]:
+def _object(value: object, what: str) -> JSONDict:
     if not isinstance(value, dict):
         raise ValueError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value

@@ -35,6 +35,7 @@ from typing import Any
 from crl_gym.experience.manager import ExperienceManager
 from crl_gym.experience.merge import merge_bank
 from crl_gym.experience.pinning import is_pinned
+from crl_gym.json_types import JSONDict
 from crl_gym.protocol import (
     GROUP_COPY,
     GROUP_SIZE,
@@ -478,7 +479,7 @@ class BackgroundTrack:
         with self._busy:
             yield
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JSONDict:
         """Buffer, Merges still to run and counters for a checkpoint (credits still queued are
         folded in first)."""
         with self._busy:

@@ -34,6 +34,7 @@ from swebench.harness.utils import make_test_spec
 from swebench.types import TestSpec
 
 from crl_gym.envs.swebench.sandbox import DockerSandbox, SandboxConfig
+from crl_gym.json_types import JSONDict
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -60,7 +61,7 @@ class GradeResult:
     def reward(self) -> float:
         return 1.0 if self.resolved else 0.0
 
-    def to_info(self, max_log: int = 4000) -> dict[str, Any]:
+    def to_info(self, max_log: int = 4000) -> JSONDict:
         return {"resolved": self.resolved, "reward": self.reward, "reason": self.reason, "report": self.report,
                 "log_tail": self.log[-max_log:], "duration": self.duration}
 
@@ -128,7 +129,7 @@ def make_spec(instance: dict[str, Any], image: str) -> TestSpec:
     })
 
 
-def grade_log(spec: TestSpec, log_text: str, patch: str) -> dict[str, Any]:
+def grade_log(spec: TestSpec, log_text: str, patch: str) -> JSONDict:
     """swebench's report for one test log (pure: no Docker)."""
     with tempfile.TemporaryDirectory(prefix="crl-grade-") as tmp:
         path = Path(tmp) / "test_output.txt"

@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from crl_gym.envs.swebench.tools import format_tool_call
+from crl_gym.json_types import JSONDict
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -37,7 +38,7 @@ def _git(cwd: Path, *args: str) -> str:
     return proc.stdout.strip()
 
 
-def make_demo_instance(root: str | Path, instance_id: str = "calc__calc-1") -> dict[str, Any]:
+def make_demo_instance(root: str | Path, instance_id: str = "calc__calc-1") -> JSONDict:
     """Create the buggy ``calc`` repository under ``root`` and return its SWE-bench instance."""
     repo = Path(root) / "calc"
     (repo / "calc").mkdir(parents=True)

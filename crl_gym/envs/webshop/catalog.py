@@ -27,6 +27,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from crl_gym.json_types import JSONDict
+
 log = logging.getLogger(__name__)
 
 SHIPPED_DATA = Path(__file__).parent / "data"
@@ -92,7 +94,7 @@ def parse_pricing(pricing: object) -> tuple[list[float], str]:
     return values[:2], f"${values[0]} to ${values[1]}"
 
 
-def process_product(p: dict[str, Any], attrs: dict[str, Any]) -> dict[str, Any]:
+def process_product(p: dict[str, Any], attrs: dict[str, Any]) -> JSONDict:
     """One raw product (items_shuffle schema) in WebShop's processed form."""
     pricing, price_tag = parse_pricing(p.get("pricing"))
     options: dict[str, list[str]] = {}
@@ -130,11 +132,19 @@ def _price_upper(price: float, rng: random.Random) -> tuple[float, str]:
     return NO_PRICE_LIMIT, ""
 
 
-def _goal(p: dict[str, Any], text: str, attributes: list[str], options: object, upper: float) -> dict[str, Any]:
+def _goal(
+    p: dict[str, Any], text: str, attributes: list[str], options: object, upper: float
+) -> JSONDict:
     return {
-        "asin": p["asin"], "category": p["category"], "query": p["query"], "name": p["name"],
-        "product_category": p["product_category"], "instruction_text": text,
-        "attributes": list(attributes), "price_upper": upper, "goal_options": options,
+        "asin": p["asin"],
+        "category": p["category"],
+        "query": p["query"],
+        "name": p["name"],
+        "product_category": p["product_category"],
+        "instruction_text": text,
+        "attributes": list(attributes),
+        "price_upper": upper,
+        "goal_options": options,
     }
 
 

@@ -43,6 +43,7 @@ from crl_gym.envs.webshop.catalog import (
 )
 from crl_gym.envs.webshop.reward import get_reward
 from crl_gym.envs.webshop.search import BM25Index, product_document
+from crl_gym.json_types import JSONDict
 from crl_gym.templates import WEBSHOP_SEARCH_ACTION
 
 ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
@@ -227,7 +228,7 @@ class WebShopEnv(TextEnv):
         self._last_obs = to_charset(text)[:MAX_TEXT]
         return self._last_obs
 
-    def _info(self) -> dict[str, Any]:
+    def _info(self) -> JSONDict:
         info: dict[str, Any] = {
             "task": self.instruction, "admissible_actions": self.admissible_actions(),
             "turn": self.turn, "page": self._page, "invalid_action": self._invalid,
