@@ -34,7 +34,8 @@ class SubmitUndelivered(ExperienceUnavailable):
 class ProcessBoundaryError(RuntimeError):
     """An in-process client (:class:`~crl_gym.clients.LocalClient`) was used from another process
     than the one that made it (a forked or spawned worker, e.g. of ``AsyncVectorEnv``): its service
-    lives in the parent, so nothing would reach it. The wrappers raise it instead of running free."""
+    lives in the parent, so nothing would reach it. The wrappers raise it instead of
+    running free."""
 
 
 class RequestTooLarge(ValueError):

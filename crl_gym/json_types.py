@@ -117,6 +117,18 @@ class OpDict(TypedDict):
     malformed: NotRequired[bool]
 
 
-__all__ = ["ExperienceRefDict", "GrammarSpec", "JSONDict", "JSONInput", "JSONScalar", "JSONValue",
-           "OpDict", "RequestDict", "SampleDict", "SearchCallDict", "StepDict", "TrajectoryDict",
-           "TurnGuidanceDict"]
+__all__ = [
+    "ExperienceRefDict",
+    "GrammarSpec",
+    "JSONDict",
+    "JSONInput",
+    "JSONScalar",
+    "JSONValue",
+    "OpDict",
+    "RequestDict",
+    "SampleDict",
+    "SearchCallDict",
+    "StepDict",
+    "TrajectoryDict",
+    "TurnGuidanceDict",
+]

@@ -38,7 +38,8 @@ MAX_TEXT = 1_000_000
 MAX_BATCH = 4096
 """Most queries / requests / ops in one HTTP call."""
 MAX_QUERY_CHARS = 2000
-"""Default length queries are shortened to before they are embedded (``ManagerConfig.max_query_chars``)."""
+"""Default length queries are shortened to before they are embedded
+(``ManagerConfig.max_query_chars``)."""
 
 
 def request_text_chars(request: DistillationRequest) -> int:
@@ -46,9 +47,14 @@ def request_text_chars(request: DistillationRequest) -> int:
     size in bytes (UTF-8 takes at least a byte per character), read without encoding it."""
     record: list[Any] | None = getattr(request, "_record", None)
     total = len(request.task)
-    if record is not None:  # a RecordedRequest not yet materialised: [obs0, a1, r1, info1, obs1, ...]
-        return total + sum(len(x) for x in record[0::4] if isinstance(x, str)) + sum(
-            len(x) for x in record[1::4] if isinstance(x, str))
+    if (
+        record is not None
+    ):  # a RecordedRequest not yet materialised: [obs0, a1, r1, info1, obs1, ...]
+        return (
+            total
+            + sum(len(x) for x in record[0::4] if isinstance(x, str))
+            + sum(len(x) for x in record[1::4] if isinstance(x, str))
+        )
     trajectory = request.trajectory
     total += len(trajectory.initial_observation)
     for step in trajectory.steps:
@@ -61,6 +67,8 @@ def check_request_size(request: DistillationRequest, max_bytes: int) -> None:
     chars = request_text_chars(request)
     if chars > max_bytes:
         raise RequestTooLarge(
-            f"request {request.request_id} holds {chars} characters of text, more than the body limit of "
-            f"{max_bytes} bytes: it can never be delivered as it is (raise the server's --max-body-bytes "
-            f"and the client's max_request_bytes, or shorten the env's observations)")
+            f"request {request.request_id} holds {chars} characters of text, more than the body "
+            f"limit of {max_bytes} bytes: it can never be delivered as it is (raise the server's "
+            "--max-body-bytes and the client's max_request_bytes, or shorten the env's "
+            "observations)"
+        )

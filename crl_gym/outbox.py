@@ -1,4 +1,5 @@
-"""The submit buffer of a :class:`~crl_gym.clients.RemoteClient`: accepted requests, delivered in order.
+"""The submit buffer of a :class:`~crl_gym.clients.RemoteClient`: accepted requests, delivered
+in order.
 
 ``RemoteClient.submit`` puts a request in this process's :class:`SubmitOutbox` and returns; a
 sender thread encodes and POSTs batches, retries while the server is unavailable, splits a batch
@@ -54,8 +55,8 @@ class OutboxClient(Protocol):
 
 
 SUBMIT_BUFFER = 65_536
-"""Default most requests a :class:`RemoteClient` holds undelivered in one process (``max_buffered``);
-``submit`` blocks while that many wait (backpressure: it never drops one)."""
+"""Default most requests a :class:`RemoteClient` holds undelivered in one process
+(``max_buffered``); ``submit`` blocks while that many wait (backpressure: it never drops one)."""
 SUBMIT_BATCH = 256
 """Most requests the sender puts in one ``POST /submit`` (~0.4 MB of 8-turn episodes)."""
 SUBMIT_BATCH_CHARS = 1 << 20
@@ -69,7 +70,8 @@ _BAD_INDEX = re.compile(r"^requests\[(\d+)\]")
 
 
 class Rejected(ValueError):
-    """A 4xx answer other than 401 / 409: the request itself is at fault (resending it fails again)."""
+    """A 4xx answer other than 401 / 409: the request itself is at fault (resending it
+    fails again)."""
 
     def __init__(self, message: str, detail: str) -> None:
         super().__init__(message)
@@ -118,7 +120,8 @@ class SubmitCounts:
 
 
 class SubmitOutbox:
-    """The submit buffer of one :class:`RemoteClient` in one process, and the thread that empties it.
+    """The submit buffer of one :class:`RemoteClient` in one process, and the thread that
+    empties it.
 
     ``put`` appends under a lock and returns: the actor never waits for encoding or HTTP. The
     sender thread (started by a ``put`` that finds none, ended after :data:`SENDER_IDLE_S` without
@@ -133,17 +136,23 @@ class SubmitOutbox:
     def counts(self) -> SubmitCounts:
         """What became of this process's submitted requests, read at one instant."""
         with self._lock:
-            return SubmitCounts(self.buffered, self.delivered, self.rejected, self.failures, self.spilled, self.lost)
+            return SubmitCounts(
+                self.buffered, self.delivered, self.rejected, self.failures, self.spilled, self.lost
+            )
 
     def __init__(self, client: OutboxClient) -> None:
         self.client = client
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # the sender waits here for requests
-        self._room = threading.Condition(self._lock)  # submitters wait here while the buffer is full
+        self._room = threading.Condition(
+            self._lock
+        )  # submitters wait here while the buffer is full
         self._done = threading.Condition(self._lock)  # flushers wait here for requests to resolve
         self._buf: deque[DistillationRequest] = deque()
-        self._inflight: deque[list[DistillationRequest]] = deque()  # batches taken, not yet resolved
+        self._inflight: deque[list[DistillationRequest]] = (
+            deque()
+        )  # batches taken, not yet resolved
         self._accepted = 0
         self._resolved = 0
         self._thread: threading.Thread | None = None
@@ -178,7 +187,9 @@ class SubmitOutbox:
             self._thread = thread
 
     def _run(self) -> None:
-        wire: tuple[list[DistillationRequest], threading.Thread | None] | None = None  # the batch being POSTed
+        wire: tuple[list[DistillationRequest], threading.Thread | None] | None = (
+            None  # the batch being POSTed
+        )
         while True:
             with self._lock:
                 while not self._buf and wire is None:
@@ -201,9 +212,13 @@ class SubmitOutbox:
                 self._resolve(*wire)
             wire = (batch, self._post_in_thread(encoded))
 
-    def _post_in_thread(self, encoded: list[tuple[DistillationRequest, str]]) -> threading.Thread | None:
+    def _post_in_thread(
+        self, encoded: list[tuple[DistillationRequest, str]]
+    ) -> threading.Thread | None:
         """Send ``encoded`` from a poster thread (``None``: sent here, no thread could start)."""
-        poster = threading.Thread(target=self._send, args=(encoded,), name="crl-submit-post", daemon=True)
+        poster = threading.Thread(
+            target=self._send, args=(encoded,), name="crl-submit-post", daemon=True
+        )
         try:
             poster.start()
         except RuntimeError:  # e.g. no new threads at interpreter shutdown
@@ -221,7 +236,8 @@ class SubmitOutbox:
 
     def _encode(self, batch: list[DistillationRequest]) -> list[tuple[DistillationRequest, str]]:
         """Each request as its JSON text; one that cannot be encoded is rejected here, one that
-        encodes above the server's body limit is spilled (it is whole: only the server is too small)."""
+        encodes above the server's body limit is spilled (it is whole: only the server is
+        too small)."""
         out = []
         limit = self.client.max_request_bytes - _ENVELOPE_BYTES
         for req in batch:
@@ -230,10 +246,17 @@ class SubmitOutbox:
             except Exception as exc:  # noqa: BLE001 - this request's fault: it alone is dropped
                 self._reject(req, f"it cannot be encoded ({type(exc).__name__}: {exc})")
                 continue
-            if len(text) > limit // 4 and (size := len(text.encode("utf-8", "surrogatepass"))) > limit:
-                self._undeliverable([(req, text)], RequestTooLarge(
-                    f"request {req.request_id} encodes to {size} bytes, above the body limit of "
-                    f"{self.client.max_request_bytes} bytes (the server's --max-body-bytes)"))
+            if (
+                len(text) > limit // 4
+                and (size := len(text.encode("utf-8", "surrogatepass"))) > limit
+            ):
+                self._undeliverable(
+                    [(req, text)],
+                    RequestTooLarge(
+                        f"request {req.request_id} encodes to {size} bytes, above the body limit "
+                        f"of {self.client.max_request_bytes} bytes (the server's --max-body-bytes)"
+                    ),
+                )
                 continue
             out.append((req, text))
         return out
@@ -243,7 +266,9 @@ class SubmitOutbox:
         try:
             chunk: list[tuple[DistillationRequest, str]] = []
             size = 0
-            cap = min(SUBMIT_BATCH_CHARS, self.client.max_request_bytes // 4)  # 4 bytes per char at most
+            cap = min(
+                SUBMIT_BATCH_CHARS, self.client.max_request_bytes // 4
+            )  # 4 bytes per char at most
             for item in encoded:
                 if chunk and size + len(item[1]) > cap:
                     self._deliver(chunk)
@@ -253,7 +278,11 @@ class SubmitOutbox:
             if chunk:
                 self._deliver(chunk)
         except Exception as exc:  # noqa: BLE001 - a bug here must not lose the batch: spill it
-            logger.exception("%s: sending a batch of %d submitted requests failed; spilling it", self.client.url, len(encoded))
+            logger.exception(
+                "%s: sending a batch of %d submitted requests failed; spilling it",
+                self.client.url,
+                len(encoded),
+            )
             self._undeliverable(encoded, exc)
 
     def _deliver(self, chunk: list[tuple[DistillationRequest, str]]) -> None:
@@ -268,8 +297,11 @@ class SubmitOutbox:
                 return
             found = _BAD_INDEX.match(exc.detail)
             i = int(found.group(1)) if found else -1
-            parts = [chunk[:i], chunk[i:i + 1], chunk[i + 1:]] if 0 <= i < len(chunk) else [
-                chunk[:len(chunk) // 2], chunk[len(chunk) // 2:]]
+            parts = (
+                [chunk[:i], chunk[i : i + 1], chunk[i + 1 :]]
+                if 0 <= i < len(chunk)
+                else [chunk[: len(chunk) // 2], chunk[len(chunk) // 2 :]]
+            )
             for part in parts:
                 if part:
                     self._deliver(part)
@@ -301,10 +333,18 @@ class SubmitOutbox:
         with self._lock:
             self.rejected += 1
             rejected = self.rejected
-        logger.error("%s: submitted request %s was rejected as malformed and is dropped, not retried "
-                     "(rejected so far: %d): %s", self.client.url, request.request_id, rejected, why)
+        logger.error(
+            "%s: submitted request %s was rejected as malformed and is dropped, not retried "
+            "(rejected so far: %d): %s",
+            self.client.url,
+            request.request_id,
+            rejected,
+            why,
+        )
 
-    def _undeliverable(self, chunk: list[tuple[DistillationRequest, str]], exc: BaseException) -> None:
+    def _undeliverable(
+        self, chunk: list[tuple[DistillationRequest, str]], exc: BaseException
+    ) -> None:
         """Append ``chunk`` to the spill file and note the failure for the next flush."""
         if not chunk:
             return
@@ -316,17 +356,35 @@ class SubmitOutbox:
             with self._lock:
                 self.failures += n
                 self.lost += n
-                self._unreported.append((n, ExperienceUnavailable(f"{exc}; and writing {path} failed: {err}")))
-            logger.error("%s: %d submitted requests could not be delivered (%s) nor written to %s (%s); lost: %s",
-                         self.client.url, n, exc, path, err, [r.request_id for r, _ in chunk])
+                self._unreported.append(
+                    (n, ExperienceUnavailable(f"{exc}; and writing {path} failed: {err}"))
+                )
+            logger.error(
+                "%s: %d submitted requests could not be delivered (%s) nor written to %s (%s); "
+                "lost: %s",
+                self.client.url,
+                n,
+                exc,
+                path,
+                err,
+                [r.request_id for r, _ in chunk],
+            )
             return
         with self._lock:
             self.failures += n
             self.spilled += n
             self._unreported.append((n, exc))
             spilled = self.spilled
-        logger.error("%s: %d submitted requests could not be delivered (%s: %s); appended to %s "
-                     "(spilled so far: %d)", self.client.url, n, type(exc).__name__, exc, path, spilled)
+        logger.error(
+            "%s: %d submitted requests could not be delivered (%s: %s); appended to %s "
+            "(spilled so far: %d)",
+            self.client.url,
+            n,
+            type(exc).__name__,
+            exc,
+            path,
+            spilled,
+        )
 
     def flush(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -339,20 +397,26 @@ class SubmitOutbox:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(
-                        f"flush: {target - self._resolved} submitted requests not yet delivered to {self.client.url} "
-                        f"after {timeout} s; they stay buffered (delivered later, or spilled to {self.client.spill_file})")
+                        f"flush: {target - self._resolved} submitted requests not yet delivered to "
+                        f"{self.client.url} after {timeout} s; they stay buffered (delivered "
+                        f"later, or spilled to {self.client.spill_file})"
+                    )
                 self._done.wait(1.0 if left is None else min(left, 1.0))
             unreported, self._unreported = self._unreported, []
         if unreported:
             raise self._error(unreported)
 
-    def _error(self, unreported: list[tuple[int, BaseException]]) -> ExperienceUnavailable | ExperienceAuthError:
+    def _error(
+        self, unreported: list[tuple[int, BaseException]]
+    ) -> ExperienceUnavailable | ExperienceAuthError:
         count = sum(n for n, _ in unreported)
         last = unreported[-1][1]
         path = self.client.spill_file
-        message = (f"{count} submitted request(s) did not reach {self.client.url} ({type(last).__name__}: {last}); "
-                   f"they were appended to {path} (JSONL, one DistillationRequest.to_dict() per line: submit them "
-                   f"again once the server takes them)")
+        message = (
+            f"{count} submitted request(s) did not reach {self.client.url} ({type(last).__name__}: "
+            f"{last}); they were appended to {path} (JSONL, one DistillationRequest.to_dict() per "
+            "line: submit them again once the server takes them)"
+        )
         if self.lost:
             message += f"; {self.lost} could not be written there either and are lost"
         if any(isinstance(e, ExperienceAuthError) for _, e in unreported):
@@ -384,7 +448,9 @@ class SubmitOutbox:
             self._resolved += len(self._buf)
             self._buf.clear()
         if left:
-            self._undeliverable(self._encode(left), ExperienceUnavailable("the process exited first"))
+            self._undeliverable(
+                self._encode(left), ExperienceUnavailable("the process exited first")
+            )
 
 
 _OUTBOXES: weakref.WeakSet[SubmitOutbox] = weakref.WeakSet()

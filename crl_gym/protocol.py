@@ -49,7 +49,8 @@ UINT64_MAX = 2**64 - 1
 
 
 def finite_float(value: object, what: str) -> float:
-    """``value`` as a finite ``float``; NaN, ±inf, text and ``None`` raise ``ValueError`` naming ``what``.
+    """``value`` as a finite ``float``; NaN, ±inf, text and ``None`` raise ``ValueError``
+    naming ``what``.
 
     Text is refused although ``float("1.5")`` would read it: ``float("nan")`` reads too.
 
@@ -72,23 +73,31 @@ def finite_float(value: object, what: str) -> float:
 
 
 def check_int(value: object, what: str, *, low: int | None = None, high: int | None = None) -> int:
-    """``value`` as an ``int`` (numpy integers too; bools, floats and text refused), in ``[low, high]``."""
+    """``value`` as an ``int`` (numpy integers too; bools, floats and text refused), in
+    ``[low, high]``."""
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ValueError(f"{what} must be an integer, got {value!r}")
     i = int(value.__index__())
     if (low is not None and i < low) or (high is not None and i > high):
-        bound = (f"in [{low}, {high}]" if low is not None and high is not None
-                 else f">= {low}" if low is not None else f"<= {high}")
+        bound = (
+            f"in [{low}, {high}]"
+            if low is not None and high is not None
+            else f">= {low}"
+            if low is not None
+            else f"<= {high}"
+        )
         raise ValueError(f"{what} must be {bound}, got {i}")
     return i
 
 
 def check_flag(value: object, what: str) -> bool:
-    """``value`` as a ``bool``: ``True``/``False``, 0/1 or a numpy bool; anything else is refused."""
+    """``value`` as a ``bool``: ``True``/``False``, 0/1 or a numpy bool; anything else
+    is refused."""
     if isinstance(value, bool):
         return value
     if getattr(getattr(value, "dtype", None), "kind", None) == "b" or (
-            not isinstance(value, float) and hasattr(value, "__index__") and value in (0, 1)):
+        not isinstance(value, float) and hasattr(value, "__index__") and value in (0, 1)
+    ):
         return bool(value)
     raise ValueError(f"{what} must be true or false, got {value!r}")
 
@@ -119,14 +128,19 @@ def _required(d: JSONInput, key: str, what: str) -> object:
 
 
 def _grammar(value: object, what: str) -> GrammarSpec | None:
-    """An :class:`ExtractorSample`'s ``grammar`` (None, or ``schema`` text with its reasoning rule)."""
+    """An :class:`ExtractorSample`'s ``grammar`` (None, or ``schema`` text with its
+    reasoning rule)."""
     if value is None:
         return None
     d = _mapping(value, what)
     end = d.get("reasoning_end")
-    return {"schema": check_str(d.get("schema"), _named(what, "schema")),
-            "think_tokens": check_int(d.get("think_tokens", 0), _named(what, "think_tokens"), low=0),
-            "reasoning_end": None if end is None else check_int(end, _named(what, "reasoning_end"), low=0)}
+    return {
+        "schema": check_str(d.get("schema"), _named(what, "schema")),
+        "think_tokens": check_int(d.get("think_tokens", 0), _named(what, "think_tokens"), low=0),
+        "reasoning_end": None
+        if end is None
+        else check_int(end, _named(what, "reasoning_end"), low=0),
+    }
 
 
 def _named(what: str, key: str) -> str:
@@ -161,24 +175,31 @@ class ExperienceRef:
     def __post_init__(self) -> None:
         # isinstance first: the common, valid reference costs three type checks
         if not (type(self.id) is int and 0 <= self.id <= UINT64_MAX):
-            object.__setattr__(self, "id", check_int(self.id, "experience.id", low=0, high=UINT64_MAX))
+            object.__setattr__(
+                self, "id", check_int(self.id, "experience.id", low=0, high=UINT64_MAX)
+            )
         if type(self.text) is not str:
             check_str(self.text, "experience.text")
         if not (type(self.version) is int and self.version >= 0):
-            object.__setattr__(self, "version", check_int(self.version, "experience.version", low=0))
+            object.__setattr__(
+                self, "version", check_int(self.version, "experience.version", low=0)
+            )
 
     def to_dict(self) -> ExperienceRefDict:
         return {"id": self.id, "text": self.text, "version": self.version}
 
     @classmethod
     def from_dict(cls, d: object, what: str = "experience") -> ExperienceRef | None:
-        """Inverse of :meth:`to_dict` (``None`` stays ``None``); a bad field raises ``ValueError`` naming it."""
+        """Inverse of :meth:`to_dict` (``None`` stays ``None``); a bad field raises
+        ``ValueError`` naming it."""
         if d is None:
             return None
         d = _mapping(d, what)
-        return cls(id=check_int(_required(d, "id", what), f"{what}.id", low=0, high=UINT64_MAX),
-                   text=check_str(_required(d, "text", what), f"{what}.text"),
-                   version=check_int(d.get("version", 0), f"{what}.version", low=0))
+        return cls(
+            id=check_int(_required(d, "id", what), f"{what}.id", low=0, high=UINT64_MAX),
+            text=check_str(_required(d, "text", what), f"{what}.text"),
+            version=check_int(d.get("version", 0), f"{what}.version", low=0),
+        )
 
 
 @dataclass(frozen=True)
@@ -196,7 +217,9 @@ class TurnGuidance:
     def from_dict(cls, d: object, what: str = "turn_experience") -> TurnGuidance:
         """Inverse of :meth:`to_dict`; a bad field raises ``ValueError`` naming it."""
         d = _mapping(d, what)
-        entry = ExperienceRef.from_dict(_mapping(_required(d, "entry", what), f"{what}.entry"), f"{what}.entry")
+        entry = ExperienceRef.from_dict(
+            _mapping(_required(d, "entry", what), f"{what}.entry"), f"{what}.entry"
+        )
         assert entry is not None
         return cls(turn=check_int(_required(d, "turn", what), f"{what}.turn", low=0), entry=entry)
 
@@ -227,7 +250,8 @@ class Step:
 
     @classmethod
     def from_dict(cls, d: object, what: str = "step") -> Step:
-        """Inverse of :meth:`to_dict`; a bad field raises ``ValueError`` naming it (``steps[3].reward``).
+        """Inverse of :meth:`to_dict`; a bad field raises ``ValueError`` naming it
+        (``steps[3].reward``).
 
         Construction is not checked (the rollout loop builds one per turn); the request's
         ``outcome``, their sum, is, at the episode's end.
@@ -271,7 +295,8 @@ class SearchCall:
 
     @classmethod
     def from_dict(cls, d: object, what: str = "search_call") -> SearchCall:
-        """Inverse of :meth:`to_dict`; a bad field (a NaN log-prob of the provenance too) names itself."""
+        """Inverse of :meth:`to_dict`; a bad field (a NaN log-prob of the provenance too)
+        names itself."""
         d = _mapping(d, what)
         provenance = d.get("provenance")
         if provenance is not None:
@@ -313,19 +338,25 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: object, what: str = "trajectory") -> Trajectory:
-        """Inverse of :meth:`to_dict`; a bad step or call names its index (``trajectory.steps[2].reward``)."""
+        """Inverse of :meth:`to_dict`; a bad step or call names its index
+        (``trajectory.steps[2].reward``)."""
         d = _mapping(d, what)
         steps = _list(d.get("steps", []), f"{what}.steps")
         calls = _list(d.get("search_calls", []), f"{what}.search_calls")
         return cls(
             steps=[Step.from_dict(s, f"{what}.steps[{i}]") for i, s in enumerate(steps)],
-            initial_observation=check_str(d.get("initial_observation", ""), f"{what}.initial_observation"),
-            search_calls=[SearchCall.from_dict(c, f"{what}.search_calls[{i}]") for i, c in enumerate(calls)],
+            initial_observation=check_str(
+                d.get("initial_observation", ""), f"{what}.initial_observation"
+            ),
+            search_calls=[
+                SearchCall.from_dict(c, f"{what}.search_calls[{i}]") for i, c in enumerate(calls)
+            ],
         )
 
 
 GROUP_COPY = "group_copy"
-"""``DistillationRequest.meta`` key: the episode's place in its rollout group (0 .. group size − 1)."""
+"""``DistillationRequest.meta`` key: the episode's place in its rollout group (0 .. group size
+− 1)."""
 GROUP_SIZE = "group_size"
 """``DistillationRequest.meta`` key: the size of its rollout group. With :data:`GROUP_COPY`, what a
 per-group distillation rule needs (``experience.distill_per_group``); a loop that omits them gets
@@ -376,14 +407,18 @@ class DistillationRequest:
         check_str(self.task, "task")
         check_str(self.env_id, "env_id")
         if self.experience is not None and not isinstance(self.experience, ExperienceRef):
-            raise ValueError(f"experience must be an ExperienceRef or None, got {type(self.experience).__name__}")
+            raise ValueError(
+                f"experience must be an ExperienceRef or None, got {type(self.experience).__name__}"
+            )
         if self.seed is not None and type(self.seed) is not int:
             self.seed = check_int(self.seed, "seed")
         if self.rollout_step is not None and type(self.rollout_step) is not int:
             self.rollout_step = check_int(self.rollout_step, "rollout_step")
         if not isinstance(self.meta, dict):
             raise ValueError(f"meta must be a mapping, got {type(self.meta).__name__}")
-        if self.turn_experience and not all(isinstance(g, TurnGuidance) for g in self.turn_experience):
+        if self.turn_experience and not all(
+            isinstance(g, TurnGuidance) for g in self.turn_experience
+        ):
             raise ValueError("turn_experience must be a list of TurnGuidance")
 
     def to_dict(self) -> RequestDict:
@@ -413,7 +448,8 @@ class DistillationRequest:
     @classmethod
     def from_dict(cls, d: JSONInput) -> DistillationRequest:
         """Inverse of :meth:`to_dict`. A missing, malformed or non-finite field raises
-        ``ValueError`` naming it (``outcome``, ``trajectory.steps[3].reward``, ``experience.id``)."""
+        ``ValueError`` naming it (``outcome``, ``trajectory.steps[3].reward``,
+        ``experience.id``)."""
         d = _mapping(d, "request")
         seed, step, rid = d.get("seed"), d.get("rollout_step"), d.get("request_id")
         condition = d.get("condition", FREE_CONDITION)
@@ -431,8 +467,10 @@ class DistillationRequest:
             rollout_step=None if step is None else check_int(step, "rollout_step"),
             request_id=check_str(rid, "request_id") if rid else uuid.uuid4().hex,
             meta=dict(_mapping(d.get("meta") or {}, "meta")),
-            turn_experience=[TurnGuidance.from_dict(g, f"turn_experience[{i}]")
-                             for i, g in enumerate(_list(d.get("turn_experience") or [], "turn_experience"))],
+            turn_experience=[
+                TurnGuidance.from_dict(g, f"turn_experience[{i}]")
+                for i, g in enumerate(_list(d.get("turn_experience") or [], "turn_experience"))
+            ],
         )
 
     def to_json(self) -> str:
@@ -551,30 +589,47 @@ class ExtractorSample:
             bad = next(i for i, x in enumerate(self.logprobs) if not math.isfinite(x))
             raise ValueError(f"logprobs[{bad}] must be a finite number, got {self.logprobs[bad]!r}")
         if self.token_ids and self.logprobs and len(self.token_ids) != len(self.logprobs):
-            raise ValueError(f"logprobs has {len(self.logprobs)} values for {len(self.token_ids)} token_ids")
+            raise ValueError(
+                f"logprobs has {len(self.logprobs)} values for {len(self.token_ids)} token_ids"
+            )
 
     def to_dict(self) -> SampleDict:
-        return {"prompt": self.prompt, "response": self.response, "logprobs": list(self.logprobs),
-                "token_ids": list(self.token_ids), "prompt_token_ids": list(self.prompt_token_ids),
-                "extractor_version": self.extractor_version,
-                "grammar": None if self.grammar is None else GrammarSpec(**self.grammar)}
+        return {
+            "prompt": self.prompt,
+            "response": self.response,
+            "logprobs": list(self.logprobs),
+            "token_ids": list(self.token_ids),
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "extractor_version": self.extractor_version,
+            "grammar": None if self.grammar is None else GrammarSpec(**self.grammar),
+        }
 
     @classmethod
     def from_dict(cls, d: JSONInput | None, what: str = "provenance") -> ExtractorSample | None:
-        """Inverse of :meth:`to_dict` (empty or ``None`` → ``None``); a bad field raises ``ValueError``
-        naming it (``provenance.logprobs[4]``)."""
+        """Inverse of :meth:`to_dict` (empty or ``None`` → ``None``); a bad field raises
+        ``ValueError`` naming it (``provenance.logprobs[4]``)."""
         if not d:
             return None
         d = _mapping(d, what)
         return cls(
             prompt=check_str(d.get("prompt", ""), _named(what, "prompt")),
             response=check_str(d.get("response", ""), _named(what, "response")),
-            logprobs=[finite_float(x, f"{_named(what, 'logprobs')}[{i}]")
-                      for i, x in enumerate(_list(d.get("logprobs", []), _named(what, "logprobs")))],
-            token_ids=[check_int(x, f"{_named(what, 'token_ids')}[{i}]", low=0)
-                       for i, x in enumerate(_list(d.get("token_ids", []), _named(what, "token_ids")))],
-            prompt_token_ids=[check_int(x, f"{_named(what, 'prompt_token_ids')}[{i}]", low=0)
-                              for i, x in enumerate(_list(d.get("prompt_token_ids", []), _named(what, "prompt_token_ids")))],
-            extractor_version=check_int(d.get("extractor_version", 0), _named(what, "extractor_version"), low=0),
+            logprobs=[
+                finite_float(x, f"{_named(what, 'logprobs')}[{i}]")
+                for i, x in enumerate(_list(d.get("logprobs", []), _named(what, "logprobs")))
+            ],
+            token_ids=[
+                check_int(x, f"{_named(what, 'token_ids')}[{i}]", low=0)
+                for i, x in enumerate(_list(d.get("token_ids", []), _named(what, "token_ids")))
+            ],
+            prompt_token_ids=[
+                check_int(x, f"{_named(what, 'prompt_token_ids')}[{i}]", low=0)
+                for i, x in enumerate(
+                    _list(d.get("prompt_token_ids", []), _named(what, "prompt_token_ids"))
+                )
+            ],
+            extractor_version=check_int(
+                d.get("extractor_version", 0), _named(what, "extractor_version"), low=0
+            ),
             grammar=_grammar(d.get("grammar"), _named(what, "grammar")),
         )

@@ -1,4 +1,5 @@
-"""HTTP face of the experience service: the FastAPI app (:func:`create_app`) and :class:`BackgroundServer`.
+"""HTTP face of the experience service: the FastAPI app (:func:`create_app`) and
+:class:`BackgroundServer`.
 
 Envs in other processes (Gymnasium ``AsyncVectorEnv`` workers), other RL libraries or other
 languages share one service through it; :class:`crl_gym.clients.RemoteClient` is the Python
@@ -14,15 +15,16 @@ returned, malformed, repeated}`` (``write_id``: applied at most once), ``POST /s
 ``GET /snapshots``, ``POST /restore {name}``, ``POST /quarantine {written_by, steps, undo}``,
 ``GET /stats``, ``GET /health`` (``storage``: the storage fault writes meet now, if any). A write
 that cannot be made durable is refused with 507 (space ran out) or 503 (an I/O error, a read-only
-file system), its detail naming the cause, and applied nowhere; see docs/service.md. A malformed body is answered 422 naming
-the field, a body above ``--max-body-bytes`` 413 before it is parsed (the limits, and how the
-clients keep within them, are in :mod:`crl_gym.limits`); lone surrogates in texts are
-replaced by U+FFFD, and a query that fails in a coalesced batch fails only its own caller. With a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
-(else 401).
+file system), its detail naming the cause, and applied nowhere; see docs/service.md. A malformed
+body is answered 422 naming the field, a body above ``--max-body-bytes`` 413 before it is parsed
+(the limits, and how the clients keep within them, are in :mod:`crl_gym.limits`); lone surrogates in
+texts are replaced by U+FFFD, and a query that fails in a coalesced batch fails only its own caller.
+With a token, every route but ``/health`` needs ``Authorization: Bearer <token>`` (else 401).
 
 Start it with ``crl-experience serve --bank DIR --port 8765 [--embedder hashing:384]
 [--extractor tiny|CONFIG.yaml] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]``
-(the command lives in :mod:`crl_gym.cli`), or on a thread of this process with :class:`BackgroundServer`.
+(the command lives in :mod:`crl_gym.cli`), or on a thread of this process with
+:class:`BackgroundServer`.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def clean_text(s: str) -> str:
-    """``s`` with lone surrogates (valid JSON escapes, but not encodable as UTF-8) replaced by U+FFFD.
+    """``s`` with lone surrogates (valid JSON escapes, but not encodable as UTF-8) replaced
+    by U+FFFD.
 
     Left in, they fail the embedder, the spill file or the response encoder: a 500 for one
     caller, or a failed batch for every caller sharing it."""
@@ -101,7 +104,9 @@ def renderable(value: object) -> object:
     """``value`` (an error's payload) ready for a strict JSON encoder: texts cleaned, and each
     non-finite float (``inf``, ``nan``: not JSON) replaced by its name as a string."""
     if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+        return (
+            value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+        )
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, (list, tuple)):
@@ -114,7 +119,9 @@ def renderable(value: object) -> object:
 ID = Annotated[int, Field(ge=0, lt=2**64)]
 STEP_LIMIT = 2**63
 """Steps are stored as SQLite INTEGERs (signed 64-bit): a larger one is refused at the boundary."""
-Clean = BeforeValidator(lambda v: clean_text(v) if isinstance(v, str) else v)  # before: pydantic refuses them
+Clean = BeforeValidator(
+    lambda v: clean_text(v) if isinstance(v, str) else v
+)  # before: pydantic refuses them
 Text = Annotated[str, Field(max_length=MAX_TEXT), Clean]
 
 
@@ -154,13 +161,17 @@ class GetRequestsBody(BaseModel):
 
 class EndStepBody(BaseModel):
     step: int = Field(ge=0, lt=STEP_LIMIT, strict=True)
-    bonus: dict[Annotated[str, Clean], Annotated[float, Field(allow_inf_nan=False)]] | None = Field(default=None, max_length=16 * MAX_BATCH)
+    bonus: dict[Annotated[str, Clean], Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        default=None, max_length=16 * MAX_BATCH
+    )
 
 
 class AddOpBody(BaseModel):
     kind: Literal["add"]
     text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT), Clean]
-    tags: list[Annotated[str, Field(max_length=256), Clean]] = Field(default_factory=list, max_length=64)
+    tags: list[Annotated[str, Field(max_length=256), Clean]] = Field(
+        default_factory=list, max_length=64
+    )
 
 
 class UpdateOpBody(BaseModel):
@@ -180,7 +191,9 @@ class ReturnOpBody(BaseModel):
     malformed: bool = False
 
 
-OpBody = Annotated[AddOpBody | UpdateOpBody | DeleteOpBody | ReturnOpBody, Field(discriminator="kind")]
+OpBody = Annotated[
+    AddOpBody | UpdateOpBody | DeleteOpBody | ReturnOpBody, Field(discriminator="kind")
+]
 
 
 WriteId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -208,8 +221,12 @@ class QuarantineBody(BaseModel):
 
 
 def _json(payload: object) -> Response:
-    """A JSON response encoded once with the stdlib (FastAPI's own path validates and re-walks it)."""
-    return Response(json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(), media_type="application/json")
+    """A JSON response encoded once with the stdlib (FastAPI's own path validates and
+    re-walks it)."""
+    return Response(
+        json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(),
+        media_type="application/json",
+    )
 
 
 class SearchCoalescer:
@@ -222,13 +239,18 @@ class SearchCoalescer:
     callers with one task text still get different entries.
     """
 
-    def __init__(self, service: RetrievalService, max_batch: int = 1024, max_inflight: int = 2) -> None:
+    def __init__(
+        self, service: RetrievalService, max_batch: int = 1024, max_inflight: int = 2
+    ) -> None:
         self.service = service
         self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
         self._line: BatchLine[tuple[str, asyncio.Future[ExperienceRef | None]]] = BatchLine(
-            self.max_batch, max_inflight=self.max_inflight)
+            self.max_batch, max_inflight=self.max_inflight
+        )
         self._scheduled = False
-        self._pool = ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="crl-http-search")
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.max_inflight, thread_name_prefix="crl-http-search"
+        )
 
     async def search(self, query: str) -> ExperienceRef | None:
         loop = asyncio.get_running_loop()
@@ -250,10 +272,20 @@ class SearchCoalescer:
         isolated), so that one bad query fails only its own caller."""
         return answer(self.service.search_many, queries, isolate=True)
 
-    def _wake(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
+    def _wake(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[tuple[str, asyncio.Future[Any]]],
+        job: Future[Any],
+    ) -> None:
         loop.call_soon_threadsafe(self._done, loop, batch, job)  # runs in the search thread
 
-    def _done(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[str, asyncio.Future[Any]]], job: Future[Any]) -> None:
+    def _done(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[tuple[str, asyncio.Future[Any]]],
+        job: Future[Any],
+    ) -> None:
         self._line.release()
         exc = job.exception()
         refs = job.result() if exc is None else [None] * len(batch)
@@ -274,7 +306,8 @@ class SearchCoalescer:
 
 
 def check_token(token: str) -> str:
-    """``token`` if it can travel in an ``Authorization`` header, else a ``ValueError`` saying why."""
+    """``token`` if it can travel in an ``Authorization`` header, else a ``ValueError``
+    saying why."""
     if not token or any(c.isspace() or not c.isprintable() or ord(c) > 126 for c in token):
         raise ValueError("the token must be non-empty printable ASCII without spaces")
     return token
@@ -283,17 +316,23 @@ def check_token(token: str) -> str:
 def _bearer(token: str) -> Callable[[Request], Coroutine[Any, Any, None]]:
     expected = f"Bearer {check_token(token)}".encode("ascii")
 
-    async def require_token(request: Request) -> None:  # async: a sync one costs a thread hop per call
+    async def require_token(
+        request: Request,
+    ) -> None:  # async: a sync one costs a thread hop per call
         got = request.headers.get("authorization", "").encode("latin-1", "replace")
         if not secrets.compare_digest(got, expected):
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token (send 'Authorization: Bearer <token>')",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token (send 'Authorization: Bearer <token>')",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     return require_token
 
 
 class BodyLimit:
-    """ASGI middleware: a request body above ``max_bytes`` is answered 413 before anything parses it.
+    """ASGI middleware: a request body above ``max_bytes`` is answered 413 before anything
+    parses it.
 
     A declared ``Content-Length`` above the limit is refused at once; a chunked (or lying) body is
     counted as it streams in and refused as soon as it passes the limit, so one client cannot make
@@ -303,12 +342,19 @@ class BodyLimit:
     recurses into it.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH,
-                 max_items: int = MAX_JSON_ITEMS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int = MAX_BODY_BYTES,
+        max_depth: int = MAX_JSON_DEPTH,
+        max_items: int = MAX_JSON_ITEMS,
+    ) -> None:
         self.app, self.max_bytes = app, int(max_bytes)
         self.max_depth, self.max_items = int(max_depth), int(max_items)
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]
+    ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -318,7 +364,12 @@ class BodyLimit:
                     await _refuse(send, 400, "bad Content-Length header")
                     return
                 if int(value) > self.max_bytes:
-                    await _refuse(send, 413, f"request body of {int(value)} bytes is above the limit of {self.max_bytes}")
+                    await _refuse(
+                        send,
+                        413,
+                        f"request body of {int(value)} bytes is above the limit of "
+                        f"{self.max_bytes}",
+                    )
                     return
         chunks, total = [], 0
         while True:
@@ -328,7 +379,9 @@ class BodyLimit:
             body = message.get("body", b"")
             total += len(body)
             if total > self.max_bytes:
-                await _refuse(send, 413, f"request body is above the limit of {self.max_bytes} bytes")
+                await _refuse(
+                    send, 413, f"request body is above the limit of {self.max_bytes} bytes"
+                )
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -358,7 +411,11 @@ class BodyLimit:
         else:
             depth, items = json_shape(body)
         if depth > self.max_depth:
-            return 400, f"request body: JSON nesting {depth} levels deep is above the limit of {self.max_depth}"
+            return (
+                400,
+                f"request body: JSON nesting {depth} levels deep is above the limit of "
+                f"{self.max_depth}",
+            )
         if items > self.max_items:
             return 413, f"request body: {items} JSON items are above the limit of {self.max_items}"
         return None
@@ -366,9 +423,17 @@ class BodyLimit:
 
 async def _refuse(send: Send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -387,17 +452,30 @@ class GuardedRoute(APIRoute):
                 raise  # HTTP answers with their own status (the body parser raises Starlette's own)
             except StepOrderError as exc:
                 return JSONResponse(status_code=409, content={"detail": str(exc)})
-            except StorageFault as exc:  # refused and applied nowhere: the client keeps it and resends
-                return JSONResponse(status_code=exc.status, content={"detail": str(exc)}, headers={"Retry-After": "5"})
+            except (
+                StorageFault
+            ) as exc:  # refused and applied nowhere: the client keeps it and resends
+                return JSONResponse(
+                    status_code=exc.status,
+                    content={"detail": str(exc)},
+                    headers={"Retry-After": "5"},
+                )
             except Exception as exc:  # noqa: BLE001 - reported to the client as a 5xx
                 logger.exception("experience server: %s failed", request.url.path)
-                return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+                return JSONResponse(
+                    status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"}
+                )
 
         return guarded
 
 
-def create_app(service: RetrievalService | ExperienceManager, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """A FastAPI app serving ``service`` (an ``ExperienceManager`` is wrapped in a RetrievalService).
+def create_app(
+    service: RetrievalService | ExperienceManager,
+    token: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """A FastAPI app serving ``service`` (an ``ExperienceManager`` is wrapped in a
+    RetrievalService).
 
     With ``token``, every route except ``/health`` needs ``Authorization: Bearer <token>``.
     ``/search`` is async and coalesced (:class:`SearchCoalescer`); the other routes are sync
@@ -414,15 +492,25 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's own handler echoes the input, and an input it could not encode made it a 500
-        return JSONResponse(status_code=422, content={"detail": renderable(jsonable_encoder(exc.errors()))})
+        return JSONResponse(
+            status_code=422, content={"detail": renderable(jsonable_encoder(exc.errors()))}
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        # every HTTP exception, Starlette's (404, 405, a body that cannot be read) and FastAPI's, keeps its status
-        return JSONResponse(status_code=exc.status_code, content={"detail": renderable(exc.detail)},
-                            headers=getattr(exc, "headers", None))
+        # every HTTP exception, Starlette's (404, 405, a body that cannot be read) and FastAPI's,
+        # keeps its status
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"detail": renderable(exc.detail)},
+            headers=getattr(exc, "headers", None),
+        )
+
     open_routes = APIRouter(route_class=GuardedRoute)
-    router = APIRouter(route_class=GuardedRoute, dependencies=[Depends(_bearer(token))] if token is not None else [])
+    router = APIRouter(
+        route_class=GuardedRoute,
+        dependencies=[Depends(_bearer(token))] if token is not None else [],
+    )
 
     @open_routes.get("/health")
     def health() -> Response:
@@ -457,7 +545,9 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
             try:
                 parsed.append(DistillationRequest.from_dict(d))
             except (KeyError, TypeError, ValueError) as exc:
-                raise HTTPException(status_code=422, detail=f"requests[{i}]: {type(exc).__name__}: {exc}") from exc
+                raise HTTPException(
+                    status_code=422, detail=f"requests[{i}]: {type(exc).__name__}: {exc}"
+                ) from exc
         # on disk (fsynced) before the answer, or refused with none of them queued; a request whose
         # request_id came before (a resend) is answered as accepted and not queued again
         new = svc.submit_many(parsed, durable=True)
@@ -465,7 +555,9 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
 
     @router.post("/get_requests")
     def get_requests(body: GetRequestsBody) -> Response:
-        return _json({"requests": [r.to_dict() for r in svc.get_requests(body.max_n, body.timeout)]})
+        return _json(
+            {"requests": [r.to_dict() for r in svc.get_requests(body.max_n, body.timeout)]}
+        )
 
     @router.post("/end_step")
     def end_step(body: EndStepBody) -> Response:
@@ -476,7 +568,9 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
         ops = [op_from_dict(op.model_dump()) for op in body.ops]
         try:
             result = svc.apply_ops(ops, step=body.step, write_id=body.write_id)
-        except ValueError as exc:  # the bank refused an op's content (a text the embedder maps to zero)
+        except (
+            ValueError
+        ) as exc:  # the bank refused an op's content (a text the embedder maps to zero)
             raise HTTPException(status_code=422, detail=f"ops: {exc}") from exc
         return _json(_jsonable(result.to_dict()))
 
@@ -485,7 +579,9 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
         try:
             return _json(svc.snapshot_bank(body.name).to_dict())
         except (ValueError, FileExistsError) as exc:
-            raise HTTPException(status_code=422 if isinstance(exc, ValueError) else 409, detail=f"name: {exc}") from exc
+            raise HTTPException(
+                status_code=422 if isinstance(exc, ValueError) else 409, detail=f"name: {exc}"
+            ) from exc
 
     @router.get("/snapshots")
     def snapshots() -> Response:
@@ -496,8 +592,12 @@ def create_app(service: RetrievalService | ExperienceManager, token: str | None 
         try:
             before = svc.restore_bank(body.name)
         except (ValueError, FileNotFoundError) as exc:
-            raise HTTPException(status_code=422 if isinstance(exc, ValueError) else 404, detail=f"name: {exc}") from exc
-        return _json({"restored": body.name, "before": before.to_dict(), "bank_size": len(svc.manager.bank)})
+            raise HTTPException(
+                status_code=422 if isinstance(exc, ValueError) else 404, detail=f"name: {exc}"
+            ) from exc
+        return _json(
+            {"restored": body.name, "before": before.to_dict(), "bank_size": len(svc.manager.bank)}
+        )
 
     @router.post("/quarantine")
     def quarantine(body: QuarantineBody) -> Response:
@@ -532,16 +632,32 @@ class BackgroundServer:
     >>> service.close()
     """
 
-    def __init__(self, service: RetrievalService | ExperienceManager, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 startup_timeout: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        service: RetrievalService | ExperienceManager,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        startup_timeout: float = 30.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         import threading
         import time
 
         self.app = create_app(service, token, max_body_bytes)
-        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", lifespan="off",
-                                timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
+        config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=KEEP_ALIVE_S,
+            backlog=BACKLOG,
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="crl-experience-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, name="crl-experience-server", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + startup_timeout
         while not self._server.started:

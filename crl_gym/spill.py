@@ -56,7 +56,7 @@ def append(path: Path, lines: Iterable[str]) -> None:
             pass
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -98,8 +98,9 @@ def rewrite(path: Path, chunks: Iterable[bytes], *, fsync: bool) -> None:
     os.replace(tmp, path)
 
 
-def read(path: Path, pos: int, n: int, parse: Callable[[str], T]
-         ) -> tuple[list[tuple[T, int]], int, list[tuple[int, bytes, Exception]]]:
+def read(
+    path: Path, pos: int, n: int, parse: Callable[[str], T]
+) -> tuple[list[tuple[T, int]], int, list[tuple[int, bytes, Exception]]]:
     """Up to ``n`` parsed lines of ``path`` from byte ``pos``.
 
     Returns ``([(value, end of its line)], the position read to, [(at, line, error)] of the lines

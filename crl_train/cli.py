@@ -26,49 +26,116 @@ def _setup_logging(run_dir: Path | None) -> None:
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(run_dir / "train.log", encoding="utf-8"))
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        handlers=handlers, force=True)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
     logging.getLogger("crl_train").setLevel(logging.INFO)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="YAML config file. Default: the packaged tiny preset (tiny random-init models on MiniHack Room, CPU).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override one config value, e.g. --set train.steps=3 --set method=grpo (value parsed as YAML). Repeatable.")
-@click.option("--method", "method", type=click.Choice(list(METHOD_NAMES)), default=None,
-              help="The method (the same as --set method=NAME, applied before the other --set).")
-@click.option("--env", "env_ids", multiple=True, metavar="ID",
-              help="Train on this Gymnasium id (the same as --set env.ids='[ID, ...]', applied before the other "
-                   "--set; repeatable for several envs): a crl/ id, an id registered with gymnasium.register, "
-                   "'module:EnvId-v0' (the module is imported first) or an entry point's id.")
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory (config.yaml, metrics.jsonl, tb/, curves.png, checkpoint/, bank/). Default: runs/<method>.")
-@click.option("--resume", "resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
-              help="Continue the run in this directory from its last checkpoint (its config.yaml is used; --set still "
-                   "applies and is saved to config.yaml, the previous one kept as config.before_step<N>.yaml).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="YAML config file. Default: the packaged tiny preset (tiny random-init models on MiniHack "
+    "Room, CPU).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one config value, e.g. --set train.steps=3 --set method=grpo (value parsed as "
+    "YAML). Repeatable.",
+)
+@click.option(
+    "--method",
+    "method",
+    type=click.Choice(list(METHOD_NAMES)),
+    default=None,
+    help="The method (the same as --set method=NAME, applied before the other --set).",
+)
+@click.option(
+    "--env",
+    "env_ids",
+    multiple=True,
+    metavar="ID",
+    help="Train on this Gymnasium id (the same as --set env.ids='[ID, ...]', applied before the "
+    "other --set; repeatable for several envs): a crl/ id, an id registered with "
+    "gymnasium.register, 'module:EnvId-v0' (the module is imported first) or an entry point's id.",
+)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run directory (config.yaml, metrics.jsonl, tb/, curves.png, checkpoint/, bank/). "
+    "Default: runs/<method>.",
+)
+@click.option(
+    "--resume",
+    "resume",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Continue the run in this directory from its last checkpoint (its config.yaml is used; "
+    "--set still applies and is saved to config.yaml, the previous one kept as "
+    "config.before_step<N>.yaml).",
+)
 @click.option("--no-progress", is_flag=True, default=False, help="Hide the progress bar.")
-@click.option("--show-config", is_flag=True, default=False,
-              help="Print the resolved config (after --config / --resume / --set) as YAML, every key with its "
-                   "documentation, type and default as comments, and exit without training. This is the full "
-                   "key reference; the output can be saved and passed back with --config.")
-@click.option("--backend", type=click.Choice(["hf", "openrlhf"]), default="hf", show_default=True,
-              help="hf: this process trains both models (CPU or one GPU per model). openrlhf: a Ray cluster; "
-                   "OpenRLHF trains the actor, the experience service runs as a Ray actor (docs/cluster.md; "
-                   "the config's openrlhf: section sizes it).")
-@click.option("--dry-run", is_flag=True, default=False,
-              help="--backend openrlhf: print the OpenRLHF command line and the Ray resource plan, start nothing.")
-def train(config_path: Path | None, overrides: tuple[str, ...], method: str | None, env_ids: tuple[str, ...],
-          out: Path | None, resume: Path | None, no_progress: bool, show_config: bool, backend: str,
-          dry_run: bool) -> None:
+@click.option(
+    "--show-config",
+    is_flag=True,
+    default=False,
+    help="Print the resolved config (after --config / --resume / --set) as YAML, every key with "
+    "its documentation, type and default as comments, and exit without training. This is the full "
+    "key reference; the output can be saved and passed back with --config.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["hf", "openrlhf"]),
+    default="hf",
+    show_default=True,
+    help="hf: this process trains both models (CPU or one GPU per model). openrlhf: a Ray cluster; "
+    "OpenRLHF trains the actor, the experience service runs as a Ray actor (docs/cluster.md; "
+    "the config's openrlhf: section sizes it).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    default=False,
+    help="--backend openrlhf: print the OpenRLHF command line and the Ray resource plan, "
+    "start nothing.",
+)
+def train(
+    config_path: Path | None,
+    overrides: tuple[str, ...],
+    method: str | None,
+    env_ids: tuple[str, ...],
+    out: Path | None,
+    resume: Path | None,
+    no_progress: bool,
+    show_config: bool,
+    backend: str,
+    dry_run: bool,
+) -> None:
     """Train an actor (and an experience extractor) with Complementary RL or a baseline."""
     if env_ids:
         overrides = (f"env.ids={json.dumps(list(env_ids))}", *overrides)
     if method is not None:
         overrides = (f"method={method}", *overrides)
     if backend == "openrlhf" or dry_run:
-        _train_openrlhf(config_path, overrides, out, dry_run=dry_run, backend=backend,
-                        unsupported={"--resume": resume is not None, "--show-config": show_config})
+        _train_openrlhf(
+            config_path,
+            overrides,
+            out,
+            dry_run=dry_run,
+            backend=backend,
+            unsupported={"--resume": resume is not None, "--show-config": show_config},
+        )
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -99,17 +166,35 @@ def train(config_path: Path | None, overrides: tuple[str, ...], method: str | No
     finally:
         trainer.close()
     # what kept the extractor from training, if anything, beside the last row
-    click.echo(json.dumps({"run_dir": str(run_dir), "final": row, **({"problems": trainer.problems} if trainer.problems else {})}))
+    click.echo(
+        json.dumps(
+            {
+                "run_dir": str(run_dir),
+                "final": row,
+                **({"problems": trainer.problems} if trainer.problems else {}),
+            }
+        )
+    )
 
 
-def _train_openrlhf(config_path: Path | None, overrides: tuple[str, ...], out: Path | None, *, dry_run: bool,
-                    backend: str, unsupported: dict[str, bool]) -> None:
-    """``--backend openrlhf``: :func:`crl_train.openrlhf.launcher.main` (its errors as usage errors)."""
+def _train_openrlhf(
+    config_path: Path | None,
+    overrides: tuple[str, ...],
+    out: Path | None,
+    *,
+    dry_run: bool,
+    backend: str,
+    unsupported: dict[str, bool],
+) -> None:
+    """``--backend openrlhf``: :func:`crl_train.openrlhf.launcher.main` (its errors as
+    usage errors)."""
     if backend != "openrlhf":
         raise click.UsageError("--dry-run goes with --backend openrlhf")
     given = [flag for flag, on in unsupported.items() if on]
     if given:
-        raise click.UsageError(f"{', '.join(given)}: not with --backend openrlhf (rerun the same command to resume)")
+        raise click.UsageError(
+            f"{', '.join(given)}: not with --backend openrlhf (rerun the same command to resume)"
+        )
     from crl_train.openrlhf.launcher import LaunchError
     from crl_train.openrlhf.launcher import main as launch_openrlhf
 
@@ -139,29 +224,61 @@ def _check_env_ids(cfg: TrainConfig, run_dir: Path | None) -> None:
 def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ...]) -> str:
     from crl_train.config.docs import render_config_yaml
 
-    header = "\n".join([
-        "Resolved crl-train config",
-        f"  from: {source if source is not None else 'the packaged tiny preset (crl_train/configs/tiny.yaml)'}",
-        *([f"  --set {o}" for o in overrides]),
-        "Above each key: its documentation, then its type and its dataclass default.",
-        "Save this output and pass it back with --config to run exactly this config.",
-    ])
+    header = "\n".join(
+        [
+            "Resolved crl-train config",
+            "  from: "
+            f"{source if source is not None else 'the packaged tiny preset (crl_train/configs/tiny.yaml)'}",
+            *([f"  --set {o}" for o in overrides]),
+            "Above each key: its documentation, then its type and its dataclass default.",
+            "Save this output and pass it back with --config to run exactly this config.",
+        ]
+    )
     return render_config_yaml(cfg, header=header)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--run", "run_dir", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="A run directory written by crl-train (uses its config.yaml, checkpoint/ and bank/).")
-@click.option("--episodes", default=16, show_default=True, type=click.IntRange(min=1),
-              help="Held-out episodes per mode (rounded up to whole groups of K).")
-@click.option("--memory", "memory", multiple=True, type=click.Choice(["none", "frozen", "online"]),
-              help="What the actor may retrieve from: none (no bank), frozen (the checkpoint's bank, read-only) or "
-                   "online (that bank live: the extractor distils the held-out episodes as they finish). Repeat "
-                   "for several; every mode plays the same held-out tasks. Default: frozen and none.")
-@click.option("--with-exp/--without-exp", "with_exp", default=None, hidden=True,
-              help="Deprecated: --memory frozen / --memory none.")
-@click.option("--json", "as_json", is_flag=True, default=False, help="Print the result as one JSON object (for machines).")
-def evaluate(run_dir: Path, episodes: int, memory: tuple[str, ...], with_exp: bool | None, as_json: bool) -> None:
+@click.option(
+    "--run",
+    "run_dir",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A run directory written by crl-train (uses its config.yaml, checkpoint/ and bank/).",
+)
+@click.option(
+    "--episodes",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Held-out episodes per mode (rounded up to whole groups of K).",
+)
+@click.option(
+    "--memory",
+    "memory",
+    multiple=True,
+    type=click.Choice(["none", "frozen", "online"]),
+    help="What the actor may retrieve from: none (no bank), frozen (the checkpoint's bank, "
+    "read-only) or online (that bank live: the extractor distils the held-out episodes as they "
+    "finish). Repeat for several; every mode plays the same held-out tasks. Default: frozen "
+    "and none.",
+)
+@click.option(
+    "--with-exp/--without-exp",
+    "with_exp",
+    default=None,
+    hidden=True,
+    help="Deprecated: --memory frozen / --memory none.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    default=False,
+    help="Print the result as one JSON object (for machines).",
+)
+def evaluate(
+    run_dir: Path, episodes: int, memory: tuple[str, ...], with_exp: bool | None, as_json: bool
+) -> None:
     """Evaluate a trained actor on held-out seeds, with 95 % intervals; prints and writes eval.json.
 
     Success rates get Wilson intervals at the effective number of episodes (each task is played a
@@ -177,8 +294,11 @@ def evaluate(run_dir: Path, episodes: int, memory: tuple[str, ...], with_exp: bo
     _check_env_ids(cfg, run_dir)
     _setup_logging(None)
     if with_exp is not None:
-        click.echo(f"crl-eval: --with-exp/--without-exp are deprecated; use --memory {'frozen' if with_exp else 'none'}",
-                   err=True)
+        click.echo(
+            "crl-eval: --with-exp/--without-exp are deprecated; use --memory "
+            f"{'frozen' if with_exp else 'none'}",
+            err=True,
+        )
         memory = memory or (("frozen",) if with_exp else ("none",))
     result = evaluate_dir(cfg, run_dir, episodes, memory=memory or ("frozen", "none"))
     click.echo(json.dumps(result) if as_json else _eval_table(result))
@@ -195,16 +315,22 @@ def _eval_table(result: dict[str, Any]) -> str:
 
     lines = [f"held-out episodes per mode: {result['episodes_per_mode']} (95 % intervals)"]
     for mode, r in result.get("memory", {}).items():
-        lines.append(f"memory {mode}: success {iv(r['success'], r['success_ci'])} "
-                     f"(Wilson, {r['tasks']} tasks, effective n {r['effective_episodes']:.1f}), "
-                     f"actions per episode {iv(r['actions_per_episode'], r['actions_per_episode_ci'])} (t)")
+        lines.append(
+            f"memory {mode}: success {iv(r['success'], r['success_ci'])} "
+            f"(Wilson, {r['tasks']} tasks, effective n {r['effective_episodes']:.1f}), "
+            f"actions per episode {iv(r['actions_per_episode'], r['actions_per_episode_ci'])} (t)"
+        )
     for mode, why in result.get("skipped", {}).items():
         lines.append(f"memory {mode}: skipped ({why})")
     for p in result.get("paired", []):
-        lines.append(f"{p['a']} − {p['b']}: {iv(p['diff'], p['ci95'])} (paired t over {p['tasks']} tasks)")
+        lines.append(
+            f"{p['a']} − {p['b']}: {iv(p['diff'], p['ci95'])} (paired t over {p['tasks']} tasks)"
+        )
     if "internalisation" in result:
         r = result["internalisation"]
-        lines.append(f"internalisation (none / frozen): {iv(r['ratio'], r['ratio_ci'])} (bootstrap)")
+        lines.append(
+            f"internalisation (none / frozen): {iv(r['ratio'], r['ratio_ci'])} (bootstrap)"
+        )
     return "\n".join(lines)
 
 
@@ -218,10 +344,17 @@ def _make_trainer(cfg: TrainConfig, run_dir: Path, **kw: Any) -> Trainer:
         raise click.ClickException(str(exc)) from None
 
 
-def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] | None = None,
-                 env_factory: Callable[[str], Any] | None = None, *,
-                 memory: tuple[str, ...] = ("frozen", "none")) -> JSONDict:
-    """:func:`crl_train.run.evaluate.evaluate_dir`, a vLLM generator that cannot start reported as a usage error."""
+def evaluate_dir(
+    cfg: TrainConfig,
+    run_dir: Path,
+    episodes: int,
+    modes: tuple[bool, ...] | None = None,
+    env_factory: Callable[[str], Any] | None = None,
+    *,
+    memory: tuple[str, ...] = ("frozen", "none"),
+) -> JSONDict:
+    """:func:`crl_train.run.evaluate.evaluate_dir`, a vLLM generator that cannot start reported
+    as a usage error."""
     from crl_train.policy.factory import GeneratorUnavailable
     from crl_train.run.evaluate import evaluate_dir as run_eval
 
@@ -232,12 +365,27 @@ def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bo
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--suite", "suite_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Suite YAML: methods × seeds × env mixtures (see experiments/).")
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder: cells/<method>/<envs>/seed<N>/ run directories, report.md and its plots.")
-@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
-              help="Run each cell as a Ray task with the suite's resources: 'local' or a cluster address.")
+@click.option(
+    "--suite",
+    "suite_path",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Suite YAML: methods × seeds × env mixtures (see experiments/).",
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Output folder: cells/<method>/<envs>/seed<N>/ run directories, report.md and its plots.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Run each cell as a Ray task with the suite's resources: 'local' or a cluster address.",
+)
 @click.option("--no-progress", is_flag=True, default=False, help="Hide the progress bar.")
 def experiment(suite_path: Path, out: Path, ray_address: str | None, no_progress: bool) -> None:
     """Run a grid of crl-train runs and write report.md with 95 % intervals over seeds.
@@ -256,4 +404,6 @@ def experiment(suite_path: Path, out: Path, ray_address: str | None, no_progress
         raise click.UsageError(f"{suite_path}: {exc}") from None
     _setup_logging(out)
     records = run_suite(suite, out, ray_address=ray_address, progress=not no_progress)
-    click.echo(json.dumps({"report": str(write_report(suite, out, records)), "cells": len(records)}))
+    click.echo(
+        json.dumps({"report": str(write_report(suite, out, records)), "cells": len(records)})
+    )

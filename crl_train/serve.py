@@ -1,4 +1,5 @@
-"""The service behind ``crl-experience serve --extractor``: Complementary RL's extractor side for any trainer.
+"""The service behind ``crl-experience serve --extractor``: Complementary RL's extractor side for
+any trainer.
 
 ``crl_gym.cli`` imports :func:`build_served_service` only when ``--extractor`` is given, so serving
 a bank for retrieval alone needs nothing from ``crl_train``.
@@ -24,9 +25,11 @@ SERVICE_DIR = "service"
 when the server stops and read when it starts again on the same directory."""
 
 
-def build_served_service(bank_dir: Path, extractor: str, embedder: str | None = None, *,
-                         merge_seeded: bool = False) -> ExperienceService:
-    """The service behind ``crl-experience serve --extractor``: started, its extractor in a worker process.
+def build_served_service(
+    bank_dir: Path, extractor: str, embedder: str | None = None, *, merge_seeded: bool = False
+) -> ExperienceService:
+    """The service behind ``crl-experience serve --extractor``: started, its extractor in a
+    worker process.
 
     ``extractor`` is ``tiny`` (the packaged tiny preset: a tiny random-initialised extractor whose
     tokenizer is trained on the preset's envs) or a crl-train YAML config whose ``extractor``,
@@ -35,22 +38,39 @@ def build_served_service(bank_dir: Path, extractor: str, embedder: str | None = 
     ``merge_seeded``: whether the Merge may touch entries written without an extractor sample (a
     user's seeded advice); by default it leaves them as they are.
     A bank directory the server ran on before resumes the extractor side from its last checkpoint
-    (``BANK/service/checkpoint``, written when the server stopped); the bank itself is kept as it is.
+    (``BANK/service/checkpoint``, written when the server stopped); the bank itself is kept as
+    it is.
     """
     overrides = [] if embedder is None else [f"experience.embedder={embedder}"]
     cfg = load_config(None if extractor == ModelKind.TINY else Path(extractor), overrides)
     options = make_method(cfg).service_options()
     if not options.extractor:
-        raise ValueError(f"method {cfg.method.value!r} has no extractor: serve without --extractor instead")
+        raise ValueError(
+            f"method {cfg.method.value!r} has no extractor: serve without --extractor instead"
+        )
     # a server never waits inside end_step; a user's own entries survive the untrained merges
     options = dataclasses.replace(options, asynchronous=True, merge_seeded=merge_seeded)
     service_dir = Path(bank_dir) / SERVICE_DIR
     found = newest_checkpoint(service_dir)
     state = None if found is None else found[1]["service"]
-    ext_ckpt = None if found is None or not (found[0] / "extractor").is_dir() else found[0] / "extractor"
+    ext_ckpt = (
+        None if found is None or not (found[0] / "extractor").is_dir() else found[0] / "extractor"
+    )
     if found is not None:
-        log.info("resuming the extractor side from %s (last ended step %s)", found[0], found[1]["service"].get("last_ended"))
-    service = start_service(cfg, options, bank_dir, extractor_checkpoint=ext_ckpt, state=state,
-                            fresh=not (Path(bank_dir) / DB_FILE).exists())
-    service.checkpoint_dir = service_dir  # stopping the server (SIGTERM, SIGINT) checkpoints B_φ and π_φ
+        log.info(
+            "resuming the extractor side from %s (last ended step %s)",
+            found[0],
+            found[1]["service"].get("last_ended"),
+        )
+    service = start_service(
+        cfg,
+        options,
+        bank_dir,
+        extractor_checkpoint=ext_ckpt,
+        state=state,
+        fresh=not (Path(bank_dir) / DB_FILE).exists(),
+    )
+    service.checkpoint_dir = (
+        service_dir  # stopping the server (SIGTERM, SIGINT) checkpoints B_φ and π_φ
+    )
     return service

@@ -1,4 +1,5 @@
-"""Clients of the experience service: in-process (:class:`LocalClient`) or over HTTP (:class:`RemoteClient`).
+"""Clients of the experience service: in-process (:class:`LocalClient`) or over HTTP
+(:class:`RemoteClient`).
 
 Both implement :class:`ExperienceClient`, the whole interface of
 :class:`~crl_gym.experience.service.RetrievalService`, and behave identically (the same tests run
@@ -8,15 +9,16 @@ query (the raw entry when no extractor is attached), ``submit`` hands a finished
 :class:`~crl_gym.protocol.DistillationRequest` to the service without waiting for the extractor
 (:class:`RemoteClient` not even for the HTTP round trip: it buffers, and a sender thread
 delivers), ``flush`` waits until every request submitted before it reached the service,
-``end_step`` flushes, then closes a rollout step (:class:`~crl_gym.experience.service.StepOrderError`
-for a step ended twice or out of order, on both faces), ``apply_ops`` writes Add / Update / Delete
-ops, ``stats`` / ``health`` report.
+``end_step`` flushes, then closes a rollout step
+(:class:`~crl_gym.experience.service.StepOrderError` for a step ended twice or out of order, on both
+faces), ``apply_ops`` writes Add / Update / Delete ops, ``stats`` / ``health`` report.
 
 One module per concept, every name re-exported here (import them from ``crl_gym.clients``):
-:mod:`~crl_gym.clients.interface` (:class:`ExperienceClient`, :data:`TOKEN_ENV`, :func:`check_step`),
-:mod:`~crl_gym.clients.local`, :mod:`~crl_gym.clients.remote`, :mod:`~crl_gym.clients.combiner`
-(the flat combining of ``RemoteClient.search``) and :mod:`~crl_gym.clients.keeping`
-(:class:`KeepingClient`: the outbox of a client whose ``submit`` can fail).
+:mod:`~crl_gym.clients.interface` (:class:`ExperienceClient`, :data:`TOKEN_ENV`,
+:func:`check_step`), :mod:`~crl_gym.clients.local`, :mod:`~crl_gym.clients.remote`,
+:mod:`~crl_gym.clients.combiner` (the flat combining of ``RemoteClient.search``) and
+:mod:`~crl_gym.clients.keeping` (:class:`KeepingClient`: the outbox of a client whose ``submit``
+can fail).
 
 >>> from crl_gym.experience.bank import ExperienceBank
 >>> from crl_gym.experience.embedders import HashingEmbedder
@@ -31,7 +33,6 @@ One module per concept, every name re-exported here (import them from ``crl_gym.
 [0]
 >>> client.service.close()
 """
-
 
 from __future__ import annotations
 
@@ -61,9 +62,23 @@ from crl_gym.experience.service import ask_manager as ask_manager
 from crl_gym.outbox import SubmitCounts as SubmitCounts
 
 __all__ = [
-    "ASK_FALLBACKS", "TOKEN_ENV", "Combiner", "ExperienceAuthError", "ExperienceClient", "ExperienceUnavailable",
+    "ASK_FALLBACKS",
+    "TOKEN_ENV",
+    "Combiner",
+    "ExperienceAuthError",
+    "ExperienceClient",
+    "ExperienceUnavailable",
     "KeepingClient",
-    "LocalClient", "ProcessBoundaryError", "RemoteClient", "RequestTooLarge", "RunSteps", "StepOrderError",
-    "StorageFault", "SubmitCounts", "SubmitUndelivered",
-    "as_service", "ask_manager", "check_step",
+    "LocalClient",
+    "ProcessBoundaryError",
+    "RemoteClient",
+    "RequestTooLarge",
+    "RunSteps",
+    "StepOrderError",
+    "StorageFault",
+    "SubmitCounts",
+    "SubmitUndelivered",
+    "as_service",
+    "ask_manager",
+    "check_step",
 ]

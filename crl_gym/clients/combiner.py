@@ -39,10 +39,14 @@ class Combiner(Generic[T, R]):
     exception is raised to its caller, and when ``send`` raises, every caller of the batch gets it.
     """
 
-    def __init__(self, send: Callable[[list[T]], list[R]], max_batch: int = 1024, max_inflight: int = 2) -> None:
+    def __init__(
+        self, send: Callable[[list[T]], list[R]], max_batch: int = 1024, max_inflight: int = 2
+    ) -> None:
         self._send = send
         self.max_batch, self.max_inflight = int(max_batch), int(max_inflight)
-        self._line: BatchLine[_Slot[T, R]] = BatchLine(self.max_batch, max_inflight=self.max_inflight)
+        self._line: BatchLine[_Slot[T, R]] = BatchLine(
+            self.max_batch, max_inflight=self.max_inflight
+        )
 
     @property
     def waiting(self) -> int:
@@ -67,7 +71,8 @@ class Combiner(Generic[T, R]):
         return cast(R, slot.result)  # answered without an error: its result is set
 
     def _run(self, batch: list[_Slot[T, R]], own: _Slot[T, R]) -> None:
-        # not isolated: retrying each call alone would send one request per caller to a server that is down
+        # not isolated: retrying each call alone would send one request per caller to a server that
+        # is down
         results = answer(self._send, [s.item for s in batch], isolate=False, catch=BaseException)
         for s, r in zip(batch, results, strict=True):
             if isinstance(r, BaseException):

@@ -13,8 +13,14 @@ from typing import Protocol
 
 from crl_gym.outbox import SubmitCounts
 
-SUBMIT_COUNT_FIELDS = {"buffered": "buffered", "delivered": "delivered", "rejected": "rejected",
-                       "submit_failures": "failures", "spilled": "spilled", "lost": "lost"}
+SUBMIT_COUNT_FIELDS = {
+    "buffered": "buffered",
+    "delivered": "delivered",
+    "rejected": "rejected",
+    "submit_failures": "failures",
+    "spilled": "spilled",
+    "lost": "lost",
+}
 """Old ``RemoteClient`` property -> its field of ``submit_counts``."""
 
 
@@ -30,8 +36,12 @@ def submit_count_property(old: str) -> property:
     new = SUBMIT_COUNT_FIELDS[old]
 
     def read(self: CountsSubmits) -> int:
-        warnings.warn(f"RemoteClient.{old} is deprecated: read RemoteClient.submit_counts.{new} "
-                      "(all the counts at one instant)", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"RemoteClient.{old} is deprecated: read RemoteClient.submit_counts.{new} "
+            "(all the counts at one instant)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return int(getattr(self.submit_counts, new))
 
     return property(read, doc=f"Deprecated: ``submit_counts.{new}``.")

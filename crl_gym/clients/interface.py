@@ -10,12 +10,14 @@ from crl_gym.experience.service import StepOrderError
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 
 TOKEN_ENV = "CRL_EXPERIENCE_TOKEN"
-"""Environment variable holding the bearer token of ``crl-experience serve`` (both sides read it)."""
+"""Environment variable holding the bearer token of ``crl-experience serve`` (both sides
+read it)."""
 
 
 @runtime_checkable
 class ExperienceClient(Protocol):
-    """What the wrappers and trainers need from the experience service (every face has all of it)."""
+    """What the wrappers and trainers need from the experience service (every face has all
+    of it)."""
 
     def search(self, query: str) -> ExperienceRef | None:
         """The best (diversified) entry for ``query``, or ``None`` when the bank is empty."""
@@ -25,7 +27,9 @@ class ExperienceClient(Protocol):
         """One :meth:`search` per query, batched (one embedding pass)."""
         ...
 
-    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+    def ask(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, dict[str, Any] | None]:
         """Refine ``entry`` for the agent's ``query`` in ``context``: ``(answer, provenance)``.
 
         ``provenance`` is the extractor sample (``ExtractorSample.to_dict()``) that produced the
@@ -46,7 +50,8 @@ class ExperienceClient(Protocol):
         ...
 
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
-        """Flush, then close rollout ``step`` (and earlier open ones): the steps closed, their requests and credits.
+        """Flush, then close rollout ``step`` (and earlier open ones): the steps closed, their
+        requests and credits.
 
         Raises :class:`~crl_gym.experience.service.StepOrderError` for a step already ended. It
         flushes this process's submits only: when envs submit from worker processes
@@ -56,11 +61,13 @@ class ExperienceClient(Protocol):
         ...
 
     def apply_ops(self, ops: list[ExperienceOp], *, step: int | None = None) -> OpsApplied:
-        """Apply Add / Update / Delete / Return ops: how many were added (their ids), updated, deleted, returned, malformed."""
+        """Apply Add / Update / Delete / Return ops: how many were added (their ids), updated,
+        deleted, returned, malformed."""
         ...
 
     def stats(self) -> ServiceStats:
-        """``bank_size``, ``queue_depth``, the extractor's counters and the manager's (``manager``)."""
+        """``bank_size``, ``queue_depth``, the extractor's counters and the
+        manager's (``manager``)."""
         ...
 
     def health(self) -> Health:

@@ -27,7 +27,9 @@ def as_service(target: RetrievalService | ExperienceManager) -> RetrievalService
         return target
     if isinstance(target, ExperienceManager):
         return RetrievalService(target)
-    raise TypeError(f"expected a RetrievalService or an ExperienceManager, got {type(target).__name__}")
+    raise TypeError(
+        f"expected a RetrievalService or an ExperienceManager, got {type(target).__name__}"
+    )
 
 
 class LocalClient:
@@ -39,7 +41,8 @@ class LocalClient:
             wrapped in a ``RetrievalService`` of its own. :meth:`close` closes neither: they
             belong to the caller.
         max_request_bytes: ``submit`` refuses a request whose text is larger
-            (:class:`RequestTooLarge`), as a :class:`RemoteClient` to a server of this body limit does.
+            (:class:`RequestTooLarge`), as a :class:`RemoteClient` to a server of this body
+            limit does.
 
     **One process only.** The service and its bank live in the process that made the client.
     Used from another one (a worker forked or spawned by ``AsyncVectorEnv``), every call raises
@@ -48,7 +51,12 @@ class LocalClient:
     :class:`~crl_gym.server.BackgroundServer`) and give the workers a ``RemoteClient``.
     """
 
-    def __init__(self, target: RetrievalService | ExperienceManager, *, max_request_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        target: RetrievalService | ExperienceManager,
+        *,
+        max_request_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self.service = as_service(target)
         self.max_request_bytes = int(max_request_bytes)
         self._pid = os.getpid()
@@ -59,7 +67,8 @@ class LocalClient:
         return self.service
 
     def check_process(self) -> None:
-        """Raise :class:`ProcessBoundaryError` when called from another process than the client's."""
+        """Raise :class:`ProcessBoundaryError` when called from another process than
+        the client's."""
         self._svc()
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
@@ -76,7 +85,9 @@ class LocalClient:
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         return self._svc().search_many(list(queries))
 
-    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+    def ask(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, dict[str, Any] | None]:
         return self._svc().ask(str(query)[:MAX_TEXT], entry, str(context)[:MAX_TEXT])
 
     def submit(self, request: DistillationRequest) -> None:
@@ -86,7 +97,8 @@ class LocalClient:
         service.submit(request)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Nothing to wait for: :meth:`submit` hands each request to the service before it returns."""
+        """Nothing to wait for: :meth:`submit` hands each request to the service before
+        it returns."""
         self._svc()
 
     def get_requests(self, max_n: int, timeout: float = 0.0) -> list[DistillationRequest]:
@@ -111,12 +123,17 @@ class LocalClient:
 
 
 def _process_boundary_message(pid: int, *, pickled: bool = False) -> str:
-    where = ("cannot be pickled for another process" if pickled else
-             f"was made in process {pid} and is used in process {os.getpid()}")
-    return (f"LocalClient {where} (a forked or spawned worker, e.g. of AsyncVectorEnv): its service and "
-            f"bank live in the process that made it, so nothing would reach them. Serve the bank "
-            f"(crl-experience serve, or crl_gym.server.BackgroundServer(service)) and give the workers "
-            f"crl_gym.clients.RemoteClient(url) instead")
+    where = (
+        "cannot be pickled for another process"
+        if pickled
+        else f"was made in process {pid} and is used in process {os.getpid()}"
+    )
+    return (
+        f"LocalClient {where} (a forked or spawned worker, e.g. of AsyncVectorEnv): its service "
+        "and bank live in the process that made it, so nothing would reach them. Serve the bank "
+        "(crl-experience serve, or crl_gym.server.BackgroundServer(service)) and give the workers "
+        "crl_gym.clients.RemoteClient(url) instead"
+    )
 
 
 __all__ = ["LocalClient", "as_service"]

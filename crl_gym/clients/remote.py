@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 class RemoteClient:
-    """An :class:`ExperienceClient` over HTTP to ``crl-experience serve`` (see :mod:`crl_gym.server`).
+    """An :class:`ExperienceClient` over HTTP to ``crl-experience serve`` (see
+    :mod:`crl_gym.server`).
 
     Args:
         url: ``http://host:port`` of the server.
@@ -38,19 +39,20 @@ class RemoteClient:
         max_buffered: most submitted requests held undelivered in this process; :meth:`submit`
             blocks while that many wait (backpressure, never a drop).
         spill_path: JSONL file the requests that cannot be delivered are appended to; ``None``:
-            :func:`~crl_gym.outbox.default_spill_path` (one file per process, under ``~/.cache/complementary-rl/unsent``).
+            :func:`~crl_gym.outbox.default_spill_path` (one file per process, under
+            ``~/.cache/complementary-rl/unsent``).
         retries / retry_backoff_s: how often a ``POST /submit`` is retried while the server is
             unavailable (transport error, 5xx), waiting ``retry_backoff_s`` × 2^k between tries.
         max_query_chars: queries are shortened to this many characters before they are sent (the
             server's manager shortens them to its own ``max_query_chars`` too: keep both equal).
         max_request_bytes: the server's ``--max-body-bytes``: ``submit`` refuses a request whose
-            text is larger (:class:`RequestTooLarge`), and the sender spills one that encodes larger.
-            See :mod:`crl_gym.limits`.
+            text is larger (:class:`RequestTooLarge`), and the sender spills one that encodes
+            larger. See :mod:`crl_gym.limits`.
 
     **Submit does not wait for the server.** :meth:`submit` checks its argument, puts the request
     (not yet encoded) in this process's buffer and returns; a sender thread encodes the buffered
-    requests and sends them, oldest first, in batches of up to :data:`~crl_gym.outbox.SUBMIT_BATCH` per
-    ``POST /submit``. Once ``submit`` has returned, the request reaches the server (at least
+    requests and sends them, oldest first, in batches of up to :data:`~crl_gym.outbox.SUBMIT_BATCH`
+    per ``POST /submit``. Once ``submit`` has returned, the request reaches the server (at least
     once: a batch whose answer is lost is sent again) or is appended to :attr:`spill_file`:
     when the server stays unreachable through the retries, when it answers 401 (then
     :class:`ExperienceAuthError`), or when the process exits with it still buffered. A request
@@ -76,10 +78,19 @@ class RemoteClient:
     ``StepOrderError``.
     """
 
-    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None, *,
-                 max_buffered: int = SUBMIT_BUFFER, spill_path: str | Path | None = None,
-                 retries: int = 5, retry_backoff_s: float = 0.25, max_query_chars: int = MAX_QUERY_CHARS,
-                 max_request_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        token: str | None = None,
+        *,
+        max_buffered: int = SUBMIT_BUFFER,
+        spill_path: str | Path | None = None,
+        retries: int = 5,
+        retry_backoff_s: float = 0.25,
+        max_query_chars: int = MAX_QUERY_CHARS,
+        max_request_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if timeout <= 0:
@@ -87,7 +98,9 @@ class RemoteClient:
         if max_buffered < 1:
             raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
         if retries < 0 or retry_backoff_s < 0:
-            raise ValueError(f"retries and retry_backoff_s must be >= 0, got {retries} and {retry_backoff_s}")
+            raise ValueError(
+                f"retries and retry_backoff_s must be >= 0, got {retries} and {retry_backoff_s}"
+            )
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
@@ -95,7 +108,10 @@ class RemoteClient:
         self.spill_path = Path(spill_path) if spill_path is not None else None
         self.retries, self.retry_backoff_s = int(retries), float(retry_backoff_s)
         if max_query_chars < 1 or max_request_bytes < 1:
-            raise ValueError(f"max_query_chars and max_request_bytes must be >= 1, got {max_query_chars} and {max_request_bytes}")
+            raise ValueError(
+                f"max_query_chars and max_request_bytes must be >= 1, got {max_query_chars} and "
+                f"{max_request_bytes}"
+            )
         self.max_query_chars, self.max_request_bytes = int(max_query_chars), int(max_request_bytes)
         self._http: httpx.Client | None = None
         self._pid = -1
@@ -122,25 +138,43 @@ class RemoteClient:
     # The httpx client, the combiner and the outbox hold sockets, locks and a thread: rebuild
     # them after pickling (and after forking).
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "timeout": self.timeout, "token": self.token, "max_buffered": self.max_buffered,
-                "spill_path": self.spill_path, "retries": self.retries, "retry_backoff_s": self.retry_backoff_s,
-                "max_query_chars": self.max_query_chars, "max_request_bytes": self.max_request_bytes}
+        return {
+            "url": self.url,
+            "timeout": self.timeout,
+            "token": self.token,
+            "max_buffered": self.max_buffered,
+            "spill_path": self.spill_path,
+            "retries": self.retries,
+            "retry_backoff_s": self.retry_backoff_s,
+            "max_query_chars": self.max_query_chars,
+            "max_request_bytes": self.max_request_bytes,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # "" keeps __init__ from reading the environment: the pickled token (or None) is the one.
-        self.__init__(state["url"], state["timeout"], "", max_buffered=state.get("max_buffered", SUBMIT_BUFFER),  # type: ignore[misc]
-                      spill_path=state.get("spill_path"), retries=state.get("retries", 5),
-                      retry_backoff_s=state.get("retry_backoff_s", 0.25),
-                      max_query_chars=state.get("max_query_chars", MAX_QUERY_CHARS),
-                      max_request_bytes=state.get("max_request_bytes", MAX_BODY_BYTES))
+        self.__init__(
+            state["url"],
+            state["timeout"],
+            "",
+            max_buffered=state.get("max_buffered", SUBMIT_BUFFER),  # type: ignore[misc]
+            spill_path=state.get("spill_path"),
+            retries=state.get("retries", 5),
+            retry_backoff_s=state.get("retry_backoff_s", 0.25),
+            max_query_chars=state.get("max_query_chars", MAX_QUERY_CHARS),
+            max_request_bytes=state.get("max_request_bytes", MAX_BODY_BYTES),
+        )
         self.token = state.get("token")
 
     def __repr__(self) -> str:  # never print the token
-        return f"RemoteClient({self.url!r}, timeout={self.timeout}, token={'***' if self.token else None})"
+        return (
+            f"RemoteClient({self.url!r}, timeout={self.timeout}, "
+            f"token={'***' if self.token else None})"
+        )
 
     @property
     def spill_file(self) -> Path:
-        """Where this process appends the requests it could not deliver (``spill_path`` or the default)."""
+        """Where this process appends the requests it could not deliver (``spill_path`` or
+        the default)."""
         return self.spill_path if self.spill_path is not None else default_spill_path(self.url)
 
     @property
@@ -156,46 +190,89 @@ class RemoteClient:
                     import httpx
 
                     headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-                    # Keep a connection alive per concurrent caller: reconnecting costs more than a call.
-                    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=60.0)
-                    self._http = httpx.Client(base_url=self.url, timeout=self.timeout, headers=headers, limits=limits)
+                    # Keep a connection alive per concurrent caller: reconnecting costs more than
+                    # a call.
+                    limits = httpx.Limits(
+                        max_connections=None, max_keepalive_connections=1024, keepalive_expiry=60.0
+                    )
+                    self._http = httpx.Client(
+                        base_url=self.url, timeout=self.timeout, headers=headers, limits=limits
+                    )
                     self._pid = os.getpid()
         return self._http
 
     def post_encoded(self, path: str, body: bytes) -> Any:
-        """One ``POST`` of an already JSON-encoded body (the outbox's batches, encoded once so a spill
-        writes the same bytes), without retries; the server's answer, or the client's errors."""
+        """One ``POST`` of an already JSON-encoded body (the outbox's batches, encoded once so a
+        spill writes the same bytes), without retries; the server's answer, or the
+        client's errors."""
         return self._call("POST", path, body=body)
 
-    def _call(self, method: str, path: str, payload: object = None, extra_wait: float = 0.0, body: bytes | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        payload: object = None,
+        extra_wait: float = 0.0,
+        body: bytes | None = None,
+    ) -> Any:
         import httpx
 
-        content = body if body is not None else None if payload is None else json.dumps(payload, ensure_ascii=False).encode()
+        content = (
+            body
+            if body is not None
+            else None
+            if payload is None
+            else json.dumps(payload, ensure_ascii=False).encode()
+        )
         headers = None if content is None else {"Content-Type": "application/json"}
         try:
-            resp = self._client().request(method, path, content=content, headers=headers, timeout=self.timeout + extra_wait)
+            resp = self._client().request(
+                method, path, content=content, headers=headers, timeout=self.timeout + extra_wait
+            )
         except httpx.HTTPError as exc:
-            raise ExperienceUnavailable(f"experience server {self.url}{path} unreachable: {type(exc).__name__}: {exc}") from exc
+            raise ExperienceUnavailable(
+                f"experience server {self.url}{path} unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
         status = resp.status_code
         if status < 400:
             return resp.json()
-        if status in (503, 507) and "Retry-After" in resp.headers:  # a write refused for a storage fault
-            raise StorageFault(f"experience server {self.url}{path} refused the write ({status}): {_detail(resp)}",
-                               cause=_detail(resp).partition(":")[0], status=status)
+        if (
+            status in (503, 507) and "Retry-After" in resp.headers
+        ):  # a write refused for a storage fault
+            raise StorageFault(
+                f"experience server {self.url}{path} refused the write ({status}): {_detail(resp)}",
+                cause=_detail(resp).partition(":")[0],
+                status=status,
+            )
         if status >= 500:
-            raise ExperienceUnavailable(f"experience server {self.url}{path} failed ({status}): {resp.text[:500]}")
+            raise ExperienceUnavailable(
+                f"experience server {self.url}{path} failed ({status}): {resp.text[:500]}"
+            )
         detail = _detail(resp)
         if status == 401:
-            need = "a wrong token was sent" if self.token else f"no token was sent (set {TOKEN_ENV} or pass token=)"
-            raise ExperienceAuthError(f"experience server {self.url}{path} refused the call (401): {need}; server said: {detail}")
+            need = (
+                "a wrong token was sent"
+                if self.token
+                else f"no token was sent (set {TOKEN_ENV} or pass token=)"
+            )
+            raise ExperienceAuthError(
+                f"experience server {self.url}{path} refused the call (401): {need}; server "
+                f"said: {detail}"
+            )
         if status == 409:
             raise StepOrderError(detail)
         # A 4xx is our bug or bad input, not an outage: say which field the server rejected.
-        raise Rejected(f"experience server {self.url}{path} rejected the request ({status}): {detail}", detail)
+        raise Rejected(
+            f"experience server {self.url}{path} rejected the request ({status}): {detail}", detail
+        )
 
     def _send_searches(self, queries: list[str]) -> list[ExperienceRef | None]:
         if len(queries) == 1:  # /search: the server coalesces it with other processes' searches
-            return [ExperienceRef.from_dict(self._call("POST", "/search", {"query": queries[0]})["entry"])]
+            return [
+                ExperienceRef.from_dict(
+                    self._call("POST", "/search", {"query": queries[0]})["entry"]
+                )
+            ]
         return self._search_many(queries)
 
     def _search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
@@ -203,7 +280,9 @@ class RemoteClient:
         per_call = max(1, min(MAX_BATCH, (1 << 20) // self.max_query_chars))
         refs: list[ExperienceRef | None] = []
         for i in range(0, len(queries), per_call):
-            out = self._call("POST", "/search_many", {"queries": queries[i:i + per_call]})["entries"]
+            out = self._call("POST", "/search_many", {"queries": queries[i : i + per_call]})[
+                "entries"
+            ]
             refs += [ExperienceRef.from_dict(d) for d in out]
         return refs
 
@@ -216,8 +295,14 @@ class RemoteClient:
             return []
         return self._search_many([str(q)[: self.max_query_chars] for q in queries])
 
-    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
-        body = {"query": str(query)[:MAX_TEXT], "entry": entry.to_dict(), "context": str(context)[:MAX_TEXT]}
+    def ask(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, dict[str, Any] | None]:
+        body = {
+            "query": str(query)[:MAX_TEXT],
+            "entry": entry.to_dict(),
+            "context": str(context)[:MAX_TEXT],
+        }
         out = self._call("POST", "/ask", body)
         return str(out["answer"]), out.get("provenance")
 
@@ -230,7 +315,9 @@ class RemoteClient:
         # sender encodes it, e.g. the one an AsyncVectorEnv worker pickles to the trainer, must
         # carry the id the server gets (credit bonuses are keyed by it).
         _ = request.request_id
-        check_request_size(request, self.max_request_bytes)  # it could never be delivered: say so now
+        check_request_size(
+            request, self.max_request_bytes
+        )  # it could never be delivered: say so now
         self._here()[1].put(request)
 
     def flush(self, timeout: float | None = None) -> None:
@@ -245,15 +332,24 @@ class RemoteClient:
         """Take up to ``max_n`` queued requests. One that does not parse (a server of another
         version, a damaged spill line) is skipped, counted in ``malformed_requests`` and logged:
         raising would drop the good ones that came with it, already taken off the queue."""
-        out = self._call("POST", "/get_requests", {"max_n": max_n, "timeout": timeout}, extra_wait=timeout)
+        out = self._call(
+            "POST", "/get_requests", {"max_n": max_n, "timeout": timeout}, extra_wait=timeout
+        )
         got = []
         for i, d in enumerate(out.get("requests") or []):
             try:
                 got.append(DistillationRequest.from_dict(d))
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 self.malformed_requests += 1
-                logger.error("%s: skipping malformed request %d of %d (%s: %s): %.200r",
-                             self.url, i, len(out["requests"]), type(exc).__name__, exc, d)
+                logger.error(
+                    "%s: skipping malformed request %d of %d (%s: %s): %.200r",
+                    self.url,
+                    i,
+                    len(out["requests"]),
+                    type(exc).__name__,
+                    exc,
+                    d,
+                )
         return got
 
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
@@ -262,7 +358,10 @@ class RemoteClient:
         call ``end_step`` again to close it without the spilled requests). Only this process's
         buffer is flushed: over ``AsyncVectorEnv`` workers, each with its own copy of the client,
         use :func:`crl_gym.wrappers.vector.end_step` (it flushes every worker, then calls this)."""
-        body = {"step": check_step(step), "bonus": None if bonus is None else {str(k): float(v) for k, v in bonus.items()}}
+        body = {
+            "step": check_step(step),
+            "bonus": None if bonus is None else {str(k): float(v) for k, v in bonus.items()},
+        }
         self.flush()
         return StepEnded.from_dict(self._call("POST", "/end_step", body))
 
@@ -284,7 +383,8 @@ class RemoteClient:
 
     # -- bank administration (see docs/service.md) ---------------------------------------------
     def snapshot_bank(self, name: str | None = None) -> dict[str, Any]:
-        """Snapshot the server's bank as ``name`` (default: the time); returns the snapshot's description."""
+        """Snapshot the server's bank as ``name`` (default: the time); returns the
+        snapshot's description."""
         out: dict[str, Any] = self._call("POST", "/snapshot", {"name": name})
         return out
 
@@ -297,9 +397,14 @@ class RemoteClient:
         out: dict[str, Any] = self._call("POST", "/restore", {"name": name})
         return out
 
-    def quarantine(self, written_by: str, steps: str = ":", *, undo: bool = False) -> dict[str, Any]:
-        """Hide (``undo``: bring back) what ``written_by`` wrote at steps ``"A:B"`` on the server."""
-        out: dict[str, Any] = self._call("POST", "/quarantine", {"written_by": written_by, "steps": steps, "undo": undo})
+    def quarantine(
+        self, written_by: str, steps: str = ":", *, undo: bool = False
+    ) -> dict[str, Any]:
+        """Hide (``undo``: bring back) what ``written_by`` wrote at steps ``"A:B"`` on
+        the server."""
+        out: dict[str, Any] = self._call(
+            "POST", "/quarantine", {"written_by": written_by, "steps": steps, "undo": undo}
+        )
         return out
 
     def stats(self) -> ServiceStats:
@@ -316,7 +421,10 @@ class RemoteClient:
         if box.pid == os.getpid():
             try:
                 box.flush()
-            except (ExperienceUnavailable, ValueError) as exc:  # ExperienceAuthError is a ValueError
+            except (
+                ExperienceUnavailable,
+                ValueError,
+            ) as exc:  # ExperienceAuthError is a ValueError
                 logger.error("%s: close: %s", self.url, exc)
             box.stop(self.timeout)
         if self._http is not None and self._pid == os.getpid():

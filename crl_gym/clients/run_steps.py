@@ -59,7 +59,8 @@ class RunSteps:
         return step if step < 0 else self.base + step
 
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
-        """``client.end_step`` of run step ``step`` (the answer's ``step`` is the service's number)."""
+        """``client.end_step`` of run step ``step`` (the answer's ``step`` is the
+        service's number)."""
         return self.client.end_step(self.service_step(step), bonus)
 
 

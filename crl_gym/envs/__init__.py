@@ -6,4 +6,12 @@ from crl_gym.envs.registry import ENVS, MissingExtraError, make, register_all
 
 register_all()
 
-__all__ = ["ENTRY_POINT_GROUP", "ENVS", "MissingExtraError", "UnknownEnvError", "make", "register_all", "resolve"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENVS",
+    "MissingExtraError",
+    "UnknownEnvError",
+    "make",
+    "register_all",
+    "resolve",
+]

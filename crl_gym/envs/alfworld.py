@@ -64,13 +64,14 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
     raw = data_dir if data_dir is not None else os.environ.get(DATA_ENV_VAR)
     if not raw:
         raise ALFWorldDataError(
-            f"ALFWorld needs its game files: set {DATA_ENV_VAR} (or pass data_dir=) to the directory "
-            f"that alfworld-download filled. See {DOCS_SECTION}."
+            f"ALFWorld needs its game files: set {DATA_ENV_VAR} (or pass data_dir=) to the "
+            f"directory that alfworld-download filled. See {DOCS_SECTION}."
         )
     path = Path(raw).expanduser()
     if not path.is_dir():
         raise ALFWorldDataError(
-            f"{DATA_ENV_VAR} / data_dir points to {path}, which is not a directory. See {DOCS_SECTION}."
+            f"{DATA_ENV_VAR} / data_dir points to {path}, which is not a directory. See "
+            f"{DOCS_SECTION}."
         )
     return path
 
@@ -121,13 +122,14 @@ class ALFWorldEnv(TextWorldEnv):
 
     Args:
         data_dir: the ALFWorld data root (defaults to ``$ALFWORLD_DATA``). Games are searched
-            under ``<data_dir>/json_2.1.1/<split dir>`` if that exists, else ``<data_dir>/<split dir>``,
-            else ``<data_dir>`` itself.
+            under ``<data_dir>/json_2.1.1/<split dir>`` if that exists, else
+            ``<data_dir>/<split dir>``, else ``<data_dir>`` itself.
         split: ``train``, ``eval_in_distribution`` / ``valid_seen`` or
             ``eval_out_of_distribution`` / ``valid_unseen``.
         task_types: ALFWorld task-type ids (1-6) to keep.
         max_turns: turn limit (the paper: 40).
-        expert_plan: expose the PDDL planner's plan from the current state as ``info["expert_plan"]``.
+        expert_plan: expose the PDDL planner's plan from the current state as
+            ``info["expert_plan"]``.
     """
 
     def __init__(
@@ -157,15 +159,22 @@ class ALFWorldEnv(TextWorldEnv):
         self.data_dir = root
         self.split = split
         super().__init__(
-            games, max_turns=max_turns, render_mode=render_mode, reward_mode="success",
-            expert_plan=expert_plan, cache_size=cache_size,
+            games,
+            max_turns=max_turns,
+            render_mode=render_mode,
+            reward_mode="success",
+            expert_plan=expert_plan,
+            cache_size=cache_size,
         )
 
     def _request_infos(self) -> textworld.EnvInfos:
         import textworld
 
         return textworld.EnvInfos(
-            won=True, admissible_commands=True, extras=["gamefile"], policy_commands=self.expert_plan
+            won=True,
+            admissible_commands=True,
+            extras=["gamefile"],
+            policy_commands=self.expert_plan,
         )
 
     def _load(self, path: Path) -> Environment:

@@ -67,7 +67,9 @@ class GEMEnv(TextEnv):
         if env_id is None and env is None:
             raise MissingEnvArgumentError(f"GEMEnv needs {GEM_USAGE}")
         if env_id is not None and env is not None:
-            raise ValueError("give exactly one of env_id (a gem-llm id) or env (a GEM-style object), not both")
+            raise ValueError(
+                "give exactly one of env_id (a gem-llm id) or env (a GEM-style object), not both"
+            )
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.env_id = env_id or type(env).__name__
         self.gem_env = env if env is not None else _gem_make(env_id, **env_kwargs)  # type: ignore[arg-type]
@@ -82,7 +84,9 @@ class GEMEnv(TextEnv):
         self.errors = 0
         """Exceptions raised by the wrapped env's ``step`` (turned into invalid-action turns)."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         # GEM seeds Python's and numpy's global RNGs; deriving its seed from ours makes every
         # reset after a seeded one reproducible too
@@ -97,14 +101,22 @@ class GEMEnv(TextEnv):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
-            return self._emit("The episode is over; call reset()."), 0.0, True, False, self._info({})
+            return (
+                self._emit("The episode is over; call reset()."),
+                0.0,
+                True,
+                False,
+                self._info({}),
+            )
         self.turn += 1
         self._invalid = False
         try:
             obs, reward, terminated, truncated, info = self.gem_env.step(str(action))
         except Exception as exc:  # a GEM env that raises on bad input must not kill the rollout
             self.errors += 1
-            log.warning("%s raised on action %r: %r (counted as an invalid turn)", self.env_id, action, exc)
+            log.warning(
+                "%s raised on action %r: %r (counted as an invalid turn)", self.env_id, action, exc
+            )
             self._invalid = True
             obs = self.invalid_action_observation(action, self._valid_actions(), prefix=f"{exc}. ")
             obs += "\n\n" + self._last_obs  # the view is unchanged: show it again
@@ -132,8 +144,13 @@ class GEMEnv(TextEnv):
 
     def _info(self, gem_info: dict[str, Any]) -> JSONDict:
         info = dict(gem_info or {})
-        info.update(task=self.task, turn=self.turn, success=self._success, gem_env_id=self.env_id,
-                    invalid_action=self._invalid)
+        info.update(
+            task=self.task,
+            turn=self.turn,
+            success=self._success,
+            gem_env_id=self.env_id,
+            invalid_action=self._invalid,
+        )
         valid = self._valid_actions()
         if valid:
             info["admissible_actions"] = valid

@@ -29,18 +29,20 @@ ENTRY_POINT_GROUP = "crl_gym.envs"
 it registers its ids with ``gymnasium.register``) or a callable (called once, with no arguments)."""
 
 HOW_TO_REGISTER = (
-    "To use an env of your own: call gymnasium.register('MyEnv-v0', entry_point='mymodule:MyEnv') in a "
-    "module on PYTHONPATH and pass the id as 'mymodule:MyEnv-v0' (the module is imported first), or "
-    f"declare an entry point in the group {ENTRY_POINT_GROUP!r} of your package "
+    "To use an env of your own: call gymnasium.register('MyEnv-v0', entry_point='mymodule:MyEnv') "
+    "in a module on PYTHONPATH and pass the id as 'mymodule:MyEnv-v0' (the module is imported "
+    f"first), or declare an entry point in the group {ENTRY_POINT_GROUP!r} of your package "
     "(docs/wrappers.md, 'Train on your own env')."
 )
 
 _loaded: dict[str, str | None] = {}
-"""Entry point name -> None when it loaded, else why it did not (each is loaded once per process)."""
+"""Entry point name -> None when it loaded, else why it did not (each is loaded once
+per process)."""
 
 
 class UnknownEnvError(gym.error.UnregisteredEnv):
-    """An env id that no registry knows; the message lists the ``crl/`` ids and how to register one."""
+    """An env id that no registry knows; the message lists the ``crl/`` ids and how to
+    register one."""
 
 
 def load_entry_points() -> dict[str, str | None]:
@@ -56,8 +58,13 @@ def load_entry_points() -> dict[str, str | None]:
             _loaded[ep.name] = None
         except Exception as exc:  # noqa: BLE001 - one broken package must not hide the others' ids
             _loaded[ep.name] = f"{type(exc).__name__}: {exc}"
-            log.warning("entry point %r (%s) of group %r failed to load, its env ids are missing: %s",
-                        ep.name, ep.value, ENTRY_POINT_GROUP, _loaded[ep.name])
+            log.warning(
+                "entry point %r (%s) of group %r failed to load, its env ids are missing: %s",
+                ep.name,
+                ep.value,
+                ENTRY_POINT_GROUP,
+                _loaded[ep.name],
+            )
     return dict(_loaded)
 
 
@@ -70,15 +77,18 @@ def _registered(env_id: str) -> bool:
 
 
 def resolve(env_id: str) -> str:
-    """Make sure ``env_id`` is registered with Gymnasium (importing what registers it) and return it.
+    """Make sure ``env_id`` is registered with Gymnasium (importing what registers it) and
+    return it.
 
-    Raises :class:`UnknownEnvError` (a ``gymnasium.error.UnregisteredEnv``) when nothing registers it,
-    and ``ModuleNotFoundError`` naming the id when its ``module:`` part cannot be imported.
+    Raises :class:`UnknownEnvError` (a ``gymnasium.error.UnregisteredEnv``) when nothing registers
+    it, and ``ModuleNotFoundError`` naming the id when its ``module:`` part cannot be imported.
     """
     from crl_gym.envs.registry import ENVS, register_all
 
     if not isinstance(env_id, str) or not env_id.strip():
-        raise UnknownEnvError(f"an env id must be a non-empty string, got {env_id!r}. {HOW_TO_REGISTER}")
+        raise UnknownEnvError(
+            f"an env id must be a non-empty string, got {env_id!r}. {HOW_TO_REGISTER}"
+        )
     register_all()
     if env_id in ENVS:
         return env_id
@@ -88,11 +98,15 @@ def resolve(env_id: str) -> str:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(
-                f"env id {env_id!r}: its module {module!r} cannot be imported ({exc}); put the directory "
-                "that holds it on PYTHONPATH (or install its package)", name=exc.name) from exc
+                f"env id {env_id!r}: its module {module!r} cannot be imported ({exc}); put the "
+                "directory that holds it on PYTHONPATH (or install its package)",
+                name=exc.name,
+            ) from exc
         if _registered(name):
             return env_id
-        raise UnknownEnvError(f"env id {env_id!r}: importing {module!r} did not register {name!r}. {HOW_TO_REGISTER}")
+        raise UnknownEnvError(
+            f"env id {env_id!r}: importing {module!r} did not register {name!r}. {HOW_TO_REGISTER}"
+        )
     if _registered(env_id):
         return env_id
     failed = {k: v for k, v in load_entry_points().items() if v is not None}
@@ -100,7 +114,10 @@ def resolve(env_id: str) -> str:
         return env_id
     known = ", ".join(sorted(ENVS))
     broken = "".join(f" Entry point {k!r} failed to load: {v}." for k, v in failed.items())
-    raise UnknownEnvError(f"unknown environment {env_id!r}. Known crl environments: {known}.{broken} {HOW_TO_REGISTER}")
+    raise UnknownEnvError(
+        f"unknown environment {env_id!r}. Known crl environments: {known}.{broken} "
+        f"{HOW_TO_REGISTER}"
+    )
 
 
 __all__ = ["ENTRY_POINT_GROUP", "UnknownEnvError", "load_entry_points", "resolve"]

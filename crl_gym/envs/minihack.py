@@ -75,7 +75,8 @@ TASKS: dict[str, MiniHackTask] = {
     ),
     "MazeWalk-9x9": MiniHackTask(
         "MiniHack-MazeWalk-9x9-v0",
-        f"You are in a dark 9x9 maze; you only see the cells around you. Find the way through. {_GOAL}",
+        "You are in a dark 9x9 maze; you only see the cells around you. Find the way "
+        f"through. {_GOAL}",
     ),
     "KeyRoom-Dark-S5": MiniHackTask(
         "MiniHack-KeyRoom-Dark-S5-v0",

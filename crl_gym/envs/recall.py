@@ -81,7 +81,9 @@ _NAME_INDEX = {task_name(i): i for i in range(MAX_TASKS)}
 _TASK_IN_TEXT = re.compile(r"Task (\w+ \w+): repeat the \d+ secret actions")
 
 
-def holds_secret(entry: str, context: str, *, length: int, num_actions: int, secret_seed: int = 0) -> bool | None:
+def holds_secret(
+    entry: str, context: str, *, length: int, num_actions: int, secret_seed: int = 0
+) -> bool | None:
     r"""Whether an experience entry holds its task's secret: the action words it names, in order,
     are exactly the secret of the Recall task named in ``context`` (the entry's distillation prompt,
     or the task text). ``None`` when ``context`` names no Recall task. Only the task's own A action
@@ -138,7 +140,9 @@ class RecallEnv(TextEnv):
             raise ValueError(f"num_actions must be in [2, {len(ACTION_WORDS)}], got {num_actions}")
         if not 0.0 <= noise <= 1.0:
             raise ValueError(f"noise must be in [0, 1], got {noise}")
-        super().__init__(max_turns=2 * length if max_turns is None else max_turns, render_mode=render_mode)
+        super().__init__(
+            max_turns=2 * length if max_turns is None else max_turns, render_mode=render_mode
+        )
         self.num_tasks = num_tasks
         self.length = length
         self.num_actions = num_actions
@@ -157,15 +161,20 @@ class RecallEnv(TextEnv):
 
     @property
     def task(self) -> str:
-        """The task text (``info["task"]``): what retrieval searches the bank with. The name comes twice:
-        the text is then mostly the name, so even a bag-of-n-grams embedder tells 256 tasks apart."""
+        """The task text (``info["task"]``): what retrieval searches the bank with. The name comes
+        twice: the text is then mostly the name, so even a bag-of-n-grams embedder tells 256
+        tasks apart."""
         return f"Task {self.name}: repeat the {self.length} secret actions of {self.name}."
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        self.task_index = seed % self.num_tasks if seed is not None else int(self.np_random.integers(self.num_tasks))
+        self.task_index = (
+            seed % self.num_tasks
+            if seed is not None
+            else int(self.np_random.integers(self.num_tasks))
+        )
         self.name = task_name(self.task_index)
         self.secret = task_secret(self.task_index, self.length, self.num_actions, self.secret_seed)
         self.taken = []
@@ -187,8 +196,10 @@ class RecallEnv(TextEnv):
             message = self.invalid_action_observation(action, list(self._admissible)) + "\n"
         elif name != self.secret[len(self.taken)]:
             self._done = True
-            message = (f"Wrong action: {name} is not action {len(self.taken) + 1} of the secret sequence. "
-                       "The episode is over.\n")
+            message = (
+                f"Wrong action: {name} is not action {len(self.taken) + 1} of the secret sequence. "
+                "The episode is over.\n"
+            )
         else:
             self.taken.append(name)
             if len(self.taken) == self.length:
@@ -203,14 +214,21 @@ class RecallEnv(TextEnv):
 
     def _observation(self, message: str) -> str:
         # one draw per observation, from the episode's RNG: the same seed hides the same turns
-        self.history_hidden = bool(self.np_random.random() < self.noise) if self.noise > 0 else False
+        self.history_hidden = (
+            bool(self.np_random.random() < self.noise) if self.noise > 0 else False
+        )
         history = HIDDEN if self.history_hidden else (", ".join(self.taken) or "(none)")
-        status = ("The episode is over." if self._done
-                  else f"Turn {self.turn + 1}: action {len(self.taken) + 1} of {self.length}?")
+        status = (
+            "The episode is over."
+            if self._done
+            else f"Turn {self.turn + 1}: action {len(self.taken) + 1} of {self.length}?"
+        )
         # The action words are not listed (they are info["admissible_actions"], which a free-text
         # actor's runner appends): in a guided prompt the entry is then the only place they appear.
-        return (f"{message}Task: {self.name}. Play its secret sequence of {self.length} actions, one per turn; "
-                f"a wrong action ends the episode.\nActions so far: {history}\n{status}")
+        return (
+            f"{message}Task: {self.name}. Play its secret sequence of {self.length} actions, one "
+            f"per turn; a wrong action ends the episode.\nActions so far: {history}\n{status}"
+        )
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         return {

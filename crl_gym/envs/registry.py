@@ -40,25 +40,53 @@ TEXTWORLD_USAGE = (
     "env.kwargs: {game_files: games/})"
 )
 GEM_USAGE = (
-    "env_id: a gem-llm id, e.g. crl_gym.envs.make('crl/GEM-v0', env_id='game:GuessTheNumber-v0-easy') "
-    "(in a crl-train config: env.kwargs: {env_id: 'game:GuessTheNumber-v0-easy'}), or env: an object with "
-    "GEM's reset/step"
+    "env_id: a gem-llm id, e.g. crl_gym.envs.make('crl/GEM-v0', "
+    "env_id='game:GuessTheNumber-v0-easy') (in a crl-train config: env.kwargs: {env_id: "
+    "'game:GuessTheNumber-v0-easy'}), or env: an object with GEM's reset/step"
 )
 
 ENVS: dict[str, EnvSpec] = {
-    "crl/MiniHack-Room-5x5-v0": EnvSpec("crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "Room-5x5"}, ("nle", "minihack")),
-    "crl/MiniHack-Room-Ultimate-5x5-v0": EnvSpec("crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "Room-Ultimate-5x5"}, ("nle", "minihack")),
-    "crl/MiniHack-MazeWalk-9x9-v0": EnvSpec("crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "MazeWalk-9x9"}, ("nle", "minihack")),
-    "crl/MiniHack-KeyRoom-Dark-S5-v0": EnvSpec("crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "KeyRoom-Dark-S5"}, ("nle", "minihack")),
-    "crl/MiniHack-River-Narrow-v0": EnvSpec("crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "River-Narrow"}, ("nle", "minihack")),
+    "crl/MiniHack-Room-5x5-v0": EnvSpec(
+        "crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "Room-5x5"}, ("nle", "minihack")
+    ),
+    "crl/MiniHack-Room-Ultimate-5x5-v0": EnvSpec(
+        "crl_gym.envs.minihack:MiniHackEnv",
+        "envs",
+        {"task": "Room-Ultimate-5x5"},
+        ("nle", "minihack"),
+    ),
+    "crl/MiniHack-MazeWalk-9x9-v0": EnvSpec(
+        "crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "MazeWalk-9x9"}, ("nle", "minihack")
+    ),
+    "crl/MiniHack-KeyRoom-Dark-S5-v0": EnvSpec(
+        "crl_gym.envs.minihack:MiniHackEnv",
+        "envs",
+        {"task": "KeyRoom-Dark-S5"},
+        ("nle", "minihack"),
+    ),
+    "crl/MiniHack-River-Narrow-v0": EnvSpec(
+        "crl_gym.envs.minihack:MiniHackEnv", "envs", {"task": "River-Narrow"}, ("nle", "minihack")
+    ),
     "crl/Sokoban-6x6-v0": EnvSpec("crl_gym.envs.sokoban:SokobanEnv"),
     "crl/Recall-v0": EnvSpec("crl_gym.envs.recall:RecallEnv"),
-    "crl/ALFWorld-v0": EnvSpec("crl_gym.envs.alfworld:ALFWorldEnv", "envs", {}, ("alfworld", "textworld")),
+    "crl/ALFWorld-v0": EnvSpec(
+        "crl_gym.envs.alfworld:ALFWorldEnv", "envs", {}, ("alfworld", "textworld")
+    ),
     "crl/WebShop-v0": EnvSpec("crl_gym.envs.webshop.env:WebShopEnv"),
-    "crl/TextWorld-v0": EnvSpec("crl_gym.envs.textworld_env:TextWorldEnv", "envs", {}, ("textworld",),
-                                ("game_files",), TEXTWORLD_USAGE),
-    "crl/GEM-v0": EnvSpec("crl_gym.envs.gem_adapter:GEMEnv", "gem", {}, ("gem",), ("env_id", "env"), GEM_USAGE),
-    "crl/SWEBench-v0": EnvSpec("crl_gym.envs.swebench.env:SWEBenchEnv", "swe", {}, ("docker", "swebench")),
+    "crl/TextWorld-v0": EnvSpec(
+        "crl_gym.envs.textworld_env:TextWorldEnv",
+        "envs",
+        {},
+        ("textworld",),
+        ("game_files",),
+        TEXTWORLD_USAGE,
+    ),
+    "crl/GEM-v0": EnvSpec(
+        "crl_gym.envs.gem_adapter:GEMEnv", "gem", {}, ("gem",), ("env_id", "env"), GEM_USAGE
+    ),
+    "crl/SWEBench-v0": EnvSpec(
+        "crl_gym.envs.swebench.env:SWEBenchEnv", "swe", {}, ("docker", "swebench")
+    ),
 }
 
 
@@ -71,21 +99,26 @@ class MissingEnvArgumentError(TypeError):
 
 
 def check_arguments(env_id: str, spec: EnvSpec, kwargs: dict[str, Any]) -> None:
-    """Raise :class:`MissingEnvArgumentError` when none of ``spec.needs`` is given, or (for an adapter
-    without ``needs``) when a required parameter of its class is missing."""
+    """Raise :class:`MissingEnvArgumentError` when none of ``spec.needs`` is given, or (for an
+    adapter without ``needs``) when a required parameter of its class is missing."""
     given = {**spec.kwargs, **kwargs}
     if spec.needs and all(given.get(k) is None for k in spec.needs):
         raise MissingEnvArgumentError(f"{env_id} needs {spec.usage or ' or '.join(spec.needs)}")
     if not spec.needs:
         module_name, class_name = spec.entry_point.split(":")
         cls = getattr(importlib.import_module(module_name), class_name)
-        missing = [p.name for p in inspect.signature(cls).parameters.values()
-                   if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                   and p.name not in given]
+        missing = [
+            p.name
+            for p in inspect.signature(cls).parameters.values()
+            if p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in given
+        ]
         if missing:
             raise MissingEnvArgumentError(
                 f"{env_id} needs {', '.join(missing)}: pass it to crl_gym.envs.make({env_id!r}, "
-                f"{missing[0]}=...) (in a crl-train config: env.kwargs)")
+                f"{missing[0]}=...) (in a crl-train config: env.kwargs)"
+            )
 
 
 def _check_requirements(env_id: str, spec: EnvSpec) -> None:
@@ -93,9 +126,14 @@ def _check_requirements(env_id: str, spec: EnvSpec) -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            hint = f"pip install 'complementary-rl[{spec.extra}]'" if spec.extra else "reinstall complementary-rl"
+            hint = (
+                f"pip install 'complementary-rl[{spec.extra}]'"
+                if spec.extra
+                else "reinstall complementary-rl"
+            )
             raise MissingExtraError(
-                f"{env_id} needs the package {module!r}, which is not installed ({exc}). Install it with: {hint}"
+                f"{env_id} needs the package {module!r}, which is not installed ({exc}). Install "
+                f"it with: {hint}"
             ) from exc
 
 
@@ -128,6 +166,8 @@ def make(env_id: str, **kwargs: Any) -> gym.Env:
 
     resolve(env_id)
     spec = ENVS.get(env_id)
-    if spec is not None and spec.needs:  # before gym.make, which would append its own note to the message
+    if (
+        spec is not None and spec.needs
+    ):  # before gym.make, which would append its own note to the message
         check_arguments(env_id, spec, kwargs)
     return gym.make(env_id, **kwargs)

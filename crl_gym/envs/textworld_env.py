@@ -58,7 +58,9 @@ def find_games(source: str | Path | Sequence[str | Path]) -> list[Path]:
             found = [p for p in path.rglob("*") if p.suffix in GAME_SUFFIXES and p.is_file()]
             # a tw-make output dir holds game.z8 *and* game.json: keep the playable file only
             playable = {p.with_suffix("") for p in found if p.suffix in (".z8", ".ulx")}
-            games += [p for p in found if not (p.suffix == ".json" and p.with_suffix("") in playable)]
+            games += [
+                p for p in found if not (p.suffix == ".json" and p.with_suffix("") in playable)
+            ]
         elif path.is_file():
             games.append(path)
         else:
@@ -116,8 +118,13 @@ class TextWorldEnv(TextEnv):
         import textworld
 
         return textworld.EnvInfos(
-            admissible_commands=True, won=True, lost=True, score=True, max_score=True,
-            objective=True, policy_commands=self.expert_plan,
+            admissible_commands=True,
+            won=True,
+            lost=True,
+            score=True,
+            max_score=True,
+            objective=True,
+            policy_commands=self.expert_plan,
         )
 
     def _load(self, path: Path) -> Environment:
@@ -157,7 +164,9 @@ class TextWorldEnv(TextEnv):
             return self.game_files[choice % len(self.game_files)]
         return Path(choice)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self.game_file = self._pick(options)
         self._game = self._get_game(self.game_file)

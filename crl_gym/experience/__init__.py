@@ -13,7 +13,17 @@ from crl_gym.experience.manager import ApplyResult, ExperienceManager
 from crl_gym.experience.rwlock import RWLock
 
 __all__ = [
-    "ApplyResult", "BankCorruptError", "Embedder", "ExperienceBank", "ExperienceEntry",
-    "ExperienceManager", "HashingEmbedder", "ManagerConfig", "PendingAdd", "PendingUpdate",
-    "RWLock", "SentenceTransformerEmbedder", "load_embedder",
+    "ApplyResult",
+    "BankCorruptError",
+    "Embedder",
+    "ExperienceBank",
+    "ExperienceEntry",
+    "ExperienceManager",
+    "HashingEmbedder",
+    "ManagerConfig",
+    "PendingAdd",
+    "PendingUpdate",
+    "RWLock",
+    "SentenceTransformerEmbedder",
+    "load_embedder",
 ]

@@ -79,20 +79,22 @@ class PendingAdd:
     source: str = ""
     """The task the entry was distilled from ("" for none)."""
     key: str | None = None
-    """The text ``embedding`` was computed from, when not ``text`` (:mod:`crl_gym.experience.keys`)."""
+    """The text ``embedding`` was computed from, when not ``text``
+    (:mod:`crl_gym.experience.keys`)."""
 
 
 @dataclass
 class PendingUpdate:
-    """A new text (and its embedding) for an existing entry in :meth:`ExperienceBank.apply_batch`."""
+    """A new text (and its embedding) for an existing entry in
+    :meth:`ExperienceBank.apply_batch`."""
 
     id: int
     text: str
     embedding: np.ndarray
     provenance: ExtractorSample | None = None
     key: str | None = None
-    """The text ``embedding`` was computed from, when not ``text``; the entry keeps its ``source``."""
-
+    """The text ``embedding`` was computed from, when not ``text``; the entry keeps
+    its ``source``."""
 
 
 def _entry_text(text: object, what: str) -> str:
@@ -114,7 +116,9 @@ def _key(key: object, what: str) -> str | None:
 
 
 def _check_capacity(capacity: int | None, eviction: str) -> tuple[int | None, str]:
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+    if capacity is not None and (
+        isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
+    ):
         raise ValueError(f"capacity must be an integer >= 1 or None, got {capacity!r}")
     if eviction not in EVICTIONS:
         raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
@@ -129,8 +133,16 @@ def _copy(e: ExperienceEntry) -> ExperienceEntry:
 class ExperienceBank(BankCounters):
     """Persistent (``path`` = directory) or in-memory (``path=None``) experience bank."""
 
-    def __init__(self, path: str | Path | None, dim: int, *, embedder_name: str | None = None,
-                 create: bool = True, capacity: int | None = None, eviction: str = "fifo") -> None:
+    def __init__(
+        self,
+        path: str | Path | None,
+        dim: int,
+        *,
+        embedder_name: str | None = None,
+        create: bool = True,
+        capacity: int | None = None,
+        eviction: str = "fifo",
+    ) -> None:
         """Open (or create) the bank in directory ``path`` (``None``: in memory).
 
         ``embedder_name`` (e.g. :func:`~crl_gym.experience.embedders.embedder_name` of the embedder
@@ -143,7 +155,8 @@ class ExperienceBank(BankCounters):
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.capacity, self.eviction = _check_capacity(capacity, eviction)
         self.evicted_count = 0
-        """Entries this bank object evicted for its capacity (the event log keeps every eviction)."""
+        """Entries this bank object evicted for its capacity (the event log keeps
+        every eviction)."""
         self.dim = int(dim)
         self.embedder_name = embedder_name
         self._create = create
@@ -164,7 +177,9 @@ class ExperienceBank(BankCounters):
             raise
 
     def _open_store(self, *, rebuild_index: bool = False) -> None:
-        self._store = SQLiteStore(None if self.path is None else self.path / DB_FILE, create=self._create)
+        self._store = SQLiteStore(
+            None if self.path is None else self.path / DB_FILE, create=self._create
+        )
         try:
             self.embedder_name = check_embedder(self._store, self.dim, self.embedder_name)
             self._next_id = int(self._store.get_meta("next_id") or 1)
@@ -173,17 +188,25 @@ class ExperienceBank(BankCounters):
             self._texts = SharedEmbeddings()  # copies of one text share its vector: see that module
             shared = self._texts.load(self._entries)
             if shared:
-                log.info("%s: %d entries repeat the text of another; they share its vector", self._store.file, len(shared))
+                log.info(
+                    "%s: %d entries repeat the text of another; they share its vector",
+                    self._store.file,
+                    len(shared),
+                )
                 self._entries.update(shared)
         except BaseException:
             self._store.close()
             raise
         self._dirty_stats: set[int] = set()
         self._last_step = self._store.last_event_step()
-        # r̄(m) bookkeeping in memory (reward sum, episodes), for ranking and eviction on the hot path
+        # r̄(m) bookkeeping in memory (reward sum, episodes), for ranking and eviction on the
+        # hot path
         self._credit = {i: v for i, v in self._store.load_credit().items() if i in self._entries}
-        # a reload after a quarantine changed which entries are visible: build, no recovery to report
-        self._index = VectorIndex.build(self.dim, self._vectors()) if rebuild_index else self._open_index()
+        # a reload after a quarantine changed which entries are visible: build, no recovery
+        # to report
+        self._index = (
+            VectorIndex.build(self.dim, self._vectors()) if rebuild_index else self._open_index()
+        )
         if self.capacity is not None and len(self._entries) > self.capacity:
             self._evict_now()
 
@@ -226,7 +249,9 @@ class ExperienceBank(BankCounters):
             raise ValueError("backup: an in-memory bank has no files; use export_jsonl")
         target = Path(target)
         if (target / DB_FILE).exists():
-            raise FileExistsError(f"backup: {target / DB_FILE} exists; back up into a new directory")
+            raise FileExistsError(
+                f"backup: {target / DB_FILE} exists; back up into a new directory"
+            )
         target.mkdir(parents=True, exist_ok=True)
         self.flush_stats()
         with self.lock.read(), self._db_lock:
@@ -247,7 +272,9 @@ class ExperienceBank(BankCounters):
         from crl_gym.experience.store import open_readonly
 
         source = Path(source)
-        src = open_readonly(source / DB_FILE, immutable=True)  # BankCorruptError naming the file if not a bank
+        src = open_readonly(
+            source / DB_FILE, immutable=True
+        )  # BankCorruptError naming the file if not a bank
         try:
             with self.lock.write(), self._db_lock:
                 src.backup(self._store.conn)
@@ -269,10 +296,15 @@ class ExperienceBank(BankCounters):
         with self._db_lock:
             return self._store.origins(ids)
 
-    def quarantine(self, written_by: str, steps: tuple[int | None, int | None] = (None, None), *,
-                   undo: bool = False) -> list[int]:
-        """Hide (``undo``: bring back) every entry whose current text ``written_by`` wrote at a step in
-        ``steps`` (both ends included, ``None`` open; the model step for ``extractor``). Hidden
+    def quarantine(
+        self,
+        written_by: str,
+        steps: tuple[int | None, int | None] = (None, None),
+        *,
+        undo: bool = False,
+    ) -> list[int]:
+        """Hide (``undo``: bring back) every entry whose current text ``written_by`` wrote at a step
+        in ``steps`` (both ends included, ``None`` open; the model step for ``extractor``). Hidden
         entries stay in the database, out of retrieval, listings and writes. Returns their ids.
 
         >>> import numpy as np
@@ -292,19 +324,28 @@ class ExperienceBank(BankCounters):
             gen = self._generation + 1
             with self._storage(f"{'un' if undo else ''}quarantining what {written_by} wrote"):
                 ids = self._store.set_quarantined(written_by, steps, not undo, {"generation": gen})
-            self._generation = gen  # stored even when nothing matched: memory must agree with the file
+            self._generation = (
+                gen  # stored even when nothing matched: memory must agree with the file
+            )
             if ids:
                 if self.path is None:  # nothing to reopen: the memory is the bank
                     self._reload_in_memory()
                 else:
                     self._store.close()
                     self._open_store(rebuild_index=True)
-        log.info("bank %s: %s %d entries written by %s (steps %s)", self.path,
-                 "restored" if undo else "quarantined", len(ids), written_by, steps)
+        log.info(
+            "bank %s: %s %d entries written by %s (steps %s)",
+            self.path,
+            "restored" if undo else "quarantined",
+            len(ids),
+            written_by,
+            steps,
+        )
         return ids
 
     def find_writes(self, ids: Sequence[str]) -> dict[str, WriteRecord]:
-        """The client writes among ``ids`` this bank remembers as applied (:mod:`~crl_gym.experience.write_ids`)."""
+        """The client writes among ``ids`` this bank remembers as applied
+        (:mod:`~crl_gym.experience.write_ids`)."""
         with self._db_lock:
             return self._store.find_writes(ids)
 
@@ -337,16 +378,33 @@ class ExperienceBank(BankCounters):
         return v
 
     # -- writes ------------------------------------------------------------------------------
-    def _commit(self, upserts: list[ExperienceEntry], deletes: list[int], next_id: int,
-                events: Sequence[EntryEvent] = (), *, origins: Mapping[int, tuple[Origin, int]] | None = None,
-                write: WriteRecord | None = None) -> None:
+    def _commit(
+        self,
+        upserts: list[ExperienceEntry],
+        deletes: list[int],
+        next_id: int,
+        events: Sequence[EntryEvent] = (),
+        *,
+        origins: Mapping[int, tuple[Origin, int]] | None = None,
+        write: WriteRecord | None = None,
+    ) -> None:
         """Durably write, then swap into memory and the index, all under the writer lock. A write
-        that cannot be made durable raises :class:`~crl_gym.errors.StorageFault` and changes nothing."""
+        that cannot be made durable raises :class:`~crl_gym.errors.StorageFault` and
+        changes nothing."""
         with self.lock.write():
             gen = self._generation + 1
-            with self._db_lock, self._storage(f"writing {len(upserts)} entries and {len(deletes)} deletions"):
-                self._store.commit(upserts, deletes, {"next_id": next_id, "generation": gen}, events,
-                                   origins=origins, write=write)
+            with (
+                self._db_lock,
+                self._storage(f"writing {len(upserts)} entries and {len(deletes)} deletions"),
+            ):
+                self._store.commit(
+                    upserts,
+                    deletes,
+                    {"next_id": next_id, "generation": gen},
+                    events,
+                    origins=origins,
+                    write=write,
+                )
             self._generation, self._next_id = gen, next_id
             try:
                 stale = [e.id for e in upserts if e.id in self._entries] + deletes
@@ -399,8 +457,11 @@ class ExperienceBank(BankCounters):
                     raise KeyError(f"updates[{n}]: no entry with id {u.id}")
                 old = touched.get(u.id) or self._entries[u.id]
                 new = dataclasses.replace(
-                    old, text=_entry_text(u.text, f"updates[{n}]"), embedding=self._vector(u.embedding, f"updates[{n}]"),
-                    version=old.version + 1, history=[*old.history, old.text],
+                    old,
+                    text=_entry_text(u.text, f"updates[{n}]"),
+                    embedding=self._vector(u.embedding, f"updates[{n}]"),
+                    version=old.version + 1,
+                    history=[*old.history, old.text],
                     provenance=u.provenance if u.provenance is not None else old.provenance,
                     key=_key(u.key, f"updates[{n}]"),
                 )
@@ -411,37 +472,62 @@ class ExperienceBank(BankCounters):
                 tags = (a.tags,) if isinstance(a.tags, str) else tuple(a.tags)
                 if not all(isinstance(t, str) for t in tags):
                     raise ValueError(f"adds[{n}]: tags must be strings, got {a.tags!r}")
-                upserts.append(ExperienceEntry(
-                    id=next_id, text=_entry_text(a.text, f"adds[{n}]"), embedding=self._vector(a.embedding, f"adds[{n}]"),
-                    created_step=check_int(a.created_step, f"adds[{n}].created_step"), tags=tags,
-                    provenance=a.provenance, source=_source(a.source, f"adds[{n}]"), key=_key(a.key, f"adds[{n}]"),
-                ))
+                upserts.append(
+                    ExperienceEntry(
+                        id=next_id,
+                        text=_entry_text(a.text, f"adds[{n}]"),
+                        embedding=self._vector(a.embedding, f"adds[{n}]"),
+                        created_step=check_int(a.created_step, f"adds[{n}].created_step"),
+                        tags=tags,
+                        provenance=a.provenance,
+                        source=_source(a.source, f"adds[{n}]"),
+                        key=_key(a.key, f"adds[{n}]"),
+                    )
+                )
                 new_ids.append(next_id)
                 next_id += 1
             if next_id > MAX_ID:
                 raise OverflowError("the bank ran out of ids")
             evicted = self._victims(len(new_ids) - len(dels), exclude={*dels, *touched})
             dels += evicted
-            # a batch that alone adds more than the bank holds: its own first adds go too, never stored
-            surplus = (set(new_ids[: len(self._entries) + len(new_ids) - len(dels) - self.capacity])
-                       if self.capacity is not None else set())
+            # a batch that alone adds more than the bank holds: its own first adds go too,
+            # never stored
+            surplus = (
+                set(new_ids[: len(self._entries) + len(new_ids) - len(dels) - self.capacity])
+                if self.capacity is not None
+                else set()
+            )
             stillborn = [e for e in upserts if e.id in surplus]
             upserts = [e for e in upserts if e.id not in surplus]
             upserts = self._texts.share(upserts, self._entries, gone={*dels, *touched})
             replaced = [self._entries[i] for i in (*touched, *dels)]
             events = self._events(upserts, touched, dels, step, merged, evicted=set(evicted))
-            for e in stillborn:  # added and evicted in one batch: both logged, so the history adds up
+            for (
+                e
+            ) in stillborn:  # added and evicted in one batch: both logged, so the history adds up
                 at = e.created_step if step is None else int(step)
-                events += [EntryEvent(e.id, at, "add", e.version),
-                           EntryEvent(e.id, at, "evict", e.version,
-                                      detail={"text": e.text, "rule": self.eviction, "never_stored": True})]
+                events += [
+                    EntryEvent(e.id, at, "add", e.version),
+                    EntryEvent(
+                        e.id,
+                        at,
+                        "evict",
+                        e.version,
+                        detail={"text": e.text, "rule": self.eviction, "never_stored": True},
+                    ),
+                ]
             if origin is None:
                 origin = Origin("merge" if merged is not None else "user")
             if write is not None:
-                write = WriteRecord(write.id, write.kind, {**(write.result or {}), "added_ids": new_ids})
+                write = WriteRecord(
+                    write.id, write.kind, {**(write.result or {}), "added_ids": new_ids}
+                )
             at = self._last_step if step is None else int(step)
             # the step of the write: an Add without one is written at its created_step, as its event
-            origins = {e.id: (origin, e.created_step if step is None and e.id not in touched else at) for e in upserts}
+            origins = {
+                e.id: (origin, e.created_step if step is None and e.id not in touched else at)
+                for e in upserts
+            }
             self._commit(upserts, dels, next_id, events, origins=origins, write=write)
             evicted += [e.id for e in stillborn]
             self._texts.removed(replaced)
@@ -477,7 +563,8 @@ class ExperienceBank(BankCounters):
         return sorted(before - set(self._entries))
 
     def _victims(self, growth: int, exclude: set[int]) -> list[int]:
-        """Entries to evict so that the bank, grown by ``growth`` entries, holds at most ``capacity``."""
+        """Entries to evict so that the bank, grown by ``growth`` entries, holds at
+        most ``capacity``."""
         if self.capacity is None:
             return []
         over = len(self._entries) + growth - self.capacity
@@ -485,28 +572,60 @@ class ExperienceBank(BankCounters):
             return []
         candidates = [i for i in self._entries if i not in exclude]
         if over > len(candidates):
-            log.warning("bank capacity %d: one batch adds %d entries more than the bank can hold; its first "
-                        "adds are evicted", self.capacity, over - len(candidates))
-        return victims(self.eviction, candidates, min(over, len(candidates)), self.credit_stats(candidates))
+            log.warning(
+                "bank capacity %d: one batch adds %d entries more than the bank can hold; its "
+                "first adds are evicted",
+                self.capacity,
+                over - len(candidates),
+            )
+        return victims(
+            self.eviction, candidates, min(over, len(candidates)), self.credit_stats(candidates)
+        )
 
-    def _events(self, upserts: list[ExperienceEntry], touched: Mapping[int, ExperienceEntry], dels: list[int],
-                step: int | None, merged: Mapping[int, Sequence[int]] | None,
-                evicted: AbstractSet[int] = frozenset()) -> list[EntryEvent]:
-        """The entry-event rows of one ``apply_batch`` (see :data:`~crl_gym.experience.store.EVENT_KINDS`)."""
+    def _events(
+        self,
+        upserts: list[ExperienceEntry],
+        touched: Mapping[int, ExperienceEntry],
+        dels: list[int],
+        step: int | None,
+        merged: Mapping[int, Sequence[int]] | None,
+        evicted: AbstractSet[int] = frozenset(),
+    ) -> list[EntryEvent]:
+        """The entry-event rows of one ``apply_batch`` (see
+        :data:`~crl_gym.experience.store.EVENT_KINDS`)."""
         at = self._last_step if step is None else int(step)
-        into = {int(s): int(a) for a, srcs in (merged or {}).items() for s in srcs if int(s) != int(a)}
+        into = {
+            int(s): int(a) for a, srcs in (merged or {}).items() for s in srcs if int(s) != int(a)
+        }
         out: list[EntryEvent] = []
         for e in upserts:
             if e.id not in touched:
-                out.append(EntryEvent(e.id, e.created_step if step is None else at, "add", e.version))
+                out.append(
+                    EntryEvent(e.id, e.created_step if step is None else at, "add", e.version)
+                )
             elif merged is not None and e.id in merged:
-                out.append(EntryEvent(e.id, at, "merge", e.version, detail={"sources": sorted(int(x) for x in merged[e.id])}))
+                out.append(
+                    EntryEvent(
+                        e.id,
+                        at,
+                        "merge",
+                        e.version,
+                        detail={"sources": sorted(int(x) for x in merged[e.id])},
+                    )
+                )
             else:
                 out.append(EntryEvent(e.id, at, "update", e.version))
         for i in dels:
             old = self._entries[i]
-            kind = ("evict" if i in evicted else "merged_away" if i in into
-                    else "discard" if merged is not None else "delete")
+            kind = (
+                "evict"
+                if i in evicted
+                else "merged_away"
+                if i in into
+                else "discard"
+                if merged is not None
+                else "delete"
+            )
             detail: dict[str, Any] = {"text": old.text}
             if i in evicted:
                 detail["rule"] = self.eviction
@@ -527,15 +646,29 @@ class ExperienceBank(BankCounters):
                 conn.execute("PRAGMA query_only=OFF")
 
     def add(
-        self, text: str, embedding: np.ndarray, *, created_step: int = 0,
-        tags: Iterable[str] = (), provenance: ExtractorSample | None = None,
-        source: str = "", key: str | None = None,
+        self,
+        text: str,
+        embedding: np.ndarray,
+        *,
+        created_step: int = 0,
+        tags: Iterable[str] = (),
+        provenance: ExtractorSample | None = None,
+        source: str = "",
+        key: str | None = None,
     ) -> int:
-        """Add one entry; returns its id. ``embedding`` is of ``key`` when given, else of ``text``."""
-        return self.apply_batch([PendingAdd(text, embedding, created_step, tuple(tags), provenance, source, key)])[0]
+        """Add one entry; returns its id. ``embedding`` is of ``key`` when given, else
+        of ``text``."""
+        return self.apply_batch(
+            [PendingAdd(text, embedding, created_step, tuple(tags), provenance, source, key)]
+        )[0]
 
     def update(
-        self, id: int, text: str, embedding: np.ndarray, *, provenance: ExtractorSample | None = None
+        self,
+        id: int,
+        text: str,
+        embedding: np.ndarray,
+        *,
+        provenance: ExtractorSample | None = None,
     ) -> ExperienceEntry:
         """New text for ``id``: version + 1, the old text appended to ``history``."""
         with self.lock.write():
@@ -559,11 +692,13 @@ class ExperienceBank(BankCounters):
             return [None if (e := self._entries.get(int(i))) is None else _copy(e) for i in ids]
 
     def was_issued(self, id: int) -> bool:
-        """Whether ``id`` was ever given to an entry of this bank (ids grow and are never reused)."""
+        """Whether ``id`` was ever given to an entry of this bank (ids grow and are
+        never reused)."""
         return 0 < int(id) < self._next_id
 
     def search(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
-        """Top-``k`` (id, cosine similarity) per query row, best first; ``[]`` rows on an empty bank."""
+        """Top-``k`` (id, cosine similarity) per query row, best first; ``[]`` rows on an
+        empty bank."""
         q = np.asarray(vectors, dtype=np.float32)
         if q.ndim == 1:
             q = q[None, :]
@@ -631,7 +766,9 @@ class ExperienceBank(BankCounters):
             replaced = [self._entries[e.id] for e in entries if e.id in self._entries]
             entries = self._texts.share(entries, self._entries, gone={e.id for e in entries})
             imported = Origin("import")
-            self._commit(entries, [], next_id, origins={e.id: (imported, self._last_step) for e in entries})
+            self._commit(
+                entries, [], next_id, origins={e.id: (imported, self._last_step) for e in entries}
+            )
             self._texts.removed(replaced)
             self._texts.added(entries)
         return len(entries)
@@ -652,7 +789,9 @@ class ExperienceBank(BankCounters):
                 self._store.close()
                 self._closed = True
         finally:
-            if self._dir_lock is not None:  # released even when saving failed: the process may go on
+            if (
+                self._dir_lock is not None
+            ):  # released even when saving failed: the process may go on
                 unlock_directory(self._dir_lock)
                 self._dir_lock = None
 
@@ -667,6 +806,15 @@ class ExperienceBank(BankCounters):
 
 
 __all__ = [
-    "DB_FILE", "INDEX_FILE", "INDEX_META_FILE", "LOCK_FILE", "BankCorruptError", "BankEmbedderError", "BankLockedError",
-    "ExperienceBank", "PendingAdd", "PendingUpdate", "same_embedder",
+    "DB_FILE",
+    "INDEX_FILE",
+    "INDEX_META_FILE",
+    "LOCK_FILE",
+    "BankCorruptError",
+    "BankEmbedderError",
+    "BankLockedError",
+    "ExperienceBank",
+    "PendingAdd",
+    "PendingUpdate",
+    "same_embedder",
 ]

@@ -1,7 +1,8 @@
 """The counters a bank keeps beside its entries: retrievals, training, EDGE's utility and r̄(m).
 
 They are statistics, not part of :meth:`~crl_gym.experience.bank.ExperienceBank.apply_batch`'s
-atomic batches: each is persisted at once (or, for the manager's hot path, at :meth:`BankCounters.flush_stats`).
+atomic batches: each is persisted at once (or, for the manager's hot path, at
+:meth:`BankCounters.flush_stats`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class BankCounters:
-    """The counters' part of :class:`~crl_gym.experience.bank.ExperienceBank` (which owns the state below)."""
+    """The counters' part of :class:`~crl_gym.experience.bank.ExperienceBank` (which owns the
+    state below)."""
 
     lock: RWLock
     _db_lock: threading.Lock
@@ -55,15 +57,25 @@ class BankCounters:
             log.error("bank %s: %s", getattr(self, "path", None), fault)
             raise fault from exc
         if self.storage_fault is not None:
-            log.warning("bank %s: writes succeed again (the fault was: %s)", getattr(self, "path", None), self.storage_fault)
+            log.warning(
+                "bank %s: writes succeed again (the fault was: %s)",
+                getattr(self, "path", None),
+                self.storage_fault,
+            )
             self.storage_fault = None
 
     def record_credits(self, step: int, credits: Iterable[tuple[int, float, int]]) -> int:
-        """Log r̄(m) of a closed rollout step for each ``(entry id, r̄(m), episodes)`` and fold it into
-        the entry's r̄(m) over training (``entry_credit``); returns how many. The service calls this
-        as it credits a step: it is the only place r̄(m) is kept once B_φ has used it."""
-        rows = [(int(i), finite_float(v, f"record_credits: r̄({i})"), check_int(n, f"record_credits: episodes of {i}", low=0))
-                for i, v, n in credits]
+        """Log r̄(m) of a closed rollout step for each ``(entry id, r̄(m), episodes)`` and fold it
+        into the entry's r̄(m) over training (``entry_credit``); returns how many. The service calls
+        this as it credits a step: it is the only place r̄(m) is kept once B_φ has used it."""
+        rows = [
+            (
+                int(i),
+                finite_float(v, f"record_credits: r̄({i})"),
+                check_int(n, f"record_credits: episodes of {i}", low=0),
+            )
+            for i, v, n in credits
+        ]
         if not rows:
             return 0
         with self._db_lock:
@@ -87,8 +99,13 @@ class BankCounters:
                     out[i] = (c[0] / max(1, c[1]), c[1])
             return out
 
-    def _bump(self, sql: str, ids: Iterable[int], fn: Callable[[ExperienceEntry], tuple[Any, ...]],
-              persist: bool = True) -> int:
+    def _bump(
+        self,
+        sql: str,
+        ids: Iterable[int],
+        fn: Callable[[ExperienceEntry], tuple[Any, ...]],
+        persist: bool = True,
+    ) -> int:
         # The read lock keeps writers out: an update copies the counters of the entry it
         # replaces, so a concurrent increment on the old object would be lost.
         with self.lock.read(), self._db_lock:
@@ -109,7 +126,8 @@ class BankCounters:
         with self._db_lock:
             return {
                 i: (e.retrieval_count, e.last_retrieved)
-                for i in ids if (e := self._entries.get(i)) is not None
+                for i in ids
+                if (e := self._entries.get(i)) is not None
             }
 
     def record_retrieval(self, ids: Iterable[int], now: float, *, persist: bool = True) -> int:
@@ -120,10 +138,12 @@ class BankCounters:
         """
         if not math.isfinite(now):
             raise ValueError(f"record_retrieval: now must be a finite number, got {now!r}")
+
         def fn(e: ExperienceEntry) -> tuple[Any, ...]:
             e.retrieval_count += 1
             e.last_retrieved = max(e.last_retrieved, float(now))
             return (e.retrieval_count, e.last_retrieved, e.id)
+
         return self._bump(RETRIEVAL_SQL, ids, fn, persist)
 
     def flush_stats(self) -> int:
@@ -131,30 +151,38 @@ class BankCounters:
         with self._db_lock:
             params = [
                 (e.retrieval_count, e.last_retrieved, e.id)
-                for i in self._dirty_stats if (e := self._entries.get(i)) is not None
+                for i in self._dirty_stats
+                if (e := self._entries.get(i)) is not None
             ]
             if params and not getattr(self, "_closed", False):
-                with self._storage("saving retrieval counters"):  # a failure keeps them dirty: retried next flush
+                with self._storage(
+                    "saving retrieval counters"
+                ):  # a failure keeps them dirty: retried next flush
                     self._store.update_stats(RETRIEVAL_SQL, params)
             self._dirty_stats.clear()
             return len(params)
 
     def record_training(self, ids: Iterable[int], step: int) -> int:
         """c_train(m) += 1 and t_last(m) = step for each id (the trainer calls this per update)."""
+
         def fn(e: ExperienceEntry) -> tuple[Any, ...]:
             e.train_count += 1
             e.last_trained_step = max(e.last_trained_step, int(step))
             return (e.train_count, e.last_trained_step, e.id)
+
         return self._bump(
             "UPDATE entries SET train_count=?, last_trained_step=? WHERE id=?", ids, fn
         )
 
     def set_utility(self, id: int, value: float) -> None:
-        """Set the EDGE EMA utility of ``id`` (``KeyError`` if absent; a NaN or inf value is refused)."""
+        """Set the EDGE EMA utility of ``id`` (``KeyError`` if absent; a NaN or inf value
+        is refused)."""
         if int(id) not in self._entries:
             raise KeyError(f"set_utility: no entry with id {id}")
         utility = finite_float(value, f"set_utility({id}): utility")
+
         def fn(e: ExperienceEntry) -> tuple[Any, ...]:
             e.utility = utility
             return (e.utility, e.id)
+
         self._bump("UPDATE entries SET utility=? WHERE id=?", [int(id)], fn)

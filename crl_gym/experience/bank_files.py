@@ -1,8 +1,10 @@
-"""A bank directory's files and who may open them: the one-writer lock and the embedder the bank was built with.
+"""A bank directory's files and who may open them: the one-writer lock and the embedder the bank was
+built with.
 
-``DIR/bank.lock`` is held with ``flock(LOCK_EX)`` by the one open :class:`~crl_gym.experience.bank.ExperienceBank`
-of a directory (:func:`lock_directory`); the database records the embedder its vectors come from, and
-:func:`check_embedder` refuses another one, naming both.
+``DIR/bank.lock`` is held with ``flock(LOCK_EX)`` by the one open
+:class:`~crl_gym.experience.bank.ExperienceBank` of a directory (:func:`lock_directory`); the
+database records the embedder its vectors come from, and :func:`check_embedder` refuses another one,
+naming both.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class BankLockedError(RuntimeError):
 
 
 class BankEmbedderError(ValueError):
-    """The bank was built with another embedder (name or dimension) than the one it is opened with."""
+    """The bank was built with another embedder (name or dimension) than the one it is
+    opened with."""
 
 
 def same_embedder(a: str, b: str) -> bool:
@@ -55,9 +58,9 @@ def lock_directory(path: Path) -> IO[str]:
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise
         raise BankLockedError(
-            f"bank {path} is locked by PID {holder}; only one ExperienceBank may have a bank directory "
-            f"open at a time: close the other one (bank.close(), or stop that process), or open a copy "
-            f"of the directory"
+            f"bank {path} is locked by PID {holder}; only one ExperienceBank may have a bank "
+            "directory open at a time: close the other one (bank.close(), or stop that process), "
+            "or open a copy of the directory"
         ) from None
     f.seek(0)
     f.truncate()
@@ -88,21 +91,32 @@ def check_embedder(store: SQLiteStore, dim: int, embedder_name: str | None) -> s
         try:
             built_dim = int(stored_dim)
         except ValueError:
-            raise BankCorruptError(f"{store.file}: meta.dim is {stored_dim!r}, not a dimension") from None
-        name_mismatch = (stored_name is not None and embedder_name is not None
-                         and not same_embedder(stored_name, embedder_name))
+            raise BankCorruptError(
+                f"{store.file}: meta.dim is {stored_dim!r}, not a dimension"
+            ) from None
+        name_mismatch = (
+            stored_name is not None
+            and embedder_name is not None
+            and not same_embedder(stored_name, embedder_name)
+        )
         if built_dim != dim or name_mismatch:
-            built = f"embedding dim {built_dim}" + (f" (embedder {stored_name!r})" if stored_name else "")
+            built = f"embedding dim {built_dim}" + (
+                f" (embedder {stored_name!r})" if stored_name else ""
+            )
             asked = f"dim {dim}" + (f" (embedder {embedder_name!r})" if embedder_name else "")
             raise BankEmbedderError(
-                f"{store.file}: bank was created with {built}, but {asked} was requested; vectors of "
-                f"different embedders are not comparable: open it with the embedder it was built with, or "
-                f"export it (export_jsonl) and re-embed the texts into a new bank"
+                f"{store.file}: bank was created with {built}, but {asked} was requested; vectors "
+                "of different embedders are not comparable: open it with the embedder it was "
+                "built with, or export it (export_jsonl) and re-embed the texts into a new bank"
             )
     if embedder_name is not None and stored_name is None:
         if stored_dim is not None and store.get_meta("next_id") not in (None, "1"):
-            log.warning("%s: the bank does not say which embedder built it; recording %r (dim %d)",
-                        store.file, embedder_name, dim)
+            log.warning(
+                "%s: the bank does not say which embedder built it; recording %r (dim %d)",
+                store.file,
+                embedder_name,
+                dim,
+            )
         meta["embedder"] = embedder_name
     if meta:
         store.commit([], [], meta)

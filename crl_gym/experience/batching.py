@@ -7,9 +7,10 @@ send one HTTP request for all of them). They share two pieces, both here:
 
 * :class:`BatchLine` — the callers' items in arrival order and when a batch leaves: a dispatcher
   thread's :meth:`~BatchLine.next_batch` waits until ``batch_size`` items wait or the first has
-  waited ``max_wait_s`` (the manager: 16 or 1 ms); faces without a dispatcher :meth:`~BatchLine.start`
-  a batch at once while fewer than ``max_inflight`` are out, and :meth:`~BatchLine.finish` one
-  (handing on the next batch, if any waits). A batch holds at most ``max_batch`` items.
+  waited ``max_wait_s`` (the manager: 16 or 1 ms); faces without a dispatcher
+  :meth:`~BatchLine.start` a batch at once while fewer than ``max_inflight`` are out, and
+  :meth:`~BatchLine.finish` one (handing on the next batch, if any waits). A batch holds at most
+  ``max_batch`` items.
 * :func:`answer` — run a batch once and give each caller its own result or its own error:
   isolated (:func:`~crl_gym.experience.isolation.run_isolated`: a failed batch is retried one item
   at a time, so one bad query fails only its caller), or not, where a retry per item would
@@ -46,13 +47,26 @@ class BatchLine(Generic[T]):
     not only ``batch_size``. Thread-safe; :attr:`cond` is the condition a dispatcher waits on.
     """
 
-    def __init__(self, max_batch: int, *, max_inflight: int | None = None, batch_size: int = 1,
-                 max_wait_s: float = 0.0, adaptive: bool = True) -> None:
+    def __init__(
+        self,
+        max_batch: int,
+        *,
+        max_inflight: int | None = None,
+        batch_size: int = 1,
+        max_wait_s: float = 0.0,
+        adaptive: bool = True,
+    ) -> None:
         if max_batch < 1 or batch_size < 1 or (max_inflight is not None and max_inflight < 1):
-            raise ValueError(f"max_batch, batch_size and max_inflight must be >= 1, got {max_batch}, "
-                             f"{batch_size}, {max_inflight}")
+            raise ValueError(
+                f"max_batch, batch_size and max_inflight must be >= 1, got {max_batch}, "
+                f"{batch_size}, {max_inflight}"
+            )
         self.max_batch, self.max_inflight = int(max_batch), max_inflight
-        self.batch_size, self.max_wait_s, self.adaptive = int(batch_size), float(max_wait_s), adaptive
+        self.batch_size, self.max_wait_s, self.adaptive = (
+            int(batch_size),
+            float(max_wait_s),
+            adaptive,
+        )
         self.cond = threading.Condition(threading.Lock())
         self._waiting: deque[T] = deque()
         self.inflight = 0
@@ -81,7 +95,8 @@ class BatchLine(Generic[T]):
             return self._start()
 
     def start(self) -> list[T] | None:
-        """The next batch if one may go out (items wait, fewer than ``max_inflight`` out), else None."""
+        """The next batch if one may go out (items wait, fewer than ``max_inflight`` out),
+        else None."""
         with self.cond:
             return self._start()
 
@@ -97,7 +112,9 @@ class BatchLine(Generic[T]):
             self.inflight -= 1
 
     def _start(self) -> list[T] | None:
-        if not self._waiting or (self.max_inflight is not None and self.inflight >= self.max_inflight):
+        if not self._waiting or (
+            self.max_inflight is not None and self.inflight >= self.max_inflight
+        ):
             return None
         self.inflight += 1
         return self._take(len(self._waiting))
@@ -132,12 +149,18 @@ class BatchLine(Generic[T]):
             return True
 
 
-def answer(run: Callable[[list[T]], Sequence[R]], batch: list[T], *, isolate: bool,
-           catch: type[BaseException] = Exception) -> list[R | BaseException]:
+def answer(
+    run: Callable[[list[T]], Sequence[R]],
+    batch: list[T],
+    *,
+    isolate: bool,
+    catch: type[BaseException] = Exception,
+) -> list[R | BaseException]:
     """``run(batch)`` once: one result per item, where a result may be an exception for its item
     alone. When ``run`` raises ``catch``: ``isolate`` retries each item alone (its own exception in
     its place); otherwise every item gets the batch's exception. An answer of another length than
     its batch is the batch's failure (a ``ValueError``), so no caller is left without one."""
+
     def checked(items: list[T]) -> list[R]:
         out = list(run(items))
         if len(out) != len(items):

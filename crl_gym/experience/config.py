@@ -53,8 +53,8 @@ class ManagerConfig:
     """Refuse (and count) a new entry whose cosine similarity to an entry already in the bank, or to
     an earlier one of the same batch, is at least this; None = off (EDGE switches it on)."""
     name_task: bool = False
-    """Start each entry written from a distillation request with its episode's task (``<task>`` and a
-    newline before the text, unless the text already starts with it); not in the paper, whose
+    """Start each entry written from a distillation request with its episode's task (``<task>`` and
+    a newline before the text, unless the text already starts with it); not in the paper, whose
     extractor names the task itself. Retrieval embeds the entry's text (v_m = f_ψ(m)), so an entry
     that does not name its task is found for any task, and its credit (the outcome of the episode it
     guided) says little about the episode it was distilled from: a small extractor's entries do not
@@ -62,10 +62,10 @@ class ManagerConfig:
     actor reads it, the bank embeds it."""
 
     retrieve_by: RetrieveBy = "text"
-    """What an entry is found by (:mod:`crl_gym.experience.keys`): ``text`` (its text, v_m = f_ψ(m): the
-    paper), ``task`` (the task of the episode it was distilled from) or ``task_text`` (both). The key is
-    stored with the entry; an entry without a task (a user's) is found by its text. Chosen by
-    measurement: docs/results/retrieval_quality."""
+    """What an entry is found by (:mod:`crl_gym.experience.keys`): ``text`` (its text, v_m = f_ψ(m):
+    the paper), ``task`` (the task of the episode it was distilled from) or ``task_text`` (both).
+    The key is stored with the entry; an entry without a task (a user's) is found by its text.
+    Chosen by measurement: docs/results/retrieval_quality."""
 
     max_query_chars: int = 2000
     """Queries are cut to this many characters before they are embedded (longer ones are not
@@ -90,37 +90,69 @@ class ManagerConfig:
     """Which entries a full bank gives up: ``fifo`` (oldest first, the authors' rule) or
     ``least_useful`` (lowest credited r̄(m) first, never-credited entries counting as 0)."""
     pin_user_entries: bool = True
-    """A user's entries (written without an extractor sample: API, CLI, ``seed_entries``) are pinned:
-    the extractor's Update and Delete ops and the Merge never rewrite or delete them, only cite
-    them (:mod:`crl_gym.experience.pinning`; the tag ``crl:unpinned`` unpins one). False: the
+    """A user's entries (written without an extractor sample: API, CLI, ``seed_entries``) are
+    pinned: the extractor's Update and Delete ops and the Merge never rewrite or delete them, only
+    cite them (:mod:`crl_gym.experience.pinning`; the tag ``crl:unpinned`` unpins one). False: the
     extractor may rewrite them like its own (the paper compacts a run's seed entries too)."""
 
     def __post_init__(self) -> None:
         if self.dedup_similarity is not None and not -1.0 <= self.dedup_similarity <= 1.0:
-            raise ValueError(f"ManagerConfig.dedup_similarity must be in [-1, 1] or null, got {self.dedup_similarity!r}")
-        for name in ("batch_size", "num_workers", "max_batch_size", "cache_size", "overfetch",
-                     "queue_size", "max_query_chars"):
+            raise ValueError(
+                "ManagerConfig.dedup_similarity must be in [-1, 1] or null, got "
+                f"{self.dedup_similarity!r}"
+            )
+        for name in (
+            "batch_size",
+            "num_workers",
+            "max_batch_size",
+            "cache_size",
+            "overfetch",
+            "queue_size",
+            "max_query_chars",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ManagerConfig.{name} must be >= 1, got {value!r}")
-        for name in ("max_wait_ms", "diversity_lambda", "recency_window_s",
-                     "stats_flush_interval_s", "persist_interval_s"):
+        for name in (
+            "max_wait_ms",
+            "diversity_lambda",
+            "recency_window_s",
+            "stats_flush_interval_s",
+            "persist_interval_s",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0 or value != value:
                 raise ValueError(f"ManagerConfig.{name} must be a number >= 0, got {value!r}")
         if not isinstance(self.top1_dropout, (int, float)) or not 0.0 <= self.top1_dropout <= 1.0:
-            raise ValueError(f"ManagerConfig.top1_dropout must be in [0, 1], got {self.top1_dropout!r}")
+            raise ValueError(
+                f"ManagerConfig.top1_dropout must be in [0, 1], got {self.top1_dropout!r}"
+            )
         for name in ("utility_weight", "utility_exploration"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
                 raise ValueError(f"ManagerConfig.{name} must be a finite number, got {value!r}")
         if self.bank_capacity is not None and (
-                isinstance(self.bank_capacity, bool) or not isinstance(self.bank_capacity, int) or self.bank_capacity < 1):
-            raise ValueError(f"ManagerConfig.bank_capacity must be an integer >= 1 or null, got {self.bank_capacity!r}")
+            isinstance(self.bank_capacity, bool)
+            or not isinstance(self.bank_capacity, int)
+            or self.bank_capacity < 1
+        ):
+            raise ValueError(
+                "ManagerConfig.bank_capacity must be an integer >= 1 or null, got "
+                f"{self.bank_capacity!r}"
+            )
         if self.retrieve_by not in RETRIEVE_BY:
-            raise ValueError(f"ManagerConfig.retrieve_by must be one of {RETRIEVE_BY}, got {self.retrieve_by!r}")
+            raise ValueError(
+                f"ManagerConfig.retrieve_by must be one of {RETRIEVE_BY}, got {self.retrieve_by!r}"
+            )
         if self.bank_eviction not in ("fifo", "least_useful"):
-            raise ValueError(f"ManagerConfig.bank_eviction must be 'fifo' or 'least_useful', got {self.bank_eviction!r}")
+            raise ValueError(
+                "ManagerConfig.bank_eviction must be 'fifo' or 'least_useful', got "
+                f"{self.bank_eviction!r}"
+            )
         if self.max_batch_size < self.batch_size:
             raise ValueError(
                 f"ManagerConfig.max_batch_size ({self.max_batch_size}) must be >= "

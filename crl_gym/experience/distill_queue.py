@@ -11,9 +11,10 @@ offset, so a crash cannot lose them. A rewrite (temp file, then ``os.replace``) 
 new inode, so an offset left by a crash between the swap and its own update names the old file
 and is ignored (the new file is read from its start): the two cannot disagree, and a crash at
 any point neither skips a request nor hands out a consumed one again (at-least-once only between
-handing a request out and recording it: it may then be delivered twice, never zero times). Lines that do not parse are moved to
-``<name>.rejected.jsonl`` next to the spill file, counted and logged. The file itself (appends,
-the offset, rewrites, reading back) is :mod:`crl_gym.spill`'s, as for every spill file.
+handing a request out and recording it: it may then be delivered twice, never zero times). Lines
+that do not parse are moved to ``<name>.rejected.jsonl`` next to the spill file, counted and logged.
+The file itself (appends, the offset, rewrites, reading back) is :mod:`crl_gym.spill`'s, as for
+every spill file.
 
 >>> from crl_gym.protocol import DistillationRequest, Trajectory
 >>> q = DistillQueue(maxsize=1, spill_path=None)
@@ -69,7 +70,7 @@ def sweep_temp_spills(directory: Path) -> int:
     own cleanup, and no one can reopen them); returns how many."""
     gone = 0
     for path in directory.glob(f"{TEMP_PREFIX}*_*.jsonl"):
-        pid = path.name[len(TEMP_PREFIX):].split("_", 1)[0]
+        pid = path.name[len(TEMP_PREFIX) :].split("_", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             _remove_temp(path)
             gone += 1
@@ -90,14 +91,18 @@ class DistillQueue:
             fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.getpid()}_", suffix=".jsonl")
             os.close(fd)
             spill_path, self._temp = Path(name), True
-            self._cleanup: weakref.finalize[[Path], DistillQueue] | None = weakref.finalize(self, _remove_temp, Path(name))
+            self._cleanup: weakref.finalize[[Path], DistillQueue] | None = weakref.finalize(
+                self, _remove_temp, Path(name)
+            )
         else:
             self._temp, self._cleanup = False, None
         self.spill_path = Path(spill_path)
         self.rejected_path = rejected_path(self.spill_path)
         self._offset = spill.SpillOffset(self.spill_path)
         self._mem: deque[DistillationRequest] = deque()
-        self._pos: deque[int | None] = deque()  # per memory item: end of its spill line, None if never spilled
+        self._pos: deque[int | None] = (
+            deque()
+        )  # per memory item: end of its spill line, None if never spilled
         self._unacked = 0  # memory items read from the spill and not handed out yet
         self._cond = threading.Condition()
         self.spilled_total = 0
@@ -111,10 +116,16 @@ class DistillQueue:
         # cheap, and persist() / close() fsync what they leave behind.
         self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
 
-    def _replace_with(self, rest: bytes, *, fsync: bool, first: list[DistillationRequest] | None = None) -> None:
+    def _replace_with(
+        self, rest: bytes, *, fsync: bool, first: list[DistillationRequest] | None = None
+    ) -> None:
         """Atomically make the spill file ``first + rest``, read from its start: the new inode
         voids the old offset even if a crash comes before the offset is rewritten."""
-        spill.rewrite(self.spill_path, [*((r.to_json() + "\n").encode("utf-8") for r in first or ()), rest], fsync=fsync)
+        spill.rewrite(
+            self.spill_path,
+            [*((r.to_json() + "\n").encode("utf-8") for r in first or ()), rest],
+            fsync=fsync,
+        )
         self._offset.store(0)
 
     def put(self, request: DistillationRequest) -> None:
@@ -152,7 +163,7 @@ class DistillQueue:
             try:
                 view = memoryview(b"".join(lines))
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
             except OSError:
                 try:
@@ -163,8 +174,14 @@ class DistillQueue:
             end = start
             for request, line in zip(requests, lines, strict=True):
                 end += len(line)
-                if self._spilled == 0 and len(self._mem) < self.maxsize and self._read_pos == end - len(line):
-                    self._mem.append(request)  # read ahead at once: its offset moves when it is handed out
+                if (
+                    self._spilled == 0
+                    and len(self._mem) < self.maxsize
+                    and self._read_pos == end - len(line)
+                ):
+                    self._mem.append(
+                        request
+                    )  # read ahead at once: its offset moves when it is handed out
                     self._pos.append(end)
                     self._unacked += 1
                     self._read_pos = end
@@ -195,7 +212,9 @@ class DistillQueue:
         """Move up to ``n`` spilled requests into memory (caller holds the condition)."""
         if self._spilled == 0 or n <= 0:
             return
-        got, self._read_pos, bad = spill.read(self.spill_path, self._read_pos, n, DistillationRequest.from_json)
+        got, self._read_pos, bad = spill.read(
+            self.spill_path, self._read_pos, n, DistillationRequest.from_json
+        )
         for request, end in got:
             self._mem.append(request)
             self._pos.append(end)
@@ -203,8 +222,13 @@ class DistillQueue:
         self._unacked += len(got)
         for at, _, exc in bad:
             self.bad_lines += 1
-            log.error("%s: unreadable request at byte %d moved to %s: %s",
-                      self.spill_path, at, self.rejected_path.name, exc)
+            log.error(
+                "%s: unreadable request at byte %d moved to %s: %s",
+                self.spill_path,
+                at,
+                self.rejected_path.name,
+                exc,
+            )
         # before the offset moves past them: a crash may copy one twice, never lose it
         spill.set_aside(self.spill_path, [line for _, line, _ in bad])
         if self._spilled <= 0 and self._unacked == 0:
@@ -215,8 +239,11 @@ class DistillQueue:
         try:
             self._offset.store(pos)
             if self._spilled <= 0 and self._unacked == 0:
-                self._reset_file()  # after the offset: a crash before the swap delivers nothing twice
-        except OSError:  # the requests are handed out all the same: a restart may deliver them twice
+                # after the offset: a crash before the swap delivers nothing twice
+                self._reset_file()
+        except (
+            OSError
+        ):  # the requests are handed out all the same: a restart may deliver them twice
             log.exception("%s: recording the read position failed", self.spill_path)
             if self._writer.closed:
                 self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
@@ -263,7 +290,9 @@ class DistillQueue:
             if self._writer.closed:
                 return 0
             self._writer.flush()
-            if len(self._mem) > self._unacked:  # read-ahead ones are on disk already, behind the offset
+            if (
+                len(self._mem) > self._unacked
+            ):  # read-ahead ones are on disk already, behind the offset
                 self._rewrite_memory_in_front(fsync=True)
                 self._writer = open(self.spill_path, "a", encoding="utf-8")  # noqa: SIM115
             else:
@@ -272,7 +301,8 @@ class DistillQueue:
 
     def snapshot(self, target: Path) -> int:
         """Write every pending request, oldest first, to ``target`` (fsynced, replacing it), the
-        queue unchanged; returns how many. What a checkpoint keeps of the queue (:meth:`restore`)."""
+        queue unchanged; returns how many. What a checkpoint keeps of the queue
+        (:meth:`restore`)."""
         with self._cond:
             if self._writer.closed:
                 raise ValueError(f"{self.spill_path}: the queue is closed")
@@ -280,15 +310,16 @@ class DistillQueue:
             with open(self.spill_path, "rb") as f:
                 f.seek(self._read_pos)
                 rest = f.read()
-            # memory holds the oldest (never spilled, or read ahead from before _read_pos); the file the rest
+            # memory holds the oldest (never spilled, or read ahead from before _read_pos); the file
+            # the rest
             head = [(r.to_json() + "\n").encode("utf-8") for r in self._mem]
             spill.rewrite(Path(target), [*head, rest], fsync=True)
             return len(self._mem) + self._spilled
 
     def restore(self, source: Path) -> int:
-        """Make the pending requests those :meth:`snapshot` wrote to ``source`` (the current ones are
-        dropped); returns how many. The spill is rewritten atomically, so a kill midway leaves the
-        old queue or the restored one."""
+        """Make the pending requests those :meth:`snapshot` wrote to ``source`` (the current ones
+        are dropped); returns how many. The spill is rewritten atomically, so a kill midway leaves
+        the old queue or the restored one."""
         with self._cond:
             if self._writer.closed:
                 raise ValueError(f"{self.spill_path}: the queue is closed")
@@ -312,7 +343,9 @@ class DistillQueue:
             rest = f.read()
         self._writer.close()
         self._replace_with(rest, fsync=fsync, first=list(self._mem))
-        self._spilled += len(self._mem)  # read-ahead ones were counted out when read: back on disk now
+        self._spilled += len(
+            self._mem
+        )  # read-ahead ones were counted out when read: back on disk now
         self._mem.clear()
         self._pos.clear()
         self._unacked = 0

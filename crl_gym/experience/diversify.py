@@ -36,7 +36,8 @@ import numpy as np
 
 
 def was_recent(last_retrieved: float, now: float, window: float) -> bool:
-    """1[recent(m)]: retrieved (``last > 0``; 0 means never) less than ``window`` s before ``now``."""
+    """1[recent(m)]: retrieved (``last > 0``; 0 means never) less than ``window`` s
+    before ``now``."""
     return last_retrieved > 0 and now - last_retrieved < window
 
 
@@ -45,7 +46,9 @@ def diversity_score(similarity: float, count: float, recent: bool, lam: float) -
     return similarity - lam * math.log1p(count) - (1.0 if recent else 0.0)
 
 
-def utility_term(rbar: float, episodes: int, total: int, weight: float, exploration: float) -> float:
+def utility_term(
+    rbar: float, episodes: int, total: int, weight: float, exploration: float
+) -> float:
     """u(m) = ``weight`` · (r̄(m) + ``exploration`` · sqrt(ln(1 + total) / (1 + episodes))).
 
     >>> round(utility_term(0.5, 3, 5, weight=1.0, exploration=1.0), 6)  # 0.5 + sqrt(ln 6 / 4)
@@ -97,7 +100,9 @@ def rerank(
         if use_utility:
             assert options is not None
             rbar, n = credit.get(i, (0.0, 0))
-            score += utility_term(rbar, n, total, options.utility_weight, options.utility_exploration)
+            score += utility_term(
+                rbar, n, total, options.utility_weight, options.utility_exploration
+            )
         scored.append((-score, pos, i))
     scored.sort()
     ranked = [i for _, _, i in scored]
@@ -111,7 +116,9 @@ def rerank(
 def is_recent(last_retrieved: np.ndarray, now: float, window: float) -> np.ndarray:
     """bool[n]: :func:`was_recent` per candidate."""
     last = np.asarray(last_retrieved, dtype=np.float64).reshape(-1)
-    return np.fromiter((was_recent(x, now, window) for x in last.tolist()), dtype=bool, count=last.size)
+    return np.fromiter(
+        (was_recent(x, now, window) for x in last.tolist()), dtype=bool, count=last.size
+    )
 
 
 def diversity_scores(
@@ -123,10 +130,14 @@ def diversity_scores(
     cnt = np.asarray(counts, dtype=np.float64).reshape(-1).tolist()
     rec = np.asarray(recent, dtype=bool).reshape(-1).tolist()
     if not len(sim) == len(cnt) == len(rec):
-        raise ValueError(f"similarity, counts and recent must have one value per candidate, "
-                         f"got {len(sim)}, {len(cnt)} and {len(rec)}")
-    return np.array([diversity_score(s, c, r, lam) for s, c, r in zip(sim, cnt, rec, strict=True)],
-                    dtype=np.float64)
+        raise ValueError(
+            f"similarity, counts and recent must have one value per candidate, "
+            f"got {len(sim)}, {len(cnt)} and {len(rec)}"
+        )
+    return np.array(
+        [diversity_score(s, c, r, lam) for s, c, r in zip(sim, cnt, rec, strict=True)],
+        dtype=np.float64,
+    )
 
 
 def select_diverse(
@@ -145,8 +156,10 @@ def select_diverse(
     cnt = np.asarray(counts, dtype=np.float64).reshape(-1).tolist()
     last = np.asarray(last_retrieved, dtype=np.float64).reshape(-1).tolist()
     if not len(sim) == len(cnt) == len(last):
-        raise ValueError(f"similarity, counts and last_retrieved must have one value per candidate, "
-                         f"got {len(sim)}, {len(cnt)} and {len(last)}")
+        raise ValueError(
+            f"similarity, counts and last_retrieved must have one value per candidate, "
+            f"got {len(sim)}, {len(cnt)} and {len(last)}"
+        )
     pool = list(enumerate(sim))
     stats = dict(enumerate(zip(cnt, last, strict=True)))
     return np.array(rerank(pool, stats, k=k, now=now, lam=lam, window=window), dtype=np.int64)

@@ -66,7 +66,7 @@ def model_name(model: str | Path) -> str:
         return text  # a hub id
     parts = path.resolve().parts if path.exists() else path.parts
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3][len("models--"):].replace("--", "/")
+        return parts[-3][len("models--") :].replace("--", "/")
     return path.name or text
 
 
@@ -96,9 +96,11 @@ class HashingEmbedder:
 
     def _features(self, text: str) -> list[str]:
         words = re.findall(r"\w+", text.lower())
-        feats = [f"w:{w}" for w in words] + [f"b:{a}_{b}" for a, b in zip(words, words[1:], strict=False)]
+        feats = [f"w:{w}" for w in words] + [
+            f"b:{a}_{b}" for a, b in zip(words, words[1:], strict=False)
+        ]
         padded = f" {text.lower()} "
-        feats += [f"c:{padded[i:i + 3]}" for i in range(len(padded) - 2)]
+        feats += [f"c:{padded[i : i + 3]}" for i in range(len(padded) - 2)]
         return feats or ["<empty>"]
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -166,8 +168,11 @@ class SentenceTransformerEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
             out = self._model.encode(
-                list(texts), batch_size=self.batch_size, convert_to_numpy=True,
-                normalize_embeddings=True, show_progress_bar=False,
+                list(texts),
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
             )
         return l2_normalise(out)
 
@@ -194,6 +199,13 @@ def load_embedder(name_or_path: str | None = None, device: str = "cpu") -> Embed
 
 
 __all__ = [
-    "DEFAULT_MODEL_NAME", "Embedder", "HashingEmbedder", "SentenceTransformerEmbedder", "default_model_path",
-    "embedder_name", "l2_normalise", "load_embedder", "model_name",
+    "DEFAULT_MODEL_NAME",
+    "Embedder",
+    "HashingEmbedder",
+    "SentenceTransformerEmbedder",
+    "default_model_path",
+    "embedder_name",
+    "l2_normalise",
+    "load_embedder",
+    "model_name",
 ]

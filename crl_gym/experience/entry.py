@@ -89,9 +89,20 @@ class ExperienceEntry:
     def _key(self) -> tuple[Any, ...]:
         prov = self.provenance.to_dict() if self.provenance else None
         return (
-            self.id, self.text, self.version, self.created_step, self.retrieval_count,
-            self.last_retrieved, self.train_count, self.last_trained_step, self.utility,
-            tuple(self.tags), prov, list(self.history), self.source, self.key,
+            self.id,
+            self.text,
+            self.version,
+            self.created_step,
+            self.retrieval_count,
+            self.last_retrieved,
+            self.train_count,
+            self.last_trained_step,
+            self.utility,
+            tuple(self.tags),
+            prov,
+            list(self.history),
+            self.source,
+            self.key,
         )
 
     def to_dict(self, *, with_embedding: bool = True) -> JSONDict:

@@ -27,12 +27,17 @@ def fifo_victims(ids: Iterable[int], n: int) -> list[int]:
     return heapq.nsmallest(max(0, n), ids)
 
 
-def least_useful_victims(ids: Iterable[int], n: int, credit: Mapping[int, tuple[float, int]]) -> list[int]:
-    """The ``n`` ids of lowest r̄(m) (``credit``: id → (r̄(m), episodes); absent = 0), oldest first on ties."""
+def least_useful_victims(
+    ids: Iterable[int], n: int, credit: Mapping[int, tuple[float, int]]
+) -> list[int]:
+    """The ``n`` ids of lowest r̄(m) (``credit``: id → (r̄(m), episodes); absent = 0), oldest first
+    on ties."""
     return heapq.nsmallest(max(0, n), ids, key=lambda i: (credit[i][0] if i in credit else 0.0, i))
 
 
-def victims(rule: str, ids: Iterable[int], n: int, credit: Mapping[int, tuple[float, int]]) -> list[int]:
+def victims(
+    rule: str, ids: Iterable[int], n: int, credit: Mapping[int, tuple[float, int]]
+) -> list[int]:
     """``n`` entries to evict among ``ids`` by ``rule`` (one of :data:`EVICTIONS`)."""
     if rule == "fifo":
         return fifo_victims(ids, n)

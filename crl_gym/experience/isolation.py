@@ -22,8 +22,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def run_isolated(run: Callable[[list[T]], Sequence[R]], batch: list[T], *,
-                 catch: type[BaseException] = Exception) -> list[R | BaseException]:
+def run_isolated(
+    run: Callable[[list[T]], Sequence[R]], batch: list[T], *, catch: type[BaseException] = Exception
+) -> list[R | BaseException]:
     """``run(batch)``, one result per item; if it raises ``catch``, ``run([item])`` per item, each
     item's exception in its place. A batch of one that fails is not run twice."""
     try:

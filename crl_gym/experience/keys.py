@@ -30,7 +30,8 @@ RETRIEVE_BY: tuple[str, ...] = get_args(RetrieveBy)
 
 
 def retrieval_key(text: str, source: str, by: str) -> str:
-    """The text embedded for an entry of ``text`` distilled from task ``source`` under rule ``by``."""
+    """The text embedded for an entry of ``text`` distilled from task ``source`` under
+    rule ``by``."""
     if by not in RETRIEVE_BY:
         raise ValueError(f"retrieve_by must be one of {RETRIEVE_BY}, got {by!r}")
     if by == "text" or not source:

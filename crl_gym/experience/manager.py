@@ -88,9 +88,17 @@ class ApplyResult:
     entry, the Delete does nothing (:mod:`crl_gym.experience.pinning`)."""
 
     def summary(self) -> JSONDict:
-        """What the call did, as remembered with its write id (:mod:`~crl_gym.experience.write_ids`)."""
-        return {"added_ids": list(self.added), "updated": list(self.updated), "deleted": list(self.deleted),
-                "returned": self.returned, "malformed": self.malformed, "stale": self.stale, "refused": self.refused}
+        """What the call did, as remembered with its write id
+        (:mod:`~crl_gym.experience.write_ids`)."""
+        return {
+            "added_ids": list(self.added),
+            "updated": list(self.updated),
+            "deleted": list(self.deleted),
+            "returned": self.returned,
+            "malformed": self.malformed,
+            "stale": self.stale,
+            "refused": self.refused,
+        }
 
 
 class _Request:
@@ -117,44 +125,69 @@ class ExperienceManager:
         rng: random.Random | None = None,
     ) -> None:
         if int(embedder.dim) != bank.dim:
-            raise ValueError(f"embedder dim {embedder.dim} does not match the bank's dim {bank.dim}")
+            raise ValueError(
+                f"embedder dim {embedder.dim} does not match the bank's dim {bank.dim}"
+            )
         self.bank, self.embedder = bank, embedder
         self.config = config or ManagerConfig()
         self.clock = clock
         self.rng = rng or random.Random()
         """Draws of the top-1 dropout (``ManagerConfig.top1_dropout``)."""
-        self.rank_options = RankOptions(self.config.top1_dropout, self.config.utility_weight,
-                                        self.config.utility_exploration)
+        self.rank_options = RankOptions(
+            self.config.top1_dropout, self.config.utility_weight, self.config.utility_exploration
+        )
         if self.config.bank_capacity is not None:
             bank.set_capacity(self.config.bank_capacity, self.config.bank_eviction)
         self.refiner: Refiner | None = None
         self.dedup_similarity = self.config.dedup_similarity
         self.merged_into: dict[int, int] = {}
-        """Entry id → the entry a Merge folded it into (``note_merge``), to redirect late Updates."""
+        """Entry id → the entry a Merge folded it into (``note_merge``), to redirect
+        late Updates."""
 
-        """Add ops this close (cosine) to an entry are refused; None = off. See ``ManagerConfig``."""
+        """Add ops this close (cosine) to an entry are refused; None = off. See
+        ``ManagerConfig``."""
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._pools: dict[tuple[str, int], tuple[int, list[tuple[int, float]]]] = {}
         self._div_lock = threading.Lock()  # counts seen by diversification stay consistent
         self._counters: dict[str, int] = dict.fromkeys(
-            ("requests", "batches", "cache_hits", "cache_misses", "embedded", "searched",
-             "pool_hits", "errors"), 0)
+            (
+                "requests",
+                "batches",
+                "cache_hits",
+                "cache_misses",
+                "embedded",
+                "searched",
+                "pool_hits",
+                "errors",
+            ),
+            0,
+        )
         self._last_flush = time.monotonic()
         spill = None if bank.path is None else bank.path / SPILL_FILE
         self.queue = DistillQueue(self.config.queue_size, spill)
         cfg = self.config
-        self._line: BatchLine[_Request] = BatchLine(cfg.max_batch_size, batch_size=cfg.batch_size,
-                                                    max_wait_s=cfg.max_wait_ms / 1000.0, adaptive=cfg.adaptive_batching)
+        self._line: BatchLine[_Request] = BatchLine(
+            cfg.max_batch_size,
+            batch_size=cfg.batch_size,
+            max_wait_s=cfg.max_wait_ms / 1000.0,
+            adaptive=cfg.adaptive_batching,
+        )
         self._work: list[SimpleQueue[list[_Request] | None]] = [
-            SimpleQueue() for _ in range(self.config.num_workers)]
+            SimpleQueue() for _ in range(self.config.num_workers)
+        ]
         self._threads = [threading.Thread(target=self._batch_loop, name="crl-batcher", daemon=True)]
         self._threads += [
-            threading.Thread(target=self._worker_loop, args=(q,), name=f"crl-search-{i}", daemon=True)
-            for i, q in enumerate(self._work)]
+            threading.Thread(
+                target=self._worker_loop, args=(q,), name=f"crl-search-{i}", daemon=True
+            )
+            for i, q in enumerate(self._work)
+        ]
         self._stop_persist = threading.Event()
         if self.config.persist_interval_s > 0 and bank.path is not None:
-            self._threads.append(threading.Thread(target=self._persist_loop, name="crl-persist", daemon=True))
+            self._threads.append(
+                threading.Thread(target=self._persist_loop, name="crl-persist", daemon=True)
+            )
         for t in self._threads:
             t.start()
 
@@ -209,12 +242,15 @@ class ExperienceManager:
     def _retrieve_isolated(self, batch: list[_Request]) -> None:
         """``_retrieve`` the batch, each request alone if it fails (:func:`answer`, isolated), so
         one bad query (one the embedder chokes on, say) fails only its own caller."""
+
         def run(reqs: list[_Request]) -> list[list[ExperienceEntry]]:
             self._retrieve(reqs)
             return [r.result for r in reqs]
 
         # BaseException: whatever happens, every caller gets an answer or an error, never a hang
-        for r, out in zip(batch, answer(run, batch, isolate=True, catch=BaseException), strict=True):
+        for r, out in zip(
+            batch, answer(run, batch, isolate=True, catch=BaseException), strict=True
+        ):
             if isinstance(out, BaseException):
                 log.error("search of %.60r failed", r.query, exc_info=out)
                 self._counters["errors"] += 1
@@ -283,8 +319,17 @@ class ExperienceManager:
             opts = self.rank_options
             credit = self.bank.credit_stats(cand) if opts.utility_weight else None
             for r in reqs:
-                chosen = rerank(pools[r.query], stats, k=r.k, now=now, lam=lam, window=window,
-                                options=opts, credit=credit, rng=self.rng)
+                chosen = rerank(
+                    pools[r.query],
+                    stats,
+                    k=r.k,
+                    now=now,
+                    lam=lam,
+                    window=window,
+                    options=opts,
+                    credit=credit,
+                    rng=self.rng,
+                )
                 # counted at once: the next member of the group sees this pick as used and recent
                 for i in chosen:
                     stats[i] = (stats[i][0] + 1, now)
@@ -305,32 +350,46 @@ class ExperienceManager:
         if not isinstance(request, DistillationRequest):
             raise TypeError(f"submit expects a DistillationRequest, got {type(request).__name__}")
         if self._line.closed:
-            raise ExperienceUnavailable("ExperienceManager is closed: the request was not queued (keep it and submit it again)")
+            raise ExperienceUnavailable(
+                "ExperienceManager is closed: the request was not queued (keep it and submit "
+                "it again)"
+            )
         try:
             self.queue.put(request)
         except ValueError as exc:  # closed by another thread between the check and the put
             if not self._line.closed:
                 raise
-            raise ExperienceUnavailable("ExperienceManager is closed: the request was not queued (keep it and submit it again)") from exc
+            raise ExperienceUnavailable(
+                "ExperienceManager is closed: the request was not queued (keep it and submit "
+                "it again)"
+            ) from exc
         except OSError as exc:
             raise _queue_fault(exc, 1) from exc
 
-    def submit_many(self, requests: Sequence[DistillationRequest], *, durable: bool = False) -> None:
-        """Enqueue ``requests`` as one write. ``durable`` (a bank on disk): they are on disk, fsynced,
-        before this returns, so a kill right after loses none; when that write fails (a full disk)
-        none is queued and :class:`~crl_gym.errors.StorageFault` names the cause."""
+    def submit_many(
+        self, requests: Sequence[DistillationRequest], *, durable: bool = False
+    ) -> None:
+        """Enqueue ``requests`` as one write. ``durable`` (a bank on disk): they are on disk,
+        fsynced, before this returns, so a kill right after loses none; when that write fails (a
+        full disk) none is queued and :class:`~crl_gym.errors.StorageFault` names the cause."""
         requests = list(requests)
         for r in requests:
             if not isinstance(r, DistillationRequest):
                 raise TypeError(f"submit expects a DistillationRequest, got {type(r).__name__}")
         if self._line.closed:
-            raise ExperienceUnavailable("ExperienceManager is closed: the requests were not queued (keep them and submit them again)")
+            raise ExperienceUnavailable(
+                "ExperienceManager is closed: the requests were not queued (keep them and submit "
+                "them again)"
+            )
         try:
             self.queue.put_many(requests, durable=durable and self.bank.path is not None)
         except ValueError as exc:
             if not self._line.closed:
                 raise
-            raise ExperienceUnavailable("ExperienceManager is closed: the requests were not queued (keep them and submit them again)") from exc
+            raise ExperienceUnavailable(
+                "ExperienceManager is closed: the requests were not queued (keep them and submit "
+                "them again)"
+            ) from exc
         except OSError as exc:
             raise _queue_fault(exc, len(requests)) from exc
 
@@ -372,7 +431,9 @@ class ExperienceManager:
                 try:
                     self.queue.persist()
                 except Exception:  # noqa: BLE001 - a full disk must not stop the service
-                    log.exception("persisting the distillation queue failed (retried next interval)")
+                    log.exception(
+                        "persisting the distillation queue failed (retried next interval)"
+                    )
                     seen = -1
 
     def pending(self) -> int:
@@ -404,36 +465,69 @@ class ExperienceManager:
         if self.dedup_similarity is not None:
             ops = self._refuse_near_duplicates(ops, self.dedup_similarity, res, task)
         text_ops = [op for op in ops if isinstance(op, (AddOp, UpdateOp))]
-        # An Update keeps the source of the entry it rewrites; an Add (or an Update that becomes one)
-        # is distilled from this request's task.
+        # An Update keeps the source of the entry it rewrites; an Add (or an Update that
+        # becomes one) is distilled from this request's task.
         sources = [self._source_of(op, task) for op in text_ops]
-        keys = [stored_key(op.text, src, self.config.retrieve_by) for op, src in zip(text_ops, sources, strict=True)]
+        keys = [
+            stored_key(op.text, src, self.config.retrieve_by)
+            for op, src in zip(text_ops, sources, strict=True)
+        ]
         embedded = [op.text if k is None else k for op, k in zip(text_ops, keys, strict=True)]
-        vecs = self.embedder.encode(embedded) if embedded else np.zeros((0, self.bank.dim), np.float32)
+        vecs = (
+            self.embedder.encode(embedded) if embedded else np.zeros((0, self.bank.dim), np.float32)
+        )
         tag = (request.env_id,) if request is not None and request.env_id else ()
-        pin = sample is not None and self.config.pin_user_entries  # the extractor's ops, not a user's
+        pin = (
+            sample is not None and self.config.pin_user_entries
+        )  # the extractor's ops, not a user's
         with self.bank.lock.write():
             adds, updates, deletes, vi = [], [], [], 0
             for op in ops:
                 if isinstance(op, AddOp):
                     tags = tuple(dict.fromkeys(op.tags + tag))
-                    adds.append(PendingAdd(op.text, vecs[vi], step, tags, sample, sources[vi], keys[vi]))
+                    adds.append(
+                        PendingAdd(op.text, vecs[vi], step, tags, sample, sources[vi], keys[vi])
+                    )
                     vi += 1
                 elif isinstance(op, UpdateOp):
                     vi += 1
                     target = self._current_id(op.id)
-                    if pin and self._pinned(target):  # the user's entry stays; the advice goes beside it
+                    if pin and self._pinned(
+                        target
+                    ):  # the user's entry stays; the advice goes beside it
                         res.pinned += 1
-                        adds.append(PendingAdd(op.text, vecs[vi - 1], step, tag, sample, sources[vi - 1], keys[vi - 1]))
+                        adds.append(
+                            PendingAdd(
+                                op.text,
+                                vecs[vi - 1],
+                                step,
+                                tag,
+                                sample,
+                                sources[vi - 1],
+                                keys[vi - 1],
+                            )
+                        )
                     elif target in self.bank and target not in deletes:
-                        updates.append(PendingUpdate(target, op.text, vecs[vi - 1], sample, keys[vi - 1]))
+                        updates.append(
+                            PendingUpdate(target, op.text, vecs[vi - 1], sample, keys[vi - 1])
+                        )
                         res.updated.append(target)
                         res.stale += target != op.id
                     elif op.id in self.merged_into or self._gone(op.id):
-                        # the entry went (merged into one that went too, discarded, pruned) after the
-                        # episode saw it: its advice is kept as a new entry
+                        # the entry went (merged into one that went too, discarded, pruned)
+                        # after the episode saw it: its advice is kept as a new entry
                         res.stale += 1
-                        adds.append(PendingAdd(op.text, vecs[vi - 1], step, tag, sample, sources[vi - 1], keys[vi - 1]))
+                        adds.append(
+                            PendingAdd(
+                                op.text,
+                                vecs[vi - 1],
+                                step,
+                                tag,
+                                sample,
+                                sources[vi - 1],
+                                keys[vi - 1],
+                            )
+                        )
                     else:
                         self._unknown(res, "update", op.id)
                 elif isinstance(op, DeleteOp):
@@ -454,11 +548,17 @@ class ExperienceManager:
             updates = [u for u in updates if u.id not in deletes_set]
             res.updated = [u.id for u in updates]
             if origin is None:
-                origin = Origin("user") if sample is None else Origin("extractor", model_step=sample.extractor_version)
+                origin = (
+                    Origin("user")
+                    if sample is None
+                    else Origin("extractor", model_step=sample.extractor_version)
+                )
             res.deleted = deletes
             if write is not None:  # the bank adds the new entries' ids to it
                 write = WriteRecord(write.id, write.kind, {**(write.result or {}), **res.summary()})
-            res.added = self.bank.apply_batch(adds, updates, deletes, step=step, origin=origin, write=write)
+            res.added = self.bank.apply_batch(
+                adds, updates, deletes, step=step, origin=origin, write=write
+            )
         return res
 
     def _pinned(self, entry_id: int) -> bool:
@@ -474,10 +574,11 @@ class ExperienceManager:
                 return target.source
         return task
 
-    def _refuse_near_duplicates(self, ops: list[ExperienceOp], threshold: float,
-                                res: ApplyResult, task: str) -> list[ExperienceOp]:
-        """Drop each Add whose text is within ``threshold`` cosine of a bank entry's text or of an Add
-        kept before it in this batch (embeddings are L2-normalised: cosine = dot product).
+    def _refuse_near_duplicates(
+        self, ops: list[ExperienceOp], threshold: float, res: ApplyResult, task: str
+    ) -> list[ExperienceOp]:
+        """Drop each Add whose text is within ``threshold`` cosine of a bank entry's text or of an
+        Add kept before it in this batch (embeddings are L2-normalised: cosine = dot product).
 
         The bank's vectors are of the retrieval keys; under the paper's rule a key is the text and
         the bank is searched directly. Under another rule (keyed by task, say) every entry of a task
@@ -502,7 +603,8 @@ class ExperienceManager:
         return [op for op in ops if id(op) not in refused]
 
     def _nearest_texts(self, adds: list[AddOp], vecs: np.ndarray, task: str) -> list[float]:
-        """Per Add, the highest cosine between its text (row of ``vecs``) and the text of a bank entry."""
+        """Per Add, the highest cosine between its text (row of ``vecs``) and the text of a
+        bank entry."""
         by = self.config.retrieve_by
         if by == "text" or not task:
             return [found[0][1] if found else -1.0 for found in self.bank.search(vecs, k=1)]
@@ -511,12 +613,17 @@ class ExperienceManager:
         out: list[float] = []
         for row, found in enumerate(pools):
             entries = [e for e in self.bank.get_many([i for i, _ in found]) if e is not None]
-            texts = np.asarray(self.embedder.encode([e.text for e in entries]), np.float32) if entries else None
+            texts = (
+                np.asarray(self.embedder.encode([e.text for e in entries]), np.float32)
+                if entries
+                else None
+            )
             out.append(float((texts @ vecs[row]).max()) if texts is not None else -1.0)
         return out
 
     def note_merge(self, merged: dict[int, list[int]]) -> None:
-        """Record a Merge's groups (anchor id → its source ids) so Updates of a source reach the anchor."""
+        """Record a Merge's groups (anchor id → its source ids) so Updates of a source reach
+        the anchor."""
         for anchor, sources in merged.items():
             for src in sources:
                 if src != anchor:
@@ -563,7 +670,9 @@ class ExperienceManager:
             t.join()
         try:
             self.bank.flush_stats()
-        except StorageFault:  # retrieval counters are statistics: a full disk must not keep the queue from closing
+        except (
+            StorageFault
+        ):  # retrieval counters are statistics: a full disk must not keep the queue from closing
             log.exception("closing the manager: saving retrieval counters failed")
         self.queue.close()
 
@@ -588,4 +697,8 @@ def _naming_task(op: ExperienceOp, task: str) -> ExperienceOp:
 def _queue_fault(exc: OSError, n: int) -> StorageFault:
     fault = as_fault(exc, f"queueing {n} request{'s' * (n != 1)} for distillation")
     assert fault is not None  # every OSError is a storage error
-    return StorageFault(f"{fault}; keep {'them' if n != 1 else 'it'} and submit again", cause=fault.cause, status=fault.status)
+    return StorageFault(
+        f"{fault}; keep {'them' if n != 1 else 'it'} and submit again",
+        cause=fault.cause,
+        status=fault.status,
+    )

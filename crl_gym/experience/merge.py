@@ -2,10 +2,10 @@
 
 The bank is walked in chunks that fit ``token_budget``. Each window shows the items carried over
 from the previous window (the merged output, paper §3.2.1) followed by the next bank entries; the
-generator answers which entries to merge or discard as JSON (format in :data:`prompts.MERGE_TEMPLATE`,
-schema :func:`crl_gym.experience.schemas.merge_schema`: each prompt is a :class:`MergePrompt`, a
-``str`` that also carries its window's labels, so a structured generator can restrict the answer to
-them). Its
+generator answers which entries to merge or discard as JSON (format in
+:data:`prompts.MERGE_TEMPLATE`, schema :func:`crl_gym.experience.schemas.merge_schema`: each prompt
+is a :class:`MergePrompt`, a ``str`` that also carries its window's labels, so a structured
+generator can restrict the answer to them). Its
 results are carried into the next window as far as ``carry_fraction`` of the budget allows; the
 rest is final. Only at the end is the result swapped into the bank, in one ``apply_batch`` under
 the writer lock. If the generator raises or answers garbage for any window, nothing is applied
@@ -115,11 +115,16 @@ def _labels(value: object, where: str) -> list[str]:
 
 def _is_label_form(v: object, known: set[str]) -> bool:
     """The schema's form: ``{"E1": "keep", "E2": "merge", …, "merged": "text"}``."""
-    return isinstance(v, dict) and "merged" in v and all(k == "merged" or k.upper() in known for k in v)
+    return (
+        isinstance(v, dict)
+        and "merged" in v
+        and all(k == "merged" or k.upper() in known for k in v)
+    )
 
 
 def _label_form(obj: dict[str, Any], labels: Sequence[str], max_len: int) -> MergeDecision:
-    """The schema's form as a decision (``_is_label_form`` checked that every key is a known label)."""
+    """The schema's form as a decision (``_is_label_form`` checked that every key is a
+    known label)."""
     decision = MergeDecision()
     marked: list[str] = []
     for key, action in obj.items():
@@ -131,7 +136,13 @@ def _label_form(obj: dict[str, Any], labels: Sequence[str], max_len: int) -> Mer
         if label in marked or label in decision.discard or label in decision.keep:
             raise MergeOutputError(f"label {label!r} used more than once")
         verdict = action.strip().lower()
-        (decision.keep if verdict == "keep" else marked if verdict == "merge" else decision.discard).append(label)
+        (
+            decision.keep
+            if verdict == "keep"
+            else marked
+            if verdict == "merge"
+            else decision.discard
+        ).append(label)
     if marked:
         body = obj.get("merged")
         text = clean_text(body).strip() if isinstance(body, str) else ""
@@ -173,7 +184,9 @@ def parse_merge_decision(
         return _label_form(whole, labels, max_len)
 
     def accept(v: object) -> bool:
-        return _is_label_form(v, known) or (isinstance(v, dict) and any(k in v for k in ("keep", "merge", "discard")))
+        return _is_label_form(v, known) or (
+            isinstance(v, dict) and any(k in v for k in ("keep", "merge", "discard"))
+        )
 
     obj = find_json(answer, accept)
     if obj is None:
@@ -195,7 +208,7 @@ def parse_merge_decision(
     decision.discard = [claim(x, "discard") for x in _labels(obj.get("discard", []), "discard")]
     groups = obj.get("merge", [])
     if not isinstance(groups, list):
-        raise MergeOutputError("merge must be a list of {\"from\": [...], \"text\": ...} objects")
+        raise MergeOutputError('merge must be a list of {"from": [...], "text": ...} objects')
     for n, g in enumerate(groups):
         if not isinstance(g, dict):
             raise MergeOutputError(f"merge[{n}] is not an object")
@@ -263,8 +276,9 @@ def _similarity_order(bank: ExperienceBank, entries: list[ExperienceEntry], k: i
     Greedy: take the oldest unvisited entry, then its unvisited nearest neighbours. The
     neighbour lists come from one batched index search, not an n x n similarity matrix.
     """
-    seeds = sorted((e for e in entries if e.embedding is not None),
-                   key=lambda e: (e.created_step, e.id))
+    seeds = sorted(
+        (e for e in entries if e.embedding is not None), key=lambda e: (e.created_step, e.id)
+    )
     known = {e.id for e in entries}
     hits = bank.search(np.stack([e.embedding for e in seeds]), k) if seeds else []  # type: ignore[misc]
     order: list[int] = []
@@ -310,8 +324,9 @@ def merge_bank(
         protect: entries for which it returns True are left out of the walk: never shown to the
             generator, never merged, rewritten or discarded (e.g. :func:`is_seeded`: the entries a
             user wrote). Counted in ``MergeReport.protected``.
-        retrieve_by: the bank's retrieval key rule (``ManagerConfig.retrieve_by``): a merged entry is
-            keyed by the task its sources share, or by its text when they come from several tasks.
+        retrieve_by: the bank's retrieval key rule (``ManagerConfig.retrieve_by``): a merged entry
+            is keyed by the task its sources share, or by its text when they come from
+            several tasks.
     """
     if not 0.0 <= carry_fraction < 1.0:
         raise ValueError(f"carry_fraction must be in [0, 1), got {carry_fraction}")
@@ -322,10 +337,15 @@ def merge_bank(
     report.protected = len(everything) - len(snapshot)
     overhead = count_tokens(build_merge_prompt([]))
     if token_budget <= overhead:
-        raise ValueError(f"token_budget={token_budget} leaves no room: the instructions alone "
-                         f"take {overhead} tokens")
-    ids = (_similarity_order(bank, list(snapshot.values()), k=32) if order == "similar"
-           else sorted(snapshot))
+        raise ValueError(
+            f"token_budget={token_budget} leaves no room: the instructions alone "
+            f"take {overhead} tokens"
+        )
+    ids = (
+        _similarity_order(bank, list(snapshot.values()), k=32)
+        if order == "similar"
+        else sorted(snapshot)
+    )
     counter = {"E": 0, "M": 0}
 
     def label(prefix: str) -> str:
@@ -381,27 +401,39 @@ def merge_bank(
         return report
     report.ok = True
     report.entries_after = len(bank)
-    logger.info("merge at step %d: %d -> %d entries in %d windows", step,
-                report.entries_before, report.entries_after, report.windows)
+    logger.info(
+        "merge at step %d: %d -> %d entries in %d windows",
+        step,
+        report.entries_before,
+        report.entries_after,
+        report.windows,
+    )
     return report
 
 
 def _run_window(
-    window: list[_Item], generate: Generate, report: MergeReport,
-    label: Callable[[str], str], max_len: int,
+    window: list[_Item],
+    generate: Generate,
+    report: MergeReport,
+    label: Callable[[str], str],
+    max_len: int,
 ) -> list[_Item]:
     """One generator call; returns the window's surviving items (merged first)."""
-    prompt = MergePrompt(build_merge_prompt([w.view for w in window]), [w.view.label for w in window])
+    prompt = MergePrompt(
+        build_merge_prompt([w.view for w in window]), [w.view.label for w in window]
+    )
     report.prompts.append(prompt)
     report.windows += 1
     try:
         outs = list(generate([prompt]))
     except Exception as err:
-        raise RuntimeError(f"window {report.windows}: generator raised "
-                           f"{type(err).__name__}: {err}") from err
+        raise RuntimeError(
+            f"window {report.windows}: generator raised {type(err).__name__}: {err}"
+        ) from err
     if len(outs) != 1:
-        raise MergeOutputError(f"window {report.windows}: generator returned {len(outs)} "
-                               "answers for 1 prompt")
+        raise MergeOutputError(
+            f"window {report.windows}: generator returned {len(outs)} answers for 1 prompt"
+        )
     out = outs[0]
     if isinstance(out, ExtractorSample):
         report.samples.append(out)
@@ -440,21 +472,29 @@ def _common_source(entries: list[ExperienceEntry]) -> str:
 
 
 def _swap(
-    bank: ExperienceBank, embedder: Embedder, snapshot: dict[int, ExperienceEntry],
-    final: list[_Item], report: MergeReport, retrieve_by: str = "text",
+    bank: ExperienceBank,
+    embedder: Embedder,
+    snapshot: dict[int, ExperienceEntry],
+    final: list[_Item],
+    report: MergeReport,
+    retrieve_by: str = "text",
 ) -> None:
     """Turn the final items into one atomic batch of updates and deletes."""
     survivors = {s for it in final for s in it.sources}
     discarded = [i for i in snapshot if i not in survivors]
     groups = [it for it in final if not it.original]
-    keys = [stored_key(g.view.text, _common_source([snapshot[s] for s in g.sources]), retrieve_by) for g in groups]
+    keys = [
+        stored_key(g.view.text, _common_source([snapshot[s] for s in g.sources]), retrieve_by)
+        for g in groups
+    ]
     vectors = np.zeros((0, bank.dim), np.float32)
     if groups:
         embedded = [g.view.text if k is None else k for g, k in zip(groups, keys, strict=True)]
         vectors = np.asarray(embedder.encode(embedded), dtype=np.float32)
         if vectors.shape != (len(groups), bank.dim):
-            raise ValueError(f"embedder returned shape {vectors.shape}, expected "
-                             f"({len(groups)}, {bank.dim})")
+            raise ValueError(
+                f"embedder returned shape {vectors.shape}, expected ({len(groups)}, {bank.dim})"
+            )
     with bank.lock.write():  # re-entrant: apply_batch below takes it again
         current = dict(zip(snapshot, bank.get_many(list(snapshot)), strict=True))
 
@@ -480,4 +520,6 @@ def _swap(
         for i in deletes:
             report.deleted[i] = snapshot[i].text
         if updates or deletes:
-            bank.apply_batch(updates=updates, deletes=deletes, step=report.step, merged=report.updated)
+            bank.apply_batch(
+                updates=updates, deletes=deletes, step=report.step, merged=report.updated
+            )

@@ -27,8 +27,16 @@ only looked into, which keeps the decoder far from Python's recursion limit."""
 OP_KEYS = ("op", "operation", "action", "kind", "type")
 TEXT_KEYS = ("text", "content", "experience", "entry")
 LIST_KEYS = ("ops", "operations", "actions")
-OP_NAMES = {"add": "add", "update": "update", "return": "return", "delete": "delete",
-            "none": "return", "noop": "return", "no_op": "return", "skip": "return"}
+OP_NAMES = {
+    "add": "add",
+    "update": "update",
+    "return": "return",
+    "delete": "delete",
+    "none": "return",
+    "noop": "return",
+    "no_op": "return",
+    "skip": "return",
+}
 
 
 class Malformed(Exception):
@@ -58,7 +66,7 @@ def strip_think(text: str) -> tuple[str, bool]:
     low = text.lower()
     close = low.rfind("</think>")
     if close >= 0:
-        return text[close + len("</think>"):], True
+        return text[close + len("</think>") :], True
     opened = low.find("<think>")
     if opened >= 0:
         head = text[:opened]
@@ -126,7 +134,9 @@ def find_json(text: str, accept: Callable[[Any], bool]) -> Any | None:
 _DECODER = json.JSONDecoder()
 _STRUCTURAL = re.compile(r'[\[\]{}"]')
 _STRING_BODY = re.compile(r'(?:[^"\\\x00-\x1f]|\\.)*')  # what JSON allows between the quotes
-_AFTER_STRING = re.compile(r"[ \t\n\r]*[,:\]}]")  # in JSON a string is always followed by one of these
+_AFTER_STRING = re.compile(
+    r"[ \t\n\r]*[,:\]}]"
+)  # in JSON a string is always followed by one of these
 _AFTER_OPEN = {
     "{": re.compile(r'[ \t\n\r]*["}]'),
     "[": re.compile(r'[ \t\n\r]*[\[{"\-0-9tfnNI\]]'),
@@ -239,7 +249,8 @@ def _embedded(text: str, spans: _Spans, accept: Callable[[Any], bool]) -> Any | 
 
 
 def _last_accepted(value: object, accept: Callable[[Any], bool], found: object) -> object:
-    """``value`` if accepted, else the last accepted object or list inside it (pre-order), else ``found``."""
+    """``value`` if accepted, else the last accepted object or list inside it (pre-order),
+    else ``found``."""
     if not isinstance(value, dict | list):
         return found
     if accept(value):
@@ -296,14 +307,18 @@ def ops_from_json(value: Any) -> list[JSONDict | Malformed]:
             body = inner if isinstance(inner, dict) else {"text": inner, "reason": inner}
         raw_tags = body.get("tags", ())
         tags = raw_tags if isinstance(raw_tags, list) else [raw_tags] if raw_tags else []
-        out.append({
-            "kind": kind,
-            "text": _text_of(body),
-            "id": body.get("id", body.get("entry_id")),
-            "tags": tags,
-            "reason": body.get("reason", ""),
-            **({"actions": body["actions"]} if "actions" in body else {}),  # the action slot (ops.slot_text)
-        })
+        out.append(
+            {
+                "kind": kind,
+                "text": _text_of(body),
+                "id": body.get("id", body.get("entry_id")),
+                "tags": tags,
+                "reason": body.get("reason", ""),
+                **(
+                    {"actions": body["actions"]} if "actions" in body else {}
+                ),  # the action slot (ops.slot_text)
+            }
+        )
     return out
 
 

@@ -20,9 +20,9 @@ Anything malformed becomes ``ReturnOp(reason=..., malformed=True)``: the reason 
 :class:`ParseStats` and logged. ``parse_ops`` never raises. Finding the answer and reading its two
 forms is :mod:`crl_gym.experience.op_forms`; this module validates the ops and counts failures.
 
-**The action slot** (``experience.action_slot``): an add or update may carry ``"actions"``, a list of
-the actions to play; its entry is then :func:`slot_text` — ``Play north, then south. <text>`` — so a
-reader of the entry meets the chosen actions first. An ``actions`` value that is not a list of
+**The action slot** (``experience.action_slot``): an add or update may carry ``"actions"``, a list
+of the actions to play; its entry is then :func:`slot_text` — ``Play north, then south. <text>`` —
+so a reader of the entry meets the chosen actions first. An ``actions`` value that is not a list of
 1 … :data:`~crl_gym.experience.schemas.MAX_ACTION_SLOT` plain strings is a counted malformed op
 (``bad_actions``); without the field an op reads as before.
 
@@ -77,8 +77,16 @@ MAX_INPUT_CHARS = 200_000
 """Only the last this-many characters of an output are parsed (the answer comes last)."""
 
 __all__ = [
-    "DEFAULT_MAX_LEN", "MAX_INPUT_CHARS", "PARSE_STATS", "ParseStats", "clean_text", "find_json", "parse_ops",
-    "parse_structured_ops", "slot_text", "strip_think",
+    "DEFAULT_MAX_LEN",
+    "MAX_INPUT_CHARS",
+    "PARSE_STATS",
+    "ParseStats",
+    "clean_text",
+    "find_json",
+    "parse_ops",
+    "parse_structured_ops",
+    "slot_text",
+    "strip_think",
 ]
 
 _UNSTORABLE = re.compile("[\\ud800-\\udfff\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f]")
@@ -164,7 +172,8 @@ def slot_text(actions: Iterable[str], text: str) -> str:
 
 
 def _slot_actions(value: object) -> list[str]:
-    """The ``actions`` of a slot op: 1 … MAX_ACTION_SLOT non-empty plain strings, else ``bad_actions``."""
+    """The ``actions`` of a slot op: 1 … MAX_ACTION_SLOT non-empty plain strings, else
+    ``bad_actions``."""
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_ACTION_SLOT:
         raise Malformed("bad_actions")
     out = [clean_text(a).strip() if isinstance(a, str) else "" for a in value]
@@ -212,7 +221,14 @@ def _finish(
         text = slot_text(_slot_actions(raw["actions"]), text)
     if kind == "add":
         raw_tags = raw.get("tags", ())
-        tags = tuple(t for t in (clean_text(str(x)).strip()[:64] for x in (raw_tags if isinstance(raw_tags, list | tuple) else ())) if t)
+        tags = tuple(
+            t
+            for t in (
+                clean_text(str(x)).strip()[:64]
+                for x in (raw_tags if isinstance(raw_tags, list | tuple) else ())
+            )
+            if t
+        )
         return AddOp(text=text, tags=tags[:16])
     raw_id = raw.get("id")
     if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
@@ -251,8 +267,14 @@ def _parse(
         raws = list(ops_from_lines(answer)) or raws
     if not raws:
         raise Malformed("no_op_found")
-    return _validate(raws, allowed=allowed, retrieved_id=retrieved_id, allow_delete=allow_delete,
-                     max_len=max_len, max_ops=max_ops)
+    return _validate(
+        raws,
+        allowed=allowed,
+        retrieved_id=retrieved_id,
+        allow_delete=allow_delete,
+        max_len=max_len,
+        max_ops=max_ops,
+    )
 
 
 def _validate(
@@ -271,8 +293,13 @@ def _validate(
         try:
             if isinstance(raw, Malformed):
                 raise raw
-            op = _finish(raw, allowed=allowed, retrieved_id=retrieved_id,
-                         allow_delete=allow_delete, max_len=max_len)
+            op = _finish(
+                raw,
+                allowed=allowed,
+                retrieved_id=retrieved_id,
+                allow_delete=allow_delete,
+                max_len=max_len,
+            )
             if isinstance(op, UpdateOp | DeleteOp):
                 if op.id in updated:  # two edits of one entry in one answer: ambiguous
                     raise Malformed("duplicate_target")
@@ -288,7 +315,9 @@ def _validate(
     return ops
 
 
-def _structured(text: object, *, allowed: Collection[int] | None, max_len: int, max_ops: int) -> list[ExperienceOp]:
+def _structured(
+    text: object, *, allowed: Collection[int] | None, max_len: int, max_ops: int
+) -> list[ExperienceOp]:
     if not isinstance(text, str):
         raise Malformed("not_text")
     if not text.strip():
@@ -308,9 +337,24 @@ def _structured(text: object, *, allowed: Collection[int] | None, max_len: int, 
         if kind not in ("add", "update", "return"):
             raws.append(Malformed("not_the_schema"))
             continue
-        raws.append({"kind": kind, "text": item.get("text"), "id": item.get("id"), "tags": [],
-                     "reason": item.get("reason", ""), **({"actions": item["actions"]} if "actions" in item else {})})
-    return _validate(raws, allowed=allowed, retrieved_id=None, allow_delete=False, max_len=max_len, max_ops=max_ops)
+        raws.append(
+            {
+                "kind": kind,
+                "text": item.get("text"),
+                "id": item.get("id"),
+                "tags": [],
+                "reason": item.get("reason", ""),
+                **({"actions": item["actions"]} if "actions" in item else {}),
+            }
+        )
+    return _validate(
+        raws,
+        allowed=allowed,
+        retrieved_id=None,
+        allow_delete=False,
+        max_len=max_len,
+        max_ops=max_ops,
+    )
 
 
 def parse_ops(
@@ -349,8 +393,14 @@ def parse_ops(
     if retrieved_id is None and allowed is not None and len(allowed) == 1:
         retrieved_id = next(iter(allowed))
     try:
-        ops = _parse(text, allowed=allowed, retrieved_id=retrieved_id,
-                     allow_delete=allow_delete, max_len=max_len, max_ops=max_ops)
+        ops = _parse(
+            text,
+            allowed=allowed,
+            retrieved_id=retrieved_id,
+            allow_delete=allow_delete,
+            max_len=max_len,
+            max_ops=max_ops,
+        )
     except Malformed as err:
         ops = [ReturnOp(reason=err.reason, malformed=True)]
     except Exception as err:  # a parser bug must not take the trainer down: count it instead
@@ -371,9 +421,10 @@ def parse_structured_ops(
 
     Only the schema's form is read (after a thinking model's reasoning): a compact JSON list of
     ``{"op": "add", "text"}`` / ``{"op": "update", "id", "text"}`` / ``{"op": "return",
-    "reason"}``, an add or update with ``"actions"`` before its text under an action slot. The grammar makes every such answer valid; the validation is still the one of
-    :func:`parse_ops`, so an answer that is not (cut short, or from a model run without the
-    grammar) is a counted malformed Return.
+    "reason"}``, an add or update with ``"actions"`` before its text under an action slot. The
+    grammar makes every such answer valid; the validation is still the one of :func:`parse_ops`, so
+    an answer that is not (cut short, or from a model run without the grammar) is a counted
+    malformed Return.
 
     >>> parse_structured_ops('[{"op":"update","id":7,"text":"Go round."}]', allowed_update_ids={7})
     [UpdateOp(id=7, text='Go round.', kind='update')]

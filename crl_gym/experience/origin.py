@@ -11,7 +11,8 @@ entries read as written by ``unknown``):
 * ``import``: :meth:`~crl_gym.experience.bank.ExperienceBank.import_jsonl`.
 
 ``quarantined`` entries stay in the database but are hidden from retrieval, the entry list and
-every write (:meth:`~crl_gym.experience.bank.ExperienceBank.quarantine`); undoing it brings them back.
+every write (:meth:`~crl_gym.experience.bank.ExperienceBank.quarantine`); undoing it brings
+them back.
 
 >>> Origin("extractor", model_step=12).describe()
 'extractor (model step 12)'
@@ -37,7 +38,8 @@ class Origin:
 
     written_by: str = "user"
     model_step: int | None = None
-    """The extractor's model step (its ``extractor_version``) when ``written_by`` is ``extractor``."""
+    """The extractor's model step (its ``extractor_version``) when ``written_by``
+    is ``extractor``."""
     written_at: float = field(default_factory=time.time)
     """Unix time of the write."""
 
@@ -51,10 +53,16 @@ class Origin:
         return name
 
     def describe(self) -> str:
-        return self.written_by + ("" if self.model_step is None else f" (model step {self.model_step})")
+        return self.written_by + (
+            "" if self.model_step is None else f" (model step {self.model_step})"
+        )
 
     def to_dict(self) -> dict[str, object]:
-        return {"written_by": self.written_by, "model_step": self.model_step, "written_at": self.written_at}
+        return {
+            "written_by": self.written_by,
+            "model_step": self.model_step,
+            "written_at": self.written_at,
+        }
 
 
 def parse_steps(text: str) -> tuple[int | None, int | None]:
@@ -68,7 +76,9 @@ def parse_steps(text: str) -> tuple[int | None, int | None]:
         lo = int(a) if a.strip() else None
         hi = (int(b) if b.strip() else None) if sep else lo
     except ValueError:
-        raise ValueError(f"steps must be A:B (integers, either end may be left out), got {text!r}") from None
+        raise ValueError(
+            f"steps must be A:B (integers, either end may be left out), got {text!r}"
+        ) from None
     if lo is not None and hi is not None and hi < lo:
         raise ValueError(f"steps {text!r}: the end {hi} is before the start {lo}")
     return lo, hi

@@ -10,9 +10,10 @@
 * the **experience template** the actor sees, and the text of the ``search_and_ask`` tool.
 
 The template texts themselves live in :mod:`crl_gym.templates` (re-exported here under the same
-names); this module builds prompts from them. Templates are filled by :func:`fill`, which replaces ``{name}`` placeholders in one pass and
-never interprets braces inside the values (the authors' fallback prompt used ``str.format`` on
-text with literal braces and raised ``KeyError``). Literal JSON in a template is therefore fine.
+names); this module builds prompts from them. Templates are filled by :func:`fill`, which replaces
+``{name}`` placeholders in one pass and never interprets braces inside the values (the authors'
+fallback prompt used ``str.format`` on text with literal braces and raised ``KeyError``). Literal
+JSON in a template is therefore fine.
 
 >>> fill("Task: {task} / {missing}", task="print {x}")
 'Task: print {x} / {missing}'
@@ -89,15 +90,17 @@ def truncate_middle(text: str, max_chars: int, marker: str = " … ") -> str:
         return text[:max_chars]
     keep = max_chars - len(marker)
     head = (keep + 1) // 2
-    return text[:head] + marker + text[len(text) - (keep - head):]
+    return text[:head] + marker + text[len(text) - (keep - head) :]
 
 
 # --------------------------------------------------------------------------------------------
 # What the actor sees
 # --------------------------------------------------------------------------------------------
 
-def render_experience(experience: str, observation: str,
-                      template: str = EXPERIENCE_TEMPLATE) -> str:
+
+def render_experience(
+    experience: str, observation: str, template: str = EXPERIENCE_TEMPLATE
+) -> str:
     """First observation of a guided episode: the entry, then the env's observation.
 
     >>> render_experience("Keys open doors {always}.", "You see a door.").splitlines()[1]
@@ -116,6 +119,7 @@ def render_search_answer(query: str, answer: str | None) -> str:
 # --------------------------------------------------------------------------------------------
 # Distillation
 # --------------------------------------------------------------------------------------------
+
 
 def _render_step(i: int, step: Step, max_obs_chars: int, max_action_chars: int) -> str:
     obs = truncate_middle(step.observation.strip(), max_obs_chars)
@@ -146,8 +150,10 @@ def render_trajectory(
     [2] observation: stairs
         action: down (reward +1)
     """
-    lines = [_render_step(i + 1, s, max_obs_chars, max_action_chars)
-             for i, s in enumerate(trajectory.steps)]
+    lines = [
+        _render_step(i + 1, s, max_obs_chars, max_action_chars)
+        for i, s in enumerate(trajectory.steps)
+    ]
     if not lines:
         return EMPTY_TRAJECTORY
     text = "\n".join(lines)
@@ -173,8 +179,12 @@ def _render_outcome(request: DistillationRequest) -> str:
 
 
 def build_distillation_prompt(
-    request: DistillationRequest, max_chars: int = 12000, *, max_ops: int = MAX_OPS,
-    max_entry_chars: int = DEFAULT_MAX_LEN, action_slot: int = 0,
+    request: DistillationRequest,
+    max_chars: int = 12000,
+    *,
+    max_ops: int = MAX_OPS,
+    max_entry_chars: int = DEFAULT_MAX_LEN,
+    action_slot: int = 0,
 ) -> str:
     """The prompt that asks the extractor to distil ``request`` into Add / Update / Return ops.
 
@@ -187,7 +197,8 @@ def build_distillation_prompt(
 
     ``action_slot`` N > 0 (``experience.action_slot``) asks for the action slot: the answer's shape
     names its ``actions`` field, up to N of the episode's admissible actions
-    (:func:`distillation_slot_actions`; give 0 for a request that has none, whose schema has no slot).
+    (:func:`distillation_slot_actions`; give 0 for a request that has none, whose schema has
+    no slot).
 
     >>> from crl_gym.protocol import Trajectory, Step
     >>> r = DistillationRequest(task="reach > {fast}", trajectory=Trajectory(
@@ -199,19 +210,32 @@ def build_distillation_prompt(
     True
     """
     if max_ops < 1 or max_entry_chars < 1:
-        raise ValueError(f"build_distillation_prompt: max_ops and max_entry_chars must be >= 1, got {max_ops}, "
-                         f"{max_entry_chars}")
+        raise ValueError(
+            f"build_distillation_prompt: max_ops and max_entry_chars must be >= 1, got {max_ops}, "
+            f"{max_entry_chars}"
+        )
     template = _distillation_template(action_slot)
     m = request.experience
     if m is None:
         experience = f"{NO_EXPERIENCE} {UPDATE_RULE_FREE}"
     else:
         rule = UPDATE_RULE_GUIDED_SLOT if action_slot else UPDATE_RULE_GUIDED
-        experience = fill(GIVEN_ENTRY_TEMPLATE, id=m.id, version=m.version, text=truncate_middle(m.text, 2000),
-                          update_rule=fill(rule, id=m.id))
+        experience = fill(
+            GIVEN_ENTRY_TEMPLATE,
+            id=m.id,
+            version=m.version,
+            text=truncate_middle(m.text, 2000),
+            update_rule=fill(rule, id=m.id),
+        )
     task = truncate_middle(request.task.strip(), 2000)
-    parts = {"task": task, "outcome": _render_outcome(request), "experience": experience,
-             "max_ops": max_ops, "max_entry_chars": max_entry_chars, "action_slot": action_slot}
+    parts = {
+        "task": task,
+        "outcome": _render_outcome(request),
+        "experience": experience,
+        "max_ops": max_ops,
+        "max_entry_chars": max_entry_chars,
+        "action_slot": action_slot,
+    }
     frame = fill(template, **parts, trajectory="")
     traj = render_trajectory(request.trajectory, max(500, max_chars - len(frame)))
     return fill(template, **parts, trajectory=traj)
@@ -219,12 +243,15 @@ def build_distillation_prompt(
 
 def _distillation_template(action_slot: int) -> str:
     if not 0 <= action_slot <= MAX_ACTION_SLOT:
-        raise ValueError(f"distillation prompt: action_slot must be in [0, {MAX_ACTION_SLOT}], got {action_slot}")
+        raise ValueError(
+            f"distillation prompt: action_slot must be in [0, {MAX_ACTION_SLOT}], got {action_slot}"
+        )
     return DISTILLATION_SLOT_TEMPLATE if action_slot else DISTILLATION_TEMPLATE
 
 
-def distillation_instructions(*, max_ops: int = MAX_OPS, max_entry_chars: int = DEFAULT_MAX_LEN,
-                              action_slot: int = 0) -> str:
+def distillation_instructions(
+    *, max_ops: int = MAX_OPS, max_entry_chars: int = DEFAULT_MAX_LEN, action_slot: int = 0
+) -> str:
     """The fixed part of every distillation prompt with these bounds: the entry contract and the
     answer format, everything before the first of the episode's own parts.
 
@@ -234,7 +261,7 @@ def distillation_instructions(*, max_ops: int = MAX_OPS, max_entry_chars: int = 
     True
     """
     template = _distillation_template(action_slot)
-    head = template[:template.index("{task}")]
+    head = template[: template.index("{task}")]
     return fill(head, max_ops=max_ops, max_entry_chars=max_entry_chars, action_slot=action_slot)
 
 
@@ -254,16 +281,26 @@ def distillation_slot_actions(request: DistillationRequest) -> tuple[str, ...]:
     """
     seen: dict[str, None] = {}
     for step in request.trajectory.steps:
-        value = step.info.get("admissible_actions") if step.kind == "env" and isinstance(step.info, dict) else None
+        value = (
+            step.info.get("admissible_actions")
+            if step.kind == "env" and isinstance(step.info, dict)
+            else None
+        )
         if isinstance(value, list | tuple):
             seen.update((a, None) for a in value if slot_action(a))
     return tuple(seen)[:MAX_SLOT_ACTIONS]
 
 
-def build_reflection_prompt(category: str, failures: Sequence[DistillationRequest],
-                            successes: Sequence[DistillationRequest], *, max_entries: int = 3,
-                            max_chars: int = 12000, max_episodes: int = 3,
-                            max_entry_chars: int = DEFAULT_MAX_LEN) -> str:
+def build_reflection_prompt(
+    category: str,
+    failures: Sequence[DistillationRequest],
+    successes: Sequence[DistillationRequest],
+    *,
+    max_entries: int = 3,
+    max_chars: int = 12000,
+    max_episodes: int = 3,
+    max_entry_chars: int = DEFAULT_MAX_LEN,
+) -> str:
     """EDGE's reflection: contrast a low-success category's failed and successful episodes of one
     step (at most ``max_episodes`` of each, their trajectories shrunk to keep the prompt near
     ``max_chars``) and ask for up to ``max_entries`` new entries under the entry contract (the same
@@ -280,12 +317,22 @@ def build_reflection_prompt(category: str, failures: Sequence[DistillationReques
     per = max(300, max_chars // max(1, 2 * max(len(fail), len(win), 1)))
 
     def episodes(reqs: Sequence[DistillationRequest]) -> str:
-        return "\n\n".join(f"Task: {truncate_middle(r.task.strip(), 500)}\n{_render_outcome(r)}\n"
-                           f"{render_trajectory(r.trajectory, per)}" for r in reqs)
+        return "\n\n".join(
+            f"Task: {truncate_middle(r.task.strip(), 500)}\n{_render_outcome(r)}\n"
+            f"{render_trajectory(r.trajectory, per)}"
+            for r in reqs
+        )
 
-    return fill(REFLECTION_TEMPLATE, category=category, successes=len(successes), max_entry_chars=max_entry_chars,
-                episodes=len(failures) + len(successes), max_entries=max_entries,
-                failures=episodes(fail), successes_text=episodes(win) if win else NO_SUCCESSFUL_EPISODE)
+    return fill(
+        REFLECTION_TEMPLATE,
+        category=category,
+        successes=len(successes),
+        max_entry_chars=max_entry_chars,
+        episodes=len(failures) + len(successes),
+        max_entries=max_entries,
+        failures=episodes(fail),
+        successes_text=episodes(win) if win else NO_SUCCESSFUL_EPISODE,
+    )
 
 
 def distillation_update_ids(request: DistillationRequest) -> frozenset[int]:
@@ -296,6 +343,7 @@ def distillation_update_ids(request: DistillationRequest) -> frozenset[int]:
 # --------------------------------------------------------------------------------------------
 # Refinement (search_and_ask)
 # --------------------------------------------------------------------------------------------
+
 
 def build_refinement_prompt(
     query: str, entry: ExperienceRef | str, context: str, max_chars: int = 6000
@@ -315,7 +363,7 @@ def build_refinement_prompt(
     # Keep the end of the context: the latest turns describe the current situation.
     ctx = str(context).strip()
     if len(ctx) > budget:
-        ctx = "…" + ctx[len(ctx) - budget + 1:]
+        ctx = "…" + ctx[len(ctx) - budget + 1 :]
     return fill(REFINEMENT_TEMPLATE, query=query, entry=text, context=ctx or "(none)")
 
 
@@ -392,8 +440,25 @@ def build_merge_prompt(items: Sequence[MergeItem]) -> str:
 
 
 __all__ = [
-    "DISTILLATION_TEMPLATE", "EXPERIENCE_TEMPLATE", "MERGE_TEMPLATE", "REFINEMENT_TEMPLATE", "SEARCH_AND_ASK_TOOL",
-    "SEARCH_ANSWER_TEMPLATE", "SEARCH_NO_RESULT", "MergeItem", "build_distillation_prompt", "build_merge_prompt",
-    "build_refinement_prompt", "distillation_instructions", "distillation_slot_actions", "distillation_update_ids", "extract_refined_advice", "fill", "render_experience",
-    "render_merge_item", "render_search_answer", "render_trajectory", "truncate_middle",
+    "DISTILLATION_TEMPLATE",
+    "EXPERIENCE_TEMPLATE",
+    "MERGE_TEMPLATE",
+    "REFINEMENT_TEMPLATE",
+    "SEARCH_AND_ASK_TOOL",
+    "SEARCH_ANSWER_TEMPLATE",
+    "SEARCH_NO_RESULT",
+    "MergeItem",
+    "build_distillation_prompt",
+    "build_merge_prompt",
+    "build_refinement_prompt",
+    "distillation_instructions",
+    "distillation_slot_actions",
+    "distillation_update_ids",
+    "extract_refined_advice",
+    "fill",
+    "render_experience",
+    "render_merge_item",
+    "render_search_answer",
+    "render_trajectory",
+    "truncate_middle",
 ]

@@ -1,5 +1,6 @@
-"""What the experience service answers, typed: :class:`StepEnded` (``end_step``), :class:`OpsApplied`
-(``apply_ops``), :class:`ServiceStats` (``stats``) and :class:`Health` (``health``).
+"""What the experience service answers, typed: :class:`StepEnded` (``end_step``),
+:class:`OpsApplied` (``apply_ops``), :class:`ServiceStats` (``stats``) and
+:class:`Health` (``health``).
 
 Every face returns these objects (in process, HTTP, Ray). ``to_dict()`` is the JSON form the HTTP
 server sends and the Ray actor hands back; ``from_dict(d)`` parses it on the client side and raises
@@ -38,8 +39,14 @@ Figure = int | float | str | bool | None
 T = TypeVar("T")
 
 
-def _read(d: Mapping[str, object], key: str, kind: type[T] | tuple[type, ...], what: str, *,
-          optional: bool = False) -> T:
+def _read(
+    d: Mapping[str, object],
+    key: str,
+    kind: type[T] | tuple[type, ...],
+    what: str,
+    *,
+    optional: bool = False,
+) -> T:
     """``d[key]`` checked to be of ``kind`` (``None`` allowed when ``optional``)."""
     if key not in d:
         if optional:
@@ -49,7 +56,9 @@ def _read(d: Mapping[str, object], key: str, kind: type[T] | tuple[type, ...], w
     if value is None and optional:
         return None  # type: ignore[return-value]
     if isinstance(value, bool) and kind in (int, float) or not isinstance(value, kind):
-        raise ValueError(f"{what}: {key!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+        raise ValueError(
+            f"{what}: {key!r} must be {getattr(kind, '__name__', kind)}, got {value!r}"
+        )
     return value  # type: ignore[return-value]
 
 
@@ -69,7 +78,9 @@ def _object(value: object, what: str) -> Mapping[str, object]:
 def _status(value: object, what: str) -> ExtractorStatus | None:
     if value is None or value in get_args(ExtractorStatus):
         return value  # type: ignore[return-value]
-    raise ValueError(f"{what}: 'extractor' must be one of {get_args(ExtractorStatus)} or null, got {value!r}")
+    raise ValueError(
+        f"{what}: 'extractor' must be one of {get_args(ExtractorStatus)} or null, got {value!r}"
+    )
 
 
 class MappingFace:
@@ -106,8 +117,8 @@ class MappingFace:
 
 @dataclass(frozen=True)
 class StepEnded(MappingFace):
-    """``end_step(t)``: the steps it closed (``t`` and any earlier one still open), the requests they
-    held and the credits the service made for them (0 without an extractor)."""
+    """``end_step(t)``: the steps it closed (``t`` and any earlier one still open), the requests
+    they held and the credits the service made for them (0 without an extractor)."""
 
     step: int
     ended: list[int]
@@ -118,8 +129,12 @@ class StepEnded(MappingFace):
     :func:`crl_gym.wrappers.vector.end_step`; ``None`` otherwise."""
 
     def to_dict(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {"step": self.step, "ended": list(self.ended), "requests": self.requests,
-                                     "credited": self.credited}
+        out: dict[str, JSONValue] = {
+            "step": self.step,
+            "ended": list(self.ended),
+            "requests": self.requests,
+            "credited": self.credited,
+        }
         if self.workers is not None:
             out["workers"] = list(self.workers)
         return out
@@ -128,14 +143,18 @@ class StepEnded(MappingFace):
     def from_dict(cls, d: object) -> StepEnded:
         what = "end_step"
         m = _object(d, what)
-        return cls(step=_read(m, "step", int, what), ended=_ints(m, "ended", what),
-                   requests=_read(m, "requests", int, what), credited=_read(m, "credited", int, what))
+        return cls(
+            step=_read(m, "step", int, what),
+            ended=_ints(m, "ended", what),
+            requests=_read(m, "requests", int, what),
+            credited=_read(m, "credited", int, what),
+        )
 
 
 @dataclass(frozen=True)
 class OpsApplied(MappingFace):
-    """``apply_ops(ops)``: how many entries were added (and their ids), updated and deleted, the Return
-    ops (no action) and the malformed ones."""
+    """``apply_ops(ops)``: how many entries were added (and their ids), updated and deleted, the
+    Return ops (no action) and the malformed ones."""
 
     added: int
     added_ids: list[int]
@@ -144,26 +163,39 @@ class OpsApplied(MappingFace):
     returned: int
     malformed: int
     repeated: bool = False
-    """The call's write id had been applied already: this is that call's answer, nothing was applied again."""
+    """The call's write id had been applied already: this is that call's answer, nothing was
+    applied again."""
 
     def to_dict(self) -> dict[str, JSONValue]:
-        return {"added": self.added, "added_ids": list(self.added_ids), "updated": self.updated,
-                "deleted": self.deleted, "returned": self.returned, "malformed": self.malformed,
-                "repeated": self.repeated}
+        return {
+            "added": self.added,
+            "added_ids": list(self.added_ids),
+            "updated": self.updated,
+            "deleted": self.deleted,
+            "returned": self.returned,
+            "malformed": self.malformed,
+            "repeated": self.repeated,
+        }
 
     @classmethod
     def from_dict(cls, d: object) -> OpsApplied:
         what = "apply_ops"
         m = _object(d, what)
-        return cls(added=_read(m, "added", int, what), added_ids=_ints(m, "added_ids", what),
-                   updated=_read(m, "updated", int, what), deleted=_read(m, "deleted", int, what),
-                   returned=_read(m, "returned", int, what), malformed=_read(m, "malformed", int, what),
-                   repeated=bool(m.get("repeated", False)))
+        return cls(
+            added=_read(m, "added", int, what),
+            added_ids=_ints(m, "added_ids", what),
+            updated=_read(m, "updated", int, what),
+            deleted=_read(m, "deleted", int, what),
+            returned=_read(m, "returned", int, what),
+            malformed=_read(m, "malformed", int, what),
+            repeated=bool(m.get("repeated", False)),
+        )
 
 
 @dataclass(frozen=True)
 class Health(MappingFace):
-    """``health()``: cheap (no token needed over HTTP): ``status`` is ``"ok"`` whenever the service answers."""
+    """``health()``: cheap (no token needed over HTTP): ``status`` is ``"ok"`` whenever the
+    service answers."""
 
     pending: int
     """Requests queued for distillation."""
@@ -174,7 +206,12 @@ class Health(MappingFace):
     reads go on. ``None``: the last write to disk succeeded."""
 
     def to_dict(self) -> dict[str, JSONValue]:
-        return {"status": self.status, "pending": self.pending, "extractor": self.extractor, "storage": self.storage}
+        return {
+            "status": self.status,
+            "pending": self.pending,
+            "extractor": self.extractor,
+            "storage": self.storage,
+        }
 
     @classmethod
     def from_dict(cls, d: object) -> Health:
@@ -183,12 +220,29 @@ class Health(MappingFace):
         if m.get("status") != "ok":
             raise ValueError(f"{what}: 'status' must be 'ok', got {m.get('status')!r}")
         storage = m.get("storage")
-        return cls(pending=_read(m, "pending", int, what), extractor=_status(m.get("extractor"), what),
-                   storage=None if storage is None else str(storage))
+        return cls(
+            pending=_read(m, "pending", int, what),
+            extractor=_status(m.get("extractor"), what),
+            storage=None if storage is None else str(storage),
+        )
 
 
-STATS_FIELDS: tuple[str, ...] = ("bank_size", "queue_depth", "last_ended_step", "late_requests", "held_out_requests", "open_requests",
-          "submitted", "steps_ended", "ops_applied", "extractor", "distilled", "credited", "extractor_updates", "merges")
+STATS_FIELDS: tuple[str, ...] = (
+    "bank_size",
+    "queue_depth",
+    "last_ended_step",
+    "late_requests",
+    "held_out_requests",
+    "open_requests",
+    "submitted",
+    "steps_ended",
+    "ops_applied",
+    "extractor",
+    "distilled",
+    "credited",
+    "extractor_updates",
+    "merges",
+)
 """The figures of :class:`ServiceStats` that are attributes (the rest are in its ``counters``)."""
 
 
@@ -227,9 +281,11 @@ class ServiceStats(MappingFace):
         value = self.counters.get("last_error")
         return value if isinstance(value, str) else ""
 
-    # a figure, never the nested ``manager`` report (``stats["manager"]`` reads that): narrower than the face's get
+    # a figure, never the nested ``manager`` report (``stats["manager"]`` reads that): narrower than
+    # the face's get
     def get(self, key: str, default: Figure = None) -> Figure:  # type: ignore[override]
-        """The figure named ``key`` in the JSON form (``default`` when this service has no such figure)."""
+        """The figure named ``key`` in the JSON form (``default`` when this service has no
+        such figure)."""
         if key in STATS_FIELDS:
             value: Figure = getattr(self, key)
             return value
@@ -259,6 +315,8 @@ class ServiceStats(MappingFace):
             if k in STATS_FIELDS:
                 continue
             if not isinstance(v, (int, float, str, bool)) and v is not None:
-                raise ValueError(f"{what}: {k!r} must be a number, a text or null, got {type(v).__name__}")
+                raise ValueError(
+                    f"{what}: {k!r} must be a number, a text or null, got {type(v).__name__}"
+                )
             counters[k] = v
         return cls(extractor=status, counters=counters, manager=dict(manager), **kw)  # type: ignore[arg-type]

@@ -46,11 +46,13 @@ TEXT_CHARS = r"[ !#-\[\]-~]"
 FIRST_CHAR = r"[!#-\[\]-~]"
 """The first character: visible (a text is never empty or blank)."""
 GUIDANCE_OPTIONS: JSONDict = {"whitespace_flexible": False, "json_allowed_escapes": ""}
-"""llguidance's JSON options, carried inside each schema so both backends compile the same grammar."""
+"""llguidance's JSON options, carried inside each schema so both backends compile the
+same grammar."""
 MERGE_ACTIONS = ("keep", "merge", "discard")
 """What a Merge answer says of each entry of its window."""
 LABEL = re.compile(r"[EM][0-9]{1,6}")
-"""A window label as the merge prompt writes it (``E3`` a bank entry, ``M2`` an earlier merge result)."""
+"""A window label as the merge prompt writes it (``E3`` a bank entry, ``M2`` an earlier
+merge result)."""
 MAX_OPS = 3
 """Ops in one distillation answer (the prompt's ``{max_ops}``)."""
 MAX_REASON_CHARS = 60
@@ -58,7 +60,8 @@ MAX_REASON_CHARS = 60
 MAX_ACTION_SLOT = 8
 """Most actions one slot may hold (``experience.action_slot``'s upper bound)."""
 MAX_SLOT_ACTIONS = 128
-"""Most distinct actions a slot's ``enum`` lists (the first seen are kept): a bound on the grammar."""
+"""Most distinct actions a slot's ``enum`` lists (the first seen are kept): a bound on
+the grammar."""
 MAX_SLOT_ACTION_CHARS = 100
 """Longest action a slot lists; a longer one (a free-text command) is left out of the ``enum``."""
 _SLOT_ACTION = re.compile(f"{FIRST_CHAR}{TEXT_CHARS}{{0,{MAX_SLOT_ACTION_CHARS - 1}}}")
@@ -68,12 +71,21 @@ def text_schema(max_chars: int) -> JSONDict:
     """A bounded plain-text string (see the module docstring)."""
     if max_chars < 1:
         raise ValueError(f"text_schema: max_chars must be >= 1, got {max_chars}")
-    return {"type": "string", "pattern": f"^{FIRST_CHAR}{TEXT_CHARS}{{0,{max_chars - 1}}}$", "maxLength": max_chars}
+    return {
+        "type": "string",
+        "pattern": f"^{FIRST_CHAR}{TEXT_CHARS}{{0,{max_chars - 1}}}$",
+        "maxLength": max_chars,
+    }
 
 
 def _op(kind: str, **fields: JSONValue) -> JSONDict:
     props: JSONDict = {"op": {"const": kind}, **fields}
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props),
+        "additionalProperties": False,
+    }
 
 
 def slot_action(value: object) -> bool:
@@ -98,17 +110,26 @@ def slot_schema(actions: Sequence[str], size: int) -> JSONDict:
     actions = list(actions)
     bad = [a for a in actions if not slot_action(a)]
     if not actions or bad or len(set(actions)) != len(actions) or len(actions) > MAX_SLOT_ACTIONS:
-        raise ValueError(f"slot_schema: actions must be 1 to {MAX_SLOT_ACTIONS} distinct plain strings "
-                         f"(printable ASCII, no quotes or backslashes, at most {MAX_SLOT_ACTION_CHARS} characters), "
-                         f"got {actions!r}")
+        raise ValueError(
+            f"slot_schema: actions must be 1 to {MAX_SLOT_ACTIONS} distinct plain strings "
+            f"(printable ASCII, no quotes or backslashes, at most {MAX_SLOT_ACTION_CHARS} "
+            f"characters), got {actions!r}"
+        )
     enum: list[JSONValue] = list(actions)
     return {"type": "array", "items": {"enum": enum}, "minItems": 1, "maxItems": size}
 
 
-def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text: int = 2000,
-               max_reason: int = MAX_REASON_CHARS, slot_actions: Sequence[str] = (),
-               slot_size: int = 0) -> JSONDict:
-    """The distillation answer: 1 … ``max_ops`` ops; an update (of one of ``update_ids``) only first.
+def ops_schema(
+    update_ids: Collection[int],
+    *,
+    max_ops: int = MAX_OPS,
+    max_text: int = 2000,
+    max_reason: int = MAX_REASON_CHARS,
+    slot_actions: Sequence[str] = (),
+    slot_size: int = 0,
+) -> JSONDict:
+    """The distillation answer: 1 … ``max_ops`` ops; an update (of one of ``update_ids``)
+    only first.
 
     With ``slot_size`` N > 0 and some ``slot_actions``, every add and update has a required
     ``"actions"`` field before its ``"text"`` (:func:`slot_schema`); without actions (an env that
@@ -123,7 +144,9 @@ def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text:
     if max_ops < 1:
         raise ValueError(f"ops_schema: max_ops must be >= 1, got {max_ops}")
     if not 0 <= slot_size <= MAX_ACTION_SLOT:
-        raise ValueError(f"ops_schema: slot_size must be in [0, {MAX_ACTION_SLOT}], got {slot_size}")
+        raise ValueError(
+            f"ops_schema: slot_size must be in [0, {MAX_ACTION_SLOT}], got {slot_size}"
+        )
     slot: JSONDict = (
         {"actions": slot_schema(slot_actions, slot_size)} if slot_size and slot_actions else {}
     )
@@ -135,34 +158,54 @@ def ops_schema(update_ids: Collection[int], *, max_ops: int = MAX_OPS, max_text:
         values: list[JSONValue] = list(ids)
         target: JSONDict = {"const": ids[0]} if len(ids) == 1 else {"enum": values}
         first.insert(1, _op("update", id=target, **slot, text=text_schema(max_text)))
-    schema: JSONDict = {"type": "array", "prefixItems": [{"anyOf": first}], "minItems": 1,
-                        "maxItems": max_ops}
+    schema: JSONDict = {
+        "type": "array",
+        "prefixItems": [{"anyOf": first}],
+        "minItems": 1,
+        "maxItems": max_ops,
+    }
     schema["items"] = {"anyOf": [add, ret]} if max_ops > 1 else False
     return {**schema, "x-guidance": dict(GUIDANCE_OPTIONS)}
 
 
 def refinement_schema(max_text: int = 1500) -> JSONDict:
     """The ``search_and_ask`` answer: ``{"advice": "..."}``."""
-    return {"type": "object", "properties": {"advice": text_schema(max_text)}, "required": ["advice"],
-            "additionalProperties": False, "x-guidance": dict(GUIDANCE_OPTIONS)}
+    return {
+        "type": "object",
+        "properties": {"advice": text_schema(max_text)},
+        "required": ["advice"],
+        "additionalProperties": False,
+        "x-guidance": dict(GUIDANCE_OPTIONS),
+    }
 
 
 def merge_schema(labels: Sequence[str], max_text: int = 2000) -> JSONDict:
-    """One Merge window's answer over ``labels``: each decided once, in window order, then ``merged``."""
+    """One Merge window's answer over ``labels``: each decided once, in window order,
+    then ``merged``."""
     labels = list(labels)
-    if len(set(labels)) != len(labels) or not all(isinstance(x, str) and LABEL.fullmatch(x) for x in labels):
-        raise ValueError(f"merge_schema: labels must be distinct window labels like 'E3', got {labels!r}")
+    if len(set(labels)) != len(labels) or not all(
+        isinstance(x, str) and LABEL.fullmatch(x) for x in labels
+    ):
+        raise ValueError(
+            f"merge_schema: labels must be distinct window labels like 'E3', got {labels!r}"
+        )
     props: JSONDict = {x: {"enum": list(MERGE_ACTIONS)} for x in labels}
     props["merged"] = text_schema(max_text)
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False,
-            "x-guidance": dict(GUIDANCE_OPTIONS)}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props),
+        "additionalProperties": False,
+        "x-guidance": dict(GUIDANCE_OPTIONS),
+    }
 
 
 # ------------------------------------------------------------------------------------ bounds
 
 
 def _max_len(s: Mapping[str, Any] | Literal[False]) -> int:
-    """Longest compact JSON text valid under ``s`` (the subset of JSON Schema this module writes)."""
+    """Longest compact JSON text valid under ``s`` (the subset of JSON Schema this
+    module writes)."""
     if s is False:
         return 0
     if "const" in s:
@@ -206,20 +249,43 @@ def example_answers(n_labels: int = 40, max_ids: int = 32) -> list[str]:
     """One answer of each shape, for the tiny preset's tokenizer corpus: BPE then gives the JSON
     skeletons the schemas force few tokens, as a real tokenizer does."""
     texts = ["When the goal is visible, walk straight to it.", "Nothing new here."]
-    out = [json.dumps([{"op": "add", "text": texts[0]}], separators=(",", ":")),
-           json.dumps([{"op": "return", "reason": texts[1]}], separators=(",", ":")),
-           json.dumps({"advice": texts[0]}, separators=(",", ":"))]
-    out += [json.dumps([{"op": "update", "id": i, "text": texts[0]}, {"op": "add", "text": texts[1]}],
-                       separators=(",", ":")) for i in range(1, max_ids + 1)]
+    out = [
+        json.dumps([{"op": "add", "text": texts[0]}], separators=(",", ":")),
+        json.dumps([{"op": "return", "reason": texts[1]}], separators=(",", ":")),
+        json.dumps({"advice": texts[0]}, separators=(",", ":")),
+    ]
+    out += [
+        json.dumps(
+            [{"op": "update", "id": i, "text": texts[0]}, {"op": "add", "text": texts[1]}],
+            separators=(",", ":"),
+        )
+        for i in range(1, max_ids + 1)
+    ]
     labels = [f"{p}{i}" for i in range(1, n_labels + 1) for p in ("E", "M")]
     for s in range(0, len(labels), 4):
-        chunk = labels[s:s + 4]
+        chunk = labels[s : s + 4]
         obj: dict[str, str] = {x: MERGE_ACTIONS[i % 3] for i, x in enumerate(chunk)}
         out.append(json.dumps({**obj, "merged": texts[0]}, separators=(",", ":")))
     return out
 
 
-__all__ = ["FIRST_CHAR", "GUIDANCE_OPTIONS", "LABEL", "MAX_ACTION_SLOT", "MAX_OPS", "MAX_REASON_CHARS",
-           "MAX_SLOT_ACTIONS", "MAX_SLOT_ACTION_CHARS", "MERGE_ACTIONS", "TEXT_CHARS", "example_answers",
-           "max_answer_chars", "merge_schema", "ops_schema", "refinement_schema", "slot_action", "slot_schema",
-           "text_schema"]
+__all__ = [
+    "FIRST_CHAR",
+    "GUIDANCE_OPTIONS",
+    "LABEL",
+    "MAX_ACTION_SLOT",
+    "MAX_OPS",
+    "MAX_REASON_CHARS",
+    "MAX_SLOT_ACTIONS",
+    "MAX_SLOT_ACTION_CHARS",
+    "MERGE_ACTIONS",
+    "TEXT_CHARS",
+    "example_answers",
+    "max_answer_chars",
+    "merge_schema",
+    "ops_schema",
+    "refinement_schema",
+    "slot_action",
+    "slot_schema",
+    "text_schema",
+]

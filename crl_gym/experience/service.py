@@ -6,9 +6,10 @@ received, grouped by rollout step. Whoever drives the actor closes a rollout ste
 :meth:`RetrievalService.end_step`; the service then knows every episode of that step.
 
 :class:`RetrievalService` is the service without an extractor: it retrieves, queues requests and
-applies ops from outside, and ``end_step`` only closes steps. ``crl_train.service.ExperienceService``
-is the same object with the extractor's whole loop behind it (distil → ops → bank → credit →
-CISPO → merge): it overrides :meth:`RetrievalService._closed` to credit the closed steps.
+applies ops from outside, and ``end_step`` only closes steps.
+``crl_train.service.ExperienceService`` is the same object with the extractor's whole loop behind it
+(distil → ops → bank → credit → CISPO → merge): it overrides :meth:`RetrievalService._closed` to
+credit the closed steps.
 
 >>> from crl_gym.experience.bank import ExperienceBank
 >>> from crl_gym.experience.embedders import HashingEmbedder
@@ -52,7 +53,9 @@ from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 log = logging.getLogger(__name__)
 
 
-def ask_manager(manager: ExperienceManager, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+def ask_manager(
+    manager: ExperienceManager, query: str, entry: ExperienceRef, context: str
+) -> tuple[str, dict[str, Any] | None]:
     """Shared ``ask`` logic of every face (``RetrievalService.ask`` calls it).
 
     The manager's ``refiner(query, entry, context) -> (text, ExtractorSample | None)`` rewrites
@@ -127,7 +130,8 @@ class StepLedger:
     def __init__(self, last_ended: int = -1, *, keep: bool = True) -> None:
         self.last_ended = last_ended
         self.keep = keep
-        """Hold each open step's requests until it ends (what credit needs); False only counts them."""
+        """Hold each open step's requests until it ends (what credit needs); False only
+        counts them."""
         self.late = 0
         self.held_out = 0
         self._open: dict[int, list[DistillationRequest]] = {}
@@ -158,10 +162,18 @@ class StepLedger:
         """
         with self._lock:
             if step <= self.last_ended:
-                where = "is already ended" if step == self.last_ended else f"is out of order: step {self.last_ended} already ended"
-                raise StepOrderError(f"end_step({step}): step {step} {where} (steps end once, in increasing order)")
+                where = (
+                    "is already ended"
+                    if step == self.last_ended
+                    else f"is out of order: step {self.last_ended} already ended"
+                )
+                raise StepOrderError(
+                    f"end_step({step}): step {step} {where} (steps end once, in increasing order)"
+                )
             steps = sorted(s for s in self._counts if s <= step)
-            closed = [ClosedStep(s, self._open.pop(s, []), count=self._counts.pop(s)) for s in steps]
+            closed = [
+                ClosedStep(s, self._open.pop(s, []), count=self._counts.pop(s)) for s in steps
+            ]
             if not closed or closed[-1].step != step:
                 closed.append(ClosedStep(step))
             self.last_ended = step
@@ -186,16 +198,21 @@ class RetrievalService:
     def __init__(self, manager: ExperienceManager, *, last_ended: int = -1) -> None:
         self.manager = manager
         self.ledger = StepLedger(last_ended, keep=self.keeps_requests)
-        self.counters: dict[str, int] = dict.fromkeys(("submitted", "steps_ended", "ops_applied"), 0)
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("submitted", "steps_ended", "ops_applied"), 0
+        )
         self.counters["repeated_writes"] = 0
         self.write_ids = WriteIds(manager.bank)
-        """Submits and ``apply_ops`` calls applied, by id: a resend of one is answered, not applied again."""
+        """Submits and ``apply_ops`` calls applied, by id: a resend of one is answered, not
+        applied again."""
         self.reload_write_ids()
         # a write id is checked and applied by one caller at a time; submits and ops apart, so an
         # ops call embedding its texts never holds up a submit
         self._submit_lock = threading.Lock()
         self._ops_lock = threading.Lock()
-        self._queue_fault: str | None = None  # why the last submit could not be queued (health reports it)
+        self._queue_fault: str | None = (
+            None  # why the last submit could not be queued (health reports it)
+        )
         self._closed_service = False
 
     def reload_write_ids(self) -> None:
@@ -203,12 +220,15 @@ class RetrievalService:
         the ids kept in memory go, and the queue's own requests count as submitted, which covers a
         kill between queueing a request and storing its id."""
         self.write_ids.forget()
-        self.write_ids.remember([WriteRecord(i, "submit") for i in self.manager.queue.pending_ids()], durable=False)
+        self.write_ids.remember(
+            [WriteRecord(i, "submit") for i in self.manager.queue.pending_ids()], durable=False
+        )
 
     # ---------------------------------------------------------------- retrieval
     @property
     def refiner(self) -> Refiner | None:
-        """Rewrites an entry for the actor's own query (``ask``); None answers with the raw entry."""
+        """Rewrites an entry for the actor's own query (``ask``); None answers with the
+        raw entry."""
         return self.manager.refiner
 
     def search(self, query: str) -> ExperienceRef | None:
@@ -218,9 +238,13 @@ class RetrievalService:
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         if not queries:
             return []
-        return [hits[0].ref() if hits else None for hits in self.manager.search_many(list(queries), k=1)]
+        return [
+            hits[0].ref() if hits else None for hits in self.manager.search_many(list(queries), k=1)
+        ]
 
-    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+    def ask(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, dict[str, Any] | None]:
         return ask_manager(self.manager, query, entry, context)
 
     # ---------------------------------------------------------------- requests and steps
@@ -240,16 +264,22 @@ class RetrievalService:
         with self._submit_lock:
             seen = self.write_ids.seen([r.request_id for r in requests], stored=durable)
             fresh = list({r.request_id: r for r in requests if r.request_id not in seen}.values())
-            for r in fresh:  # filed under the open step before it is written, so the queue's copy says which
+            for r in (
+                fresh
+            ):  # filed under the open step before it is written, so the queue's copy says which
                 if r.rollout_step is None:
                     r.rollout_step = self.ledger.last_ended + 1
             try:
-                self.manager.submit_many(fresh, durable=durable)  # first: one it cannot take is kept and resent by the caller
+                self.manager.submit_many(
+                    fresh, durable=durable
+                )  # first: one it cannot take is kept and resent by the caller
             except StorageFault as exc:
                 self._queue_fault = str(exc)
                 raise
             self._queue_fault = None
-            self.write_ids.remember([WriteRecord(r.request_id, "submit") for r in fresh], durable=durable)
+            self.write_ids.remember(
+                [WriteRecord(r.request_id, "submit") for r in fresh], durable=durable
+            )
         for r in fresh:
             self.ledger.record(r)
         self.counters["submitted"] += len(fresh)
@@ -272,19 +302,27 @@ class RetrievalService:
             closed[-1].bonus = dict(bonus)
         self.counters["steps_ended"] += len(closed)
         credited = self._closed(closed)
-        return StepEnded(step=step, ended=[c.step for c in closed], requests=sum(c.count for c in closed),
-                         credited=credited)
+        return StepEnded(
+            step=step,
+            ended=[c.step for c in closed],
+            requests=sum(c.count for c in closed),
+            credited=credited,
+        )
 
     def _closed(self, closed: list[ClosedStep]) -> int:
-        """What ending ``closed`` does; returns how many credits it made. Nothing without an extractor."""
+        """What ending ``closed`` does; returns how many credits it made. Nothing without
+        an extractor."""
         del closed
         return 0
 
     # ---------------------------------------------------------------- bank writes from outside
-    def apply_ops(self, ops: Iterable[ExperienceOp], *, step: int | None = None, write_id: str | None = None) -> OpsApplied:
-        """Apply Add / Update / Delete / Return ops (seeding a bank, a user's own extractor), written
-        by ``user``. ``write_id`` (the client's id of this call): applied at most once; a resend of
-        an applied id gets that call's answer back with ``repeated`` set, and nothing is applied."""
+    def apply_ops(
+        self, ops: Iterable[ExperienceOp], *, step: int | None = None, write_id: str | None = None
+    ) -> OpsApplied:
+        """Apply Add / Update / Delete / Return ops (seeding a bank, a user's own extractor),
+        written by ``user``. ``write_id`` (the client's id of this call): applied at most once; a
+        resend of an applied id gets that call's answer back with ``repeated`` set, and nothing
+        is applied."""
         at = self.ledger.last_ended + 1 if step is None else step
         if write_id is None:
             res = self.manager.apply_ops(list(ops), step=at)
@@ -295,15 +333,23 @@ class RetrievalService:
                     self.counters["repeated_writes"] += 1
                     return _ops_answer(prior.result or {})
                 res = self.manager.apply_ops(list(ops), step=at, write=WriteRecord(write_id, "ops"))
-                self.write_ids.remember([WriteRecord(write_id, "ops", res.summary())],
-                                        durable=False)  # the bank stored it with the ops
+                self.write_ids.remember(
+                    [WriteRecord(write_id, "ops", res.summary())], durable=False
+                )  # the bank stored it with the ops
         self.counters["ops_applied"] += 1
-        return OpsApplied(added=len(res.added), added_ids=list(res.added), updated=len(res.updated),
-                          deleted=len(res.deleted), returned=res.returned, malformed=res.malformed)
+        return OpsApplied(
+            added=len(res.added),
+            added_ids=list(res.added),
+            updated=len(res.updated),
+            deleted=len(res.deleted),
+            returned=res.returned,
+            malformed=res.malformed,
+        )
 
     # ---------------------------------------------------------------- snapshots and quarantine
     def snapshot_bank(self, name: str | None = None) -> SnapshotInfo:
-        """Snapshot the bank and the queue as ``BANK/snapshots/NAME`` (:mod:`~crl_gym.experience.snapshots`)."""
+        """Snapshot the bank and the queue as ``BANK/snapshots/NAME``
+        (:mod:`~crl_gym.experience.snapshots`)."""
         with self._submit_lock, self._ops_lock:
             return take_snapshot(self.manager, name)
 
@@ -317,29 +363,47 @@ class RetrievalService:
         before (``before-restore-TIME``), which undoes it."""
         with self._submit_lock, self._ops_lock:
             before = restore_snapshot(self.manager, name)
-            self.reload_write_ids()  # a write rolled back by the restore is applied again when resent
+            # a write rolled back by the restore is applied again when resent
+            self.reload_write_ids()
             return before
 
-    def quarantine(self, written_by: str, steps: tuple[int | None, int | None] = (None, None), *,
-                   undo: bool = False) -> list[int]:
+    def quarantine(
+        self,
+        written_by: str,
+        steps: tuple[int | None, int | None] = (None, None),
+        *,
+        undo: bool = False,
+    ) -> list[int]:
         """Hide (``undo``: bring back) what ``written_by`` wrote at steps ``steps`` (see
         :meth:`ExperienceBank.quarantine`); returns the entry ids."""
         with self._ops_lock:
-            return self.manager.bank.quarantine(written_by, steps, undo=undo)  # a new generation: cached pools go
+            return self.manager.bank.quarantine(
+                written_by, steps, undo=undo
+            )  # a new generation: cached pools go
 
     # ---------------------------------------------------------------- state
     def stats(self) -> ServiceStats:
-        """``bank_size``, ``queue_depth``, the step ledger's figures, this service's counters and the
-        manager's report (the extractor's figures are 0 without one)."""
-        return ServiceStats(bank_size=len(self.manager.bank), queue_depth=int(self.manager.pending()),
-                            last_ended_step=self.ledger.last_ended, late_requests=self.ledger.late,
-                            held_out_requests=self.ledger.held_out, open_requests=self.ledger.open_requests(),
-                            submitted=self.counters["submitted"], steps_ended=self.counters["steps_ended"],
-                            ops_applied=self.counters["ops_applied"], manager=self.manager.stats(),
-                            counters={k: v for k, v in self.counters.items() if k not in STATS_FIELDS})
+        """``bank_size``, ``queue_depth``, the step ledger's figures, this service's counters and
+        the manager's report (the extractor's figures are 0 without one)."""
+        return ServiceStats(
+            bank_size=len(self.manager.bank),
+            queue_depth=int(self.manager.pending()),
+            last_ended_step=self.ledger.last_ended,
+            late_requests=self.ledger.late,
+            held_out_requests=self.ledger.held_out,
+            open_requests=self.ledger.open_requests(),
+            submitted=self.counters["submitted"],
+            steps_ended=self.counters["steps_ended"],
+            ops_applied=self.counters["ops_applied"],
+            manager=self.manager.stats(),
+            counters={k: v for k, v in self.counters.items() if k not in STATS_FIELDS},
+        )
 
     def health(self) -> Health:
-        return Health(pending=int(self.manager.pending()), storage=self.manager.bank.storage_fault or self._queue_fault)
+        return Health(
+            pending=int(self.manager.pending()),
+            storage=self.manager.bank.storage_fault or self._queue_fault,
+        )
 
     def close(self) -> None:
         """Close the manager (queue persisted) and the bank; safe to call twice."""
@@ -359,6 +423,12 @@ class RetrievalService:
 def _ops_answer(result: dict[str, Any]) -> OpsApplied:
     """The answer of an ``apply_ops`` call as remembered with its write id, marked ``repeated``."""
     added = [int(i) for i in result.get("added_ids", [])]
-    return OpsApplied(added=len(added), added_ids=added, updated=len(result.get("updated", [])),
-                      deleted=len(result.get("deleted", [])), returned=int(result.get("returned", 0)),
-                      malformed=int(result.get("malformed", 0)), repeated=True)
+    return OpsApplied(
+        added=len(added),
+        added_ids=added,
+        updated=len(result.get("updated", [])),
+        deleted=len(result.get("deleted", [])),
+        returned=int(result.get("returned", 0)),
+        malformed=int(result.get("malformed", 0)),
+        repeated=True,
+    )

@@ -48,12 +48,20 @@ class SharedEmbeddings:
                 continue
             for i in ids:
                 e = entries[i]
-                if e.embedding is not None and e.embedding is not first and not np.array_equal(e.embedding, first):
+                if (
+                    e.embedding is not None
+                    and e.embedding is not first
+                    and not np.array_equal(e.embedding, first)
+                ):
                     fixed[i] = dataclasses.replace(e, embedding=first)
         return fixed
 
-    def share(self, upserts: Sequence[ExperienceEntry], entries: Mapping[int, ExperienceEntry],
-              gone: Collection[int]) -> list[ExperienceEntry]:
+    def share(
+        self,
+        upserts: Sequence[ExperienceEntry],
+        entries: Mapping[int, ExperienceEntry],
+        gone: Collection[int],
+    ) -> list[ExperienceEntry]:
         """``upserts`` with the vector their text already has: an entry's of ``entries`` (not
         ``gone``: deleted, or rewritten by this batch) or an earlier upsert's."""
         out: list[ExperienceEntry] = []

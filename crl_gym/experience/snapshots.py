@@ -64,12 +64,19 @@ def snapshot_dir(bank_dir: Path) -> Path:
 def check_name(name: str) -> str:
     """``name`` if it can name a snapshot directory, else a ``ValueError`` saying what can."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"snapshot name must be 1-100 letters, digits, '.', '_' or '-' (not first), got {name!r}")
+        raise ValueError(
+            "snapshot name must be 1-100 letters, digits, '.', '_' or '-' (not first), "
+            f"got {name!r}"
+        )
     return name
 
 
 def default_name(prefix: str = "") -> str:
-    return prefix + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{time.time_ns() % 1_000_000:06d}"
+    return (
+        prefix
+        + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        + f"-{time.time_ns() % 1_000_000:06d}"
+    )
 
 
 def _bank_dir(manager: ExperienceManager) -> Path:
@@ -79,7 +86,8 @@ def _bank_dir(manager: ExperienceManager) -> Path:
 
 
 def take_snapshot(manager: ExperienceManager, name: str | None = None) -> SnapshotInfo:
-    """Snapshot the manager's bank and queue as ``name`` (default: the UTC time); refuses a name in use."""
+    """Snapshot the manager's bank and queue as ``name`` (default: the UTC time); refuses a name
+    in use."""
     root = snapshot_dir(_bank_dir(manager))
     name = check_name(name) if name is not None else default_name()
     target = root / name
@@ -91,7 +99,13 @@ def take_snapshot(manager: ExperienceManager, name: str | None = None) -> Snapsh
     shutil.rmtree(tmp, ignore_errors=True)
     manager.bank.flush_stats()
     manager.snapshot(tmp)
-    info = SnapshotInfo(name, time.time(), len(manager.bank), _count_lines(tmp / "pending_requests.jsonl"), str(target))
+    info = SnapshotInfo(
+        name,
+        time.time(),
+        len(manager.bank),
+        _count_lines(tmp / "pending_requests.jsonl"),
+        str(target),
+    )
     (tmp / INFO).write_text(json.dumps(info.to_dict()))
     tmp.rename(target)
     return info
@@ -111,8 +125,15 @@ def list_snapshots(bank_dir: Path) -> list[SnapshotInfo]:
     for d in root.iterdir() if root.is_dir() else ():
         try:
             raw = json.loads((d / INFO).read_text())
-            out.append(SnapshotInfo(raw["name"], float(raw["created_at"]), int(raw["entries"]),
-                                    int(raw.get("pending", 0)), str(d)))
+            out.append(
+                SnapshotInfo(
+                    raw["name"],
+                    float(raw["created_at"]),
+                    int(raw["entries"]),
+                    int(raw.get("pending", 0)),
+                    str(d),
+                )
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue  # unfinished, or not a snapshot
     return sorted(out, key=lambda s: s.created_at, reverse=True)
@@ -122,7 +143,9 @@ def find_snapshot(bank_dir: Path, name: str) -> Path:
     d = snapshot_dir(bank_dir) / check_name(name)
     if not (d / INFO).is_file():
         names = ", ".join(s.name for s in list_snapshots(bank_dir)) or "none"
-        raise FileNotFoundError(f"no snapshot {name!r} of the bank {bank_dir} (its snapshots: {names})")
+        raise FileNotFoundError(
+            f"no snapshot {name!r} of the bank {bank_dir} (its snapshots: {names})"
+        )
     return d
 
 
@@ -136,9 +159,12 @@ def restore_snapshot(manager: ExperienceManager, name: str) -> SnapshotInfo:
 
 
 def prune_snapshots(bank_dir: Path, prefix: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` snapshots whose name starts with ``prefix``; returns their names."""
+    """Delete all but the newest ``keep`` snapshots whose name starts with ``prefix``; returns
+    their names."""
     gone = [s for s in list_snapshots(bank_dir) if s.name.startswith(prefix)][keep:]
     for s in gone:
-        (Path(s.path) / INFO).unlink(missing_ok=True)  # first: a kill midway leaves no half snapshot listed
+        (Path(s.path) / INFO).unlink(
+            missing_ok=True
+        )  # first: a kill midway leaves no half snapshot listed
         shutil.rmtree(s.path, ignore_errors=True)
     return [s.name for s in gone]

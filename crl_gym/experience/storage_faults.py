@@ -49,7 +49,9 @@ def cause_of(exc: BaseException) -> tuple[str, int] | None:
     if isinstance(exc, StorageFault):
         return exc.cause, exc.status
     if isinstance(exc, OSError):
-        return _OS_CAUSES.get(exc.errno or 0, (f"storage error ({exc.strerror or type(exc).__name__})", 503))
+        return _OS_CAUSES.get(
+            exc.errno or 0, (f"storage error ({exc.strerror or type(exc).__name__})", 503)
+        )
     if isinstance(exc, sqlite3.OperationalError | sqlite3.DatabaseError):
         code = getattr(exc, "sqlite_errorcode", None)
         if code is not None and (code & 0xFF) in _SQLITE_CAUSES:

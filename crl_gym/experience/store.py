@@ -141,16 +141,17 @@ def _check_file(path: Path, create: bool) -> None:
     if path.exists():
         if path.stat().st_size == 0:
             raise BankCorruptError(
-                f"{path} is empty (0 bytes): it is not a bank, and opening it would start a new, empty one. "
-                f"Restore bank.sqlite (with its -wal, if the backup has one) from a backup; to start an empty "
-                f"bank on purpose, delete {path.name}{' and ' + wal.name if wal.exists() else ''}"
+                f"{path} is empty (0 bytes): it is not a bank, and opening it would start a new, "
+                "empty one. Restore bank.sqlite (with its -wal, if the backup has one) from a "
+                "backup; to start an empty bank on purpose, delete "
+                f"{path.name}{' and ' + wal.name if wal.exists() else ''}"
             )
         return
     if wal.exists() and wal.stat().st_size > 0:
         raise BankCorruptError(
-            f"{path} is missing but {wal.name} is there: the database was removed without its write-ahead log. "
-            f"Restore {path.name} from a backup, or delete {wal.name} and {_sidecar(path, '-shm').name} "
-            f"to start an empty bank"
+            f"{path} is missing but {wal.name} is there: the database was removed without its "
+            f"write-ahead log. Restore {path.name} from a backup, or delete {wal.name} and "
+            f"{_sidecar(path, '-shm').name} to start an empty bank"
         )
     if not create:
         raise FileNotFoundError(f"{path} does not exist: there is no bank here to open")
@@ -173,7 +174,8 @@ def _create(path: Path) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the file's header
         conn.executescript(
-            f"BEGIN; {_SCHEMA} {_EVENTS_SCHEMA} {_WRITES_SCHEMA} INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'); COMMIT;"
+            f"BEGIN; {_SCHEMA} {_EVENTS_SCHEMA} {_WRITES_SCHEMA} INSERT INTO meta(key, value) "
+            f"VALUES ('format', '{FORMAT}'); COMMIT;"
         )
     finally:
         conn.close()  # the last connection checkpoints the WAL into the file and removes it
@@ -188,14 +190,17 @@ def _check_schema(conn: sqlite3.Connection, file: Path | str) -> None:
     tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'"))
     if not {"entries", "meta"} <= set(tables):
         raise BankCorruptError(
-            f"{file}: an SQLite database, but not an experience bank (its tables: {', '.join(tables) or 'none'}); "
-            f"point the bank at its own directory"
+            f"{file}: an SQLite database, but not an experience bank (its tables: "
+            f"{', '.join(tables) or 'none'}); point the bank at its own directory"
         )
     have = [r[1] for r in conn.execute("PRAGMA table_info(entries)")]
     base = [c.strip() for c in _COLUMNS.split(",")]
-    missing = base[len(have):]
+    missing = base[len(have) :]
     if have != base[: len(have)] or not set(missing) <= set(_ADDED_COLUMNS):
-        raise BankCorruptError(f"{file}: table 'entries' has the columns ({', '.join(have)}), not a bank's ({_COLUMNS})")
+        raise BankCorruptError(
+            f"{file}: table 'entries' has the columns ({', '.join(have)}), not a bank's "
+            f"({_COLUMNS})"
+        )
     for name in missing:  # a bank written before these columns existed
         conn.execute(f"ALTER TABLE entries ADD COLUMN {name} {_ADDED_COLUMNS[name]}")
     row = conn.execute("SELECT value FROM meta WHERE key='format'").fetchone()
@@ -209,11 +214,21 @@ def _row(e: ExperienceEntry) -> tuple[Any, ...]:
     if e.embedding is None:  # the index is rebuilt from this column: it must be there
         raise ValueError(f"entry {e.id}: cannot store an entry without an embedding")
     return (
-        e.id, e.text, np.ascontiguousarray(e.embedding, dtype=np.float32).tobytes(), e.version,
-        e.created_step, e.retrieval_count, e.last_retrieved, e.train_count, e.last_trained_step,
-        e.utility, json.dumps(list(e.tags)),
-        json.dumps(e.provenance.to_dict()) if e.provenance else None, json.dumps(e.history),
-        e.source, e.key,
+        e.id,
+        e.text,
+        np.ascontiguousarray(e.embedding, dtype=np.float32).tobytes(),
+        e.version,
+        e.created_step,
+        e.retrieval_count,
+        e.last_retrieved,
+        e.train_count,
+        e.last_trained_step,
+        e.utility,
+        json.dumps(list(e.tags)),
+        json.dumps(e.provenance.to_dict()) if e.provenance else None,
+        json.dumps(e.history),
+        e.source,
+        e.key,
     )
 
 
@@ -225,13 +240,21 @@ def _entry(row: Sequence[Any], dim: int, file: Path | str) -> ExperienceEntry:
         )
     emb.flags.writeable = False
     return ExperienceEntry(
-        id=int(row[0]), text=row[1], embedding=emb, version=int(row[3]),
-        created_step=int(row[4]), retrieval_count=int(row[5]), last_retrieved=float(row[6]),
-        train_count=int(row[7]), last_trained_step=int(row[8]), utility=float(row[9]),
+        id=int(row[0]),
+        text=row[1],
+        embedding=emb,
+        version=int(row[3]),
+        created_step=int(row[4]),
+        retrieval_count=int(row[5]),
+        last_retrieved=float(row[6]),
+        train_count=int(row[7]),
+        last_trained_step=int(row[8]),
+        utility=float(row[9]),
         tags=tuple(json.loads(row[10])),
         provenance=ExtractorSample.from_dict(json.loads(row[11])) if row[11] else None,
         history=list(json.loads(row[12])),
-        source=row[13] or "", key=row[14],
+        source=row[13] or "",
+        key=row[14],
     )
 
 
@@ -260,9 +283,20 @@ class EntryEvent:
 
 def _insert_events(c: sqlite3.Connection, events: Iterable[EntryEvent]) -> None:
     c.executemany(
-        "INSERT INTO entry_events(entry_id, step, kind, version, value, n, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(e.entry_id, int(e.step), e.kind, e.version, e.value, e.n,
-          None if e.detail is None else json.dumps(e.detail, ensure_ascii=False)) for e in events],
+        "INSERT INTO entry_events(entry_id, step, kind, version, value, n, detail) VALUES (?, ?, "
+        "?, ?, ?, ?, ?)",
+        [
+            (
+                e.entry_id,
+                int(e.step),
+                e.kind,
+                e.version,
+                e.value,
+                e.n,
+                None if e.detail is None else json.dumps(e.detail, ensure_ascii=False),
+            )
+            for e in events
+        ],
     )
 
 
@@ -275,7 +309,9 @@ def open_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connection:
         raise BankCorruptError(f"{path}: no bank database here")
     try:
         mode = "mode=ro&immutable=1" if immutable else "mode=ro"
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, check_same_thread=False)
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?{mode}", uri=True, check_same_thread=False
+        )
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as exc:
         raise BankCorruptError(f"{path}: not a readable bank database ({exc})") from exc
@@ -298,7 +334,9 @@ def verify_bank_copy(directory: Path) -> None:
     finally:
         conn.close()
     if not result or result[0] != "ok":
-        raise BankCorruptError(f"{path}: damaged ({result[0] if result else 'no answer'} from quick_check)")
+        raise BankCorruptError(
+            f"{path}: damaged ({result[0] if result else 'no answer'} from quick_check)"
+        )
 
 
 def _selected(conn: sqlite3.Connection) -> str:
@@ -306,11 +344,18 @@ def _selected(conn: sqlite3.Connection) -> str:
     (a read-only reader cannot add it)."""
     have = {r[1] for r in conn.execute("PRAGMA table_info(entries)")}
     defaults = {"source": "''", "key": "NULL"}
-    return ", ".join(c if c in have else defaults[c] for c in (c.strip() for c in _COLUMNS.split(",")))
+    return ", ".join(
+        c if c in have else defaults[c] for c in (c.strip() for c in _COLUMNS.split(","))
+    )
 
 
 def has_table(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
+    return (
+        conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+        ).fetchone()
+        is not None
+    )
 
 
 def read_entries(conn: sqlite3.Connection, dim: int, file: Path | str) -> list[ExperienceEntry]:
@@ -318,7 +363,10 @@ def read_entries(conn: sqlite3.Connection, dim: int, file: Path | str) -> list[E
     quarantined, in id order."""
     where = f"WHERE {_VISIBLE}" if has_table(conn, "entry_origin") else ""
     try:
-        return [_entry(r, dim, file) for r in conn.execute(f"SELECT {_selected(conn)} FROM entries {where} ORDER BY id")]
+        return [
+            _entry(r, dim, file)
+            for r in conn.execute(f"SELECT {_selected(conn)} FROM entries {where} ORDER BY id")
+        ]
     except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
         raise BankCorruptError(f"{file}: cannot read entries ({exc})") from exc
 
@@ -345,7 +393,9 @@ class SQLiteStore:
         try:
             if path is None:
                 self.conn.executescript(_SCHEMA)
-            _check_schema(self.conn, self.file)  # before any write: a foreign file is left as it was
+            _check_schema(
+                self.conn, self.file
+            )  # before any write: a foreign file is left as it was
             self.conn.executescript(_EVENTS_SCHEMA)  # a bank written before the event log gains it
             self.conn.executescript(_WRITES_SCHEMA)  # and the writers' tables
             if path is not None:
@@ -354,11 +404,15 @@ class SQLiteStore:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
             check = self.conn.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
-                raise BankCorruptError(f"{self.file}: database failed its integrity check ({check})")
+                raise BankCorruptError(
+                    f"{self.file}: database failed its integrity check ({check})"
+                )
         except BaseException as exc:
             self.conn.close()
             if isinstance(exc, sqlite3.DatabaseError):
-                raise BankCorruptError(f"{self.file}: not a readable bank database ({exc})") from exc
+                raise BankCorruptError(
+                    f"{self.file}: not a readable bank database ({exc})"
+                ) from exc
             raise
 
     # -- meta --------------------------------------------------------------------------------
@@ -376,7 +430,9 @@ class SQLiteStore:
     # -- entries -----------------------------------------------------------------------------
     def load_all(self, dim: int) -> list[ExperienceEntry]:
         try:
-            rows = self.conn.execute(f"SELECT {_COLUMNS} FROM entries WHERE {_VISIBLE} ORDER BY id").fetchall()
+            rows = self.conn.execute(
+                f"SELECT {_COLUMNS} FROM entries WHERE {_VISIBLE} ORDER BY id"
+            ).fetchall()
             return [_entry(r, dim, self.file) for r in rows]
         except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
             raise BankCorruptError(f"{self.file}: cannot read entries ({exc})") from exc
@@ -404,8 +460,12 @@ class SQLiteStore:
             c.executemany("DELETE FROM entry_credit WHERE entry_id=?", dels)
             c.executemany("DELETE FROM entry_origin WHERE entry_id=?", dels)
             c.executemany(
-                "INSERT OR REPLACE INTO entry_origin(entry_id, written_by, model_step, step, written_at) VALUES (?, ?, ?, ?, ?)",
-                [(i, o.written_by, o.model_step, int(step), o.written_at) for i, (o, step) in (origins or {}).items()],
+                "INSERT OR REPLACE INTO entry_origin(entry_id, written_by, model_step, step, "
+                "written_at) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (i, o.written_by, o.model_step, int(step), o.written_at)
+                    for i, (o, step) in (origins or {}).items()
+                ],
             )
             for k, v in meta.items():
                 self.set_meta(k, v)
@@ -418,14 +478,20 @@ class SQLiteStore:
         now = time.time()
         n = self.conn.executemany(
             "INSERT OR REPLACE INTO write_ids(id, kind, at, result) VALUES (?, ?, ?, ?)",
-            [(w.id, w.kind, now, None if w.result is None else json.dumps(w.result)) for w in writes],
+            [
+                (w.id, w.kind, now, None if w.result is None else json.dumps(w.result))
+                for w in writes
+            ],
         ).rowcount
         self.conn.execute("DELETE FROM write_ids WHERE at < ?", (now - WRITE_ID_KEEP_S,))
         self._writes_since_trim += max(0, n)
         if self._writes_since_trim >= WRITE_ID_KEEP // 100:  # now and then: a count costs a scan
             self._writes_since_trim = 0
-            self.conn.execute("DELETE FROM write_ids WHERE at <= (SELECT at FROM write_ids ORDER BY at DESC "
-                              "LIMIT 1 OFFSET ?)", (WRITE_ID_KEEP,))
+            self.conn.execute(
+                "DELETE FROM write_ids WHERE at <= (SELECT at FROM write_ids ORDER BY at DESC "
+                "LIMIT 1 OFFSET ?)",
+                (WRITE_ID_KEEP,),
+            )
 
     def record_writes(self, writes: Iterable[WriteRecord]) -> None:
         """Remember ``writes`` as applied (one transaction); ids older than :data:`WRITE_ID_KEEP_S`,
@@ -437,29 +503,45 @@ class SQLiteStore:
         """The remembered writes among ``ids``."""
         out: dict[str, WriteRecord] = {}
         for i in range(0, len(ids), 500):  # SQLite's bound on parameters per statement
-            chunk = list(ids[i:i + 500])
+            chunk = list(ids[i : i + 500])
             rows = self.conn.execute(
-                f"SELECT id, kind, result FROM write_ids WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+                "SELECT id, kind, result FROM write_ids WHERE id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            ).fetchall()
             for wid, kind, result in rows:
                 out[wid] = WriteRecord(wid, kind, None if result is None else json.loads(result))
         return out
 
     # -- writers and quarantine --------------------------------------------------------------
     def origins(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
-        """``{id: {written_by, model_step, step, written_at, quarantined}}`` of the ids that have one."""
+        """``{id: {written_by, model_step, step, written_at, quarantined}}`` of the ids that
+        have one."""
         out: dict[int, dict[str, Any]] = {}
         wanted = [int(i) for i in ids]
         for k in range(0, len(wanted), 500):
-            chunk = wanted[k:k + 500]
+            chunk = wanted[k : k + 500]
             for row in self.conn.execute(
-                "SELECT entry_id, written_by, model_step, step, written_at, quarantined FROM entry_origin "
-                f"WHERE entry_id IN ({','.join('?' * len(chunk))})", chunk):
-                out[int(row[0])] = {"written_by": row[1], "model_step": row[2], "step": row[3],
-                                    "written_at": row[4], "quarantined": bool(row[5])}
+                "SELECT entry_id, written_by, model_step, step, written_at, quarantined FROM "
+                f"entry_origin WHERE entry_id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                out[int(row[0])] = {
+                    "written_by": row[1],
+                    "model_step": row[2],
+                    "step": row[3],
+                    "written_at": row[4],
+                    "quarantined": bool(row[5]),
+                }
         return out
 
-    def set_quarantined(self, written_by: str, steps: tuple[int | None, int | None], flag: bool,
-                        meta: dict[str, object]) -> list[int]:
+    def set_quarantined(
+        self,
+        written_by: str,
+        steps: tuple[int | None, int | None],
+        flag: bool,
+        meta: dict[str, object],
+    ) -> list[int]:
         """Mark (``flag``) or unmark the entries whose current text ``written_by`` wrote at a step
         in ``steps`` (both ends included; the extractor's model step for ``extractor``, else the
         rollout step of the write), with ``meta`` in the same transaction; returns their ids."""
@@ -475,39 +557,50 @@ class SQLiteStore:
             params.append(int(hi))
         cond = " AND ".join(where)
         with self._transaction() as c:
-            ids = [int(r[0]) for r in c.execute(f"SELECT entry_id FROM entry_origin WHERE {cond} ORDER BY entry_id", params)]
+            ids = [
+                int(r[0])
+                for r in c.execute(
+                    f"SELECT entry_id FROM entry_origin WHERE {cond} ORDER BY entry_id", params
+                )
+            ]
             c.execute(f"UPDATE entry_origin SET quarantined = ? WHERE {cond}", [int(flag), *params])
             for k, v in meta.items():
                 self.set_meta(k, v)
         return ids
 
     def quarantined_count(self) -> int:
-        row = self.conn.execute("SELECT count(*) FROM entry_origin WHERE quarantined = 1").fetchone()
+        row = self.conn.execute(
+            "SELECT count(*) FROM entry_origin WHERE quarantined = 1"
+        ).fetchone()
         return int(row[0]) if row else 0
 
     def load_credit(self) -> dict[int, tuple[float, int]]:
         """``{entry id: (reward sum, credited episodes)}`` of every entry with a credit row."""
-        rows = self.conn.execute("SELECT entry_id, reward_sum, episodes FROM entry_credit").fetchall()
+        rows = self.conn.execute(
+            "SELECT entry_id, reward_sum, episodes FROM entry_credit"
+        ).fetchall()
         return {int(i): (float(s), int(n)) for i, s, n in rows}
 
     def last_event_step(self) -> int:
-        """The latest step in the event log (0 when empty): the step of a change logged without one."""
+        """The latest step in the event log (0 when empty): the step of a change logged
+        without one."""
         row = self.conn.execute("SELECT max(step) FROM entry_events").fetchone()
         return 0 if row is None or row[0] is None else int(row[0])
 
     def record_credits(self, step: int, credits: Iterable[tuple[int, float, int]]) -> int:
-        """One ``credit`` event per ``(entry id, r̄(m) of the step, episodes)`` and, for an entry still in
-        the bank, its running r̄(m) over all its credited episodes, in one transaction; returns how many."""
+        """One ``credit`` event per ``(entry id, r̄(m) of the step, episodes)`` and, for an entry
+        still in the bank, its running r̄(m) over all its credited episodes, in one transaction;
+        returns how many."""
         rows = [(int(i), float(v), int(n)) for i, v, n in credits]
         with self._transaction() as c:
             _insert_events(c, [EntryEvent(i, step, "credit", value=v, n=n) for i, v, n in rows])
             c.executemany(
                 "INSERT INTO entry_credit(entry_id, reward_sum, episodes, steps, last_step, rbar) "
-                "SELECT ?1, ?2 * ?3, ?3, 1, ?4, ?2 WHERE EXISTS (SELECT 1 FROM entries WHERE id = ?1) "
-                "ON CONFLICT(entry_id) DO UPDATE SET "
-                "reward_sum = reward_sum + excluded.reward_sum, episodes = episodes + excluded.episodes, "
-                "steps = steps + 1, last_step = max(last_step, excluded.last_step), "
-                "rbar = (reward_sum + excluded.reward_sum) / max(1, episodes + excluded.episodes)",
+                "SELECT ?1, ?2 * ?3, ?3, 1, ?4, ?2 WHERE EXISTS (SELECT 1 FROM entries WHERE id = "
+                "?1) ON CONFLICT(entry_id) DO UPDATE SET reward_sum = reward_sum + "
+                "excluded.reward_sum, episodes = episodes + excluded.episodes, steps = steps + 1, "
+                "last_step = max(last_step, excluded.last_step), rbar = (reward_sum + "
+                "excluded.reward_sum) / max(1, episodes + excluded.episodes)",
                 [(i, v, n, int(step)) for i, v, n in rows],
             )
         return len(rows)
@@ -522,7 +615,8 @@ class SQLiteStore:
         """``BEGIN IMMEDIATE`` … ``COMMIT``; any exception (even KeyboardInterrupt) rolls back.
 
         The error that stopped the transaction is the one raised: SQLite has already rolled back
-        after some (a full disk, an I/O error), and a failed ``ROLLBACK`` must not replace the cause.
+        after some (a full disk, an I/O error), and a failed ``ROLLBACK`` must not replace
+        the cause.
         """
         c = self.conn
         c.execute("BEGIN IMMEDIATE")

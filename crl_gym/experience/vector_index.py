@@ -88,14 +88,18 @@ def _usearch() -> Any:
 
 def vector_key(vector: np.ndarray) -> bytes:
     """What makes two vectors the same for the index: their f32 bytes (BLAKE2b, 16 bytes)."""
-    return hashlib.blake2b(np.ascontiguousarray(vector, dtype="<f4").tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(
+        np.ascontiguousarray(vector, dtype="<f4").tobytes(), digest_size=16
+    ).digest()
 
 
 EXACT_SEARCH_BELOW = 2048
-"""Indexes with fewer distinct vectors than this are searched exactly (a scan), larger ones by HNSW."""
+"""Indexes with fewer distinct vectors than this are searched exactly (a scan), larger ones
+by HNSW."""
 ADD_THREADS = 1
 """usearch threads of an ``add``: one, so that slots and the HNSW graph do not hang on thread timing
 (measured on 2 shared cores: 10,000 x 384 built in 15 s with one thread, 23 s with all)."""
+
 
 class VectorIndex:
     """Cosine top-k search over ``{id: unit vector}``; not thread-safe (the bank's lock guards it).
@@ -117,7 +121,11 @@ class VectorIndex:
         index = cls(dim)
         index._group(vectors)
         if index._groups:
-            keys = np.fromiter((ids[0] for ids in index._groups.values()), dtype=np.uint64, count=len(index._groups))
+            keys = np.fromiter(
+                (ids[0] for ids in index._groups.values()),
+                dtype=np.uint64,
+                count=len(index._groups),
+            )
             index._index.add(keys, np.stack(list(index._vector_of.values())), threads=ADD_THREADS)
         return index
 
@@ -165,14 +173,20 @@ class VectorIndex:
         return index, None
 
     @staticmethod
-    def _mismatch(ipath: Path, mpath: Path, dim: int, vectors: Mapping[int, np.ndarray], generation: int) -> str | None:
-        """Why the saved files cannot be this index, checked before usearch reads them; None if they can."""
+    def _mismatch(
+        ipath: Path, mpath: Path, dim: int, vectors: Mapping[int, np.ndarray], generation: int
+    ) -> str | None:
+        """Why the saved files cannot be this index, checked before usearch reads them; None if
+        they can."""
         meta = json.loads(mpath.read_text(encoding="utf-8"))
         if not isinstance(meta, dict):
             return f"{mpath} is not a JSON object"
         expected = {"generation": generation, "count": len(vectors), "dim": dim}
         if {k: meta.get(k) for k in expected} != expected:
-            return f"{ipath} is out of date ({ {k: meta.get(k) for k in expected} }, the database has {expected})"
+            return (
+                f"{ipath} is out of date ({ {k: meta.get(k) for k in expected} }, the database "
+                f"has {expected})"
+            )
         if "checksum" not in meta or "rows" not in meta:
             return f"{ipath} has no checksum (written by an older version)"
         if meta["rows"] != rows_digest(vectors):
@@ -182,8 +196,11 @@ class VectorIndex:
         return None
 
     @staticmethod
-    def _content_mismatch(restored: Index | None, ipath: Path, dim: int, vectors: Mapping[int, np.ndarray]) -> str | None:
-        """Why a loaded index does not mirror ``vectors`` (size, dim, a sample of keys and vectors)."""
+    def _content_mismatch(
+        restored: Index | None, ipath: Path, dim: int, vectors: Mapping[int, np.ndarray]
+    ) -> str | None:
+        """Why a loaded index does not mirror ``vectors`` (size, dim, a sample of keys
+        and vectors)."""
         # the keys an index of these rows has: the smallest id of each distinct vector
         first: dict[bytes, int] = {}
         for i in sorted(vectors):
@@ -197,7 +214,9 @@ class VectorIndex:
             if got is None or any(v is None for v in got):
                 return f"{ipath} lacks entries the database has"
             want = np.stack([vectors[i] for i in sample])
-            if not np.allclose(np.asarray(got, dtype=np.float32).reshape(want.shape), want, atol=1e-6):
+            if not np.allclose(
+                np.asarray(got, dtype=np.float32).reshape(want.shape), want, atol=1e-6
+            ):
                 return f"{ipath} holds other vectors than the database"
         return None
 
@@ -212,10 +231,17 @@ class VectorIndex:
         try:
             self._index.save(str(tmp))
         except BaseException:
-            tmp.unlink(missing_ok=True)  # a half-written copy only takes space (a full disk's, likely)
+            tmp.unlink(
+                missing_ok=True
+            )  # a half-written copy only takes space (a full disk's, likely)
             raise
-        meta = {"generation": generation, "count": len(self), "dim": self.dim,
-                "checksum": file_digest(tmp), "rows": rows_digest(vectors)}
+        meta = {
+            "generation": generation,
+            "count": len(self),
+            "dim": self.dim,
+            "checksum": file_digest(tmp),
+            "rows": rows_digest(vectors),
+        }
         os.replace(tmp, ipath)
         # a kill between the two replaces leaves a new index with the old checksum: rebuilt on open
         mtmp = mpath.with_suffix(".tmp")
@@ -260,8 +286,11 @@ class VectorIndex:
         if drop:
             self._index.remove(np.asarray(drop, dtype=np.uint64))
         if put:
-            self._index.add(np.asarray([k for k, _ in put], dtype=np.uint64), np.stack([v for _, v in put]),
-                            threads=ADD_THREADS)
+            self._index.add(
+                np.asarray([k for k, _ in put], dtype=np.uint64),
+                np.stack([v for _, v in put]),
+                threads=ADD_THREADS,
+            )
 
     def search(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Top-``k`` ``(id, cosine similarity)`` per row of ``queries`` [n, dim], best first, equal
@@ -273,9 +302,9 @@ class VectorIndex:
         size = len(self._index)
         if size == 0 or n == 0 or k < 1:
             return [[] for _ in range(n)]
-        # A small index is scanned: the scan never misses, where HNSW's approximate walk can skip the
-        # exact match of a small, clustered bank; at 2,000 keys it costs 2.7 ms a 16-query batch (the
-        # walk 1.8 ms), at 500 less than the walk.
+        # A small index is scanned: the scan never misses, where HNSW's approximate walk can
+        # skip the exact match of a small, clustered bank; at 2,000 keys it costs 2.7 ms a 16-query
+        # batch (the walk 1.8 ms), at 500 less than the walk.
         exact = size < EXACT_SEARCH_BELOW
         # k keys give at least k ids: a key stands for one id or more
         keys, sims, counts = self._scan(queries, min(k, size), exact)
@@ -293,8 +322,11 @@ class VectorIndex:
             out.append(row[:k])
         return out
 
-    def _scan(self, queries: np.ndarray, k: int, exact: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """usearch's best keys per query: ``keys`` [n, m], ``sims`` [n, m] (best first), ``counts`` [n].
+    def _scan(
+        self, queries: np.ndarray, k: int, exact: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """usearch's best keys per query: ``keys`` [n, m], ``sims`` [n, m] (best first),
+        ``counts`` [n].
 
         Scanning, it returns every key that ties with a query's k-th best (more than k when they
         do), so that the caller cuts the k best after putting ties in id order: usearch alone cuts

@@ -77,4 +77,8 @@ class WriteIds:
                 self.bank.record_writes(records)
             except Exception:  # noqa: BLE001 - the memory copy still answers repeats while the process lives
                 self.unrecorded += len(records)
-                log.exception("remembering %d write ids failed; a resend after a restart may apply them again", len(records))
+                log.exception(
+                    "remembering %d write ids failed; a resend after a restart may apply "
+                    "them again",
+                    len(records),
+                )

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from crl_gym.experience.service import RetrievalService
 
 
-def mount_service_explorer(app: FastAPI, service: RetrievalService, dependencies: list[Depends] | None = None) -> None:
+def mount_service_explorer(
+    app: FastAPI, service: RetrievalService, dependencies: list[Depends] | None = None
+) -> None:
     """The explorer of a running service's bank on its app (closed with the app's service)."""
     source = BankSource.live(service)
     app.state.explorer = source
@@ -29,7 +31,9 @@ def mount_service_explorer(app: FastAPI, service: RetrievalService, dependencies
 
 def explorer_app(source: BankSource, dependencies: list[Depends] | None = None) -> FastAPI:
     """An app serving only the explorer of ``source`` (and ``/health``): no route writes."""
-    app = FastAPI(title="crl experience bank explorer", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="crl experience bank explorer", docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.explorer = source
 
     @app.get("/health")
@@ -40,4 +44,11 @@ def explorer_app(source: BankSource, dependencies: list[Depends] | None = None) 
     return app
 
 
-__all__ = ["PREFIX", "BankSource", "explorer_app", "find_bank", "mount_explorer", "mount_service_explorer"]
+__all__ = [
+    "PREFIX",
+    "BankSource",
+    "explorer_app",
+    "find_bank",
+    "mount_explorer",
+    "mount_service_explorer",
+]

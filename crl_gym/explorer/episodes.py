@@ -20,8 +20,8 @@ MAX_TASK_CHARS = 300
 
 
 class EpisodeIndex:
-    """Entry id → the episodes it guided (``step``, ``condition``, ``success``, ``outcome``, ``env_id``,
-    ``seed``, ``actions``, ``task``, ``request_id``), read from a run directory."""
+    """Entry id → the episodes it guided (``step``, ``condition``, ``success``, ``outcome``,
+    ``env_id``, ``seed``, ``actions``, ``task``, ``request_id``), read from a run directory."""
 
     def __init__(self, run_dir: Path | None) -> None:
         self.path = None if run_dir is None else run_dir / TRAJECTORIES
@@ -53,16 +53,29 @@ class EpisodeIndex:
                     d = json.loads(line)
                     exp = d.get("experience") or {}
                     gate = (d.get("meta") or {}).get("gate")
-                    entry = exp.get("id") if exp else (gate or {}).get("entry") if isinstance(gate, dict) else None
+                    entry = (
+                        exp.get("id")
+                        if exp
+                        else (gate or {}).get("entry")
+                        if isinstance(gate, dict)
+                        else None
+                    )
                     if entry is None:
                         continue
-                    by_entry.setdefault(int(entry), []).append({
-                        "step": d.get("rollout_step"), "condition": d.get("condition"), "success": bool(d.get("success")),
-                        "outcome": d.get("outcome"), "env_id": d.get("env_id"), "seed": d.get("seed"),
-                        "actions": len((d.get("trajectory") or {}).get("steps") or []),
-                        "task": str(d.get("task", ""))[:MAX_TASK_CHARS], "request_id": d.get("request_id"),
-                        "version": exp.get("version") if exp else None,
-                    })
+                    by_entry.setdefault(int(entry), []).append(
+                        {
+                            "step": d.get("rollout_step"),
+                            "condition": d.get("condition"),
+                            "success": bool(d.get("success")),
+                            "outcome": d.get("outcome"),
+                            "env_id": d.get("env_id"),
+                            "seed": d.get("seed"),
+                            "actions": len((d.get("trajectory") or {}).get("steps") or []),
+                            "task": str(d.get("task", ""))[:MAX_TASK_CHARS],
+                            "request_id": d.get("request_id"),
+                            "version": exp.get("version") if exp else None,
+                        }
+                    )
                 except (ValueError, TypeError, AttributeError):
                     skipped += 1
         if skipped:

@@ -30,18 +30,41 @@ def _fmt(v: float) -> str:
     return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
 
 
-def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[float | None]]) -> str:
+def line_chart(
+    title: str, xs: Sequence[float], series: Mapping[str, Sequence[float | None]]
+) -> str:
     """One chart: ``series`` name → y per x (``None``: no value, the line breaks there)."""
-    svg = ET.Element("svg", xmlns="http://www.w3.org/2000/svg", width=str(WIDTH), height=str(HEIGHT),
-                     viewBox=f"0 0 {WIDTH} {HEIGHT}", role="img")
+    svg = ET.Element(
+        "svg",
+        xmlns="http://www.w3.org/2000/svg",
+        width=str(WIDTH),
+        height=str(HEIGHT),
+        viewBox=f"0 0 {WIDTH} {HEIGHT}",
+        role="img",
+    )
     ET.SubElement(svg, "title").text = title
     ET.SubElement(svg, "rect", width=str(WIDTH), height=str(HEIGHT), fill="#ffffff")
-    ET.SubElement(svg, "text", x=str(PAD_L), y="17", attrib={"font-size": "13", "font-family": "sans-serif",
-                                                             "font-weight": "bold"}).text = title
+    ET.SubElement(
+        svg,
+        "text",
+        x=str(PAD_L),
+        y="17",
+        attrib={"font-size": "13", "font-family": "sans-serif", "font-weight": "bold"},
+    ).text = title
     ys = [float(y) for s in series.values() for y in s if y is not None and math.isfinite(y)]
     if not xs or not ys:
-        ET.SubElement(svg, "text", x=str(WIDTH // 2), y=str(HEIGHT // 2), attrib={
-            "text-anchor": "middle", "font-size": "12", "font-family": "sans-serif", "fill": "#666"}).text = "no data yet"
+        ET.SubElement(
+            svg,
+            "text",
+            x=str(WIDTH // 2),
+            y=str(HEIGHT // 2),
+            attrib={
+                "text-anchor": "middle",
+                "font-size": "12",
+                "font-family": "sans-serif",
+                "fill": "#666",
+            },
+        ).text = "no data yet"
         return ET.tostring(svg, encoding="unicode")
     x0, x1 = float(min(xs)), float(max(xs))
     y0, y1 = min(ys + [0.0]), max(ys)
@@ -58,15 +81,52 @@ def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[fl
 
     axis = {"stroke": "#999", "stroke-width": "1"}
     label = {"font-size": "10", "font-family": "sans-serif", "fill": "#444"}
-    ET.SubElement(svg, "line", x1=str(PAD_L), y1=str(HEIGHT - PAD_B), x2=str(WIDTH - PAD_R), y2=str(HEIGHT - PAD_B), attrib=axis)
-    ET.SubElement(svg, "line", x1=str(PAD_L), y1=str(PAD_T), x2=str(PAD_L), y2=str(HEIGHT - PAD_B), attrib=axis)
+    ET.SubElement(
+        svg,
+        "line",
+        x1=str(PAD_L),
+        y1=str(HEIGHT - PAD_B),
+        x2=str(WIDTH - PAD_R),
+        y2=str(HEIGHT - PAD_B),
+        attrib=axis,
+    )
+    ET.SubElement(
+        svg,
+        "line",
+        x1=str(PAD_L),
+        y1=str(PAD_T),
+        x2=str(PAD_L),
+        y2=str(HEIGHT - PAD_B),
+        attrib=axis,
+    )
     for t in _ticks(y0, y1):
-        ET.SubElement(svg, "text", x=str(PAD_L - 4), y=f"{py(t) + 3:.1f}", attrib={**label, "text-anchor": "end"}).text = _fmt(t)
-        ET.SubElement(svg, "line", x1=str(PAD_L), y1=f"{py(t):.1f}", x2=str(WIDTH - PAD_R), y2=f"{py(t):.1f}",
-                      attrib={"stroke": "#eee", "stroke-width": "1"})
+        ET.SubElement(
+            svg,
+            "text",
+            x=str(PAD_L - 4),
+            y=f"{py(t) + 3:.1f}",
+            attrib={**label, "text-anchor": "end"},
+        ).text = _fmt(t)
+        ET.SubElement(
+            svg,
+            "line",
+            x1=str(PAD_L),
+            y1=f"{py(t):.1f}",
+            x2=str(WIDTH - PAD_R),
+            y2=f"{py(t):.1f}",
+            attrib={"stroke": "#eee", "stroke-width": "1"},
+        )
     for t in _ticks(x0, x1, 6):
-        ET.SubElement(svg, "text", x=f"{px(t):.1f}", y=str(HEIGHT - PAD_B + 14), attrib={**label, "text-anchor": "middle"}).text = _fmt(t)
-    ET.SubElement(svg, "text", x=str(WIDTH - PAD_R), y=str(HEIGHT - 4), attrib={**label, "text-anchor": "end"}).text = "step"
+        ET.SubElement(
+            svg,
+            "text",
+            x=f"{px(t):.1f}",
+            y=str(HEIGHT - PAD_B + 14),
+            attrib={**label, "text-anchor": "middle"},
+        ).text = _fmt(t)
+    ET.SubElement(
+        svg, "text", x=str(WIDTH - PAD_R), y=str(HEIGHT - 4), attrib={**label, "text-anchor": "end"}
+    ).text = "step"
     for n, (name, values) in enumerate(series.items()):
         colour = COLOURS[n % len(COLOURS)]
         runs: list[list[str]] = [[]]
@@ -80,7 +140,14 @@ def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[fl
                 cx, cy = pts[0].split(",")
                 ET.SubElement(svg, "circle", cx=cx, cy=cy, r="2.5", fill=colour)
             elif pts:
-                ET.SubElement(svg, "polyline", points=" ".join(pts), fill="none", stroke=colour, attrib={"stroke-width": "2"})
+                ET.SubElement(
+                    svg,
+                    "polyline",
+                    points=" ".join(pts),
+                    fill="none",
+                    stroke=colour,
+                    attrib={"stroke-width": "2"},
+                )
         lx = WIDTH - PAD_R - 110 * (len(series) - n)  # legends right-aligned, clear of the title
         ET.SubElement(svg, "rect", x=str(lx), y="9", width="10", height="10", fill=colour)
         ET.SubElement(svg, "text", x=str(lx + 14), y="18", attrib=label).text = name
@@ -92,7 +159,12 @@ def training_charts(tl: Mapping[str, Sequence[float | None]]) -> dict[str, str]:
     xs = [float(x) for x in tl["steps"] if x is not None]
     return {
         "bank_size": line_chart("Bank size", xs, {"entries": tl["bank_size"]}),
-        "ops": line_chart("Adds / Updates / Merges per step", xs,
-                          {"adds": tl["adds"], "updates": tl["updates"], "merges": tl["merges"]}),
-        "rbar": line_chart("Mean r̄(m) of the retrieved entries", xs, {"mean r̄(m)": tl["mean_rbar"]}),
+        "ops": line_chart(
+            "Adds / Updates / Merges per step",
+            xs,
+            {"adds": tl["adds"], "updates": tl["updates"], "merges": tl["merges"]},
+        ),
+        "rbar": line_chart(
+            "Mean r̄(m) of the retrieved entries", xs, {"mean r̄(m)": tl["mean_rbar"]}
+        ),
     }

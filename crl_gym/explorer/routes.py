@@ -1,4 +1,5 @@
-"""The explorer's routes: four HTML pages and the JSON (and SVG) routes they read, all under ``/ui``.
+"""The explorer's routes: four HTML pages and the JSON (and SVG) routes they read, all
+under ``/ui``.
 
 Pages carry no bank data: each is a Jinja2 template (autoescaped) with its script, which asks
 for the service's bearer token once (kept in ``sessionStorage``, i.e. for the tab only), sends it
@@ -40,10 +41,16 @@ HERE = Path(__file__).parent
 PREFIX = "/ui"
 MAX_QUERY = 2000
 MAX_K = 32
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; "
-       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-            "Cache-Control": "no-store"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src "
+    "'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 PAGES = ("bank", "entry", "search", "training")
 
 
@@ -52,17 +59,22 @@ def _json(payload: object) -> Response:
     return Response(body, media_type="application/json", headers=_HEADERS)
 
 
-def mount_explorer(app: FastAPI, source: BankSource, dependencies: list[Depends] | None = None) -> None:
-    """Serve the explorer of ``source`` on ``app`` at ``/ui``; ``dependencies`` guard the data routes
-    (the service's bearer-token check)."""
-    templates = Jinja2Templates(directory=str(HERE / "templates"))  # .html templates are autoescaped
+def mount_explorer(
+    app: FastAPI, source: BankSource, dependencies: list[Depends] | None = None
+) -> None:
+    """Serve the explorer of ``source`` on ``app`` at ``/ui``; ``dependencies`` guard the data
+    routes (the service's bearer-token check)."""
+    templates = Jinja2Templates(
+        directory=str(HERE / "templates")
+    )  # .html templates are autoescaped
     episodes = EpisodeIndex(source.run_dir)
     pages = APIRouter(prefix=PREFIX)
     api = APIRouter(prefix=f"{PREFIX}/api", dependencies=list(dependencies or []))
 
     def page(request: Request, name: str, **context: object) -> Response:
-        return templates.TemplateResponse(request, f"{name}.html", {"page": name, "base": PREFIX, **context},
-                                          headers=_HEADERS)
+        return templates.TemplateResponse(
+            request, f"{name}.html", {"page": name, "base": PREFIX, **context}, headers=_HEADERS
+        )
 
     @pages.get("", include_in_schema=False)
     def root() -> Response:
@@ -87,29 +99,47 @@ def mount_explorer(app: FastAPI, source: BankSource, dependencies: list[Depends]
     @api.get("/summary")
     def summary() -> Response:
         n = int(source.query("SELECT count(*) FROM entries")[0][0])
-        quarantined = (int(source.query("SELECT count(*) FROM entry_origin WHERE quarantined = 1")[0][0])
-                       if source.has_table("entry_origin") else 0)
-        snapshots = [{"name": s.name, "created_at": s.created_at, "entries": s.entries}
-                     for s in (list_snapshots(source.bank_dir) if source.bank_dir else [])]
-        return _json({"entries": n, "quarantined": quarantined, "snapshots": snapshots,
-                      "read_only": source.read_only, "embedder": source.embedder_name, "dim": source.dim,
-                      "bank_dir": str(source.bank_dir) if source.bank_dir else None,
-                      "run_dir": str(source.run_dir) if source.run_dir else None,
-                      "event_log": source.has_table("entry_events"), "episodes": episodes.available(),
-                      "search": source.searcher is not None})
+        quarantined = (
+            int(source.query("SELECT count(*) FROM entry_origin WHERE quarantined = 1")[0][0])
+            if source.has_table("entry_origin")
+            else 0
+        )
+        snapshots = [
+            {"name": s.name, "created_at": s.created_at, "entries": s.entries}
+            for s in (list_snapshots(source.bank_dir) if source.bank_dir else [])
+        ]
+        return _json(
+            {
+                "entries": n,
+                "quarantined": quarantined,
+                "snapshots": snapshots,
+                "read_only": source.read_only,
+                "embedder": source.embedder_name,
+                "dim": source.dim,
+                "bank_dir": str(source.bank_dir) if source.bank_dir else None,
+                "run_dir": str(source.run_dir) if source.run_dir else None,
+                "event_log": source.has_table("entry_events"),
+                "episodes": episodes.available(),
+                "search": source.searcher is not None,
+            }
+        )
 
     @api.get("/entries")
-    def entries(sort: Annotated[str, Query(max_length=32)] = "id",
-                order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
-                page: Annotated[int, Query(ge=1, le=10**9)] = 1,
-                per_page: Annotated[int, Query(ge=1, le=MAX_PER_PAGE)] = 50,
-                q: Annotated[str, Query(max_length=MAX_QUERY)] = "",
-                min_retrievals: Annotated[int, Query(ge=0, lt=2**63)] = 0,  # SQLite INTEGER: signed 64-bit
-                step_min: Annotated[int | None, Query(ge=-(2**63), lt=2**63)] = None,
-                step_max: Annotated[int | None, Query(ge=-(2**63), lt=2**63)] = None,
-                credited: bool = False) -> Response:
+    def entries(
+        sort: Annotated[str, Query(max_length=32)] = "id",
+        order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+        page: Annotated[int, Query(ge=1, le=10**9)] = 1,
+        per_page: Annotated[int, Query(ge=1, le=MAX_PER_PAGE)] = 50,
+        q: Annotated[str, Query(max_length=MAX_QUERY)] = "",
+        min_retrievals: Annotated[int, Query(ge=0, lt=2**63)] = 0,  # SQLite INTEGER: signed 64-bit
+        step_min: Annotated[int | None, Query(ge=-(2**63), lt=2**63)] = None,
+        step_max: Annotated[int | None, Query(ge=-(2**63), lt=2**63)] = None,
+        credited: bool = False,
+    ) -> Response:
         try:
-            pq = PageQuery(sort, order, page, per_page, q, min_retrievals, step_min, step_max, credited)
+            pq = PageQuery(
+                sort, order, page, per_page, q, min_retrievals, step_min, step_max, credited
+            )
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from exc
         return _json(entries_page(source, pq))
@@ -123,15 +153,22 @@ def mount_explorer(app: FastAPI, source: BankSource, dependencies: list[Depends]
         return _json(found)
 
     @api.get("/search")
-    def search(q: Annotated[str, Query(min_length=1, max_length=MAX_QUERY)],
-               k: Annotated[int, Query(ge=1, le=MAX_K)] = 1) -> Response:
+    def search(
+        q: Annotated[str, Query(min_length=1, max_length=MAX_QUERY)],
+        k: Annotated[int, Query(ge=1, le=MAX_K)] = 1,
+    ) -> Response:
         if source.searcher is None:
             raise HTTPException(503, "this bank has no search")
         found = preview(source.searcher, q, k)
         ids = [c["id"] for c in found["candidates"]]
         if ids:
-            texts = dict(source.query(f"SELECT id, substr(text, 1, {PREVIEW_CHARS}) FROM entries "
-                                      f"WHERE id IN ({','.join('?' * len(ids))})", ids))
+            texts = dict(
+                source.query(
+                    f"SELECT id, substr(text, 1, {PREVIEW_CHARS}) FROM entries "
+                    f"WHERE id IN ({','.join('?' * len(ids))})",
+                    ids,
+                )
+            )
             for c in found["candidates"]:
                 c["text"] = texts.get(c["id"])
         found["query"] = q
@@ -150,4 +187,6 @@ def mount_explorer(app: FastAPI, source: BankSource, dependencies: list[Depends]
 
     app.include_router(pages)
     app.include_router(api)
-    app.mount(f"{PREFIX}/static", StaticFiles(directory=str(HERE / "static")), name="explorer-static")
+    app.mount(
+        f"{PREFIX}/static", StaticFiles(directory=str(HERE / "static")), name="explorer-static"
+    )

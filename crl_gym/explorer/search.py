@@ -19,16 +19,22 @@ from crl_gym.explorer.source import Searcher
 
 def preview(searcher: Searcher, query: str, k: int = 1) -> dict[str, Any]:
     """``{"picked": [ids, best first], "candidates": [...], "settings": {...}}``; each candidate has
-    ``id``, ``similarity`` (s_rank), ``retrievals`` (c(m)), ``recent``, ``score`` (s(m)) and ``rank``
-    (1-based among the picked, else None), in pool order (most similar first)."""
+    ``id``, ``similarity`` (s_rank), ``retrievals`` (c(m)), ``recent``, ``score`` (s(m)) and
+    ``rank`` (1-based among the picked, else None), in pool order (most similar first)."""
     cfg = searcher.config
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    settings = {"k": k, "overfetch": cfg.overfetch, "diversity_lambda": cfg.diversity_lambda,
-                "recency_window_s": cfg.recency_window_s}
+    settings = {
+        "k": k,
+        "overfetch": cfg.overfetch,
+        "diversity_lambda": cfg.diversity_lambda,
+        "recency_window_s": cfg.recency_window_s,
+    }
     if len(searcher.bank) == 0:
         return {"picked": [], "candidates": [], "settings": settings}
-    vec = np.asarray(searcher.embedder.encode([str(query)[: cfg.max_query_chars]]), dtype=np.float32)
+    vec = np.asarray(
+        searcher.embedder.encode([str(query)[: cfg.max_query_chars]]), dtype=np.float32
+    )
     pool = searcher.bank.search(vec, cfg.overfetch * k)[0][: cfg.overfetch * k]
     stats = searcher.bank.retrieval_stats([i for i, _ in pool])
     now = searcher.clock()
@@ -41,6 +47,14 @@ def preview(searcher: Searcher, query: str, k: int = 1) -> dict[str, Any]:
             continue
         count, last = stats[i]
         recent = was_recent(last, now, window)
-        candidates.append({"id": int(i), "similarity": float(sim), "retrievals": int(count), "recent": recent,
-                           "score": diversity_score(sim, count, recent, lam), "rank": rank.get(i)})
+        candidates.append(
+            {
+                "id": int(i),
+                "similarity": float(sim),
+                "retrievals": int(count),
+                "recent": recent,
+                "score": diversity_score(sim, count, recent, lam),
+                "rank": rank.get(i),
+            }
+        )
     return {"picked": [int(i) for i in picked], "candidates": candidates, "settings": settings}

@@ -1,11 +1,12 @@
-"""What the explorer reads: a bank's SQLite rows, its retrieval and, beside it, the run that wrote it.
+"""What the explorer reads: a bank's SQLite rows, its retrieval and, beside it, the run that
+wrote it.
 
 :class:`BankSource` has two ways in. :meth:`BankSource.live` wraps the bank a running service owns:
 queries go to a read-only connection of their own (SQLite's WAL lets a reader run beside the
-writer), or, for an in-memory bank, to the bank's own connection in query-only mode. :meth:`BankSource.open`
-opens a bank or run directory that no service holds, read-only: nothing is locked, written or
-rebuilt on disk; the vector index for the search page is built in memory from the stored
-embeddings. Either way the search page ranks exactly as the service does
+writer), or, for an in-memory bank, to the bank's own connection in query-only mode.
+:meth:`BankSource.open` opens a bank or run directory that no service holds, read-only: nothing is
+locked, written or rebuilt on disk; the vector index for the search page is built in memory from the
+stored embeddings. Either way the search page ranks exactly as the service does
 (:mod:`crl_gym.explorer.search`).
 """
 
@@ -40,8 +41,10 @@ def find_bank(directory: str | Path) -> Path:
     for candidate in (d, d / "bank"):
         if (candidate / DB_FILE).is_file():
             return candidate
-    raise FileNotFoundError(f"{d}: neither {d / DB_FILE} nor {d / 'bank' / DB_FILE} exists: "
-                            f"point --bank at a bank directory or at a run directory that has one")
+    raise FileNotFoundError(
+        f"{d}: neither {d / DB_FILE} nor {d / 'bank' / DB_FILE} exists: "
+        f"point --bank at a bank directory or at a run directory that has one"
+    )
 
 
 def find_run_dir(bank_dir: Path | None) -> Path | None:
@@ -54,7 +57,8 @@ def find_run_dir(bank_dir: Path | None) -> Path | None:
 
 class _Snapshot:
     """Search side of a bank opened read-only: its vectors in an in-memory usearch index, and the
-    retrieval counters as stored (the bank-like part :func:`crl_gym.explorer.search.preview` uses)."""
+    retrieval counters as stored (the bank-like part
+    :func:`crl_gym.explorer.search.preview` uses)."""
 
     def __init__(self, index: VectorIndex, stats: dict[int, tuple[int, float]]) -> None:
         self.dim = index.dim
@@ -73,7 +77,8 @@ class _Snapshot:
 
 @dataclass
 class Searcher:
-    """What a search needs: the bank's index and counters, the embedder, the retrieval settings, a clock."""
+    """What a search needs: the bank's index and counters, the embedder, the retrieval settings,
+    a clock."""
 
     bank: Any
     embedder: Embedder
@@ -84,9 +89,17 @@ class Searcher:
 class BankSource:
     """One bank as the explorer sees it (see the module docstring)."""
 
-    def __init__(self, query: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]], searcher: Searcher | None, *,
-                 bank_dir: Path | None, read_only: bool, embedder_name: str | None, dim: int,
-                 closer: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        query: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]],
+        searcher: Searcher | None,
+        *,
+        bank_dir: Path | None,
+        read_only: bool,
+        embedder_name: str | None,
+        dim: int,
+        closer: Callable[[], None] | None = None,
+    ) -> None:
         self._query = query
         self.searcher = searcher
         self.bank_dir = bank_dir
@@ -104,7 +117,9 @@ class BankSource:
     def has_table(self, name: str) -> bool:
         """Whether the bank has table ``name`` (a bank written before the event log has not)."""
         if self._tables is None or name not in self._tables:
-            self._tables = {r[0] for r in self.query("SELECT name FROM sqlite_master WHERE type='table'")}
+            self._tables = {
+                r[0] for r in self.query("SELECT name FROM sqlite_master WHERE type='table'")
+            }
         return name in self._tables
 
     def close(self) -> None:
@@ -119,14 +134,29 @@ class BankSource:
         bank = manager.bank
         searcher = Searcher(bank, manager.embedder, manager.config, manager.clock)
         if bank.path is None:
-            return cls(bank.read_sql, searcher, bank_dir=None, read_only=False,
-                       embedder_name=bank.embedder_name, dim=bank.dim)
+            return cls(
+                bank.read_sql,
+                searcher,
+                bank_dir=None,
+                read_only=False,
+                embedder_name=bank.embedder_name,
+                dim=bank.dim,
+            )
         conn = open_readonly(bank.path / DB_FILE)
-        return cls(_locked(conn), searcher, bank_dir=bank.path, read_only=False,
-                   embedder_name=bank.embedder_name, dim=bank.dim, closer=conn.close)
+        return cls(
+            _locked(conn),
+            searcher,
+            bank_dir=bank.path,
+            read_only=False,
+            embedder_name=bank.embedder_name,
+            dim=bank.dim,
+            closer=conn.close,
+        )
 
     @classmethod
-    def open(cls, directory: str | Path, embedder: Embedder | None = None, *, search: bool = True) -> BankSource:
+    def open(
+        cls, directory: str | Path, embedder: Embedder | None = None, *, search: bool = True
+    ) -> BankSource:
         """A bank or run directory, read-only. ``embedder`` defaults to the one the bank records;
         ``search=False`` loads no vectors (the search page then answers 503)."""
         bank_dir = find_bank(directory)
@@ -138,17 +168,34 @@ class BankSource:
             dim = int(meta["dim"])
             name = meta.get("embedder")
             if not search:
-                return cls(_locked(conn), None, bank_dir=bank_dir, read_only=True, embedder_name=name, dim=dim,
-                           closer=conn.close)
+                return cls(
+                    _locked(conn),
+                    None,
+                    bank_dir=bank_dir,
+                    read_only=True,
+                    embedder_name=name,
+                    dim=dim,
+                    closer=conn.close,
+                )
             emb = embedder if embedder is not None else load_embedder(name)
             if int(emb.dim) != dim:
-                raise ValueError(f"{bank_dir}: the bank's vectors have dim {dim}, the embedder {name!r} gives {emb.dim}")
+                raise ValueError(
+                    f"{bank_dir}: the bank's vectors have dim {dim}, the embedder {name!r} "
+                    f"gives {emb.dim}"
+                )
             snapshot = _snapshot(conn, dim, bank_dir, int(meta.get("generation", 0)))
         except BaseException:
             conn.close()
             raise
-        return cls(_locked(conn), Searcher(snapshot, emb, ManagerConfig()), bank_dir=bank_dir, read_only=True,
-                   embedder_name=name, dim=dim, closer=conn.close)
+        return cls(
+            _locked(conn),
+            Searcher(snapshot, emb, ManagerConfig()),
+            bank_dir=bank_dir,
+            read_only=True,
+            embedder_name=name,
+            dim=dim,
+            closer=conn.close,
+        )
 
 
 def _snapshot(conn: sqlite3.Connection, dim: int, bank_dir: Path, generation: int) -> _Snapshot:
@@ -158,10 +205,14 @@ def _snapshot(conn: sqlite3.Connection, dim: int, bank_dir: Path, generation: in
     file = bank_dir / DB_FILE
     vectors: dict[int, np.ndarray] = {}
     stats: dict[int, tuple[int, float]] = {}
-    for i, blob, count, last in conn.execute("SELECT id, embedding, retrieval_count, last_retrieved FROM entries"):
+    for i, blob, count, last in conn.execute(
+        "SELECT id, embedding, retrieval_count, last_retrieved FROM entries"
+    ):
         v = np.frombuffer(blob, dtype=np.float32)
         if v.shape != (dim,):
-            raise BankCorruptError(f"{file}: entry {i} has an embedding of {v.size} floats, expected dim {dim}")
+            raise BankCorruptError(
+                f"{file}: entry {i} has an embedding of {v.size} floats, expected dim {dim}"
+            )
         vectors[int(i)] = v
         stats[int(i)] = (int(count), float(last))
     index, _ = VectorIndex.open(bank_dir, dim, vectors, generation)

@@ -44,9 +44,12 @@ def rollout_reward(reward: str, *, success: bool, ret: float) -> float:
 def with_actions(obs: object, info: Mapping[str, Any]) -> str:
     """Deprecated: the episode driver's user turn (:func:`crl_gym.episode.user_text`) of ``obs``
     and ``info["admissible_actions"]``."""
-    warnings.warn("crl_gym.integrations.episodes.with_actions is deprecated: use "
-                  "crl_gym.episode.user_text (the episode driver's user turn)", DeprecationWarning,
-                  stacklevel=2)
+    warnings.warn(
+        "crl_gym.integrations.episodes.with_actions is deprecated: use "
+        "crl_gym.episode.user_text (the episode driver's user turn)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return user_text(obs, [str(a) for a in info.get("admissible_actions") or ()])
 
 

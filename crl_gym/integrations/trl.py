@@ -81,7 +81,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SPLIT = "split"
-"""Row value of ``experience``: half of the row's generations guided, half free (the trainer decides which)."""
+"""Row value of ``experience``: half of the row's generations guided, half free (the trainer
+decides which)."""
 EXPERIENCE_VALUES: tuple[str, ...] = (*CONDITIONS, SPLIT)
 DEFAULT_INSTRUCTION = SYSTEM_TOOLS
 """The system message :func:`dataset_rows` puts in each prompt (the episode driver's for a model
@@ -98,10 +99,14 @@ class TRLRow(TypedDict):
 
 
 def dataset_rows(
-    seeds: list[int], *, experience: str = SPLIT, instruction: str = DEFAULT_INSTRUCTION,
+    seeds: list[int],
+    *,
+    experience: str = SPLIT,
+    instruction: str = DEFAULT_INSTRUCTION,
 ) -> list[TRLRow]:
     """One TRL dataset row per seed: a conversational ``prompt`` whose user turn ``reset`` fills
-    with the first observation, the ``seed``, and ``experience`` (``"split"``, ``"guided"`` or ``"free"``).
+    with the first observation, the ``seed``, and ``experience`` (``"split"``, ``"guided"``
+    or ``"free"``).
 
     >>> dataset_rows([3], experience="free")[0]["prompt"][1]
     {'role': 'user', 'content': ''}
@@ -111,14 +116,18 @@ def dataset_rows(
     if experience not in EXPERIENCE_VALUES:
         raise ValueError(f"experience must be one of {EXPERIENCE_VALUES}, got {experience!r}")
     return [
-        {"prompt": [{"role": "system", "content": instruction}, {"role": "user", "content": ""}],
-         "seed": int(seed), "experience": experience}
+        {
+            "prompt": [{"role": "system", "content": instruction}, {"role": "user", "content": ""}],
+            "seed": int(seed),
+            "experience": experience,
+        }
         for seed in seeds
     ]
 
 
-def split_conditions(experience: list[object], positions: list[int], num_generations: int, *,
-                     guided: bool = True) -> list[Condition]:
+def split_conditions(
+    experience: list[object], positions: list[int], num_generations: int, *, guided: bool = True
+) -> list[Condition]:
     """The condition of each generation: a ``"split"`` (or missing) row's first
     ``num_generations // 2`` copies are guided, the rest free (every copy free when not
     ``guided``: a method without experience; :func:`crl_gym.episode.condition_of`);
@@ -136,8 +145,10 @@ def split_conditions(experience: list[object], positions: list[int], num_generat
         elif value in CONDITIONS:
             out.append(value)
         else:
-            raise ValueError(f"a row's experience must be 'split', "
-                             f"{' or '.join(map(repr, CONDITIONS))}, got {value!r}")
+            raise ValueError(
+                f"a row's experience must be 'split', "
+                f"{' or '.join(map(repr, CONDITIONS))}, got {value!r}"
+            )
     return out
 
 
@@ -145,7 +156,8 @@ class TRLExperience:
     """What the TRL environments of one run share.
 
     Args:
-        client: the experience service (``RemoteClient`` to ``crl-experience serve``, or ``LocalClient``).
+        client: the experience service (``RemoteClient`` to ``crl-experience serve``, or
+            ``LocalClient``).
         make_env: a Gymnasium env id (made with ``crl_gym.envs.make(make_env, **env_kwargs)``) or a
             callable returning a new text env.
         env_kwargs: keyword arguments of ``gym.make`` for an id.
@@ -153,14 +165,16 @@ class TRLExperience:
         max_calls: ``search_and_ask`` calls per episode.
         reward: ``"success"`` (1.0 when the episode succeeded, else 0.0: the paper's R) or
             ``"return"`` (the sum of the env's rewards).
-        spill_path: where the wrappers keep requests the client could not take (``ExperienceWrapper``).
+        spill_path: where the wrappers keep requests the client could not take
+            (``ExperienceWrapper``).
 
     ``step`` is the open rollout step: the TRL optimizer step being generated (set by
     :meth:`callback` at each step's start); every episode's request carries it, and the callback's
     ``end_step(t)`` at the end of step ``t`` credits the entries those episodes used. The run has
     its own step space on the service (:attr:`steps`, a :class:`~crl_gym.clients.RunSteps`): its
     step ``t`` is the service's ``steps.base + t``, so runs started one after another against one
-    long-lived ``crl-experience serve`` never end a step twice (``ended`` holds the service's numbers).
+    long-lived ``crl-experience serve`` never end a step twice (``ended`` holds the
+    service's numbers).
     """
 
     def __init__(
@@ -176,7 +190,9 @@ class TRLExperience:
     ) -> None:
         check_reward(reward)
         if not isinstance(make_env, str) and not callable(make_env):
-            raise TypeError(f"make_env must be an env id or a callable, got {type(make_env).__name__}")
+            raise TypeError(
+                f"make_env must be an env id or a callable, got {type(make_env).__name__}"
+            )
         self.client = client
         self._make = make_env
         self._env_kwargs = dict(env_kwargs or {})
@@ -206,13 +222,15 @@ class TRLExperience:
         return SearchAndAskEnv(self) if self.search_and_ask else ExperienceEnv(self)
 
     def end_step(self, step: int) -> StepEnded:
-        """``end_step`` of this run's ``step`` on the service: it credits every entry used in that step."""
+        """``end_step`` of this run's ``step`` on the service: it credits every entry used in
+        that step."""
         result = self.steps.end_step(step)
         self.ended.append(result)
         return result
 
     def callback(self) -> EndStepCallback:
-        """The ``TrainerCallback`` that keeps ``step`` and calls :meth:`end_step` once per optimizer step."""
+        """The ``TrainerCallback`` that keeps ``step`` and calls :meth:`end_step` once per
+        optimizer step."""
         return EndStepCallback(self)
 
 
@@ -227,12 +245,22 @@ class EndStepCallback(TrainerCallback):
     def __init__(self, session: TRLExperience) -> None:
         self.session = session
 
-    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                      **kwargs: object) -> None:
+    def on_step_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         self.session.step = int(state.global_step)
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: object) -> None:
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         result = self.session.end_step(int(state.global_step) - 1)
         logger.info("experience: step %d ended: %s", state.global_step - 1, result)
 
@@ -246,8 +274,13 @@ class ExperienceEnv:
 
     def __init__(self, session: TRLExperience) -> None:
         self._session = session
-        self._wrapper = wrap(session.make_env(), session.client, search_and_ask=session.search_and_ask,
-                             max_calls=session.max_calls, spill_path=session.spill_path)
+        self._wrapper = wrap(
+            session.make_env(),
+            session.client,
+            search_and_ask=session.search_and_ask,
+            max_calls=session.max_calls,
+            spill_path=session.spill_path,
+        )
         self._driver = EpisodeDriver(self._wrapper, tools=True)
         self._open = False
 
@@ -257,20 +290,29 @@ class ExperienceEnv:
         experience = row.get("experience", SPLIT)
         if experience == SPLIT:
             raise ValueError(
-                "row says experience='split' (or has no 'experience' column): the per-generation split is made by "
-                "crl_train.integrations.trl.ComplementaryGRPOTrainer; with TRL's own GRPOTrainer give each row "
-                "experience='guided' or 'free' (one row of each per task gives TRL's per-row groups the two halves)"
+                "row says experience='split' (or has no 'experience' column): the per-generation "
+                "split is made by crl_train.integrations.trl.ComplementaryGRPOTrainer; with TRL's "
+                "own GRPOTrainer give each row experience='guided' or 'free' (one row of each per "
+                "task gives TRL's per-row groups the two halves)"
             )
         if experience not in CONDITIONS:
-            raise ValueError(f"row's experience must be one of {EXPERIENCE_VALUES}, got {experience!r}")
+            raise ValueError(
+                f"row's experience must be one of {EXPERIENCE_VALUES}, got {experience!r}"
+            )
         seed = row.get("seed")
         if seed is not None and type(seed) is not int:
             seed = int(seed)
-        if self._open:  # TRL reuses instances: an episode left open (no get_reward) still gets distilled
+        if (
+            self._open
+        ):  # TRL reuses instances: an episode left open (no get_reward) still gets distilled
             self._end()
         session = self._session
-        spec = EpisodeSpec(self._wrapper.env_id, seed, experience,
-                           rollout_step=session.steps.service_step(session.step))
+        spec = EpisodeSpec(
+            self._wrapper.env_id,
+            seed,
+            experience,
+            rollout_step=session.steps.service_step(session.step),
+        )
         first = self._driver.reset(spec)
         self._open = True
         return first
@@ -289,7 +331,8 @@ class ExperienceEnv:
         return self._step(Answer(str(action), readable=True, tool_call=False))
 
     def get_reward(self) -> float:
-        """The rollout's reward; ends the episode (as truncated) when the model stopped before the env did."""
+        """The rollout's reward; ends the episode (as truncated) when the model stopped before
+        the env did."""
         if self._open:
             self._end()
         episode = self._driver.episode
@@ -300,7 +343,8 @@ class ExperienceEnv:
     # ------------------------------------------------------------------ what the trainer reads
     @property
     def condition(self) -> str:
-        """``"guided"`` or ``"free"``: the condition the episode ran under (its request's, once ended)."""
+        """``"guided"`` or ``"free"``: the condition the episode ran under (its request's,
+        once ended)."""
         episode = self._driver.episode
         return FREE_CONDITION if episode is None else episode.condition
 
@@ -335,7 +379,8 @@ class ExperienceEnv:
 
 
 class SearchAndAskEnv(ExperienceEnv):
-    """:class:`ExperienceEnv` with the ``search_and_ask`` tool (``SearchAndAskWrapper`` underneath)."""
+    """:class:`ExperienceEnv` with the ``search_and_ask`` tool
+    (``SearchAndAskWrapper`` underneath)."""
 
     def search_and_ask(self, query: str) -> str:
         """Ask the experience bank for advice when stuck; does not take a turn in the environment.
@@ -352,7 +397,14 @@ class SearchAndAskEnv(ExperienceEnv):
 
 
 __all__ = [
-    "DEFAULT_INSTRUCTION", "EXPERIENCE_VALUES", "SPLIT", "EndStepCallback", "ExperienceEnv",
+    "DEFAULT_INSTRUCTION",
+    "EXPERIENCE_VALUES",
+    "SPLIT",
+    "EndStepCallback",
+    "ExperienceEnv",
     "split_conditions",
-    "SearchAndAskEnv", "TRLExperience", "TRLRow", "dataset_rows",
+    "SearchAndAskEnv",
+    "TRLExperience",
+    "TRLRow",
+    "dataset_rows",
 ]

@@ -42,7 +42,8 @@ def wrap(
     max_calls: int = 2,
     **experience_kwargs: Unpack[ExperienceOptions],
 ) -> ExperienceWrapper:
-    """``ExperienceWrapper(SearchAndAskWrapper(env, client, max_calls), client, **experience_kwargs)``.
+    """``ExperienceWrapper(SearchAndAskWrapper(env, client, max_calls), client,
+    **experience_kwargs)``.
 
     The recorder goes outside so that it sees (and records) every ``search_and_ask`` turn.
 
@@ -61,4 +62,10 @@ def wrap(
     return ExperienceWrapper(inner, client, **experience_kwargs)
 
 
-__all__ = ["DEFAULT_PATTERN", "DEFAULT_TEMPLATE", "ExperienceWrapper", "SearchAndAskWrapper", "wrap"]
+__all__ = [
+    "DEFAULT_PATTERN",
+    "DEFAULT_TEMPLATE",
+    "ExperienceWrapper",
+    "SearchAndAskWrapper",
+    "wrap",
+]

@@ -37,7 +37,9 @@ def episode_seed(seed: int, episode: int) -> int:
     """The seed of the ``episode``-th autoreset episode after an explicit ``reset(seed=seed)``: a
     hash of both (``numpy.random.SeedSequence``), in ``[0, 2**31)``; different copies (seeds) and
     episodes get unrelated seeds."""
-    state = np.random.SeedSequence([int(seed) % 2**63, int(episode)]).generate_state(1, dtype=np.uint32)
+    state = np.random.SeedSequence([int(seed) % 2**63, int(episode)]).generate_state(
+        1, dtype=np.uint32
+    )
     return int(state[0]) >> 1
 
 
@@ -51,7 +53,8 @@ class AutoresetCarry:
 
     @classmethod
     def after(cls, seed: int | None, options: dict[str, Any] | None) -> AutoresetCarry:
-        """The carry of an explicit ``reset(seed=seed, options=options)`` (options already checked)."""
+        """The carry of an explicit ``reset(seed=seed, options=options)`` (options
+        already checked)."""
         kept = {k: options[k] for k in CARRIED_OPTIONS if k in options} if options else {}
         return cls(seed, kept or None)
 

@@ -28,7 +28,9 @@ class CorridorEnv(TextEnv):
 
     ACTIONS = ("east", "west")
 
-    def __init__(self, length: int = 3, max_turns: int = 10, render_mode: str | None = None) -> None:
+    def __init__(
+        self, length: int = 3, max_turns: int = 10, render_mode: str | None = None
+    ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if length < 1:
             raise ValueError(f"length must be >= 1, got {length}")
@@ -37,12 +39,17 @@ class CorridorEnv(TextEnv):
         self.task = f"Walk east {length} times to reach the exit of the corridor."
 
     def _describe(self) -> str:
-        return f"You are at cell {self.pos} of a corridor; the exit is at cell {self.length}, to the east."
+        return (
+            f"You are at cell {self.pos} of a corridor; the exit is at cell {self.length}, to "
+            "the east."
+        )
 
     def _info(self) -> JSONDict:
         return {"task": self.task, "admissible_actions": list(self.ACTIONS), "turn": self.turn}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self.pos = 0
         self.turn = 0

@@ -5,8 +5,8 @@
 ``"prefetched"`` entry it fetched in one ``search_many`` batch for the whole rollout group),
 prepends it to the first observation and reports it under ``info["experience"]``. The env's own
 observation goes in unchanged: only the entry is fitted, into the env's ``Text`` space widened
-for it (:mod:`crl_gym.wrappers.text_spaces`), so guided and free episodes read the same task. Each step is
-recorded by appending four references to one flat list (no copies, no per-step object: the
+for it (:mod:`crl_gym.wrappers.text_spaces`), so guided and free episodes read the same task. Each
+step is recorded by appending four references to one flat list (no copies, no per-step object: the
 wrapper's cost must stay ≤ 2 µs per step); on ``terminated or truncated`` the wrapper hands
 that list to a :class:`~crl_gym.wrappers.recording.RecordedRequest` — a ``DistillationRequest``
 whose ``Step`` objects and id are built when a consumer first reads them, not at episode end
@@ -130,6 +130,7 @@ DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
 
 _OWN_OPTIONS = ("experience", "prefetched", "rollout_step", "meta")
 
+
 class FlushReport(TypedDict):
     """What :meth:`ExperienceWrapper.flush_experience` reports."""
 
@@ -157,24 +158,40 @@ def require_gym_env(env: object, wrapper: str) -> None:
     elif isinstance(env, gym.vector.VectorEnv):
         hint = "wrap each copy inside the vector env (in its env_fns), not the vector env itself"
     elif root == "textworld":
-        hint = ("build it from its game files instead: crl_gym.envs.textworld_env.TextWorldEnv(game_files) "
-                "or crl_gym.envs.make('crl/TextWorld-v0', game_files=...)")
+        hint = (
+            "build it from its game files instead: "
+            "crl_gym.envs.textworld_env.TextWorldEnv(game_files) or "
+            "crl_gym.envs.make('crl/TextWorld-v0', game_files=...)"
+        )
     elif root == "gem":
         hint = f"adapt it with {gem}, or make it by id: crl_gym.envs.make('crl/GEM-v0', env_id=...)"
     elif root == "gym":
-        hint = (f"it is an env of the old 'gym' package: convert it with shimmy "
-                f"(gymnasium.make('GymV26Environment-v0', env=obj)), or adapt it with {gem}")
+        hint = (
+            f"it is an env of the old 'gym' package: convert it with shimmy "
+            f"(gymnasium.make('GymV26Environment-v0', env=obj)), or adapt it with {gem}"
+        )
     elif gem_adaptable(env):
-        hint = (f"if its reset(seed=...) returns (obs, info) and step(action) returns (obs, reward, terminated, "
-                f"truncated, info) with text, adapt it with {gem}; otherwise write a small gymnasium.Env adapter "
-                f"({OWN_ENV_DOC})")
+        hint = (
+            "if its reset(seed=...) returns (obs, info) and step(action) returns (obs, reward, "
+            f"terminated, truncated, info) with text, adapt it with {gem}; otherwise write a small "
+            f"gymnasium.Env adapter ({OWN_ENV_DOC})"
+        )
     else:
-        hint = f"write a small gymnasium.Env adapter with text observations and actions around it ({OWN_ENV_DOC})"
+        hint = (
+            "write a small gymnasium.Env adapter with text observations and actions around it "
+            f"({OWN_ENV_DOC})"
+        )
     raise TypeError(f"{wrapper} wraps a gymnasium.Env, got {name}; {hint}")
 
 
-__all__ = ["DEFAULT_TEMPLATE", "MALFORMED_ERRORS", "SEARCH_INFO_KEY", "ExperienceWrapper",
-           "FlushReport", "require_gym_env"]
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "MALFORMED_ERRORS",
+    "SEARCH_INFO_KEY",
+    "ExperienceWrapper",
+    "FlushReport",
+    "require_gym_env",
+]
 
 
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -183,11 +200,13 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     Args:
         env: any Gymnasium env with text observations (``str``) and text actions.
         client: an :class:`~crl_gym.clients.ExperienceClient` (``LocalClient`` / ``RemoteClient``).
-        template: format string for the guided first observation (``{experience}``, ``{observation}``).
+        template: format string for the guided first observation (``{experience}``,
+            ``{observation}``).
         task_key: info key holding the task text; the first observation is used when absent.
         default_condition: condition of an explicit ``reset`` without ``options["experience"]``
-            (``"free"`` keeps ``check_env``'s determinism check valid; a vector env can set it per copy
-            with ``set_attr("default_condition", [...])``); a bare ``reset()`` keeps the last explicit one's.
+            (``"free"`` keeps ``check_env``'s determinism check valid; a vector env can set it per
+            copy with ``set_attr("default_condition", [...])``); a bare ``reset()`` keeps the last
+            explicit one's.
         env_id: recorded in each request (defaults to the env spec's id, else the env's class name).
         spill_path: JSONL file where requests the client could not take are appended (in
             addition to being retried at the next episode end); ``None`` keeps them in memory.
@@ -195,15 +214,17 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         success_reward: without ``info["success"]`` on the last step, an episode is a success
             when its return reaches this (see :mod:`crl_gym.wrappers.success`). None: 1.0, and the
             first episode without ``info["success"]`` logs a warning saying so (once per env).
-        success_rule: ``rule(rewards, last_info) -> bool`` deciding success without ``info["success"]``
-            (over ``success_reward``); a rule that raises counts the episode as no success, logged.
+        success_rule: ``rule(rewards, last_info) -> bool`` deciding success without
+            ``info["success"]`` (over ``success_reward``); a rule that raises counts the episode as
+            no success, logged.
         max_entry_chars: longest entry text a guided observation shows; a ``Text`` observation
             space is widened by the template and this many characters (:func:`guided_space`),
             so the env's own observation is never cut or altered.
         retrieve: when a guided episode retrieves: ``"episode"`` (at reset, for the task: the
             paper), ``"turn"`` (before every turn, for the current observation:
             :mod:`crl_gym.wrappers.turn_retrieval`) or ``"both"``.
-        turn_template: how a guided turn's observation shows its entry (``{experience}``, ``{observation}``).
+        turn_template: how a guided turn's observation shows its entry (``{experience}``,
+            ``{observation}``).
         defer_turn_search: per-turn retrieval after a step is left to the caller: the step returns
             the observation as the env gave it, with ``info["turn_query"]``; the caller searches for
             all its envs at once (``client.search_many``) and hands each its entry through
@@ -240,10 +261,21 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     ) -> None:
         # Recorded so that env.spec (and gym.make(env.spec)) can rebuild the wrapper stack.
         gym.utils.RecordConstructorArgs.__init__(
-            self, client=Shared(unshare(client)), template=template, task_key=task_key, default_condition=default_condition,
-            env_id=env_id, spill_path=spill_path, max_unsent=max_unsent, success_reward=success_reward,
-            max_entry_chars=max_entry_chars, retrieve=retrieve, turn_template=turn_template,
-            warmup_steps=warmup_steps, entries_per_episode=entries_per_episode, defer_turn_search=defer_turn_search,
+            self,
+            client=Shared(unshare(client)),
+            template=template,
+            task_key=task_key,
+            default_condition=default_condition,
+            env_id=env_id,
+            spill_path=spill_path,
+            max_unsent=max_unsent,
+            success_reward=success_reward,
+            max_entry_chars=max_entry_chars,
+            retrieve=retrieve,
+            turn_template=turn_template,
+            warmup_steps=warmup_steps,
+            entries_per_episode=entries_per_episode,
+            defer_turn_search=defer_turn_search,
             success_rule=success_rule,
         )
         require_gym_env(env, "ExperienceWrapper")
@@ -252,7 +284,9 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if max_entry_chars < 1:
             raise ValueError(f"max_entry_chars must be >= 1, got {max_entry_chars}")
         if default_condition not in CONDITIONS:
-            raise ValueError(f"default_condition must be one of {CONDITIONS}, got {default_condition!r}")
+            raise ValueError(
+                f"default_condition must be one of {CONDITIONS}, got {default_condition!r}"
+            )
         if max_unsent < 1:
             raise ValueError(f"max_unsent must be >= 1, got {max_unsent}")
         self.client = unshare(client)
@@ -262,17 +296,33 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         self.warmup_steps = warmup_steps
-        if isinstance(entries_per_episode, bool) or not isinstance(entries_per_episode, int) or entries_per_episode < 1:
-            raise ValueError(f"entries_per_episode must be an integer >= 1, got {entries_per_episode!r}")
+        if (
+            isinstance(entries_per_episode, bool)
+            or not isinstance(entries_per_episode, int)
+            or entries_per_episode < 1
+        ):
+            raise ValueError(
+                f"entries_per_episode must be an integer >= 1, got {entries_per_episode!r}"
+            )
         self.entries_per_episode = entries_per_episode
-        self._more: list[ExperienceRef] = []  # the start's entries after the first (entries_per_episode > 1)
+        self._more: list[
+            ExperienceRef
+        ] = []  # the start's entries after the first (entries_per_episode > 1)
         self._turn_guided = False  # the open episode searches before each turn
         self.defer_turn_search = bool(defer_turn_search)
-        self.template = check_template(template, "template", ("experience", "observation"), ("experience", "observation"))
+        self.template = check_template(
+            template, "template", ("experience", "observation"), ("experience", "observation")
+        )
         self.task_key = task_key
         self.default_condition = default_condition
-        self.env_id = env_id if env_id is not None else (env.spec.id if env.spec is not None else type(env.unwrapped).__name__)
-        self.success_reward = DEFAULT_SUCCESS_REWARD if success_reward is None else float(success_reward)
+        self.env_id = (
+            env_id
+            if env_id is not None
+            else (env.spec.id if env.spec is not None else type(env.unwrapped).__name__)
+        )
+        self.success_reward = (
+            DEFAULT_SUCCESS_REWARD if success_reward is None else float(success_reward)
+        )
         self.success_rule = success_rule
         # a rule the user declared (threshold or callable) is applied without a warning
         self._rule_declared = success_reward is not None or success_rule is not None
@@ -293,14 +343,23 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # The env's observation goes into a guided one as it is: only the entry is fitted, and the
         # space is widened to hold both.
         space = guided_space(env.observation_space, self.template, max_entry_chars)
-        turn_template = check_template(turn_template, "turn_template", ("experience", "observation"),
-                                       ("experience", "observation"))
-        if searches_per_turn(self.retrieve):  # a turn's entry may stand in front of the guided start too
+        turn_template = check_template(
+            turn_template,
+            "turn_template",
+            ("experience", "observation"),
+            ("experience", "observation"),
+        )
+        if searches_per_turn(
+            self.retrieve
+        ):  # a turn's entry may stand in front of the guided start too
             space = guided_space(space, turn_template, max_entry_chars)
         self.observation_space = space  # type: ignore[assignment]
         self._fit_entry = EntryFitter(self.observation_space, max_entry_chars)
         self.turns: TurnRetrieval | None = (
-            TurnRetrieval(self.client, turn_template, self._fit_entry) if searches_per_turn(self.retrieve) else None)
+            TurnRetrieval(self.client, turn_template, self._fit_entry)
+            if searches_per_turn(self.retrieve)
+            else None
+        )
         """The per-turn searches (``retrieve`` ``"turn"`` / ``"both"``), else None."""
         self._task = ""
         self._initial_obs = ""
@@ -311,18 +370,27 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._meta: dict[str, object] | None = None
         self._errors: list[str] = []
         self._carry: AutoresetCarry | None = None
-        """The last explicit reset's seed and options, for the episodes after it (vector autoreset)."""
+        """The last explicit reset's seed and options, for the episodes after it
+        (vector autoreset)."""
 
     # ------------------------------------------------------------------ reset
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         if self._check_process is not None:
             self._check_process()
         autoreset = seed is None and options is None  # how a vector env resets a finished copy
         if autoreset and self._carry is not None:
             seed, options = self._carry.next_episode()
-        condition, prefetched, has_prefetched, rollout_step, env_options = self._parse_options(options)
-        if not autoreset:  # checked: a later autoreset episode keeps this reset's condition and step
-            self._carry = AutoresetCarry.after(seed if seed is None or type(seed) is int else int(seed), options)
+        condition, prefetched, has_prefetched, rollout_step, env_options = self._parse_options(
+            options
+        )
+        if (
+            not autoreset
+        ):  # checked: a later autoreset episode keeps this reset's condition and step
+            self._carry = AutoresetCarry.after(
+                seed if seed is None or type(seed) is int else int(seed), options
+            )
         obs, info = self.env.reset(seed=seed, options=env_options)
         task = info.get(self.task_key)
         task = task if task is not None else obs
@@ -340,15 +408,23 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         experience: ExperienceRef | None = None
         if self._more:
             self._more = []
-        if condition == GUIDED_CONDITION and rollout_step is not None and 0 <= rollout_step < self.warmup_steps:
-            condition = FREE_CONDITION  # warm-up: nothing is retrieved, so the episode really is free
+        if (
+            condition == GUIDED_CONDITION
+            and rollout_step is not None
+            and 0 <= rollout_step < self.warmup_steps
+        ):
+            condition = (
+                FREE_CONDITION  # warm-up: nothing is retrieved, so the episode really is free
+            )
             info["experience_warmup"] = True
         if condition == GUIDED_CONDITION and searches_at_start(self.retrieve):
             if has_prefetched:
                 experience = prefetched
             else:
                 try:
-                    experience, self._more = episode_entries(self.client, self._task, self.entries_per_episode)
+                    experience, self._more = episode_entries(
+                        self.client, self._task, self.entries_per_episode
+                    )
                 except Exception as exc:  # noqa: BLE001 - a down client must not cost the episode
                     _reraise_misuse(exc)
                     self._note_error("search", exc)
@@ -356,10 +432,18 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._condition = condition
         self._experience = experience
         if experience is not None:
-            shown = "\n\n".join([experience.text, *(e.text for e in self._more)]) if self._more else experience.text
+            shown = (
+                "\n\n".join([experience.text, *(e.text for e in self._more)])
+                if self._more
+                else experience.text
+            )
             obs = self.template.format(experience=self._fit_entry(shown), observation=obs)
             # a literal dict: dataclasses.asdict costs ~10 µs, a fifth of the per-episode budget
-            info["experience"] = {"id": experience.id, "text": experience.text, "version": experience.version}
+            info["experience"] = {
+                "id": experience.id,
+                "text": experience.text,
+                "version": experience.version,
+            }
             if self._more:
                 info["experience_more"] = [e.to_dict() for e in self._more]
         else:
@@ -368,14 +452,17 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self.turns is not None:
             self.turns.start()
         if self._turn_guided:
-            obs = self._guide_turn(self._initial_obs, 0, info, obs if experience is not None else None)
+            obs = self._guide_turn(
+                self._initial_obs, 0, info, obs if experience is not None else None
+            )
         if self._errors:
             info["experience_error"] = "; ".join(self._errors)
         self._records = [self._initial_obs]
         return obs, info
 
     def _parse_options(
-        self, options: dict[str, object] | None,
+        self,
+        options: dict[str, object] | None,
     ) -> tuple[str, ExperienceRef | None, bool, int | None, dict[str, object] | None]:
         if not options:
             return self.default_condition, None, False, None, options
@@ -383,13 +470,18 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             raise TypeError(f"reset options must be a dict, got {type(options).__name__}")
         condition = options.get("experience", self.default_condition)
         if condition not in CONDITIONS:
-            raise ValueError(f'options["experience"] must be one of {CONDITIONS}, got {condition!r}')
+            raise ValueError(
+                f'options["experience"] must be one of {CONDITIONS}, got {condition!r}'
+            )
         has_prefetched = "prefetched" in options
         prefetched = options.get("prefetched")
         if isinstance(prefetched, dict):
             prefetched = ExperienceRef.from_dict(prefetched)
         if prefetched is not None and not isinstance(prefetched, ExperienceRef):
-            raise TypeError(f'options["prefetched"] must be an ExperienceRef, a dict or None, got {type(prefetched).__name__}')
+            raise TypeError(
+                'options["prefetched"] must be an ExperienceRef, a dict or None, got '
+                f"{type(prefetched).__name__}"
+            )
         rollout_step = options.get("rollout_step")
         if rollout_step is not None and type(rollout_step) is not int:
             rollout_step = _rollout_step(rollout_step)
@@ -406,7 +498,9 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             records += (action, reward, info, obs)
             if terminated or truncated:
                 return obs, reward, terminated, truncated, self._finish(info)
-            if self._turn_guided and SEARCH_INFO_KEY not in info:  # a search_and_ask turn left the env as it was
+            if (
+                self._turn_guided and SEARCH_INFO_KEY not in info
+            ):  # a search_and_ask turn left the env as it was
                 info = dict(info)  # the recorded info stays the env's
                 turn = (len(records) - 1) // 4
                 if self.defer_turn_search and self.turns is not None:
@@ -431,21 +525,26 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info["turn_experience"] = {"id": e.id, "text": e.text, "version": e.version}
         return shown
 
-    def show_turn_entry(self, entry: ExperienceRef | None,
-                        info: dict[str, object] | None = None) -> Any:
+    def show_turn_entry(
+        self, entry: ExperienceRef | None, info: dict[str, object] | None = None
+    ) -> Any:
         """The observation of a deferred turn (``defer_turn_search``) with ``entry`` in front of it,
         the caller's search result for ``info["turn_query"]`` (None: the bank had nothing, or the
-        search failed). ``info`` (the step's) gets ``"turn_experience"`` as in a turn searched here."""
+        search failed). ``info`` (the step's) gets ``"turn_experience"`` as in a turn
+        searched here."""
         if self.turns is None:
-            raise RuntimeError("show_turn_entry: this wrapper does not retrieve per turn (retrieve='episode')")
+            raise RuntimeError(
+                "show_turn_entry: this wrapper does not retrieve per turn (retrieve='episode')"
+            )
         shown, placed = self.turns.complete(entry)
         if placed and entry is not None and info is not None:
             info["turn_experience"] = {"id": entry.id, "text": entry.text, "version": entry.version}
         return shown
 
     # ------------------------------------------------------------ episode end
-    def end_episode(self, *, meta: Mapping[str, object] | None = None,
-                    success: bool | None = None) -> DistillationRequest | None:
+    def end_episode(
+        self, *, meta: Mapping[str, object] | None = None, success: bool | None = None
+    ) -> DistillationRequest | None:
         """End the open episode without a step, for a caller that stops before the env ends it
         (a TRL rollout whose model stopped calling the action tool, a loop's turn cap): its request
         is built and submitted as at a truncation, with ``success`` (default: the last step's
@@ -471,13 +570,21 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._records = None
         declared = info.get("success")
         rewards = records[2::4]
-        warn_if_guessed(self.env_id, declared, rewards, self.success_reward, rule_declared=self._rule_declared)
+        warn_if_guessed(
+            self.env_id, declared, rewards, self.success_reward, rule_declared=self._rule_declared
+        )
         try:
-            success = episode_success(declared, rewards, self.success_reward, rule=self.success_rule, last_info=info)
+            success = episode_success(
+                declared, rewards, self.success_reward, rule=self.success_rule, last_info=info
+            )
         except Exception as exc:  # noqa: BLE001 - a user's rule that raises is named, and the episode is no success
             success = False
-            logger.warning("success_rule of env %r raised %s: %s (the episode counts as no success)",
-                           self.env_id, type(exc).__name__, exc)
+            logger.warning(
+                "success_rule of env %r raised %s: %s (the episode counts as no success)",
+                self.env_id,
+                type(exc).__name__,
+                exc,
+            )
         # Text is checked here, once per episode, not per step: a request that cannot be
         # serialised must never reach the client, where it would be retried forever.
         problem = text_record(records)
@@ -493,17 +600,21 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     seed=self._seed,
                     success=success,
                     # the search failed: the extractor should know the episode ran free
-                    meta={**(self._meta or {}), "experience_error": list(self._errors)} if self._errors else self._meta,
+                    meta={**(self._meta or {}), "experience_error": list(self._errors)}
+                    if self._errors
+                    else self._meta,
                     rollout_step=self._rollout_step,
-                    turn_experience=[TurnGuidance(0, e) for e in self._more] + (
-                        self.turns.taken() if self.turns is not None else []),
+                    turn_experience=[TurnGuidance(0, e) for e in self._more]
+                    + (self.turns.taken() if self.turns is not None else []),
                 )
             except (TypeError, ValueError) as exc:  # e.g. a reward float() cannot read
                 problem = f"its record is malformed ({type(exc).__name__}: {exc})"
         if request is not None:
             self._submit(request)
         else:
-            self._reject(f"the episode (env {self.env_id!r}, seed {self._seed}) is not recorded: {problem}")
+            self._reject(
+                f"the episode (env {self.env_id!r}, seed {self._seed}) is not recorded: {problem}"
+            )
         # A new dict: the last step's info is in the record, and putting the request inside it
         # would make the trajectory contain itself.
         info = {**info, "distillation_request": request}
@@ -586,7 +697,11 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         """Drop a request that can never be taken as it is: counted, logged, shown in ``info``."""
         self.rejected_count += 1
         self._errors.append(message)
-        logger.error("experience: %s; the request is dropped (rejected so far: %d)", message, self.rejected_count)
+        logger.error(
+            "experience: %s; the request is dropped (rejected so far: %d)",
+            message,
+            self.rejected_count,
+        )
 
     def _note_error(self, what: str, exc: BaseException) -> None:
         self.error_count += 1
@@ -605,7 +720,8 @@ def _task_text(value: object) -> str:
 
 
 def _request_meta(options: Mapping[str, object] | None) -> dict[str, object] | None:
-    """``options["meta"]``: what the caller wants the episode's request to carry (e.g. the gate's verdict)."""
+    """``options["meta"]``: what the caller wants the episode's request to carry (e.g. the
+    gate's verdict)."""
     meta = options.get("meta") if options else None
     if meta is not None and not isinstance(meta, dict):
         raise TypeError(f'options["meta"] must be a dict or None, got {type(meta).__name__}')
@@ -615,5 +731,7 @@ def _request_meta(options: Mapping[str, object] | None) -> dict[str, object] | N
 def _rollout_step(value: object) -> int:
     """``options["rollout_step"]`` as an ``int`` (numpy integers too); bad values are named."""
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        raise TypeError(f'options["rollout_step"] must be an int or None, got {type(value).__name__}')
+        raise TypeError(
+            f'options["rollout_step"] must be an int or None, got {type(value).__name__}'
+        )
     return int(value.__index__())

@@ -76,8 +76,13 @@ def text_record(record: list[Any]) -> str | None:
                 record[k] = to_text(value)
             except NotTextError as exc:
                 turn = k // 4
-                what = (f"the action of turn {turn + 1}" if k % 4 else
-                        f"the observation after turn {turn}" if turn else "the first observation")
+                what = (
+                    f"the action of turn {turn + 1}"
+                    if k % 4
+                    else f"the observation after turn {turn}"
+                    if turn
+                    else "the first observation"
+                )
                 return f"{what} is {exc}"
     return None
 
@@ -104,8 +109,15 @@ def steps_and_calls(record: list[Any]) -> tuple[list[Step], list[SearchCall]]:
         searched, call = _search_call(info)
         if call is not None:
             calls.append(call)
-        steps.append(Step(observation=obs, action=action, reward=float(reward), info=info,
-                          kind="search_and_ask" if searched else "env"))
+        steps.append(
+            Step(
+                observation=obs,
+                action=action,
+                reward=float(reward),
+                info=info,
+                kind="search_and_ask" if searched else "env",
+            )
+        )
     return steps, calls
 
 
@@ -141,17 +153,28 @@ class RecordedRequest(DistillationRequest):
         """Take ownership of ``record`` (``[obs0, a1, r1, info1, obs1, ...]``, length 4n+1).
 
         ``outcome`` is the sum of the rewards; ``success`` defaults to ``outcome >= 1.0``
-        (:data:`~crl_gym.wrappers.success.DEFAULT_SUCCESS_REWARD`: partial credit is no success). The
-        observations and actions are stored as given: run :func:`text_record` first.
+        (:data:`~crl_gym.wrappers.success.DEFAULT_SUCCESS_REWARD`: partial credit is no success).
+        The observations and actions are stored as given: run :func:`text_record` first.
         """
         if len(record) % 4 != 1:
-            raise ValueError(f"record must hold 4n+1 items (obs0, then action, reward, info, obs per turn), got {len(record)}")
+            raise ValueError(
+                "record must hold 4n+1 items (obs0, then action, reward, info, obs per turn), got "
+                f"{len(record)}"
+            )
         self = cls.__new__(cls)
         # sum of float()s in turn order: bit-identical to adding Step.reward one by one
         outcome = sum(map(float, record[2::4]), 0.0)
-        if not math.isfinite(outcome):  # one check per episode: the sum is finite iff every reward is
-            bad = next((f"the reward of turn {t} is {r!r}" for t, r in enumerate(map(float, record[2::4]), 1)
-                        if not math.isfinite(r)), f"the rewards sum to {outcome!r}")
+        if not math.isfinite(
+            outcome
+        ):  # one check per episode: the sum is finite iff every reward is
+            bad = next(
+                (
+                    f"the reward of turn {t} is {r!r}"
+                    for t, r in enumerate(map(float, record[2::4]), 1)
+                    if not math.isfinite(r)
+                ),
+                f"the rewards sum to {outcome!r}",
+            )
             raise ValueError(f"{bad}: a request's outcome must be a finite number")
         self.task = task
         self.outcome = outcome
@@ -178,7 +201,9 @@ class RecordedRequest(DistillationRequest):
                 if traj is None:
                     record = self._record or [""]
                     steps, calls = steps_and_calls(record)
-                    traj = Trajectory(steps=steps, initial_observation=record[0], search_calls=calls)
+                    traj = Trajectory(
+                        steps=steps, initial_observation=record[0], search_calls=calls
+                    )
                     self._trajectory, self._record = traj, None
         return traj
 
@@ -220,9 +245,18 @@ class RecordedRequest(DistillationRequest):
             searched, call = _search_call(info)
             if call is not None:
                 calls.append(call.to_dict())
-            steps.append({"observation": obs, "action": action, "reward": float(reward),
-                          "info": _jsonable(info), "kind": "search_and_ask" if searched else "env"})
-        return self._to_dict_with({"steps": steps, "initial_observation": record[0], "search_calls": calls})
+            steps.append(
+                {
+                    "observation": obs,
+                    "action": action,
+                    "reward": float(reward),
+                    "info": _jsonable(info),
+                    "kind": "search_and_ask" if searched else "env",
+                }
+            )
+        return self._to_dict_with(
+            {"steps": steps, "initial_observation": record[0], "search_calls": calls}
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DistillationRequest):

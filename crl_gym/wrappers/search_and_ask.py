@@ -77,13 +77,15 @@ DEFAULT_PATTERN = r"search_and_ask\[(?P<query>.*?)\]"
 """Regex with a ``query`` group (or one group) that finds the first call anywhere in the action
 text. Given as this string (the default), brackets inside the query nest (:func:`first_query`)."""
 _GREEDY_PATTERN = r"search_and_ask\[(?P<query>.*)\]"
-"""The default of earlier versions (documented, so copied into callers' code): read as the default."""
+"""The default of earlier versions (documented, so copied into callers' code): read as
+the default."""
 MARKER = "search_and_ask["
 MIN_CUT_CALL = len("search_and")
 """A cut-off call is an action that is a prefix of the marker at least this long (``search_and``,
 ``search_and_ask``): shorter prefixes (``search``) may be env actions."""
 MAX_QUERY_CHARS = 500
-"""Longest query searched and echoed; a longer one is cut (a runaway generation must not fill the context)."""
+"""Longest query searched and echoed; a longer one is cut (a runaway generation must not fill
+the context)."""
 
 
 def first_query(action: str) -> str | None:
@@ -130,6 +132,7 @@ def is_malformed_call(action: str) -> bool:
     start = text.find(MARKER)
     return start >= 0 and first_query(text[start:]) is None
 
+
 # The observation texts live in crl_gym.templates; these names are this module's public API.
 ANSWER_TEMPLATE = SEARCH_AND_ASK_ANSWER_TEMPLATE
 NO_ENTRY_TEMPLATE = SEARCH_AND_ASK_NO_ENTRY_TEMPLATE
@@ -169,9 +172,16 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         malformed_template: str = MALFORMED_TEMPLATE,
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
-            self, client=Shared(unshare(client)), max_calls=max_calls, pattern=pattern, answer_template=answer_template,
-            no_entry_template=no_entry_template, over_cap_template=over_cap_template,
-            empty_query_template=empty_query_template, error_template=error_template, max_query_chars=max_query_chars,
+            self,
+            client=Shared(unshare(client)),
+            max_calls=max_calls,
+            pattern=pattern,
+            answer_template=answer_template,
+            no_entry_template=no_entry_template,
+            over_cap_template=over_cap_template,
+            empty_query_template=empty_query_template,
+            error_template=error_template,
+            max_query_chars=max_query_chars,
             malformed_template=malformed_template,
         )
         require_gym_env(env, "SearchAndAskWrapper")
@@ -186,12 +196,16 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.max_calls = max_calls
         regex = re.compile(pattern, re.DOTALL) if isinstance(pattern, str) else pattern
         if "query" not in regex.groupindex and regex.groups != 1:
-            raise ValueError(f"pattern {regex.pattern!r} needs a group named 'query' or exactly one group")
+            raise ValueError(
+                f"pattern {regex.pattern!r} needs a group named 'query' or exactly one group"
+            )
         self.pattern = regex
         self._group: int | str = "query" if "query" in regex.groupindex else 1
         # The default pattern cannot match without this text: a substring test (C speed) skips
         # the parse on ordinary actions, which are nearly all of them.
-        default = regex.pattern in (DEFAULT_PATTERN, _GREEDY_PATTERN) and not regex.flags & re.IGNORECASE
+        default = (
+            regex.pattern in (DEFAULT_PATTERN, _GREEDY_PATTERN) and not regex.flags & re.IGNORECASE
+        )
         self._marker = MARKER if default else ""
         self._fit = TextFitter(self.observation_space)
         space = self.observation_space
@@ -210,7 +224,8 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.calls_used = 0
         self.error_count = 0
         self.malformed_count = 0
-        """Cut-off or malformed calls answered as a tool error (never sent to the env); the first is logged."""
+        """Cut-off or malformed calls answered as a tool error (never sent to the env); the first
+        is logged."""
         self._call_error: str | None = None
         self._turn = 0
         # The last (obs, reward, terminated, truncated, info) the env gave: a search_and_ask turn
@@ -226,13 +241,16 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         while isinstance(inner, gym.Wrapper):
             if isinstance(inner, ExperienceWrapper):
                 logger.warning(
-                    "SearchAndAskWrapper wraps an ExperienceWrapper: its calls will not be recorded "
-                    "in the trajectory; wrap as ExperienceWrapper(SearchAndAskWrapper(env)) instead"
+                    "SearchAndAskWrapper wraps an ExperienceWrapper: its calls will not be "
+                    "recorded in the trajectory; wrap as "
+                    "ExperienceWrapper(SearchAndAskWrapper(env)) instead"
                 )
                 return
             inner = inner.env
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         self.calls_used = 0
         self._turn = 0
@@ -256,16 +274,28 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return out
 
     def _malformed(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        """A cut-off call: a tool error (the env is not stepped, no call is used), counted, logged once."""
+        """A cut-off call: a tool error (the env is not stepped, no call is used), counted,
+        logged once."""
         self.malformed_count += 1
         if self.malformed_count == 1:
-            logger.warning("search_and_ask: a cut-off or malformed call %r was answered as a tool error, not sent to "
-                           "the env (counted in malformed_count; raise max_new_tokens if calls are cut)", action[:80])
+            logger.warning(
+                "search_and_ask: a cut-off or malformed call %r was answered as a tool error, not "
+                "sent to the env (counted in malformed_count; raise max_new_tokens if calls "
+                "are cut)",
+                action[:80],
+            )
         turn_query = action.strip()[: self.max_query_chars]
         self._turn += 1
         obs = self._render(self.templates["malformed_template"], turn_query, "")
-        info = {**self._last[4], "search_and_ask": {"status": "malformed", "query": turn_query, "call": None,
-                                                     "calls_left": self.max_calls - self.calls_used}}
+        info = {
+            **self._last[4],
+            "search_and_ask": {
+                "status": "malformed",
+                "query": turn_query,
+                "call": None,
+                "calls_left": self.max_calls - self.calls_used,
+            },
+        }
         return obs, 0.0, False, False, info
 
     @property
@@ -342,14 +372,15 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         logger.warning("%s (episode continues)", self._call_error)
 
 
-def retrieve_and_ask(client: ExperienceClient, query: str, situation: str,
-                     turn: int) -> tuple[str, SearchCall | None, tuple[str, BaseException] | None]:
+def retrieve_and_ask(
+    client: ExperienceClient, query: str, situation: str, turn: int
+) -> tuple[str, SearchCall | None, tuple[str, BaseException] | None]:
     """One ``search_and_ask`` call: the best entry for ``query``, refined by ``client.ask`` for the
     agent's ``situation`` (the raw entry when the ask fails or no extractor is attached).
 
     Returns ``(status, call, failure)``: status ``"answered"`` (with the call), ``"no_entry"`` or
-    ``"error"`` (the search failed); ``failure`` is ``(what, exception)`` for a failed search or ask,
-    for the caller to count and log. The wrapper and the verl tool
+    ``"error"`` (the search failed); ``failure`` is ``(what, exception)`` for a failed search or
+    ask, for the caller to count and log. The wrapper and the verl tool
     (``crl_gym.integrations.verl.tool``) both answer through this function.
     """
     try:
@@ -367,5 +398,7 @@ def retrieve_and_ask(client: ExperienceClient, query: str, situation: str,
         failure = ("ask", exc)
         answer, provenance = entry.text, None
     refined = provenance is not None or answer != entry.text
-    call = SearchCall(query=query, answer=answer, entry=entry, turn=turn, refined=refined, provenance=provenance)
+    call = SearchCall(
+        query=query, answer=answer, entry=entry, turn=turn, refined=refined, provenance=provenance
+    )
     return "answered", call, failure

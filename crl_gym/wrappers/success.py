@@ -28,14 +28,21 @@ DEFAULT_SUCCESS_REWARD = 1.0
 """Return at or above which an episode without ``info["success"]`` counts as a success."""
 
 SuccessRule = Callable[[list[float], dict[str, Any]], bool]
-"""``rule(rewards, last_info) -> bool``: a user's own success rule for an env without ``info["success"]``."""
+"""``rule(rewards, last_info) -> bool``: a user's own success rule for an env without
+``info["success"]``."""
 
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
 
-def episode_success(declared: object, rewards: Iterable[Any], success_reward: float, *,
-                    rule: SuccessRule | None = None, last_info: dict[str, Any] | None = None) -> bool:
+def episode_success(
+    declared: object,
+    rewards: Iterable[Any],
+    success_reward: float,
+    *,
+    rule: SuccessRule | None = None,
+    last_info: dict[str, Any] | None = None,
+) -> bool:
     """``bool(declared)`` when the env declared it, else ``rule(rewards, last_info)`` when given,
     else ``sum(rewards) >= success_reward`` (a reward that is not a finite number counts as no
     success: the request is refused later)."""
@@ -65,8 +72,14 @@ def ended_success(info: dict[str, Any], rewards: list[float], env_name: str) -> 
     return episode_success(declared, rewards, DEFAULT_SUCCESS_REWARD)
 
 
-def warn_if_guessed(env_name: str, declared: object, rewards: list[Any], success_reward: float, *,
-                    rule_declared: bool = False) -> bool:
+def warn_if_guessed(
+    env_name: str,
+    declared: object,
+    rewards: list[Any],
+    success_reward: float,
+    *,
+    rule_declared: bool = False,
+) -> bool:
     """Log, once per ``env_name`` and process, that an episode ended without ``info["success"]``
     and without a declared rule, saying what is counted (and that partial credit is likely when
     the rewards are fractional); returns whether it warned now."""
@@ -81,10 +94,14 @@ def warn_if_guessed(env_name: str, declared: object, rewards: list[Any], success
             return False
         _WARNED.add(env_name)
     logger.warning(
-        "env %r ends episodes without info['success'] and no success rule is declared: an episode counts as a "
-        "success when its return >= %s%s. Set info['success'] on the last step, or declare the rule: "
-        "success_reward= (a threshold) or success_rule= (a callable) of ExperienceWrapper",
-        env_name, success_reward,
-        " (its rewards are fractional: partial credit is no success)" if fractional else
-        " (with a reward per move, any episode that scored that much)")
+        "env %r ends episodes without info['success'] and no success rule is declared: an episode "
+        "counts as a success when its return >= %s%s. Set info['success'] on the last step, or "
+        "declare the rule: success_reward= (a threshold) or success_rule= (a callable) of "
+        "ExperienceWrapper",
+        env_name,
+        success_reward,
+        " (its rewards are fractional: partial credit is no success)"
+        if fractional
+        else " (with a reward per move, any episode that scored that much)",
+    )
     return True

@@ -20,7 +20,9 @@ from typing import Generic, TypeVar
 from gymnasium import spaces
 
 
-def check_template(template: str, name: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> str:
+def check_template(
+    template: str, name: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+) -> str:
     """Validate a ``str.format`` template up front, so a bad one fails at construction, naming
     the argument, rather than with a ``KeyError`` in the middle of a rollout."""
     if not isinstance(template, str):
@@ -28,7 +30,9 @@ def check_template(template: str, name: str, allowed: tuple[str, ...], required:
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     except ValueError as exc:
-        raise ValueError(f"{name} is not a valid format string ({exc}); write literal braces as {{{{ }}}}") from exc
+        raise ValueError(
+            f"{name} is not a valid format string ({exc}); write literal braces as {{{{ }}}}"
+        ) from exc
     unknown = fields - set(allowed)
     if unknown:
         listing = ", ".join("{" + f + "}" for f in sorted(unknown))
@@ -134,10 +138,16 @@ def _describe(value: object) -> str:
     if value is None:
         return "None"
     cls = type(value)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
     article = "an" if name[0].lower() in "aeiou" else "a"
     shape = getattr(value, "shape", None)
-    return f"{article} {name} of shape {tuple(shape)}" if isinstance(shape, tuple) else f"{article} {name}"
+    return (
+        f"{article} {name} of shape {tuple(shape)}"
+        if isinstance(shape, tuple)
+        else f"{article} {name}"
+    )
 
 
 T = TypeVar("T")

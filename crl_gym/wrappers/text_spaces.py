@@ -32,8 +32,15 @@ DEFAULT_MAX_ENTRY_CHARS = 2000
 """Longest entry a guided observation shows (the extractor's entries are at most this long too)."""
 
 NOT_TEXT_SPACES: tuple[type[spaces.Space], ...] = (
-    spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Dict, spaces.Tuple,
-    spaces.Sequence, spaces.Graph, spaces.OneOf,
+    spaces.Box,
+    spaces.Discrete,
+    spaces.MultiDiscrete,
+    spaces.MultiBinary,
+    spaces.Dict,
+    spaces.Tuple,
+    spaces.Sequence,
+    spaces.Graph,
+    spaces.OneOf,
 )
 """Gymnasium spaces whose elements are never ``str``: a wrapper refuses an env that declares one."""
 
@@ -51,7 +58,11 @@ def guided_space(space: object, template: str, max_entry_chars: int) -> object:
     extra = len(literal) + template.count("{experience}") * max_entry_chars
     extra_obs = (template.count("{observation}") - 1) * int(space.max_length)
     charset = frozenset(space.character_set) | WRAPPER_CHARSET | frozenset(literal)
-    return spaces.Text(max_length=int(space.max_length) + extra + extra_obs, min_length=space.min_length, charset=charset)
+    return spaces.Text(
+        max_length=int(space.max_length) + extra + extra_obs,
+        min_length=space.min_length,
+        charset=charset,
+    )
 
 
 class EntryFitter:
@@ -77,17 +88,19 @@ def require_text_spaces(env: object, wrapper: str) -> None:
         if isinstance(space, NOT_TEXT_SPACES):
             name = getattr(getattr(env, "unwrapped", env), "__class__", type(env)).__name__
             raise TypeError(
-                f"{wrapper} needs text {what}s, but {name}.{what}_space is {space!r}. Write a small "
-                f"gymnasium.Env adapter around it whose {what}s are str: observation_space = action_space = "
-                f"crl_gym.envs.base.text_space() (or subclass crl_gym.envs.base.TextEnv), turning each "
-                f"{what} into text (see {OWN_ENV_DOC})")
+                f"{wrapper} needs text {what}s, but {name}.{what}_space is {space!r}. Write a "
+                f"small gymnasium.Env adapter around it whose {what}s are str: observation_space = "
+                "action_space = crl_gym.envs.base.text_space() (or subclass "
+                f"crl_gym.envs.base.TextEnv), turning each {what} into text (see {OWN_ENV_DOC})"
+            )
 
 
 def gem_adaptable(env: object) -> bool:
     """Whether :class:`crl_gym.envs.gem_adapter.GEMEnv` can drive ``env``: ``reset(seed=...)``
     needs no other argument and ``step(action)`` takes one (GEMEnv calls exactly these)."""
     return _callable_with(getattr(env, "reset", None), keywords=("seed",)) and _callable_with(
-        getattr(env, "step", None), positional=1)
+        getattr(env, "step", None), positional=1
+    )
 
 
 def _callable_with(fn: object, *, positional: int = 0, keywords: tuple[str, ...] = ()) -> bool:
@@ -95,7 +108,10 @@ def _callable_with(fn: object, *, positional: int = 0, keywords: tuple[str, ...]
         return False
     try:
         sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: give it the benefit of the doubt
+    except (
+        TypeError,
+        ValueError,
+    ):  # a builtin without a signature: give it the benefit of the doubt
         return True
     params = list(sig.parameters.values())
     if any(p.kind is p.VAR_KEYWORD for p in params):

@@ -58,7 +58,9 @@ def searches_per_turn(mode: str) -> bool:
     return mode != "episode"
 
 
-def episode_entries(client: ExperienceClient, query: str, k: int) -> tuple[ExperienceRef | None, list[ExperienceRef]]:
+def episode_entries(
+    client: ExperienceClient, query: str, k: int
+) -> tuple[ExperienceRef | None, list[ExperienceRef]]:
     """The ``k`` entries of a guided episode's start (the authors' ``memory_fetch_num``): one
     ``search_many`` of ``k`` copies of ``query``, which the manager re-ranks one after another (each
     sees the ones before as retrieved, so diversification spreads them), distinct by id. Returns the
@@ -76,13 +78,19 @@ def episode_entries(client: ExperienceClient, query: str, k: int) -> tuple[Exper
 class TurnRetrieval:
     """The per-turn searches of one env copy (one episode at a time: :meth:`start` clears it)."""
 
-    def __init__(self, client: ExperienceClient, template: str = TURN_OBSERVATION_TEMPLATE,
-                 fit_entry: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self,
+        client: ExperienceClient,
+        template: str = TURN_OBSERVATION_TEMPLATE,
+        fit_entry: Callable[[str], str] | None = None,
+    ) -> None:
         self.client = client
         self.fit_entry: Callable[[str], str] = fit_entry if fit_entry is not None else str
-        """Fits an entry's text to the observation space (the observation itself is never fitted)."""
-        self.template = check_template(template, "turn_template", ("experience", "observation"),
-                                       ("experience", "observation"))
+        """Fits an entry's text to the observation space (the observation itself is
+        never fitted)."""
+        self.template = check_template(
+            template, "turn_template", ("experience", "observation"), ("experience", "observation")
+        )
         self.guidance: list[TurnGuidance] = []
         """Entries shown in the open episode, one per guided turn that found one."""
         self.searches = 0
@@ -107,10 +115,12 @@ class TurnRetrieval:
         return query
 
     def complete(self, entry: ExperienceRef | None) -> tuple[str, bool]:
-        """The deferred turn's observation with ``entry`` (the caller's search result) in front of it;
-        ``(observation, whether an entry was placed)``."""
+        """The deferred turn's observation with ``entry`` (the caller's search result) in front of
+        it; ``(observation, whether an entry was placed)``."""
         if self.pending is None:
-            raise RuntimeError("no deferred turn: the last step did not ask for a turn search (info['turn_query'])")
+            raise RuntimeError(
+                "no deferred turn: the last step did not ask for a turn search (info['turn_query'])"
+            )
         (query, turn), self.pending = self.pending, None
         self.searches += 1
         if entry is None:
@@ -118,7 +128,9 @@ class TurnRetrieval:
         self.guidance.append(TurnGuidance(turn, entry))
         return self.template.format(experience=self.fit_entry(entry.text), observation=query), True
 
-    def show(self, observation: object, turn: int, display: str | None = None) -> tuple[object, str | None]:
+    def show(
+        self, observation: object, turn: int, display: str | None = None
+    ) -> tuple[object, str | None]:
         """Search with ``observation`` and put the entry found in front of it (in front of
         ``display`` instead, when given: the first observation of ``both`` already carries the
         episode's entry).
@@ -135,14 +147,19 @@ class TurnRetrieval:
         try:
             entry = self.client.search(query)
         except Exception as exc:  # noqa: BLE001 - a down client must not cost the turn
-            return observation if display is None else display, f"turn {turn} search failed: {type(exc).__name__}: {exc}"
+            return (
+                observation if display is None else display,
+                f"turn {turn} search failed: {type(exc).__name__}: {exc}",
+            )
         if entry is None:
             return observation if display is None else display, None
         self.guidance.append(TurnGuidance(turn, entry))
-        return self.template.format(experience=self.fit_entry(entry.text),
-                                    observation=query if display is None else display), None
+        return self.template.format(
+            experience=self.fit_entry(entry.text), observation=query if display is None else display
+        ), None
 
     def taken(self) -> list[TurnGuidance]:
-        """The open episode's entries, handed to its request (the list is the request's from now on)."""
+        """The open episode's entries, handed to its request (the list is the request's from
+        now on)."""
         out, self.guidance = self.guidance, []
         return out

@@ -35,12 +35,15 @@ from crl_gym.experience.results import StepEnded
 
 @runtime_checkable
 class CallsEachCopy(Protocol):
-    """A vector env that runs a method of every copy (Gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv``)."""
+    """A vector env that runs a method of every copy (Gymnasium's ``SyncVectorEnv`` and
+    ``AsyncVectorEnv``)."""
 
     def call(self, name: str, *args: object, **kwargs: object) -> tuple[Any, ...]: ...
 
 
-def flush_workers(envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None = None) -> list[dict[str, Any]]:
+def flush_workers(
+    envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None = None
+) -> list[dict[str, Any]]:
     """Run ``flush_experience(timeout)`` in every copy (in its own process for an
     ``AsyncVectorEnv``); one ``{"kept", "undelivered"}`` report per copy."""
     if isinstance(envs, CallsEachCopy):
@@ -48,8 +51,13 @@ def flush_workers(envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None
     return [env.get_wrapper_attr("flush_experience")(timeout) for env in envs]
 
 
-def end_step(envs: CallsEachCopy | Iterable[gym.Env], client: ExperienceClient, step: int,
-             bonus: dict[str, float] | None = None, timeout: float | None = None) -> StepEnded:
+def end_step(
+    envs: CallsEachCopy | Iterable[gym.Env],
+    client: ExperienceClient,
+    step: int,
+    bonus: dict[str, float] | None = None,
+    timeout: float | None = None,
+) -> StepEnded:
     """:func:`flush_workers`, then ``client.end_step(step, bonus)``; the answer gains ``workers``
     (the per-copy reports). A copy that reports undelivered requests (they are in its client's
     spill file) does not stop the step from closing: the answer says so, and it is logged."""

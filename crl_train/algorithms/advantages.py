@@ -58,7 +58,10 @@ def _segment_normalise(
     Only episodes with ``valid[N]`` True count towards a segment's mean and std; the others get 0.
     """
     if rewards.dim() != 1 or segment.shape != rewards.shape:
-        raise ValueError(f"rewards and segment ids must both be [N], got {tuple(rewards.shape)} and {tuple(segment.shape)}")
+        raise ValueError(
+            f"rewards and segment ids must both be [N], got {tuple(rewards.shape)} and "
+            f"{tuple(segment.shape)}"
+        )
     ok = _valid_mask(valid, rewards)
     v = ok.to(torch.float64)
     r = torch.where(ok, rewards.to(torch.float64), torch.zeros((), dtype=torch.float64))
@@ -129,14 +132,18 @@ def split_subgroup_advantages(
     if condition is None:
         condition = torch.full_like(group_index, FREE)
     if condition.shape != group_index.shape:
-        raise ValueError(f"condition {tuple(condition.shape)} must match group_index {tuple(group_index.shape)}")
+        raise ValueError(
+            f"condition {tuple(condition.shape)} must match group_index {tuple(group_index.shape)}"
+        )
     if bool(((condition != GUIDED) & (condition != FREE)).any()):
         raise ValueError("condition values must be 0 (guided) or 1 (free)")
     segment = group_index.long() * 2 + condition.long()
     return _segment_normalise(rewards, segment, eps, unbiased, valid)
 
 
-def sequence_weights(group_index: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+def sequence_weights(
+    group_index: torch.Tensor, condition: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-trajectory loss weights implementing Eq. 5's ½ Σ_c (1/K_c) Σ_k, averaged over groups.
 
     Trajectory k of subgroup c in group g gets 1 / (G · C_g · K_{g,c}), where G is the number

@@ -31,24 +31,34 @@ from crl_train.algorithms.registry import ADVANTAGES, AdvantageEstimator, Advant
 
 
 def _subgroup_means(
-    rewards: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor, valid: torch.Tensor | None = None
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    condition: torch.Tensor,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted group ids ``[G]``, mean teacher reward ``[G]``, mean student reward ``[G]``).
 
     A mean over no valid episode is NaN; a group without any episode of a condition raises.
     """
     if rewards.dim() != 1 or group_index.shape != rewards.shape or condition.shape != rewards.shape:
-        raise ValueError(f"rewards, group_index and condition must all be [N], got {tuple(rewards.shape)}, "
-                         f"{tuple(group_index.shape)} and {tuple(condition.shape)}")
+        raise ValueError(
+            f"rewards, group_index and condition must all be [N], got {tuple(rewards.shape)}, "
+            f"{tuple(group_index.shape)} and {tuple(condition.shape)}"
+        )
     ok = _valid_mask(valid, rewards)
     groups, g_inv = torch.unique(group_index, return_inverse=True)
     n = groups.numel()
     r = torch.where(ok, rewards.to(torch.float64), torch.zeros((), dtype=torch.float64))
     out = []
     for c in (GUIDED, FREE):
-        present = torch.zeros(n, dtype=torch.float64).scatter_add_(0, g_inv, (condition == c).to(torch.float64))
+        present = torch.zeros(n, dtype=torch.float64).scatter_add_(
+            0, g_inv, (condition == c).to(torch.float64)
+        )
         if bool((present == 0).any()):
-            raise ValueError(f"every group needs both guided and free rollouts; group(s) {groups[present == 0].tolist()} lack condition {c}")
+            raise ValueError(
+                "every group needs both guided and free rollouts; group(s) "
+                f"{groups[present == 0].tolist()} lack condition {c}"
+            )
         sel = ((condition == c) & ok).to(torch.float64)
         s = torch.zeros(n, dtype=torch.float64).scatter_add_(0, g_inv, r * sel)
         k = torch.zeros(n, dtype=torch.float64).scatter_add_(0, g_inv, sel)
@@ -57,7 +67,11 @@ def _subgroup_means(
 
 
 def marginal_gain(
-    rewards: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor, *, valid: torch.Tensor | None = None
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    condition: torch.Tensor,
+    *,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Δe = mean r(valid teachers) − mean r(valid students) per group.
 
@@ -80,7 +94,11 @@ def gain_gate(gain: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
 
 
 def _open_gates(
-    rewards: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor, valid: torch.Tensor | None, threshold: float
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    condition: torch.Tensor,
+    valid: torch.Tensor | None,
+    threshold: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(``[N]`` dense group id, ``[N]`` bool gate of each episode's group)."""
     _, g_inv = torch.unique(group_index, return_inverse=True)
@@ -90,7 +108,8 @@ def _open_gates(
 
 @dataclass(frozen=True)
 class EdgeAdvantageParams(AdvantageParams):
-    """:func:`edge_pooled_advantages`' keywords: the common ones and the gain gate's ``threshold``."""
+    """:func:`edge_pooled_advantages`' keywords: the common ones and the gain
+    gate's ``threshold``."""
 
     threshold: float = 0.0
 

@@ -16,10 +16,10 @@ arguments (``clip_eps``, ``ratio_level``, ``coef`` …). A loss reads the keywor
 unknown keyword (a misspelt hyper-parameter) raises ``TypeError``. Arguments a loss does not need
 (``advantages`` for the distillation losses) are accepted and unused.
 
-**Micro-batch scaling.** Each loss is registered with its scale (``@LOSSES.register(name, scale=...)``);
-:func:`loss_scale_for` names, per loss, the ``loss_scale`` a train step must
-use so that the gradient accumulated over micro-batches equals the full-batch gradient:
-``tokens`` for a mean over the mask's tokens, ``none`` for a sum whose weights the caller
+**Micro-batch scaling.** Each loss is registered with its scale
+(``@LOSSES.register(name, scale=...)``); :func:`loss_scale_for` names, per loss, the ``loss_scale``
+a train step must use so that the gradient accumulated over micro-batches equals the full-batch
+gradient: ``tokens`` for a mean over the mask's tokens, ``none`` for a sum whose weights the caller
 normalised over the full batch.
 
 **Top-k reverse KL.** :func:`reverse_kl_topk_loss` is EDGE's definition on full ``[B, T, V]``
@@ -53,7 +53,8 @@ class ClipParams(LossParams):
 
 @dataclass(frozen=True)
 class CispoParams(LossParams):
-    """:func:`cispo_loss` / :func:`cispo_sequences_loss`'s IS-weight clip range [1 − eps_low, 1 + eps_high]."""
+    """:func:`cispo_loss` / :func:`cispo_sequences_loss`'s IS-weight clip range [1 − eps_low,
+    1 + eps_high]."""
 
     eps_low: float = 0.1
     eps_high: float = 0.1
@@ -67,20 +68,25 @@ class CoefParams(LossParams):
 
 
 def _batch_context_only(loss: str, kw: dict[str, Any]) -> None:
-    """Raise ``TypeError`` for a keyword that is neither a tensor nor ``None`` (a misspelt option)."""
+    """Raise ``TypeError`` for a keyword that is neither a tensor nor ``None`` (a
+    misspelt option)."""
     bad = sorted(k for k, v in kw.items() if v is not None and not isinstance(v, torch.Tensor))
     if bad:
         raise TypeError(f"{loss}() got unexpected keyword argument(s) {', '.join(map(repr, bad))}")
 
 
-def _check(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> None:
+def _check(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor
+) -> None:
     if logprobs.dim() != 2 or logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(
             f"logprobs, old_logprobs and mask must share a [B, T] shape, got "
             f"{tuple(logprobs.shape)}, {tuple(old_logprobs.shape)}, {tuple(mask.shape)}"
         )
     if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages must be [B]={logprobs.shape[0]}, got {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must be [B]={logprobs.shape[0]}, got {tuple(advantages.shape)}"
+        )
 
 
 @LOSSES.register(PolicyLoss.CLIP, scale="none", params=ClipParams)
@@ -108,8 +114,9 @@ def clip_surrogate_loss(
         old_logprobs: ``[B, T]`` log π_θ_old at generation time.
         advantages: ``[B]``.
         mask: ``[B, T]`` 1 on the agent's own tokens.
-        weights: ``[B]`` per-trajectory weights, e.g. :func:`~crl_train.algorithms.advantages.sequence_weights`
-            (½·1/K_c per group); ``None`` = 1/B each.
+        weights: ``[B]`` per-trajectory weights, e.g.
+            :func:`~crl_train.algorithms.advantages.sequence_weights` (½·1/K_c per group); ``None``
+            = 1/B each.
         clip_eps: ε of the clip.
         ratio_level: ``"token"`` or ``"sequence"``.
         context: other batch tensors (``group_ids`` …), ignored.
@@ -127,7 +134,11 @@ def clip_surrogate_loss(
     b = logprobs.shape[0]
     m = mask.to(logprobs.dtype)
     n_tok = m.sum(dim=1).clamp(min=1.0)
-    w = torch.full((b,), 1.0 / max(b, 1), dtype=logprobs.dtype) if weights is None else weights.to(logprobs.dtype)
+    w = (
+        torch.full((b,), 1.0 / max(b, 1), dtype=logprobs.dtype)
+        if weights is None
+        else weights.to(logprobs.dtype)
+    )
     log_ratio = (logprobs - old_logprobs.detach()) * m
     adv = advantages.to(logprobs.dtype).detach()
     lo, hi = 1.0 - clip_eps, 1.0 + clip_eps
@@ -157,9 +168,16 @@ def clip_surrogate_loss(
     return loss, metrics
 
 
-def _cispo_terms(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                 eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token −sg(ρ̂) Â log π on the mask, the mask, the clipped IS weights and the clipped tokens."""
+def _cispo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token −sg(ρ̂) Â log π on the mask, the mask, the clipped IS weights and the
+    clipped tokens."""
     m = mask.to(logprobs.dtype)
     ratio = torch.exp((logprobs.detach() - old_logprobs.detach()) * m)
     is_w = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # detached: sg(·)
@@ -197,12 +215,18 @@ def cispo_sequences_loss(
     del weights
     _batch_context_only("cispo_sequences_loss", context)
     _check(logprobs, old_logprobs, mask, advantages)
-    terms, m, is_w, clipped = _cispo_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    terms, m, is_w, clipped = _cispo_terms(
+        logprobs, old_logprobs, advantages, mask, eps_low, eps_high
+    )
     per_sample = terms.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
     loss = per_sample.mean()
     total = m.sum().clamp(min=1.0)
-    return loss, {"loss": float(loss.detach()), "clip_frac": float(clipped.sum() / total),
-                  "is_weight_mean": float((is_w * m).sum() / total), "num_tokens": float(m.sum())}
+    return loss, {
+        "loss": float(loss.detach()),
+        "clip_frac": float(clipped.sum() / total),
+        "is_weight_mean": float((is_w * m).sum() / total),
+        "num_tokens": float(m.sum()),
+    }
 
 
 @LOSSES.register(PolicyLoss.CISPO, scale="tokens", params=CispoParams)
@@ -217,7 +241,8 @@ def cispo_loss(
     eps_high: float = 0.1,
     **context: torch.Tensor,
 ) -> tuple[torch.Tensor, Metrics]:
-    """Eq. 3 (CISPO), negated: −Σ_i Σ_t sg(clip(ρ_it, 1−ε_low, 1+ε_high)) Â_i log π_φ(m_it) / Σ_i |m_i|.
+    """Eq. 3 (CISPO), negated: −Σ_i Σ_t sg(clip(ρ_it, 1−ε_low, 1+ε_high)) Â_i log π_φ(m_it) /
+    Σ_i |m_i|.
 
     The clipped IS weight carries no gradient, so every token's gradient is
     ``−sg(ρ̂_it) Â_i / Σ|m|`` times ∇log π — clipped tokens still learn (unlike PPO).
@@ -238,7 +263,9 @@ def cispo_loss(
     del weights
     _batch_context_only("cispo_loss", context)
     _check(logprobs, old_logprobs, mask, advantages)
-    terms, m, is_w, clipped = _cispo_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    terms, m, is_w, clipped = _cispo_terms(
+        logprobs, old_logprobs, advantages, mask, eps_low, eps_high
+    )
     total = m.sum().clamp(min=1.0)
     loss = terms.sum() / total
     metrics = {
@@ -277,9 +304,14 @@ def reverse_kl_topk_loss(
         (scalar loss, metrics: ``reverse_kl``, ``topk_mass``).
     """
     if student_logits.shape != teacher_logits.shape or student_logits.dim() != 3:
-        raise ValueError(f"logits must share a [B, T, V] shape, got {tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}")
+        raise ValueError(
+            f"logits must share a [B, T, V] shape, got {tuple(student_logits.shape)} and "
+            f"{tuple(teacher_logits.shape)}"
+        )
     if mask.shape != student_logits.shape[:2]:
-        raise ValueError(f"mask must be [B, T]={tuple(student_logits.shape[:2])}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be [B, T]={tuple(student_logits.shape[:2])}, got {tuple(mask.shape)}"
+        )
     k = max(1, min(top_k, student_logits.shape[-1]))
     log_ps = torch.log_softmax(student_logits, dim=-1)
     log_pt = torch.log_softmax(teacher_logits.detach(), dim=-1)
@@ -308,8 +340,8 @@ def reverse_kl_support_loss(
     """EDGE's top-k reverse KL from the log-probs of a per-position support (the registered form).
 
     Per position: Σ_{v ∈ S} p_s(v) (log p_s(v) − log sg p_t(v)), S = the k ids of
-    ``extra["support_ids"]``; coef · the mean over masked positions. With S the student's top-k under
-    the weights being trained this is :func:`reverse_kl_topk_loss`, value and gradient.
+    ``extra["support_ids"]``; coef · the mean over masked positions. With S the student's top-k
+    under the weights being trained this is :func:`reverse_kl_topk_loss`, value and gradient.
 
     Args:
         logprobs: ``[B, T]``, unused (the shared signature; the support carries the student).
@@ -323,7 +355,8 @@ def reverse_kl_support_loss(
         coef: loss scale (EDGE's λ).
         context: other batch tensors (``support_ids``), ignored.
     Returns:
-        (scalar loss, metrics: ``edge_kl`` — the unscaled KL, ``topk_mass`` — the student's mass on S).
+        (scalar loss, metrics: ``edge_kl`` — the unscaled KL, ``topk_mass`` — the student's mass
+        on S).
 
     Micro-batching: a mean over the mask's tokens, ``loss_scale="tokens"``.
 
@@ -337,21 +370,31 @@ def reverse_kl_support_loss(
     del logprobs, old_logprobs, advantages
     _batch_context_only("reverse_kl_support_loss", context)
     if support_logprobs is None or teacher_support is None:
-        raise ValueError("reverse_kl_support_loss needs support_logprobs and teacher_support [B, T, k]: put "
-                         "extra['support_ids'] and extra['teacher_support'] in the batch (see crl_train.methods.edge)")
+        raise ValueError(
+            "reverse_kl_support_loss needs support_logprobs and teacher_support [B, T, k]: put "
+            "extra['support_ids'] and extra['teacher_support'] in the batch (see "
+            "crl_train.methods.edge)"
+        )
     if support_logprobs.shape != teacher_support.shape or support_logprobs.dim() != 3:
-        raise ValueError(f"support_logprobs and teacher_support must share a [B, T, k] shape, got "
-                         f"{tuple(support_logprobs.shape)} and {tuple(teacher_support.shape)}")
+        raise ValueError(
+            f"support_logprobs and teacher_support must share a [B, T, k] shape, got "
+            f"{tuple(support_logprobs.shape)} and {tuple(teacher_support.shape)}"
+        )
     if mask.shape != support_logprobs.shape[:2]:
-        raise ValueError(f"mask must be [B, T]={tuple(support_logprobs.shape[:2])}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be [B, T]={tuple(support_logprobs.shape[:2])}, got {tuple(mask.shape)}"
+        )
     # A padded position's support may hold -inf on either side, and so may an id the student gives
     # no mass: such terms are filled with 0 *before* any product, because inf * 0 is NaN, in the
-    # value (a masked sum) and in the gradient (a where() after the product still back-propagates it).
+    # value (a masked sum) and in the gradient (a where() after the product still
+    # back-propagates it).
     keep = (mask != 0)[..., None] & (support_logprobs > float("-inf"))
     student = support_logprobs.masked_fill(~keep, 0.0)
     teacher = teacher_support.detach().to(student.dtype).masked_fill(~keep, 0.0)
     p = student.exp().masked_fill(~keep, 0.0)
-    per_pos = (p * (student - teacher)).sum(-1)  # exactly 0 where masked out, so the product below is finite
+    per_pos = (p * (student - teacher)).sum(
+        -1
+    )  # exactly 0 where masked out, so the product below is finite
     m = mask.to(per_pos.dtype)
     denom = m.sum().clamp(min=1.0)
     kl = (per_pos * m).sum() / denom
@@ -394,11 +437,15 @@ def reverse_kl_sampled_loss(
     del old_logprobs, advantages
     _batch_context_only("reverse_kl_sampled_loss", context)
     if teacher is None:
-        raise ValueError("reverse_kl_sampled_loss needs the teacher's log-probs of the student's tokens: "
-                         "pass teacher=[B, T] (TrainBatch.extra['teacher'])")
+        raise ValueError(
+            "reverse_kl_sampled_loss needs the teacher's log-probs of the student's tokens: "
+            "pass teacher=[B, T] (TrainBatch.extra['teacher'])"
+        )
     if logprobs.shape != teacher.shape or logprobs.shape != mask.shape or logprobs.dim() != 2:
-        raise ValueError(f"logprobs, teacher and mask must share a [B, T] shape, got "
-                         f"{tuple(logprobs.shape)}, {tuple(teacher.shape)}, {tuple(mask.shape)}")
+        raise ValueError(
+            f"logprobs, teacher and mask must share a [B, T] shape, got "
+            f"{tuple(logprobs.shape)}, {tuple(teacher.shape)}, {tuple(mask.shape)}"
+        )
     m = mask.to(logprobs.dtype)
     diff = (logprobs.detach() - teacher.detach().to(logprobs.dtype)) * m
     denom = m.sum().clamp(min=1.0)
@@ -432,7 +479,10 @@ def self_distill_nll_loss(
     del old_logprobs, advantages
     _batch_context_only("self_distill_nll_loss", context)
     if logprobs.shape != mask.shape or logprobs.dim() != 2:
-        raise ValueError(f"logprobs and mask must share a [B, T] shape, got {tuple(logprobs.shape)}, {tuple(mask.shape)}")
+        raise ValueError(
+            f"logprobs and mask must share a [B, T] shape, got {tuple(logprobs.shape)}, "
+            f"{tuple(mask.shape)}"
+        )
     m = mask.to(logprobs.dtype)
     nll = -(logprobs * m).sum() / m.sum().clamp(min=1.0)
     return coef * nll, {"self_distill_nll": float(nll.detach())}

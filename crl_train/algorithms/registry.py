@@ -1,7 +1,7 @@
 """Decorator registries keyed by ``str`` Enums (verl ``core_algos`` style), each with the type of
-what it holds: :class:`AdvantageFn` in ``ADVANTAGES``; :class:`PolicyLossFn` in ``LOSSES``, each loss
-registered together with its :data:`LossScale` and its :class:`LossParams` (adding a loss is its function,
-its parameters' dataclass and one decorator).
+what it holds: :class:`AdvantageFn` in ``ADVANTAGES``; :class:`PolicyLossFn` in ``LOSSES``, each
+loss registered together with its :data:`LossScale` and its :class:`LossParams` (adding a loss is
+its function, its parameters' dataclass and one decorator).
 
 >>> from crl_train.algorithms.registry import ADVANTAGES, AdvantageEstimator
 >>> sorted(e.value for e in ADVANTAGES.names())
@@ -47,24 +47,41 @@ class Keywords:
 @dataclass(frozen=True)
 class LossParams(Keywords):
     """A loss's hyper-parameters: the keyword arguments it takes besides the batch's tensors. Each
-    loss registers a frozen subclass whose fields are those keywords (this base: a loss without any)."""
+    loss registers a frozen subclass whose fields are those keywords (this base: a loss
+    without any)."""
 
 
 class PolicyLossFn(Protocol):
     """``loss_fn(logprobs [B,T], old_logprobs [B,T], advantages [B] or [B,T], mask [B,T], **kw)
     -> (scalar loss, metrics)`` (the calling convention of :mod:`crl_train.algorithms.losses`)."""
 
-    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor, /, *args: Any, **kw: Any) -> tuple[torch.Tensor, Mapping[str, float]]:
-        ...
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        /,
+        *args: Any,
+        **kw: Any,
+    ) -> tuple[torch.Tensor, Mapping[str, float]]: ...
 
 
 class AdvantageFn(Protocol):
-    """``estimator(rewards [N], group_index [N], condition [N] | None, *, valid, eps, unbiased) -> Â [N]``."""
+    """``estimator(rewards [N], group_index [N], condition [N] | None, *, valid, eps, unbiased)
+    -> Â [N]``."""
 
-    def __call__(self, rewards: torch.Tensor, group_index: torch.Tensor, condition: torch.Tensor | None = None, /,
-                 *, valid: torch.Tensor | None = None, eps: float = ..., unbiased: bool = ...) -> torch.Tensor:
-        ...
+    def __call__(
+        self,
+        rewards: torch.Tensor,
+        group_index: torch.Tensor,
+        condition: torch.Tensor | None = None,
+        /,
+        *,
+        valid: torch.Tensor | None = None,
+        eps: float = ...,
+        unbiased: bool = ...,
+    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -103,11 +120,13 @@ class PolicyLoss(StrEnum):
     CISPO = "cispo"
     """Clipped IS-weight policy optimisation (extractor, Eq. 3)."""
     CISPO_SEQUENCES = "cispo_sequences"
-    """CISPO with each sample's tokens averaged first, then the samples (an option; Eq. 3 is ``cispo``)."""
+    """CISPO with each sample's tokens averaged first, then the samples (an option; Eq. 3
+    is ``cispo``)."""
     REVERSE_KL_SAMPLED = "reverse_kl_sampled"
     """EDGE reverse-KL distillation, sampled-token estimator (needs only per-token log-probs)."""
     REVERSE_KL_TOPK = "reverse_kl_topk"
-    """EDGE reverse-KL distillation over the student's top-k tokens (log-probs of a per-position support)."""
+    """EDGE reverse-KL distillation over the student's top-k tokens (log-probs of a
+    per-position support)."""
     SELF_DISTILL_NLL = "self_distill_nll"
     """Next-token NLL on winning guided trajectories with the experience stripped."""
 
@@ -155,18 +174,27 @@ class LossRegistry(Registry[PolicyLoss, PolicyLossFn]):
         self._scales: dict[PolicyLoss, LossScale] = {}
         self._params: dict[PolicyLoss, type[LossParams]] = {}
 
-    def register(self, name: PolicyLoss, *, scale: LossScale | None = None,
-                 params: type[LossParams] = LossParams) -> Callable[[PolicyLossFn], PolicyLossFn]:
-        """Decorator: ``@LOSSES.register(PolicyLoss.X, scale="tokens", params=XParams)`` adds the loss,
-        its scale and the dataclass of its hyper-parameters."""
+    def register(
+        self,
+        name: PolicyLoss,
+        *,
+        scale: LossScale | None = None,
+        params: type[LossParams] = LossParams,
+    ) -> Callable[[PolicyLossFn], PolicyLossFn]:
+        """Decorator: ``@LOSSES.register(PolicyLoss.X, scale="tokens", params=XParams)`` adds the
+        loss, its scale and the dataclass of its hyper-parameters."""
         if scale is None or scale not in get_args(LossScale):
-            raise ValueError(f"policy loss {name.value!r} is registered with its loss scale "
-                             f"('samples', 'tokens' or 'none'), got {scale!r}")
+            raise ValueError(
+                f"policy loss {name.value!r} is registered with its loss scale "
+                f"('samples', 'tokens' or 'none'), got {scale!r}"
+            )
         add = super().register(name)
         checked: LossScale = scale
 
         if not (isinstance(params, type) and issubclass(params, LossParams)):
-            raise TypeError(f"policy loss {name.value!r}: params must be a LossParams subclass, got {params!r}")
+            raise TypeError(
+                f"policy loss {name.value!r}: params must be a LossParams subclass, got {params!r}"
+            )
 
         def deco(fn: PolicyLossFn) -> PolicyLossFn:
             add(fn)
@@ -177,7 +205,8 @@ class LossRegistry(Registry[PolicyLoss, PolicyLossFn]):
         return deco
 
     def scale(self, name: PolicyLoss | str) -> LossScale:
-        """The loss scale registered with ``name`` (``KeyError`` naming the accepted losses for an unknown one)."""
+        """The loss scale registered with ``name`` (``KeyError`` naming the accepted losses for
+        an unknown one)."""
         self.get(name)
         return self._scales[PolicyLoss(name)]
 
@@ -190,8 +219,13 @@ class LossRegistry(Registry[PolicyLoss, PolicyLossFn]):
         """``TypeError`` unless ``params`` is an instance of the class registered with ``name``."""
         want = self.params_type(name)
         if type(params) is not want:
-            raise TypeError(f"policy loss {PolicyLoss(name).value!r} takes {want.__name__}, got {type(params).__name__}")
+            raise TypeError(
+                f"policy loss {PolicyLoss(name).value!r} takes {want.__name__}, got "
+                f"{type(params).__name__}"
+            )
 
 
-ADVANTAGES: Registry[AdvantageEstimator, AdvantageFn] = Registry(AdvantageEstimator, "advantage estimator")
+ADVANTAGES: Registry[AdvantageEstimator, AdvantageFn] = Registry(
+    AdvantageEstimator, "advantage estimator"
+)
 LOSSES = LossRegistry()

@@ -14,6 +14,7 @@ Traceback (most recent call last):
 ...
 crl_train.config.io.ConfigError: unknown key 'train.stepz' (did you mean 'train.steps'?); ...
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -64,7 +65,9 @@ def preset_path(path: str | Path | None) -> Path:
     return p
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def load_config(
+    path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
+) -> TrainConfig:
     """YAML file or packaged preset name (default: the packaged ``tiny.yaml``) + ``key=value``
     overrides → TrainConfig."""
     data = read_yaml(preset_path(path))
@@ -78,7 +81,25 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
 
 
-__all__ = ["ConfigError", "EnvConfig", "ModelConfig", "AlgoConfig", "EdgeConfig", "GateConfig",
-           "PerplexityConfig", "ExperienceConfig", "ExtractorSettings", "RunConfig", "TrainConfig",
-           "METHOD_NAMES", "PACKAGED_CONFIGS", "preset_path", "config_from_dict", "config_to_dict", "dump_config", "load_config",
-           "parse_override", "read_yaml"]
+__all__ = [
+    "ConfigError",
+    "EnvConfig",
+    "ModelConfig",
+    "AlgoConfig",
+    "EdgeConfig",
+    "GateConfig",
+    "PerplexityConfig",
+    "ExperienceConfig",
+    "ExtractorSettings",
+    "RunConfig",
+    "TrainConfig",
+    "METHOD_NAMES",
+    "PACKAGED_CONFIGS",
+    "preset_path",
+    "config_from_dict",
+    "config_to_dict",
+    "dump_config",
+    "load_config",
+    "parse_override",
+    "read_yaml",
+]

@@ -1,4 +1,5 @@
-"""The config key reference, derived from the config dataclasses themselves (one source of help text).
+"""The config key reference, derived from the config dataclasses themselves (one source of
+help text).
 
 Every config field carries its documentation as an attribute docstring (TRL style)::
 
@@ -62,7 +63,8 @@ class ConfigKey:
     key: str
     """Dotted path, e.g. ``train.steps`` (``method`` for a top-level field)."""
     type: str
-    """The annotation in words: ``int``, ``list of str``, ``one of 'token', 'sequence'``, ``bool or null``."""
+    """The annotation in words: ``int``, ``list of str``, ``one of 'token', 'sequence'``,
+    ``bool or null``."""
     default: object
     """Value in a default-constructed top-level config (YAML-ready: tuples as lists)."""
     doc: str
@@ -80,19 +82,27 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError) as exc:  # defined in a REPL / exec: nothing to read
-        log.warning("no source for %s (%s): its fields have no documentation", cls.__qualname__, exc)
+        log.warning(
+            "no source for %s (%s): its fields have no documentation", cls.__qualname__, exc
+        )
         return {}
     tree = ast.parse(source)
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None)
+    node = next(
+        (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None
+    )
     if node is None:
         return {}
     docs: dict[str, str] = {}
     body = node.body
     for stmt, nxt in zip(body, [*body[1:], None], strict=True):
         # a string expression right after `name: type = ...` documents `name`
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[stmt.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
     return docs
 
@@ -169,7 +179,11 @@ def _default_instance(cls: type) -> object:
     try:
         return cls()
     except Exception as exc:  # noqa: BLE001 - a class without full defaults: fall back per field
-        log.warning("%s() cannot be built with its defaults (%s): class defaults are shown", cls.__qualname__, exc)
+        log.warning(
+            "%s() cannot be built with its defaults (%s): class defaults are shown",
+            cls.__qualname__,
+            exc,
+        )
         return None
 
 
@@ -220,7 +234,9 @@ def _flow(value: object) -> str:
     if lines and lines[-1] == "...":  # the document-end marker pyyaml adds after a bare scalar
         lines = lines[:-1]
     if len(lines) != 1:  # a string with line breaks: double quotes keep it on one line (\n escapes)
-        text = yaml.safe_dump(value, default_flow_style=True, default_style='"', allow_unicode=True, width=10**6)
+        text = yaml.safe_dump(
+            value, default_flow_style=True, default_style='"', allow_unicode=True, width=10**6
+        )
         # width=10**6: the emitter does not fold, so this is one line (plus the end marker)
         return next(line for line in text.splitlines() if line != "...")
     return lines[0]
@@ -244,7 +260,9 @@ def render_config_yaml(cfg: DataclassInstance, header: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def _render(obj: DataclassInstance, prefix: str, depth: int, ref: dict[str, ConfigKey], lines: list[str]) -> None:
+def _render(
+    obj: DataclassInstance, prefix: str, depth: int, ref: dict[str, ConfigKey], lines: list[str]
+) -> None:
     indent = "  " * depth
     for f in dataclasses.fields(obj):
         key = f"{prefix}{f.name}"
@@ -265,4 +283,11 @@ def _render(obj: DataclassInstance, prefix: str, depth: int, ref: dict[str, Conf
         lines.append(f"{indent}{f.name}: {_flow(plain)}")
 
 
-__all__ = ["ConfigKey", "config_reference", "field_docs", "render_config_yaml", "type_name", "undocumented_keys"]
+__all__ = [
+    "ConfigKey",
+    "config_reference",
+    "field_docs",
+    "render_config_yaml",
+    "type_name",
+    "undocumented_keys",
+]

@@ -128,13 +128,15 @@ E = typing.TypeVar("E", bound=Enum)
 
 
 def enum_member(enum: type[E], value: object, key: str) -> E:
-    """The member of ``enum`` whose value is ``value`` (or ``value`` itself), else :class:`ConfigError`
-    naming the accepted values."""
+    """The member of ``enum`` whose value is ``value`` (or ``value`` itself), else
+    :class:`ConfigError` naming the accepted values."""
     try:
         return enum(value)
     except ValueError:
         accepted = ", ".join(str(m.value) for m in enum)
-        raise ConfigError(f"{key}: unknown {key.rsplit('.', 1)[-1]} {value!r}; accepted: {accepted}") from None
+        raise ConfigError(
+            f"{key}: unknown {key.rsplit('.', 1)[-1]} {value!r}; accepted: {accepted}"
+        ) from None
 
 
 def _finite(number: float, value: object, key: str) -> float:
@@ -163,16 +165,18 @@ _warned: set[str] = set()
 
 
 def _renamed(cls: type) -> dict[str, str]:
-    """``cls.RENAMED``: old key → its dotted place now (a section's field), for configs written before
-    the sections; empty for classes without one."""
+    """``cls.RENAMED``: old key → its dotted place now (a section's field), for configs written
+    before the sections; empty for classes without one."""
     renamed: dict[str, str] = getattr(cls, "RENAMED", {})
     return renamed
 
 
-def _move_renamed(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """``data`` with its old keys moved to their sections, each value checked under the old key's name
-    (so an error names what the user wrote), and the old keys used per section. A mapping under a
-    key that is a section now (``gate: {enabled: true}``) is the new layout, not an old key."""
+def _move_renamed(
+    cls: type, data: dict[str, Any], prefix: str
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """``data`` with its old keys moved to their sections, each value checked under the old key's
+    name (so an error names what the user wrote), and the old keys used per section. A mapping under
+    a key that is a section now (``gate: {enabled: true}``) is the new layout, not an old key."""
     renamed = _renamed(cls)
     out = {k: v for k, v in data.items() if k not in renamed or isinstance(v, dict)}
     used: dict[str, list[str]] = {}
@@ -189,12 +193,16 @@ def _move_renamed(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict[st
         if node is None or not isinstance(node, dict):
             node = out[section] = {}
         if name in node:
-            raise ConfigError(f"{old} and {new} are both given: keep {new} (the old key is deprecated)")
+            raise ConfigError(
+                f"{old} and {new} are both given: keep {new} (the old key is deprecated)"
+            )
         node[name] = value
         used.setdefault(section, []).append(old)
         if old not in _warned:
             _warned.add(old)
-            log.warning("config key %s is deprecated: it is %s now (the old name still works)", old, new)
+            log.warning(
+                "config key %s is deprecated: it is %s now (the old name still works)", old, new
+            )
     return out, used
 
 
@@ -225,8 +233,9 @@ def unknown_key_message(full: str, names: Iterable[str]) -> str:
 
 def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """``cls(**data)`` with every value checked against its field's annotation (floats finite);
-    an unknown key, a wrong type or a failing ``__post_init__`` raises :class:`ConfigError` naming the key.
-    Old keys of ``cls.RENAMED`` are accepted, moved to their sections, with a deprecation warning."""
+    an unknown key, a wrong type or a failing ``__post_init__`` raises :class:`ConfigError` naming
+    the key. Old keys of ``cls.RENAMED`` are accepted, moved to their sections, with a
+    deprecation warning."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     data, used = _move_renamed(cls, data, prefix)
@@ -240,7 +249,9 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         except ConfigError as exc:
             if key not in used:
                 raise
-            raise type(exc)(f"{exc} (set through the deprecated key {', '.join(used[key])})") from None
+            raise type(exc)(
+                f"{exc} (set through the deprecated key {', '.join(used[key])})"
+            ) from None
     try:
         return cls(**kwargs)
     except ConfigError as exc:
@@ -252,7 +263,8 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 
 
 def _choices(tp: object) -> tuple[Any, ...] | None:
-    """The values a ``Literal`` annotation (or ``Literal | None``) allows; None for any other type."""
+    """The values a ``Literal`` annotation (or ``Literal | None``) allows; None for any
+    other type."""
     if typing.get_origin(tp) is Literal:
         return typing.get_args(tp)
     if typing.get_origin(tp) in (Union, types.UnionType):
@@ -265,7 +277,8 @@ def _choices(tp: object) -> tuple[Any, ...] | None:
 def check_choices(obj: DataclassInstance, prefix: str = "") -> None:
     """Every ``Literal`` field of dataclass ``obj`` holds one of its values: the one check of every
     choice, read from the type hints (a ``__post_init__`` calls it), so a choice is stated once, in
-    its annotation. A bad value raises :class:`ConfigError` naming the field and the accepted values.
+    its annotation. A bad value raises :class:`ConfigError` naming the field and the
+    accepted values.
 
     >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True)
@@ -284,7 +297,9 @@ def check_choices(obj: DataclassInstance, prefix: str = "") -> None:
         value = getattr(obj, f.name)
         if allowed is not None and value not in allowed:
             key = f"{prefix}.{f.name}" if prefix else f.name
-            raise ConfigError(f"{key}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+            raise ConfigError(
+                f"{key}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}"
+            )
 
 
 def set_path(data: dict[str, Any], dotted: str, value: object) -> None:
@@ -324,8 +339,8 @@ def read_yaml(path: str | Path) -> JSONDict:
     except UnicodeDecodeError as exc:
         line = p.read_bytes()[: exc.start].count(b"\n") + 1
         raise ConfigError(
-            f"{p}: not UTF-8 text (byte {exc.start}, line {line}: {exc.object[exc.start:exc.start + 1]!r}); "
-            f"save the file as UTF-8"
+            f"{p}: not UTF-8 text (byte {exc.start}, line {line}: "
+            f"{exc.object[exc.start : exc.start + 1]!r}); save the file as UTF-8"
         ) from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None

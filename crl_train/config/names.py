@@ -20,24 +20,30 @@ class MethodName(StrEnum):
     OFFLINE_EXP = "offline_exp"
     """A bank built once before training, then frozen."""
     EDGE = "edge"
-    """EDGE: gain-gated teacher rollouts, pooled advantages, reverse-KL distillation, utility pruning."""
+    """EDGE: gain-gated teacher rollouts, pooled advantages, reverse-KL distillation,
+    utility pruning."""
 
 
 class ModelKind(StrEnum):
-    """What ``actor.model`` / ``extractor.model`` names: one of the built-in kinds, or a model to load."""
+    """What ``actor.model`` / ``extractor.model`` names: one of the built-in kinds, or a model
+    to load."""
 
     TINY = "tiny"
     """A random-init small Qwen2 with a tokenizer trained on the env texts."""
     ORACLE = "oracle"
-    """Extractor only: no model, each successful episode's actions become one entry (``crl_train.extractor.oracle``)."""
+    """Extractor only: no model, each successful episode's actions become one entry
+    (``crl_train.extractor.oracle``)."""
     READER = "reader"
-    """Actor only: no model, it plays the actions its experience names (``crl_train.policy.reader``)."""
+    """Actor only: no model, it plays the actions its experience names
+    (``crl_train.policy.reader``)."""
     LOADED = "loaded"
-    """Any other name: a packaged model, a ``.gguf`` file, an HF id or a local path (never written in a config)."""
+    """Any other name: a packaged model, a ``.gguf`` file, an HF id or a local path (never
+    written in a config)."""
 
 
 def model_kind(model: str) -> ModelKind:
-    """The kind of the model a config names (:attr:`ModelKind.LOADED` for every name that is not a kind's).
+    """The kind of the model a config names (:attr:`ModelKind.LOADED` for every name that is not
+    a kind's).
 
     >>> model_kind("tiny"), model_kind("Qwen/Qwen3-4B")
     (<ModelKind.TINY: 'tiny'>, <ModelKind.LOADED: 'loaded'>)
@@ -50,8 +56,8 @@ def model_kind(model: str) -> ModelKind:
 
 
 CispoNormalisation = Literal["tokens", "sequences"]
-"""CISPO's normaliser: Σ_i |m_i| over the batch (Eq. 3, ``tokens``), or each sample's own token count, then
-the mean over samples (``sequences``)."""
+"""CISPO's normaliser: Σ_i |m_i| over the batch (Eq. 3, ``tokens``), or each sample's own token
+count, then the mean over samples (``sequences``)."""
 EntryReward = Literal["direct", "relative"]
 """r(m) of a guided episode: ±1 by its success, or that minus its group's free-subgroup mean ±1."""
 PerplexityTransform = Literal["relative", "tanh", "sigmoid", "asymmetric", "log"]

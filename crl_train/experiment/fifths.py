@@ -1,12 +1,13 @@
-"""What the extractor writes and what it earns, per fifth of training: three tables of a suite's report.
+"""What the extractor writes and what it earns, per fifth of training: three tables of a
+suite's report.
 
 Each cell's steps ``0 .. steps−1`` are cut into :data:`PARTS` equal spans (step t is in part
 ``t · PARTS // steps``). Per span and cell:
 
-* **new entries that hold their task's secret** (``crl/Recall-v0`` only): of the entries written from
-  the episodes of that span (the run's ``new_entries.jsonl``, :mod:`crl_train.run.new_entries`: each
-  entry as first written, with its prompt), the share whose action words are exactly the secret of
-  the task they were written for (:func:`crl_gym.envs.recall.holds_secret`);
+* **new entries that hold their task's secret** (``crl/Recall-v0`` only): of the entries written
+  from the episodes of that span (the run's ``new_entries.jsonl``, :mod:`crl_train.run.new_entries`:
+  each entry as first written, with its prompt), the share whose action words are exactly the secret
+  of the task they were written for (:func:`crl_gym.envs.recall.holds_secret`);
 * **guided episodes shown an entry of their own task**: of the span's guided episodes that were
   shown an entry (``trajectories.jsonl``), the share whose entry was distilled from an episode of
   the same task (the task its prompt names, ``new_entries.jsonl``). Retrieval embeds the entry's
@@ -41,7 +42,8 @@ from crl_train.run.stats import LEVEL, mean_t, paired_difference
 
 RECALL = "crl/Recall-v0"
 TASK_SECTION = "\n## Task\n"
-"""Where a distillation prompt names its episode's task (``crl_gym.templates.DISTILLATION_TEMPLATE``)."""
+"""Where a distillation prompt names its episode's task
+(``crl_gym.templates.DISTILLATION_TEMPLATE``)."""
 PARTS = 5
 """Training is cut into this many equal spans of steps."""
 
@@ -50,7 +52,8 @@ Parts = list[float | None]
 
 
 def part_of(step: int, steps: int, parts: int = PARTS) -> int:
-    """The span of training step ``step`` of a ``steps``-step run is in (a later step: the last span)."""
+    """The span of training step ``step`` of a ``steps``-step run is in (a later step: the
+    last span)."""
     if steps < 1:
         raise ValueError(f"part_of: a run has at least one step, got steps={steps}")
     return min(parts - 1, max(0, int(step)) * parts // steps)
@@ -71,8 +74,15 @@ def guided_success_by_part(rows: Sequence[dict[str, Any]], steps: int, parts: in
     >>> guided_success_by_part(rows, steps=4, parts=2)
     [0.75, 0.0]
     """
-    return _means([(int(r["step"]), float(r["success_guided"])) for r in rows
-                   if r.get("success_guided") is not None and "step" in r], steps, parts)
+    return _means(
+        [
+            (int(r["step"]), float(r["success_guided"]))
+            for r in rows
+            if r.get("success_guided") is not None and "step" in r
+        ],
+        steps,
+        parts,
+    )
 
 
 def recall_verdict(cell_dir: Path) -> Callable[[str, str], bool | None]:
@@ -89,14 +99,16 @@ def recall_verdict(cell_dir: Path) -> Callable[[str, str], bool | None]:
     secret_seed = int(kwargs.get("secret_seed", defaults.secret_seed))
 
     def verdict(text: str, context: str) -> bool | None:
-        return holds_secret(text, context, length=length, num_actions=num_actions, secret_seed=secret_seed)
+        return holds_secret(
+            text, context, length=length, num_actions=num_actions, secret_seed=secret_seed
+        )
 
     return verdict
 
 
 def new_entry_verdicts(cell_dir: Path) -> list[tuple[dict[str, Any], bool]]:
-    """Each new entry of a Recall cell with whether it holds its task's secret (the task named by its
-    prompt, else by the entry itself; an entry that names no task does not hold one)."""
+    """Each new entry of a Recall cell with whether it holds its task's secret (the task named by
+    its prompt, else by the entry itself; an entry that names no task does not hold one)."""
     from crl_train.run.new_entries import read_new_entries
 
     verdict = recall_verdict(cell_dir)
@@ -109,8 +121,11 @@ def new_entry_verdicts(cell_dir: Path) -> list[tuple[dict[str, Any], bool]]:
 
 def secret_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
     """Share of each span's new entries that hold their task's secret (None: no entry written)."""
-    return _means([(int(row["step"]), 1.0 if held else 0.0) for row, held in new_entry_verdicts(cell_dir)],
-                  steps, parts)
+    return _means(
+        [(int(row["step"]), 1.0 if held else 0.0) for row, held in new_entry_verdicts(cell_dir)],
+        steps,
+        parts,
+    )
 
 
 def credit_events(cell_dir: Path) -> list[tuple[int, int, float, int]] | None:
@@ -126,7 +141,9 @@ def credit_events(cell_dir: Path) -> list[tuple[int, int, float, int]] | None:
     except BankCorruptError:
         return None
     try:
-        rows = conn.execute("SELECT entry_id, step, value, n FROM entry_events WHERE kind = 'credit' ORDER BY seq").fetchall()
+        rows = conn.execute(
+            "SELECT entry_id, step, value, n FROM entry_events WHERE kind = 'credit' ORDER BY seq"
+        ).fetchall()
     except sqlite3.OperationalError:  # a bank written before the event log
         return None
     finally:
@@ -166,12 +183,16 @@ def guided_requests(cell_dir: Path) -> Iterator[dict[str, Any]]:
     """The cell's guided episodes that were shown an entry."""
     from crl_gym.protocol import GUIDED_CONDITION
 
-    return (req for req in logged_episodes(cell_dir)
-            if req.get("condition") == GUIDED_CONDITION and req.get("experience"))
+    return (
+        req
+        for req in logged_episodes(cell_dir)
+        if req.get("condition") == GUIDED_CONDITION and req.get("experience")
+    )
 
 
 def entry_task(row: dict[str, Any]) -> str | None:
-    """The task a ``new_entries.jsonl`` row was distilled from: its ``source``, else the task its prompt names."""
+    """The task a ``new_entries.jsonl`` row was distilled from: its ``source``, else the task its
+    prompt names."""
     return (row.get("source") or source_task(row.get("prompt")) or "").strip() or None
 
 
@@ -183,15 +204,22 @@ def own_task_share_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Pa
     sources = {int(r["id"]): entry_task(r) for r in read_new_entries(cell_dir)}
     if not sources:
         return [None] * parts
-    got = [(int(req.get("rollout_step") or 0),
-            1.0 if sources.get(int(req["experience"]["id"])) == str(req.get("task", "")).strip() else 0.0)
-           for req in guided_requests(cell_dir)]
+    got = [
+        (
+            int(req.get("rollout_step") or 0),
+            1.0
+            if sources.get(int(req["experience"]["id"])) == str(req.get("task", "")).strip()
+            else 0.0,
+        )
+        for req in guided_requests(cell_dir)
+    ]
     return _means(got, steps, parts)
 
 
 def coverage_by_part(cell_dir: Path, steps: int, parts: int = PARTS) -> Parts:
-    """At the end of each span, the share of the tasks played so far that have an entry distilled from
-    one of their episodes (written up to then; an entry removed since still counts: the bank held it).
+    """At the end of each span, the share of the tasks played so far that have an entry distilled
+    from one of their episodes (written up to then; an entry removed since still counts: the bank
+    held it).
 
     None for a cell that logged no trajectories or no new entries.
     """
@@ -248,32 +276,50 @@ def _guided(cell_dir: Path, record: CellRecord) -> Parts:
     from crl_train.run.metrics import read_metrics
 
     path = cell_dir / "metrics.jsonl"
-    return guided_success_by_part(read_metrics(path), int(record["steps"])) if path.exists() else [None] * PARTS
+    return (
+        guided_success_by_part(read_metrics(path), int(record["steps"]))
+        if path.exists()
+        else [None] * PARTS
+    )
 
 
 MEASURES = (
-    Measure("New entries that hold their task's secret, per fifth of training",
-            "Of the entries written from the episodes of each fifth (`new_entries.jsonl`: each entry as first "
-            "written), the share whose action words are exactly the secret of their task "
-            "(`crl_gym.envs.recall.holds_secret`).",
-            lambda d, r: secret_share_by_part(d, int(r["steps"])), recall_only=True),
-    Measure("Entries shown to an episode of their own task, per fifth of training",
-            "Of the guided episodes shown an entry (`trajectories.jsonl`), the share whose entry was distilled from "
-            "an episode of the same task (the task its prompt names, `new_entries.jsonl`): an entry found for another "
-            "task is credited with that task's outcome.",
-            lambda d, r: own_task_share_by_part(d, int(r["steps"]))),
-    Measure("Tasks with an entry of their own, at the end of each fifth of training",
-            "Of the tasks played up to the end of the fifth (`trajectories.jsonl`), the share that an entry was "
-            "distilled from by then (`new_entries.jsonl`): the coverage of the bank, which the distillation rule "
-            "(`experience.distill_per_group`, `experience.distill_fraction`) decides.",
-            lambda d, r: coverage_by_part(d, int(r["steps"]))),
-    Measure("r̄(m) of the entries retrieved, per fifth of training",
-            "Per entry credited in the fifth (the bank's `credit` events: r̄(m) of a step over its episodes, what "
-            "B_φ trains on), its r̄(m) over the fifth's episodes; then the mean over those entries. "
-            "r(m) = +1 when the episode it guided succeeded, −1 otherwise.",
-            lambda d, r: retrieved_rbar_by_part(d, int(r["steps"]))),
-    Measure("Guided success, per fifth of training",
-            "Mean of `success_guided` (the guided half of each rollout group) over the fifth's steps.", _guided),
+    Measure(
+        "New entries that hold their task's secret, per fifth of training",
+        "Of the entries written from the episodes of each fifth (`new_entries.jsonl`: each entry "
+        "as first written), the share whose action words are exactly the secret of their task "
+        "(`crl_gym.envs.recall.holds_secret`).",
+        lambda d, r: secret_share_by_part(d, int(r["steps"])),
+        recall_only=True,
+    ),
+    Measure(
+        "Entries shown to an episode of their own task, per fifth of training",
+        "Of the guided episodes shown an entry (`trajectories.jsonl`), the share whose entry was "
+        "distilled from an episode of the same task (the task its prompt names, "
+        "`new_entries.jsonl`): an entry found for another task is credited with that "
+        "task's outcome.",
+        lambda d, r: own_task_share_by_part(d, int(r["steps"])),
+    ),
+    Measure(
+        "Tasks with an entry of their own, at the end of each fifth of training",
+        "Of the tasks played up to the end of the fifth (`trajectories.jsonl`), the share that an "
+        "entry was distilled from by then (`new_entries.jsonl`): the coverage of the bank, which "
+        "the distillation rule (`experience.distill_per_group`, "
+        "`experience.distill_fraction`) decides.",
+        lambda d, r: coverage_by_part(d, int(r["steps"])),
+    ),
+    Measure(
+        "r̄(m) of the entries retrieved, per fifth of training",
+        "Per entry credited in the fifth (the bank's `credit` events: r̄(m) of a step over its "
+        "episodes, what B_φ trains on), its r̄(m) over the fifth's episodes; then the mean over "
+        "those entries. r(m) = +1 when the episode it guided succeeded, −1 otherwise.",
+        lambda d, r: retrieved_rbar_by_part(d, int(r["steps"])),
+    ),
+    Measure(
+        "Guided success, per fifth of training",
+        "Mean of `success_guided` (the guided half of each rollout group) over the fifth's steps.",
+        _guided,
+    ),
 )
 
 
@@ -289,15 +335,23 @@ def values(
     return got
 
 
-def table_rows(per_method: dict[str, dict[int, Parts]], methods: Sequence[str],
-               contrasts: Sequence[tuple[str, str]], parts: int = PARTS) -> list[str]:
-    """Markdown rows: each method's mean over seeds per span, then each contrast's paired difference."""
+def table_rows(
+    per_method: dict[str, dict[int, Parts]],
+    methods: Sequence[str],
+    contrasts: Sequence[tuple[str, str]],
+    parts: int = PARTS,
+) -> list[str]:
+    """Markdown rows: each method's mean over seeds per span, then each contrast's
+    paired difference."""
     rows = []
     for m in methods:
         seeds = per_method.get(m, {})
         if not seeds or all(v is None for vs in seeds.values() for v in vs):
             continue
-        cells = [mean_t([v for vs in seeds.values() if (v := vs[p]) is not None]).text() for p in range(parts)]
+        cells = [
+            mean_t([v for vs in seeds.values() if (v := vs[p]) is not None]).text()
+            for p in range(parts)
+        ]
         rows.append(f"| {m} | {len(seeds)} | " + " | ".join(cells) + " |")
     for a, b in contrasts:
         da, db = per_method.get(a, {}), per_method.get(b, {})
@@ -314,7 +368,9 @@ def table_rows(per_method: dict[str, dict[int, Parts]], methods: Sequence[str],
     return rows
 
 
-def _paired(da: dict[int, Parts], db: dict[int, Parts], part: int) -> tuple[list[float], list[float]]:
+def _paired(
+    da: dict[int, Parts], db: dict[int, Parts], part: int
+) -> tuple[list[float], list[float]]:
     """The values of span ``part`` of the seeds where both a and b have one, in seed order."""
     xs: list[float] = []
     ys: list[float] = []
@@ -326,7 +382,9 @@ def _paired(da: dict[int, Parts], db: dict[int, Parts], part: int) -> tuple[list
     return xs, ys
 
 
-def last_part_contrast(per_method: dict[str, dict[int, Parts]], a: str, b: str) -> tuple[str, bool | None]:
+def last_part_contrast(
+    per_method: dict[str, dict[int, Parts]], a: str, b: str
+) -> tuple[str, bool | None]:
     """The paired difference a − b in the last span as text, and whether its interval excludes 0
     (None: no interval, fewer than two seeds with both values)."""
     da, db = per_method.get(a, {}), per_method.get(b, {})
@@ -340,26 +398,44 @@ def is_recall(records: Sequence[CellRecord]) -> bool:
     return bool(records) and all(tuple(r["envs"]) == (RECALL,) for r in records)
 
 
-def fifths_tables(records: Sequence[CellRecord], methods: Sequence[str], out: Path,
-                  contrasts: Sequence[tuple[str, str]]) -> list[str]:
-    """Markdown: the three tables of the module docstring (the secret share on Recall suites only)."""
-    head = ("| method | seeds | " + " | ".join(f"steps {p * 100 // PARTS}–{(p + 1) * 100 // PARTS} %" for p in range(PARTS))
-            + " |", "| --- | --- |" + " --- |" * PARTS)
+def fifths_tables(
+    records: Sequence[CellRecord],
+    methods: Sequence[str],
+    out: Path,
+    contrasts: Sequence[tuple[str, str]],
+) -> list[str]:
+    """Markdown: the three tables of the module docstring (the secret share on Recall
+    suites only)."""
+    head = (
+        "| method | seeds | "
+        + " | ".join(f"steps {p * 100 // PARTS}–{(p + 1) * 100 // PARTS} %" for p in range(PARTS))
+        + " |",
+        "| --- | --- |" + " --- |" * PARTS,
+    )
     lines: list[str] = []
     for measure in MEASURES:
         if measure.recall_only and not is_recall(records):
             continue
         rows = table_rows(values(records, out, measure), methods, contrasts)
         if rows:
-            lines += [f"## {measure.title}", "", measure.explanation + f" Mean over seeds ({int(LEVEL * 100)} % t "
-                      "interval); a paired row is the difference over the same seeds (paired t).", "", *head, *rows, ""]
+            lines += [
+                f"## {measure.title}",
+                "",
+                measure.explanation + f" Mean over seeds ({int(LEVEL * 100)} % t "
+                "interval); a paired row is the difference over the same seeds (paired t).",
+                "",
+                *head,
+                *rows,
+                "",
+            ]
     return lines
 
 
 def headline(
     records: Sequence[CellRecord], out: Path, contrasts: Sequence[tuple[str, str]]
 ) -> list[str]:
-    """One line per measure and contrast: the last fifth's paired difference, and whether it excludes 0."""
+    """One line per measure and contrast: the last fifth's paired difference, and whether it
+    excludes 0."""
     lines = []
     for a, b in contrasts:
         for measure in MEASURES:

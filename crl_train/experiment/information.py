@@ -38,9 +38,12 @@ def gap_by_part(rows: Sequence[dict[str, Any]], parts: int = PARTS) -> list[floa
     out: list[float | None] = []
     n = len(rows)
     for p in range(parts):
-        span = rows[p * n // parts:(p + 1) * n // parts]
-        gaps = [float(r["success_guided"]) - float(r["success_free"]) for r in span
-                if r.get("success_guided") is not None and r.get("success_free") is not None]
+        span = rows[p * n // parts : (p + 1) * n // parts]
+        gaps = [
+            float(r["success_guided"]) - float(r["success_free"])
+            for r in span
+            if r.get("success_guided") is not None and r.get("success_free") is not None
+        ]
         out.append(sum(gaps) / len(gaps) if gaps else None)
     return out
 
@@ -49,8 +52,12 @@ def gap_table(records: Sequence[CellRecord], methods: Sequence[str], out: Path) 
     """Markdown: one row per guided method, one column per fifth of training."""
     from crl_train.run.metrics import read_metrics
 
-    head = ["| method | " + " | ".join(f"steps {p * 100 // PARTS}–{(p + 1) * 100 // PARTS} %" for p in range(PARTS)) + " |",
-            "| --- |" + " --- |" * PARTS]
+    head = [
+        "| method | "
+        + " | ".join(f"steps {p * 100 // PARTS}–{(p + 1) * 100 // PARTS} %" for p in range(PARTS))
+        + " |",
+        "| --- |" + " --- |" * PARTS,
+    ]
     lines = []
     for m in methods:
         per_seed = []
@@ -60,14 +67,23 @@ def gap_table(records: Sequence[CellRecord], methods: Sequence[str], out: Path) 
                 per_seed.append(gap_by_part(read_metrics(path)))
         if not per_seed or all(g is None for gaps in per_seed for g in gaps):
             continue
-        cells = [mean_t([v for g in per_seed if (v := g[p]) is not None]).text() for p in range(PARTS)]
+        cells = [
+            mean_t([v for g in per_seed if (v := g[p]) is not None]).text() for p in range(PARTS)
+        ]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     if not lines:
         return []
-    return ["## Guided − free success gap over training", "",
-            f"Per method, success_guided − success_free of the same rollout steps, averaged over each fifth of "
-            f"training, then over seeds ({int(LEVEL * 100)} % t interval). Above 0: the entries raised success.", "",
-            *head, *lines, ""]
+    return [
+        "## Guided − free success gap over training",
+        "",
+        "Per method, success_guided − success_free of the same rollout steps, averaged over each "
+        f"fifth of training, then over seeds ({int(LEVEL * 100)} % t interval). Above 0: the "
+        "entries raised success.",
+        "",
+        *head,
+        *lines,
+        "",
+    ]
 
 
 def secret_share(cell_dir: Path) -> tuple[int, int] | None:
@@ -78,7 +94,9 @@ def secret_share(cell_dir: Path) -> tuple[int, int] | None:
     export = cell_dir / "bank" / "bank.jsonl"
     if not export.exists():
         return None
-    kwargs = (yaml.safe_load((cell_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("env", {}).get("kwargs") or {}
+    kwargs = (yaml.safe_load((cell_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get(
+        "env", {}
+    ).get("kwargs") or {}
     defaults = RecallEnv()
     length = int(kwargs.get("length", defaults.length))
     num_actions = int(kwargs.get("num_actions", defaults.num_actions))
@@ -90,14 +108,17 @@ def secret_share(cell_dir: Path) -> tuple[int, int] | None:
         entry = json.loads(line)
         text = str(entry.get("text", ""))
         context = str((entry.get("provenance") or {}).get("prompt") or "") + "\n" + text
-        verdict = holds_secret(text, context, length=length, num_actions=num_actions, secret_seed=secret_seed)
+        verdict = holds_secret(
+            text, context, length=length, num_actions=num_actions, secret_seed=secret_seed
+        )
         total += 1
         held += bool(verdict)
     return held, total
 
 
 def secret_table(records: Sequence[CellRecord], methods: Sequence[str], out: Path) -> list[str]:
-    """Markdown: per method, the share of final-bank entries holding their task's secret (Recall only)."""
+    """Markdown: per method, the share of final-bank entries holding their task's secret
+    (Recall only)."""
     if not records or any(tuple(r["envs"]) != (RECALL,) for r in records):
         return []
     shares: dict[str, list[float]] = defaultdict(list)
@@ -107,11 +128,23 @@ def secret_table(records: Sequence[CellRecord], methods: Sequence[str], out: Pat
         if got is not None and got[1] > 0:
             shares[r["method"]].append(got[0] / got[1])
             sizes[r["method"]].append(got[1])
-    lines = [f"| {m} | {len(shares[m])} | {sum(sizes[m]) / len(sizes[m]):.1f} | {mean_t(shares[m]).text()} |"
-             for m in methods if shares.get(m)]
+    lines = [
+        f"| {m} | {len(shares[m])} | {sum(sizes[m]) / len(sizes[m]):.1f} | "
+        f"{mean_t(shares[m]).text()} |"
+        for m in methods
+        if shares.get(m)
+    ]
     if not lines:
         return []
-    return ["## Entries that hold their task's secret", "",
-            "Share of the final bank's entries whose action words are exactly the secret of the task they were "
-            f"written for (`crl_gym.envs.recall.holds_secret`), mean over seeds ({int(LEVEL * 100)} % t interval).", "",
-            "| method | seeds | entries (mean) | share holding the secret |", "| --- | --- | --- | --- |", *lines, ""]
+    return [
+        "## Entries that hold their task's secret",
+        "",
+        "Share of the final bank's entries whose action words are exactly the secret of the task "
+        "they were written for (`crl_gym.envs.recall.holds_secret`), mean over seeds "
+        f"({int(LEVEL * 100)} % t interval).",
+        "",
+        "| method | seeds | entries (mean) | share holding the secret |",
+        "| --- | --- | --- | --- |",
+        *lines,
+        "",
+    ]

@@ -1,4 +1,5 @@
-"""``report.md`` of a suite: tables with 95 % intervals over seeds, learning curves, the final bank, provenance.
+"""``report.md`` of a suite: tables with 95 % intervals over seeds, learning curves, the final
+bank, provenance.
 
 Final success (with and without experience) is the mean over seeds of each cell's held-out
 evaluation, with a t interval; each method's paired difference to ``grpo`` is over the same seeds
@@ -38,7 +39,11 @@ from crl_train.run.stats import LEVEL, Interval, mean_t, paired_difference, rati
 
 CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("success", ("success",), "success rate (all episodes)"),
-    ("success_guided_free", ("success_guided", "success_free"), "success rate: guided (solid) vs free (dashed)"),
+    (
+        "success_guided_free",
+        ("success_guided", "success_free"),
+        "success rate: guided (solid) vs free (dashed)",
+    ),
     ("actions", ("actions_per_episode",), "actions per episode"),
     ("bank_size", ("bank_size",), "bank size"),
 )
@@ -57,7 +62,11 @@ K = TypeVar("K", str, int)
 
 
 def _final(records: Sequence[SeedEval], mode: str, key: str = "success") -> list[float]:
-    return [float(r["eval"][mode][key]) for r in records if mode in r["eval"] and r["eval"][mode][key] is not None]
+    return [
+        float(r["eval"][mode][key])
+        for r in records
+        if mode in r["eval"] and r["eval"][mode][key] is not None
+    ]
 
 
 def _by(records: Sequence[CellRecord], key: Callable[[CellRecord], K]) -> dict[K, list[CellRecord]]:
@@ -69,9 +78,11 @@ def _by(records: Sequence[CellRecord], key: Callable[[CellRecord], K]) -> dict[K
 
 def results_table(records: Sequence[CellRecord], methods: Sequence[str]) -> list[str]:
     """Markdown rows: per env mixture and method, and averaged over mixtures."""
-    head = ["| env | method | seeds | success with exp | success without exp | Δ without vs grpo (paired) | "
-            "internalisation (without / with) | actions / episode (without) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    head = [
+        "| env | method | seeds | success with exp | success without exp | Δ without vs grpo "
+        "(paired) | internalisation (without / with) | actions / episode (without) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     rows = []
     by_env = _by(records, lambda r: "+".join(r["envs"]))
     envs = sorted(by_env)
@@ -84,12 +95,14 @@ def results_table(records: Sequence[CellRecord], methods: Sequence[str]) -> list
     if len(envs) > 1:
         for m in methods:
             per_seed = _by([r for r in records if r["method"] == m], lambda r: r["seed"])
-            avg: list[SeedEval] = [{"seed": s, "eval": _mean_eval(rs)}
-                                   for s, rs in sorted(per_seed.items())]
+            avg: list[SeedEval] = [
+                {"seed": s, "eval": _mean_eval(rs)} for s, rs in sorted(per_seed.items())
+            ]
             grpo_runs = [r for r in records if r["method"] == MethodName.GRPO]
             grpo_seed = _by(grpo_runs, lambda r: r["seed"])
-            grpo_avg: dict[int, SeedEval] = {s: {"seed": s, "eval": _mean_eval(rs)}
-                                             for s, rs in grpo_seed.items()}
+            grpo_avg: dict[int, SeedEval] = {
+                s: {"seed": s, "eval": _mean_eval(rs)} for s, rs in grpo_seed.items()
+            }
             rows.append(_row("**mean over envs**", m, avg, grpo_avg))
     return head + rows
 
@@ -100,24 +113,34 @@ def _mean_eval(recs: Sequence[SeedEval]) -> JSONDict:
         vals = _final(recs, mode)
         acts = _final(recs, mode, "actions_per_episode")
         if vals:
-            out[mode] = {"success": sum(vals) / len(vals),
-                         "actions_per_episode": sum(acts) / len(acts) if acts else None}
+            out[mode] = {
+                "success": sum(vals) / len(vals),
+                "actions_per_episode": sum(acts) / len(acts) if acts else None,
+            }
     return out
 
 
 def _row(env: str, method: str, recs: Sequence[SeedEval], grpo: dict[int, SeedEval]) -> str:
     with_exp = mean_t(_final(recs, "with_experience"))
     without = mean_t(_final(recs, "without_experience"))
-    paired = [(r, grpo[r["seed"]]) for r in recs if r["seed"] in grpo and "without_experience" in r["eval"]]
+    paired = [
+        (r, grpo[r["seed"]])
+        for r in recs
+        if r["seed"] in grpo and "without_experience" in r["eval"]
+    ]
     if method == MethodName.GRPO or not paired:
         delta = "—" if method == MethodName.GRPO else "n/a"
     else:
-        delta = paired_difference([a["eval"]["without_experience"]["success"] for a, _ in paired],
-                                  [b["eval"]["without_experience"]["success"] for _, b in paired]).text()
+        delta = paired_difference(
+            [a["eval"]["without_experience"]["success"] for a, _ in paired],
+            [b["eval"]["without_experience"]["success"] for _, b in paired],
+        ).text()
     inter = ratio_of_means(_final(recs, "without_experience"), _final(recs, "with_experience"))
     acts = mean_t(_final(recs, "without_experience", "actions_per_episode"))
-    return (f"| {env} | {method} | {len(recs)} | {with_exp.text()} | {without.text()} | {delta} | "
-            f"{inter.text() if with_exp.value is not None else 'n/a'} | {acts.text(2)} |")
+    return (
+        f"| {env} | {method} | {len(recs)} | {with_exp.text()} | {without.text()} | {delta} | "
+        f"{inter.text() if with_exp.value is not None else 'n/a'} | {acts.text(2)} |"
+    )
 
 
 def _curves(records: Sequence[CellRecord], out: Path) -> list[str]:
@@ -134,7 +157,9 @@ def _curves(records: Sequence[CellRecord], out: Path) -> list[str]:
     for r in records:
         path = record_dir(out, r) / "metrics.jsonl"
         if path.exists():
-            series[("+".join(e.split("/")[-1] for e in r["envs"]), r["method"])].append(read_metrics(path))
+            series[("+".join(e.split("/")[-1] for e in r["envs"]), r["method"])].append(
+                read_metrics(path)
+            )
     names = []
     window = curve_window(max((len(rows) for runs in series.values() for rows in runs), default=0))
     for stem, keys, title in CURVES:
@@ -147,11 +172,15 @@ def _curves(records: Sequence[CellRecord], out: Path) -> list[str]:
                     continue
                 label = f"{method} ({env})" + (f" {key}" if len(keys) > 1 else "")
                 ax.plot(steps, mean, style, color=colour, label=label)
-                if key.startswith("success"):  # a rate: the t interval is cut to where a rate can be
+                if key.startswith(
+                    "success"
+                ):  # a rate: the t interval is cut to where a rate can be
                     low, high = [max(0.0, x) for x in low], [min(1.0, x) for x in high]
                 ax.fill_between(steps, low, high, color=colour, alpha=0.15)
         per = f"each point: {window} steps, " if window > 1 else ""
-        ax.set_title(f"{title}\n{per}mean over seeds, shaded: {int(LEVEL * 100)} % t interval", fontsize=10)
+        ax.set_title(
+            f"{title}\n{per}mean over seeds, shaded: {int(LEVEL * 100)} % t interval", fontsize=10
+        )
         ax.set_xlabel("actor step")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -173,10 +202,12 @@ def curve_window(steps: int, points: int = 25) -> int:
     return max(1, steps // points)
 
 
-def band(runs: Sequence[list[dict[str, Any]]], key: str,
-         window: int = 1) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Each run's mean of ``key`` over windows of ``window`` steps, then their mean over runs with its
-    t interval per window (the interval is the value itself for one run); x = the window's mean step.
+def band(
+    runs: Sequence[list[dict[str, Any]]], key: str, window: int = 1
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Each run's mean of ``key`` over windows of ``window`` steps, then their mean over runs with
+    its t interval per window (the interval is the value itself for one run); x = the window's
+    mean step.
 
     >>> x, mean, low, high = band([[{"step": 0, "s": 0.0}, {"step": 1, "s": 1.0}],
     ...                             [{"step": 0, "s": 1.0}, {"step": 1, "s": 1.0}]], "s", window=2)
@@ -212,13 +243,20 @@ def bank_snapshot(cell_dir: Path, top: int = 10) -> list[str]:
     for req in guided_requests(cell_dir):
         outcomes[int(req["experience"]["id"])].append(1.0 if req.get("success") else -1.0)
     entries.sort(key=lambda e: (-int(e.get("retrieval_count", 0)), int(e.get("id", 0))))
-    rows = [f"Final bank: {len(entries)} entries. Most retrieved:", "",
-            "| entry | r̄(m) (episodes) | retrieved | trained | text |", "| --- | --- | --- | --- | --- |"]
+    rows = [
+        f"Final bank: {len(entries)} entries. Most retrieved:",
+        "",
+        "| entry | r̄(m) (episodes) | retrieved | trained | text |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for e in entries[:top]:
         rs = outcomes.get(int(e["id"]), [])
         rbar = f"{sum(rs) / len(rs):+.2f} ({len(rs)})" if rs else "n/a (0)"
         text = str(e.get("text", "")).replace("|", "\\|").replace("\n", " ")[:160]
-        rows.append(f"| {e['id']} | {rbar} | {e.get('retrieval_count', 0)} | {e.get('train_count', 0)} | {text} |")
+        rows.append(
+            f"| {e['id']} | {rbar} | {e.get('retrieval_count', 0)} | {e.get('train_count', 0)} | "
+            f"{text} |"
+        )
     return rows
 
 
@@ -228,18 +266,28 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
     from crl_train.run.new_entries import read_new_entries
 
     rows: list[tuple[dict[str, Any], bool | None]] = (
-        [(r, held) for r, held in new_entry_verdicts(cell_dir)] if recall else [(r, None) for r in read_new_entries(cell_dir)])
+        [(r, held) for r, held in new_entry_verdicts(cell_dir)]
+        if recall
+        else [(r, None) for r in read_new_entries(cell_dir)]
+    )
     if not rows:
         return []
     by_part: dict[int, list[tuple[dict[str, Any], bool | None]]] = defaultdict(list)
     for r, held in rows:
         by_part[part_of(int(r["step"]), steps)].append((r, held))
-    out = [f"New entries as first written ({len(rows)} in all; {per_part} per fifth, evenly spaced):", "",
-           "| fifth | step | entry |" + (" holds the secret |" if recall else "") + " text |",
-           "| --- | --- | --- |" + (" --- |" if recall else "") + " --- |"]
+    out = [
+        f"New entries as first written ({len(rows)} in all; {per_part} per fifth, evenly spaced):",
+        "",
+        "| fifth | step | entry |" + (" holds the secret |" if recall else "") + " text |",
+        "| --- | --- | --- |" + (" --- |" if recall else "") + " --- |",
+    ]
     for p in range(PARTS):
         got = by_part.get(p, [])
-        picks = got if len(got) <= per_part else [got[i * len(got) // per_part] for i in range(per_part)]
+        picks = (
+            got
+            if len(got) <= per_part
+            else [got[i * len(got) // per_part] for i in range(per_part)]
+        )
         for r, held in picks:
             text = str(r.get("text", "")).replace("|", "\\|").replace("\n", " ")[:160]
             mark = "" if held is None else f" {'yes' if held else 'no'} |"
@@ -248,26 +296,35 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
 
 
 def cells_table(records: Sequence[CellRecord], out: Path) -> list[str]:
-    """Per cell: steps, whether it was resumed, the extractor's CISPO updates and the background track's
-    failed passes at its last metrics row (read by column name), entries written, final bank, training time."""
+    """Per cell: steps, whether it was resumed, the extractor's CISPO updates and the background
+    track's failed passes at its last metrics row (read by column name), entries written, final
+    bank, training time."""
     from crl_train.run.metrics import read_metrics
     from crl_train.run.new_entries import read_new_entries
 
-    lines = ["## Cells", "", "Resumed: the checkpoint step(s) a cell's later starts continued from (no: one start). "
-             "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or weightless extractor); "
-             "track errors: passes of the extractor's background track that raised; both from the cell's last "
-             "metrics row. Entries written: lines of the cell's `new_entries.jsonl`. \"not recorded\": the run's "
-             "data has no such field.", "",
-             "| cell | steps | resumed | extractor updates | track errors | entries written | final bank | training time (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "## Cells",
+        "",
+        "Resumed: the checkpoint step(s) a cell's later starts continued from (no: one start). "
+        "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or "
+        "weightless extractor); track errors: passes of the extractor's background track that "
+        "raised; both from the cell's last metrics row. Entries written: lines of the cell's "
+        '`new_entries.jsonl`. "not recorded": the run\'s data has no such field.',
+        "",
+        "| cell | steps | resumed | extractor updates | track errors | entries written | final "
+        "bank | training time (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in records:
         d = record_dir(out, r)
         rows = read_metrics(d / "metrics.jsonl") if (d / "metrics.jsonl").exists() else []
         last = rows[-1] if rows else {}
         seconds = sum(float(x.get("step_time_s") or 0.0) for x in rows)
-        lines.append(f"| {r['method']} seed {r['seed']} | {r.get('steps', 'n/a')} | {_resumed(r)} | "
-                     f"{_column(last, 'extractor_updates')} | {_column(last, 'track_errors')} | "
-                     f"{len(read_new_entries(d))} | {last.get('bank_size', 'n/a')} | {seconds:.0f} |")
+        lines.append(
+            f"| {r['method']} seed {r['seed']} | {r.get('steps', 'n/a')} | {_resumed(r)} | "
+            f"{_column(last, 'extractor_updates')} | {_column(last, 'track_errors')} | "
+            f"{len(read_new_entries(d))} | {last.get('bank_size', 'n/a')} | {seconds:.0f} |"
+        )
     return [*lines, ""]
 
 
@@ -303,36 +360,61 @@ def provenance() -> list[str]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  cwd=Path(__file__).resolve().parent).stdout.strip()
+            return subprocess.run(
+                ["git", *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                cwd=Path(__file__).resolve().parent,
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
     commit = git("rev-parse", "HEAD") or "unknown (not a git checkout)"
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return [f"* commit: `{commit}`{' (with uncommitted changes)' if dirty else ''}",
-            f"* machine: {platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-            f"torch {torch.__version__}, GPU: {gpu}"]
+    return [
+        f"* commit: `{commit}`{' (with uncommitted changes)' if dirty else ''}",
+        f"* machine: {platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} "
+        f"CPUs, torch {torch.__version__}, GPU: {gpu}",
+    ]
 
 
 def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path:
-    """``OUT/report.md``, its PNGs and ``OUT/summary.json`` (:mod:`crl_train.experiment.summary`) from the cells' records."""
+    """``OUT/report.md``, its PNGs and ``OUT/summary.json`` (:mod:`crl_train.experiment.summary`)
+    from the cells' records."""
     plots = _curves(records, out)
-    variants = "".join(f" + reference line {n} ({v.method} with {', '.join(v.set) or 'no overrides'})"
-                       for n, v in suite.variants.items())
-    lines = [f"# {suite.name}", "", *([suite.description, ""] if suite.description else []),
-             f"{len(records)} cells: methods {', '.join(suite.methods)}{variants} × "
-             f"seeds {', '.join(map(str, suite.seeds))} × "
-             f"{len(suite.envs)} env mixture(s); {suite.eval_episodes} held-out episodes per mode and cell.", "",
-             *_reading(suite), *_headline(records, out, suite.pairs),
-             "## Final success", "",
-             f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without experience "
-             "minus grpo's on the same seeds (paired t); internalisation = success without / with experience "
-             "(bootstrap over seeds; 1 means the actor keeps all its gain without the bank).", "",
-             *results_table(records, suite.rows), "", *gap_table(records, suite.rows, out),
-             *secret_table(records, suite.rows, out), *fifths_tables(records, suite.rows, out, suite.pairs),
-             *cells_table(records, out), "## Learning curves", ""]
+    variants = "".join(
+        f" + reference line {n} ({v.method} with {', '.join(v.set) or 'no overrides'})"
+        for n, v in suite.variants.items()
+    )
+    lines = [
+        f"# {suite.name}",
+        "",
+        *([suite.description, ""] if suite.description else []),
+        f"{len(records)} cells: methods {', '.join(suite.methods)}{variants} × "
+        f"seeds {', '.join(map(str, suite.seeds))} × "
+        f"{len(suite.envs)} env mixture(s); {suite.eval_episodes} held-out episodes per mode "
+        "and cell.",
+        "",
+        *_reading(suite),
+        *_headline(records, out, suite.pairs),
+        "## Final success",
+        "",
+        f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without "
+        "experience minus grpo's on the same seeds (paired t); internalisation = success without "
+        "/ with experience (bootstrap over seeds; 1 means the actor keeps all its gain without "
+        "the bank).",
+        "",
+        *results_table(records, suite.rows),
+        "",
+        *gap_table(records, suite.rows, out),
+        *secret_table(records, suite.rows, out),
+        *fifths_tables(records, suite.rows, out, suite.pairs),
+        *cells_table(records, out),
+        "## Learning curves",
+        "",
+    ]
     lines += [f"![{p}]({p})" for p in plots]
     lines += ["", "## The final bank (seed of the first cell of each experience method)", ""]
     for m in suite.rows:
@@ -340,17 +422,43 @@ def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path
         if first is None or "with_experience" not in first["eval"]:
             continue
         cell = record_dir(out, first)
-        lines += [f"### {m} (seed {first['seed']})", "", f"Bank size: {_bank_sizes(cell)}.", "", *bank_snapshot(cell), "",
-                  *new_entries_sample(cell, int(first["steps"]), recall=is_recall(records)), ""]
-    lines += ["## Provenance", "", *provenance(), "", "The suite:", "", "```yaml",
-              yaml.safe_dump(_plain(suite), sort_keys=False).strip(), "```", ""]
+        lines += [
+            f"### {m} (seed {first['seed']})",
+            "",
+            f"Bank size: {_bank_sizes(cell)}.",
+            "",
+            *bank_snapshot(cell),
+            "",
+            *new_entries_sample(cell, int(first["steps"]), recall=is_recall(records)),
+            "",
+        ]
+    lines += [
+        "## Provenance",
+        "",
+        *provenance(),
+        "",
+        "The suite:",
+        "",
+        "```yaml",
+        yaml.safe_dump(_plain(suite), sort_keys=False).strip(),
+        "```",
+        "",
+    ]
     for m in suite.rows:
         first = next((r for r in records if r["method"] == m), None)
         if first is not None:
             cfg = record_dir(out, first) / "config.yaml"
             if cfg.exists():
-                lines += [f"<details><summary>config of {m} (seed {first['seed']})</summary>", "", "```yaml",
-                          cfg.read_text(encoding="utf-8").strip(), "```", "", "</details>", ""]
+                lines += [
+                    f"<details><summary>config of {m} (seed {first['seed']})</summary>",
+                    "",
+                    "```yaml",
+                    cfg.read_text(encoding="utf-8").strip(),
+                    "```",
+                    "",
+                    "</details>",
+                    "",
+                ]
     write_summary(out, records, suite.pairs)
     path = out / "report.md"
     tmp = out / f"report.md.{os.getpid()}.tmp"  # two processes sharing --out may both write it

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 CELL_FILE = "cell.json"
 """Written last in a cell's directory: the cell is finished (trained and evaluated)."""
 RESUMES_FILE = "resumes.jsonl"
-"""One line per start of a cell that resumed from a checkpoint (its step): the report says which cells were resumed."""
+"""One line per start of a cell that resumed from a checkpoint (its step): the report says which
+cells were resumed."""
 LOCKS_DIR = "locks"
 """``OUT/locks/``: one lock file per cell, held while a process runs the cell."""
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -69,63 +70,91 @@ class Suite:
     name: str
     """Shown in the report."""
     methods: tuple[str, ...]
-    """Methods to compare (``crl_train.methods``); ``grpo`` is the reference of the paired differences."""
+    """Methods to compare (``crl_train.methods``); ``grpo`` is the reference of the
+    paired differences."""
     seeds: tuple[int, ...]
     """Seeds of every (method, env mixture): the run's ``seed`` and ``env.seed``."""
     envs: tuple[tuple[str, ...], ...] = (("crl/MiniHack-Room-5x5-v0",),)
     """Env mixtures: each is one run's ``env.ids`` (several ids = multi-task)."""
     config: str | None = None
-    """Base crl-train YAML config of every cell (relative to the suite file); None = the tiny preset."""
+    """Base crl-train YAML config of every cell (relative to the suite file); None = the
+    tiny preset."""
     set: tuple[str, ...] = ()
     """``--set`` overrides of every cell, e.g. ``train.steps=40``."""
     method_set: dict[str, Any] = field(default_factory=dict)
     """Extra overrides per method: ``{offline_exp: [experience.offline_source=...]}``."""
     variants: dict[str, Variant] = field(default_factory=dict)
-    """Named reference lines, ``{oracle: {method: static_online, set: [extractor.model=oracle]}}``: each
-    runs on every seed and env mixture like a method and has its own report row."""
+    """Named reference lines, ``{oracle: {method: static_online, set: [extractor.model=oracle]}}``:
+    each runs on every seed and env mixture like a method and has its own report row."""
     eval_episodes: int = 32
     """Held-out episodes per mode evaluated after training."""
     eval_memory: tuple[str, ...] = ("frozen", "none")
-    """Memory modes of that evaluation (``crl-eval --memory``: ``none``, ``frozen``, ``online``); every
-    mode plays the same held-out tasks."""
+    """Memory modes of that evaluation (``crl-eval --memory``: ``none``, ``frozen``, ``online``);
+    every mode plays the same held-out tasks."""
     resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1, "num_gpus": 0})
     """Ray resources of one cell (``--ray``): ``num_cpus``, ``num_gpus``."""
     description: str = ""
     """What the suite reproduces (a figure or table of the papers)."""
     reading: str | None = None
-    """A Markdown file (relative to the suite file) the report opens with: what the run shows and what
-    it cannot, written after reading the tables; absent or None: the report opens with the tables."""
+    """A Markdown file (relative to the suite file) the report opens with: what the run shows and
+    what it cannot, written after reading the tables; absent or None: the report opens with
+    the tables."""
     contrasts: tuple[tuple[str, str], ...] = ()
-    """Paired differences ``a − b`` (rows of the suite, over the same seeds) of the report's tables per
-    fifth of training; empty: complementary − static_online when the suite has both."""
+    """Paired differences ``a − b`` (rows of the suite, over the same seeds) of the report's tables
+    per fifth of training; empty: complementary − static_online when the suite has both."""
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHOD_NAMES]
         if unknown or not self.methods:
-            raise ConfigError(f"methods: unknown or empty {unknown or list(self.methods)}; accepted: {', '.join(METHOD_NAMES)}")
+            raise ConfigError(
+                f"methods: unknown or empty {unknown or list(self.methods)}; accepted: "
+                f"{', '.join(METHOD_NAMES)}"
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
         if not self.envs or any(not e for e in self.envs):
-            raise ConfigError("envs must list at least one env mixture, each with at least one env id")
+            raise ConfigError(
+                "envs must list at least one env mixture, each with at least one env id"
+            )
         if self.eval_episodes < 1:
             raise ConfigError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
-        if not self.eval_memory or any(m not in ("none", "frozen", "online") for m in self.eval_memory):
-            raise ConfigError(f"eval_memory: a list of none, frozen, online; got {list(self.eval_memory)}")
+        if not self.eval_memory or any(
+            m not in ("none", "frozen", "online") for m in self.eval_memory
+        ):
+            raise ConfigError(
+                f"eval_memory: a list of none, frozen, online; got {list(self.eval_memory)}"
+            )
         for m, extra in self.method_set.items():
-            if m not in self.methods or not isinstance(extra, list | tuple) or not all(isinstance(x, str) for x in extra):
-                raise ConfigError(f"method_set.{m}: a method of the suite mapped to a list of KEY=VALUE strings")
+            if (
+                m not in self.methods
+                or not isinstance(extra, list | tuple)
+                or not all(isinstance(x, str) for x in extra)
+            ):
+                raise ConfigError(
+                    f"method_set.{m}: a method of the suite mapped to a list of KEY=VALUE strings"
+                )
         for name, v in self.variants.items():
-            if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name) or name in METHOD_NAMES:
-                raise ConfigError(f"variants.{name}: a variant's name must be a directory name (letters, digits, "
-                                  f"'_', '.', '-') and not a method's ({', '.join(METHOD_NAMES)})")
+            if (
+                not isinstance(name, str)
+                or not VARIANT_NAME.fullmatch(name)
+                or name in METHOD_NAMES
+            ):
+                raise ConfigError(
+                    f"variants.{name}: a variant's name must be a directory name (letters, digits, "
+                    f"'_', '.', '-') and not a method's ({', '.join(METHOD_NAMES)})"
+                )
             if not isinstance(v, Variant) or v.method not in METHOD_NAMES:
-                raise ConfigError(f"variants.{name}: needs method, one of {', '.join(METHOD_NAMES)}, "
-                                  f"got {getattr(v, 'method', v)!r}")
+                raise ConfigError(
+                    f"variants.{name}: needs method, one of {', '.join(METHOD_NAMES)}, "
+                    f"got {getattr(v, 'method', v)!r}"
+                )
 
         for pair in self.contrasts:
             if len(pair) != 2 or pair[0] == pair[1] or not all(x in self.rows for x in pair):
-                raise ConfigError(f"contrasts: each is [a, b], two different rows of the suite ({', '.join(self.rows)}), "
-                                  f"got {list(pair)}")
+                raise ConfigError(
+                    "contrasts: each is [a, b], two different rows of the suite "
+                    f"({', '.join(self.rows)}), got {list(pair)}"
+                )
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
@@ -137,7 +166,8 @@ class Suite:
 
     @property
     def rows(self) -> tuple[str, ...]:
-        """What the report compares: the methods, then the variants (each a cell name's first part)."""
+        """What the report compares: the methods, then the variants (each a cell name's
+        first part)."""
         return (*self.methods, *self.variants)
 
 
@@ -184,8 +214,10 @@ def suite_from_dict(data: dict[str, Any]) -> Suite:
     if "envs" in data:  # a bare env id is a mixture of one
         data["envs"] = [[e] if isinstance(e, str) else e for e in data["envs"]]
     if isinstance(data.get("variants"), dict):
-        data["variants"] = {k: build_dataclass(Variant, v, f"variants.{k}") if isinstance(v, dict) else v
-                            for k, v in data["variants"].items()}
+        data["variants"] = {
+            k: build_dataclass(Variant, v, f"variants.{k}") if isinstance(v, dict) else v
+            for k, v in data["variants"].items()
+        }
     suite: Suite = build_dataclass(Suite, data)
     return suite
 
@@ -206,13 +238,24 @@ def cells(suite: Suite) -> list[Cell]:
 
 
 def cell_config(suite: Suite, cell: Cell) -> TrainConfig:
-    """The cell's config: the suite's base config, its overrides, the method's (or the variant's), then
-    the cell's own."""
+    """The cell's config: the suite's base config, its overrides, the method's (or the variant's),
+    then the cell's own."""
     ids = "[" + ", ".join(f'"{e}"' for e in cell.envs) + "]"
     variant = suite.variants.get(cell.method)
-    method, extra = (variant.method, variant.set) if variant else (cell.method, suite.method_set.get(cell.method, ()))
-    overrides = [*suite.set, *extra, f"method={method}", f"seed={cell.seed}",
-                 f"env.seed={cell.seed}", f"env.ids={ids}", "train.eval_episodes=0"]
+    method, extra = (
+        (variant.method, variant.set)
+        if variant
+        else (cell.method, suite.method_set.get(cell.method, ()))
+    )
+    overrides = [
+        *suite.set,
+        *extra,
+        f"method={method}",
+        f"seed={cell.seed}",
+        f"env.seed={cell.seed}",
+        f"env.ids={ids}",
+        "train.eval_episodes=0",
+    ]
     from crl_train.methods import check_method_config
 
     cfg = load_config(Path(suite.config) if suite.config else None, overrides)
@@ -229,7 +272,11 @@ def resumed_from(cell_dir: Path) -> list[int]:
     path = cell_dir / RESUMES_FILE
     if not path.exists():
         return []
-    return [int(json.loads(line)["checkpoint_step"]) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [
+        int(json.loads(line)["checkpoint_step"])
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line
+    ]
 
 
 def lock_path(out: Path, cell: Cell) -> Path:
@@ -238,9 +285,10 @@ def lock_path(out: Path, cell: Cell) -> Path:
 
 @contextmanager
 def cell_lock(out: Path, cell: Cell, *, wait: bool) -> Iterator[bool]:
-    """Hold the cell's lock (an ``flock`` on ``OUT/locks/<cell>.lock``) for the ``with`` block; yields
-    False at once when another process holds it and ``wait`` is False. The lock file lives outside
-    the cell's directory, which a fresh start deletes; the kernel releases the lock if the process dies."""
+    """Hold the cell's lock (an ``flock`` on ``OUT/locks/<cell>.lock``) for the ``with`` block;
+    yields False at once when another process holds it and ``wait`` is False. The lock file lives
+    outside the cell's directory, which a fresh start deletes; the kernel releases the lock if
+    the process dies."""
     path = lock_path(out, cell)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
@@ -299,15 +347,27 @@ def _ray_cell(suite: Suite, cell: Cell, out: str) -> CellRecord:
     return run_cell(suite, cell, Path(out))
 
 
-def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progress: bool = True,
-              env_factory: Callable[[str], Any] | None = None) -> list[CellRecord]:
+def run_suite(
+    suite: Suite,
+    out: Path,
+    *,
+    ray_address: str | None = None,
+    progress: bool = True,
+    env_factory: Callable[[str], Any] | None = None,
+) -> list[CellRecord]:
     """Every cell (finished ones are read back); returns the cells' records in grid order."""
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
     grid = cells(suite)
     finished = {c.name for c in grid if is_finished(out / "cells" / c.name)}
-    bar = tqdm(total=len(grid), initial=len(finished), desc=f"{suite.name} cells", unit="cell", disable=not progress)
+    bar = tqdm(
+        total=len(grid),
+        initial=len(finished),
+        desc=f"{suite.name} cells",
+        unit="cell",
+        disable=not progress,
+    )
     records: dict[str, CellRecord] = {}
 
     def run(c: Cell) -> None:
@@ -323,7 +383,10 @@ def run_suite(suite: Suite, out: Path, *, ray_address: str | None = None, progre
                     if mine:
                         run(c)
                     else:
-                        log.info("cell %s is running in another process; coming back to it at the end", c.name)
+                        log.info(
+                            "cell %s is running in another process; coming back to it at the end",
+                            c.name,
+                        )
                         busy.append(c)
             for c in busy:
                 with cell_lock(out, c, wait=True):

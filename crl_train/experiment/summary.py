@@ -10,7 +10,8 @@
   last fifth (``metric: "right_entries_per_request"`` / ``"right_entries_per_request_last_fifth"``,
   ``memory: null``).
 
-Each ``diff`` is the mean paired difference with its 95 % t interval (``ci95``); ``n_seeds`` the pairs.
+Each ``diff`` is the mean paired difference with its 95 % t interval (``ci95``); ``n_seeds``
+the pairs.
 """
 
 from __future__ import annotations
@@ -28,17 +29,23 @@ MEMORY_ORDER = ("frozen", "none", "online")
 
 
 def heldout_success(record: CellRecord, memory: str) -> float | None:
-    """A cell's held-out success in ``memory`` (a cell evaluated without a bank: its ``none``), or None."""
+    """A cell's held-out success in ``memory`` (a cell evaluated without a bank: its ``none``),
+    or None."""
     modes = record["eval"].get("memory") or {
-        m: record["eval"][k] for m, k in (("frozen", "with_experience"), ("none", "without_experience"))
-        if k in record["eval"]}
+        m: record["eval"][k]
+        for m, k in (("frozen", "with_experience"), ("none", "without_experience"))
+        if k in record["eval"]
+    }
     got = modes.get(memory) or (modes.get("none") if "frozen" not in modes else None)
     return None if got is None or got.get("success") is None else float(got["success"])
 
 
-def right_entries_per_request(cell_dir: Path, steps: int, *, last_part_only: bool = False) -> float | None:
-    """New entries that hold their task's secret per request the extractor distilled (``distilled``, a
-    cumulative counter of ``metrics.jsonl``), over the run or its last fifth; None without requests."""
+def right_entries_per_request(
+    cell_dir: Path, steps: int, *, last_part_only: bool = False
+) -> float | None:
+    """New entries that hold their task's secret per request the extractor distilled (``distilled``,
+    a cumulative counter of ``metrics.jsonl``), over the run or its last fifth; None
+    without requests."""
     from crl_train.run.metrics import read_metrics
 
     path = cell_dir / "metrics.jsonl"
@@ -51,8 +58,11 @@ def right_entries_per_request(cell_dir: Path, steps: int, *, last_part_only: boo
     requests = total - (before[-1] if before else 0)
     if requests <= 0:
         return None
-    right = sum(held for row, held in new_entry_verdicts(cell_dir)
-                if not last_part_only or part_of(int(row["step"]), steps) == PARTS - 1)
+    right = sum(
+        held
+        for row, held in new_entry_verdicts(cell_dir)
+        if not last_part_only or part_of(int(row["step"]), steps) == PARTS - 1
+    )
     return right / requests
 
 

@@ -24,6 +24,19 @@ AnyExtractor = Extractor | ExtractorWorker | OracleExtractor
 """The built-in :class:`ExtractorBackend` implementations: π_φ in process, π_φ in its worker
 process, or the oracle."""
 
-__all__ = ["AnyExtractor", "BufferItem", "Extractor", "ExtractorBackend", "ExtractorError", "ExtractorSpec",
-           "ExtractorUnavailable", "ExtractorWorker", "OracleExtractor", "build_extractor", "cispo_update",
-           "grammar_key", "reasoning_end_token", "sample_key"]
+__all__ = [
+    "AnyExtractor",
+    "BufferItem",
+    "Extractor",
+    "ExtractorBackend",
+    "ExtractorError",
+    "ExtractorSpec",
+    "ExtractorUnavailable",
+    "ExtractorWorker",
+    "OracleExtractor",
+    "build_extractor",
+    "cispo_update",
+    "grammar_key",
+    "reasoning_end_token",
+    "sample_key",
+]

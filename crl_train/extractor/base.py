@@ -1,8 +1,9 @@
 """The extractor contract: what the experience service's background track calls on π_φ.
 
-:class:`~crl_train.extractor.model.Extractor` (in process), :class:`~crl_train.extractor.worker.ExtractorWorker`
-(the same in a child process) and :class:`~crl_train.extractor.oracle.OracleExtractor` (no weights)
-implement it; mypy checks each of them wherever the service hands one to the track.
+:class:`~crl_train.extractor.model.Extractor` (in process),
+:class:`~crl_train.extractor.worker.ExtractorWorker` (the same in a child process) and
+:class:`~crl_train.extractor.oracle.OracleExtractor` (no weights) implement it; mypy checks each of
+them wherever the service hands one to the track.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class ExtractorBackend(Protocol):
 
     @property
     def alive(self) -> bool:
-        """False once the model can no longer run (a dead worker process): the track counts what it skips."""
+        """False once the model can no longer run (a dead worker process): the track counts what
+        it skips."""
         ...
 
     @property
@@ -32,16 +34,25 @@ class ExtractorBackend(Protocol):
         """Whether there are weights to train (the service runs CISPO only then)."""
         ...
 
-    def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
+    def distill(
+        self, requests: Sequence[DistillationRequest]
+    ) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One sample and its parsed ops per request (never raises on a malformed answer)."""
         ...
 
-    def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
+    def refine(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, ExtractorSample | None]:
         """The manager's ``refiner``: ``entry`` rewritten for the actor's query."""
         ...
 
-    def reflect(self, category: str, failures: Sequence[DistillationRequest], successes: Sequence[DistillationRequest],
-                max_entries: int = 3) -> tuple[ExtractorSample, list[ExperienceOp]]:
+    def reflect(
+        self,
+        category: str,
+        failures: Sequence[DistillationRequest],
+        successes: Sequence[DistillationRequest],
+        max_entries: int = 3,
+    ) -> tuple[ExtractorSample, list[ExperienceOp]]:
         """EDGE's reflection on a low-success category: Adds only, or a Return."""
         ...
 
@@ -49,7 +60,9 @@ class ExtractorBackend(Protocol):
         """``merge_bank``'s ``generate`` callback."""
         ...
 
-    def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
+    def update(
+        self, items: Sequence[BufferItem], bank: ExperienceBank, step: int
+    ) -> dict[str, float]:
         """A CISPO step over ``items``; the entries' training counts are recorded in ``bank``."""
         ...
 

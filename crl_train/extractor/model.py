@@ -93,7 +93,8 @@ log = logging.getLogger(__name__)
 GRAMMAR_KEY = "grammar:"
 """Prefix of a grammar's entry in a checkpoint's ``constraints`` (sample keys are bare sha1 hex)."""
 MIN_PROMPT_TOKENS = 64
-"""A structured call never leaves its prompt fewer tokens than this (a huge schema is capped instead)."""
+"""A structured call never leaves its prompt fewer tokens than this (a huge schema is
+capped instead)."""
 
 
 def sample_key(sample: ExtractorSample) -> str:
@@ -130,7 +131,11 @@ def reasoning_end_token(policy: Policy) -> int | None:
     except Exception:  # noqa: BLE001 - a template that cannot render is no thinking template
         return None
     template = str(tok.chat_template or "")
-    thinks = prompt.rstrip().endswith("<think>") or kwargs.get("enable_thinking") is True or "enable_thinking" in template
+    thinks = (
+        prompt.rstrip().endswith("<think>")
+        or kwargs.get("enable_thinking") is True
+        or "enable_thinking" in template
+    )
     return int(tid) if thinks else None
 
 
@@ -144,7 +149,12 @@ class BufferItem:
     step: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sample": self.sample.to_dict(), "reward": self.reward, "entry_id": self.entry_id, "step": self.step}
+        return {
+            "sample": self.sample.to_dict(),
+            "reward": self.reward,
+            "entry_id": self.entry_id,
+            "step": self.step,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BufferItem:
@@ -166,13 +176,17 @@ class Extractor:
             with a ``DeprecationWarning``.
     """
 
-    def __init__(self, policy: Policy, settings: ExtractorSettings | None = None,
-                 **legacy: object) -> None:
+    def __init__(
+        self, policy: Policy, settings: ExtractorSettings | None = None, **legacy: object
+    ) -> None:
         settings = settings if settings is not None else ExtractorSettings()
         if legacy:
-            warnings.warn("Extractor(policy, max_new_tokens=..., ...) is deprecated: pass "
-                          "Extractor(policy, ExtractorSettings(max_new_tokens=..., ...))",
-                          DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "Extractor(policy, max_new_tokens=..., ...) is deprecated: pass "
+                "Extractor(policy, ExtractorSettings(max_new_tokens=..., ...))",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             settings = replace(settings, **legacy)  # type: ignore[arg-type]  # checked there
         self.settings = settings
         """What the extractor was built with (the attributes below are read from it)."""
@@ -183,29 +197,35 @@ class Extractor:
         self.max_ops = settings.max_ops
         self.action_slot = settings.action_slot
         self.slotless_requests = 0
-        """Distillation requests with the slot on whose trajectory listed no admissible actions (no slot)."""
+        """Distillation requests with the slot on whose trajectory listed no admissible actions
+        (no slot)."""
         self.structured = settings.structured
         self.constrained = settings.constrained
         self.think_tokens = settings.think_tokens
         self.max_entry_chars = settings.max_entry_chars
         self.reasoning_end: int | None = None
-        """``</think>`` of a thinking model: its reasoning is free, the answer after it is constrained."""
+        """``</think>`` of a thinking model: its reasoning is free, the answer after it
+        is constrained."""
         if settings.structured and settings.thinking is not False and not settings.think_tokens:
             self.reasoning_end = reasoning_end_token(policy)
             if settings.thinking and self.reasoning_end is None:
                 raise ValueError("Extractor: thinking=True but the tokenizer has no </think> token")
         self.eps_low, self.eps_high = settings.eps_low, settings.eps_high
         self.cooldown, self.alpha = settings.cooldown, settings.alpha
-        self.loss = (PolicyLoss.CISPO if settings.normalisation == "tokens"
-                     else PolicyLoss.CISPO_SEQUENCES)
+        self.loss = (
+            PolicyLoss.CISPO if settings.normalisation == "tokens" else PolicyLoss.CISPO_SEQUENCES
+        )
         """Eq. 3's loss, or its per-sample normalisation (``algo.cispo_normalisation``)."""
         self.version = 0
         self.lock = threading.RLock()
-        """Held while generating or training: π_φ is shared by the background track and refinement."""
+        """Held while generating or training: π_φ is shared by the background track
+        and refinement."""
         self.constraints: dict[str, list[tuple[int, ...] | None]] = {}
-        """Per-token allowed ids of samples constrained by action lists (the ExtractorSample has no field for them)."""
+        """Per-token allowed ids of samples constrained by action lists (the ExtractorSample has
+        no field for them)."""
         self.grammars: dict[str, JsonGrammar] = {}
-        """The grammar each structured sample was drawn under (its masks are replayed for training)."""
+        """The grammar each structured sample was drawn under (its masks are replayed
+        for training)."""
         self._grammar_pool: dict[JsonGrammar, JsonGrammar] = {}
         self._warned_budget = False
         self.unreplayable = 0
@@ -219,42 +239,71 @@ class Extractor:
         return ids[-budget:] if len(ids) > budget else ids  # keep the end: the question is last
 
     def _grammar(self, schema: dict[str, Any], think_tokens: int = 0) -> JsonGrammar:
-        """The grammar of ``schema`` for this model (its reasoning rule included), one object per distinct one."""
-        g = JsonGrammar.from_schema(schema, think_tokens=think_tokens,
-                                    reasoning_end=None if think_tokens else self.reasoning_end)
+        """The grammar of ``schema`` for this model (its reasoning rule included), one object per
+        distinct one."""
+        g = JsonGrammar.from_schema(
+            schema,
+            think_tokens=think_tokens,
+            reasoning_end=None if think_tokens else self.reasoning_end,
+        )
         return self._grammar_pool.setdefault(g, g)
 
     def _budget(self, grammar: JsonGrammar) -> int:
-        """Tokens for an answer under ``grammar``: at least its longest valid answer and EOS (a token is
-        at least one character, so no answer is cut), plus its ``think_tokens``."""
+        """Tokens for an answer under ``grammar``: at least its longest valid answer and EOS (a
+        token is at least one character, so no answer is cut), plus its ``think_tokens``."""
         need = max(self.max_new_tokens, max_answer_chars(grammar.schema_dict()) + 1)
         cap = self.max_context_tokens - MIN_PROMPT_TOKENS - grammar.think_tokens
         if need > cap:
             if not self._warned_budget:
                 self._warned_budget = True
-                log.warning("a structured answer may need %d tokens but the context leaves %d: a long one may be "
-                            "cut (raise extractor.max_context_tokens, or shrink the merge windows)", need, cap)
+                log.warning(
+                    "a structured answer may need %d tokens but the context leaves %d: a long one "
+                    "may be cut (raise extractor.max_context_tokens, or shrink the merge windows)",
+                    need,
+                    cap,
+                )
             need = max(1, cap)
         return need + grammar.think_tokens
 
-    def generate(self, prompts: Sequence[str], allowed: Sequence[AllowedRow] | None = None,
-                 think_tokens: int = 0, new_tokens: int | None = None) -> list[ExtractorSample]:
-        """One sample per prompt; ``allowed`` as in ``Policy.generate`` (action lists or ``JsonGrammar``);
-        ``think_tokens`` extend the budget ``new_tokens`` (default ``max_new_tokens``)."""
+    def generate(
+        self,
+        prompts: Sequence[str],
+        allowed: Sequence[AllowedRow] | None = None,
+        think_tokens: int = 0,
+        new_tokens: int | None = None,
+    ) -> list[ExtractorSample]:
+        """One sample per prompt; ``allowed`` as in ``Policy.generate`` (action lists or
+        ``JsonGrammar``); ``think_tokens`` extend the budget ``new_tokens`` (default
+        ``max_new_tokens``)."""
         new = (self.max_new_tokens if new_tokens is None else new_tokens) + think_tokens
         ids = [self._prompt_ids(p, new) for p in prompts]
-        with self.lock, torch.no_grad():  # held to the end: π_old below is of the weights that sampled
+        with (
+            self.lock,
+            torch.no_grad(),
+        ):  # held to the end: π_old below is of the weights that sampled
             gens: list[Generation] = self.policy.generate(ids, new, allowed=allowed)
             out = []
             rows = list(allowed) if allowed is not None else [None] * len(prompts)
             for p, pid, g, a in zip(prompts, ids, gens, rows, strict=True):
-                # a constrained answer cut by the budget is incomplete: make it unparsable (it is counted)
+                # a constrained answer cut by the budget is incomplete: make it unparsable (it
+                # is counted)
                 text = "" if a is not None and g.finish_reason == "length" else g.text
-                spec = (GrammarSpec(schema=a.schema, think_tokens=a.think_tokens,
-                                    reasoning_end=a.reasoning_end)
-                        if isinstance(a, JsonGrammar) else None)  # the sample carries its grammar: it replays anywhere
-                s = ExtractorSample(prompt=p, response=text, logprobs=list(g.logprobs), token_ids=list(g.token_ids),
-                                    prompt_token_ids=pid, extractor_version=self.version, grammar=spec)
+                spec = (
+                    GrammarSpec(
+                        schema=a.schema, think_tokens=a.think_tokens, reasoning_end=a.reasoning_end
+                    )
+                    if isinstance(a, JsonGrammar)
+                    else None
+                )  # the sample carries its grammar: it replays anywhere
+                s = ExtractorSample(
+                    prompt=p,
+                    response=text,
+                    logprobs=list(g.logprobs),
+                    token_ids=list(g.token_ids),
+                    prompt_token_ids=pid,
+                    extractor_version=self.version,
+                    grammar=spec,
+                )
                 if isinstance(a, JsonGrammar):
                     self.grammars[sample_key(s)] = self._grammar_pool.setdefault(a, a)
                 elif g.allowed is not None and any(x is not None for x in g.allowed):
@@ -272,34 +321,70 @@ class Extractor:
         kept = [s for s in samples if s.token_ids]
         if not kept:
             return
-        batch = TrainBatch.from_sequences([self._sequence(s) for s in kept], [0.0] * len(kept), self.policy.pad_token_id)
+        batch = TrainBatch.from_sequences(
+            [self._sequence(s) for s in kept], [0.0] * len(kept), self.policy.pad_token_id
+        )
         lp = self.policy.logprobs(batch)
         for i, s in enumerate(kept):
             start = len(s.prompt_token_ids)
             s.logprobs = lp[i, start : start + len(s.token_ids)].tolist()
 
-    def _structured(self, prompts: Sequence[str], grammars: Sequence[JsonGrammar]) -> list[ExtractorSample]:
-        """One batched generation under per-prompt grammars, with the largest budget any of them needs."""
+    def _structured(
+        self, prompts: Sequence[str], grammars: Sequence[JsonGrammar]
+    ) -> list[ExtractorSample]:
+        """One batched generation under per-prompt grammars, with the largest budget any of
+        them needs."""
         budget = max(self._budget(g) for g in grammars)
         return self.generate(prompts, list(grammars), new_tokens=budget)
 
-    def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
+    def distill(
+        self, requests: Sequence[DistillationRequest]
+    ) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One batched generation over ``requests``; each answer parsed into ops (never raises)."""
         slots = [self._slot_actions(r) for r in requests]
-        prompts = [build_distillation_prompt(r, max_chars=self.max_prompt_chars, max_ops=self.max_ops,
-                                             max_entry_chars=self.max_entry_chars,
-                                             action_slot=self.action_slot if a else 0)
-                   for r, a in zip(requests, slots, strict=True)]
+        prompts = [
+            build_distillation_prompt(
+                r,
+                max_chars=self.max_prompt_chars,
+                max_ops=self.max_ops,
+                max_entry_chars=self.max_entry_chars,
+                action_slot=self.action_slot if a else 0,
+            )
+            for r, a in zip(requests, slots, strict=True)
+        ]
         targets = [distillation_update_ids(r) for r in requests]
         if not self.structured:
             samples = self.generate(prompts, None)
-            return [(s, parse_ops(s.response, allowed_update_ids=t)) for s, t in zip(samples, targets, strict=True)]
-        grammars = [self._grammar(ops_schema(t, max_ops=self.max_ops, max_text=self.max_entry_chars, slot_actions=a,
-                                             slot_size=self.action_slot if a else 0), self.think_tokens)
-                    for t, a in zip(targets, slots, strict=True)]
+            return [
+                (s, parse_ops(s.response, allowed_update_ids=t))
+                for s, t in zip(samples, targets, strict=True)
+            ]
+        grammars = [
+            self._grammar(
+                ops_schema(
+                    t,
+                    max_ops=self.max_ops,
+                    max_text=self.max_entry_chars,
+                    slot_actions=a,
+                    slot_size=self.action_slot if a else 0,
+                ),
+                self.think_tokens,
+            )
+            for t, a in zip(targets, slots, strict=True)
+        ]
         samples = self._structured(prompts, grammars)
-        return [(s, parse_structured_ops(s.response, allowed_update_ids=t, max_len=self.max_entry_chars, max_ops=self.max_ops))
-                for s, t in zip(samples, targets, strict=True)]
+        return [
+            (
+                s,
+                parse_structured_ops(
+                    s.response,
+                    allowed_update_ids=t,
+                    max_len=self.max_entry_chars,
+                    max_ops=self.max_ops,
+                ),
+            )
+            for s, t in zip(samples, targets, strict=True)
+        ]
 
     def _slot_actions(self, request: DistillationRequest) -> tuple[str, ...]:
         """The slot's actions for ``request`` (none when the slot is off or its env lists none)."""
@@ -308,44 +393,71 @@ class Extractor:
         actions = distillation_slot_actions(request)
         if not actions:
             if self.slotless_requests == 0:
-                log.info("action slot: a distillation request lists no admissible actions; it is distilled without "
-                         "a slot (counted in Extractor.slotless_requests)")
+                log.info(
+                    "action slot: a distillation request lists no admissible actions; it is "
+                    "distilled without a slot (counted in Extractor.slotless_requests)"
+                )
             self.slotless_requests += 1
         return actions
 
-    def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
+    def refine(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, ExtractorSample | None]:
         """The manager's ``refiner``: rewrite ``entry`` for the actor's query (entry m itself when
         the answer holds no advice)."""
         prompt = build_refinement_prompt(query, entry, context, max_chars=self.max_prompt_chars)
         if self.structured:
-            (s,) = self._structured([prompt], [self._grammar(refinement_schema(self.max_entry_chars))])
+            (s,) = self._structured(
+                [prompt], [self._grammar(refinement_schema(self.max_entry_chars))]
+            )
         else:
             (s,) = self.generate([prompt], None)
         return extract_refined_advice(s.response, entry.text, max_chars=self.max_entry_chars), s
 
-    def reflect(self, category: str, failures: Sequence[DistillationRequest], successes: Sequence[DistillationRequest],
-                max_entries: int = 3) -> tuple[ExtractorSample, list[ExperienceOp]]:
-        """EDGE's reflection on a low-success category: up to ``max_entries`` new entries (Adds only;
-        a Return when the episodes teach nothing), from its failed and successful episodes."""
-        prompt = build_reflection_prompt(category, failures, successes, max_entries=max_entries,
-                                         max_chars=self.max_prompt_chars, max_entry_chars=self.max_entry_chars)
+    def reflect(
+        self,
+        category: str,
+        failures: Sequence[DistillationRequest],
+        successes: Sequence[DistillationRequest],
+        max_entries: int = 3,
+    ) -> tuple[ExtractorSample, list[ExperienceOp]]:
+        """EDGE's reflection on a low-success category: up to ``max_entries`` new entries (Adds
+        only; a Return when the episodes teach nothing), from its failed and successful episodes."""
+        prompt = build_reflection_prompt(
+            category,
+            failures,
+            successes,
+            max_entries=max_entries,
+            max_chars=self.max_prompt_chars,
+            max_entry_chars=self.max_entry_chars,
+        )
         if self.structured:
-            grammar = self._grammar(ops_schema((), max_ops=max_entries, max_text=self.max_entry_chars), self.think_tokens)
+            grammar = self._grammar(
+                ops_schema((), max_ops=max_entries, max_text=self.max_entry_chars),
+                self.think_tokens,
+            )
             (s,) = self._structured([prompt], [grammar])
-            ops = parse_structured_ops(s.response, allowed_update_ids=frozenset(), max_len=self.max_entry_chars,
-                                       max_ops=max_entries)
+            ops = parse_structured_ops(
+                s.response,
+                allowed_update_ids=frozenset(),
+                max_len=self.max_entry_chars,
+                max_ops=max_entries,
+            )
         else:
             (s,) = self.generate([prompt], None)
             ops = parse_ops(s.response, allowed_update_ids=frozenset())
         adds: list[ExperienceOp] = []
         returns: list[ExperienceOp] = []
         for op in ops:
-            (adds if isinstance(op, AddOp) else returns if isinstance(op, ReturnOp) else []).append(op)
+            (adds if isinstance(op, AddOp) else returns if isinstance(op, ReturnOp) else []).append(
+                op
+            )
         return s, adds[:max_entries] or returns[:1]
 
     def merge_generate(self, prompts: list[str]) -> list[ExtractorSample]:
-        """``generate`` callback of ``merge_bank``: a window's prompt (a ``MergePrompt``) carries its
-        labels, and its answer is generated under that window's schema; a bare prompt is free text."""
+        """``generate`` callback of ``merge_bank``: a window's prompt (a ``MergePrompt``) carries
+        its labels, and its answer is generated under that window's schema; a bare prompt is
+        free text."""
         labels = [getattr(p, "labels", None) for p in prompts]
         if not self.structured or any(not x for x in labels):
             return self.generate(prompts, None)
@@ -354,14 +466,21 @@ class Extractor:
 
     # ------------------------------------------------------------------ CISPO
     def allowed_of(self, s: ExtractorSample) -> list[tuple[int, ...] | None] | None:
-        """The per-token allowed sets ``s`` was sampled under: stored ones, or its grammar replayed."""
+        """The per-token allowed sets ``s`` was sampled under: stored ones, or its
+        grammar replayed."""
         key = sample_key(s)
         stored = self.constraints.get(key)
         if stored is not None:
             return stored
         grammar = self.grammars.get(key)
-        if s.grammar is not None:  # its own (a bank entry's provenance after a restart, a resumed B_φ)
-            grammar = JsonGrammar(s.grammar["schema"], int(s.grammar.get("think_tokens", 0)), s.grammar.get("reasoning_end"))
+        if (
+            s.grammar is not None
+        ):  # its own (a bank entry's provenance after a restart, a resumed B_φ)
+            grammar = JsonGrammar(
+                s.grammar["schema"],
+                int(s.grammar.get("think_tokens", 0)),
+                s.grammar.get("reasoning_end"),
+            )
         if grammar is None or not s.token_ids:
             return None
         replayed: list[tuple[int, ...] | None] = self.policy.replay_allowed(grammar, s.token_ids)
@@ -370,11 +489,20 @@ class Extractor:
     def _sequence(self, s: ExtractorSample) -> TokenSequence:
         seq = TokenSequence()
         seq.append_context(s.prompt_token_ids)
-        seq.append_generation(Generation(prompt_ids=s.prompt_token_ids, token_ids=s.token_ids, logprobs=s.logprobs,
-                                         text=s.response, allowed=self.allowed_of(s)))
+        seq.append_generation(
+            Generation(
+                prompt_ids=s.prompt_token_ids,
+                token_ids=s.token_ids,
+                logprobs=s.logprobs,
+                text=s.response,
+                allowed=self.allowed_of(s),
+            )
+        )
         return seq
 
-    def train(self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
+    def train(
+        self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int
+    ) -> dict[str, float]:
         """CISPO step (model work only): Â = w(m)·(r̄ − mean r̄), w from the entries' training counts.
 
         ``counts[i]`` / ``lasts[i]``: ``train_count`` / ``last_trained_step`` of item i's entry
@@ -383,8 +511,13 @@ class Extractor:
         if not items:
             return {"skipped": 1.0}
         rbar = torch.tensor([it.reward for it in items], dtype=torch.float32)
-        w = training_count_weights(torch.tensor(list(counts)), torch.tensor(list(lasts)), step,
-                                   cooldown=self.cooldown, alpha=self.alpha)
+        w = training_count_weights(
+            torch.tensor(list(counts)),
+            torch.tensor(list(lasts)),
+            step,
+            cooldown=self.cooldown,
+            alpha=self.alpha,
+        )
         adv = batch_advantages(rbar, w)
         seqs: list[TokenSequence] = []
         keep: list[int] = []
@@ -393,11 +526,17 @@ class Extractor:
                 try:
                     seqs.append(self._sequence(it.sample))
                     keep.append(i)
-                except ValueError as exc:  # not drawn under this tokenizer and grammar: its ratio would be wrong
+                except (
+                    ValueError
+                ) as exc:  # not drawn under this tokenizer and grammar: its ratio would be wrong
                     self.unreplayable += 1
-                    log.warning("CISPO: a sample (extractor version %d) does not replay under its grammar and is "
-                                "left out of the update (%d so far): %s", it.sample.extractor_version,
-                                self.unreplayable, exc)
+                    log.warning(
+                        "CISPO: a sample (extractor version %d) does not replay under its grammar "
+                        "and is left out of the update (%d so far): %s",
+                        it.sample.extractor_version,
+                        self.unreplayable,
+                        exc,
+                    )
         dropped = float(len(items) - len(keep))
         if not keep:
             return {"skipped": 1.0, "unreplayable": dropped}
@@ -405,15 +544,28 @@ class Extractor:
         with self.lock:
             params = CispoParams(eps_low=self.eps_low, eps_high=self.eps_high)
             LOSSES.check_params(self.loss, params)
-            metrics = self.policy.train_step(batch, LOSSES.get(self.loss), loss_scale=loss_scale_for(self.loss),
-                                             **params.kwargs())
+            metrics = self.policy.train_step(
+                batch,
+                LOSSES.get(self.loss),
+                loss_scale=loss_scale_for(self.loss),
+                **params.kwargs(),
+            )
             self.version += 1
-        metrics.update({"reward_mean": float(rbar.mean()), "weight_mean": float(w.mean()), "samples": float(len(keep)),
-                        "unreplayable": dropped})
+        metrics.update(
+            {
+                "reward_mean": float(rbar.mean()),
+                "weight_mean": float(w.mean()),
+                "samples": float(len(keep)),
+                "unreplayable": dropped,
+            }
+        )
         return metrics
 
-    def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
-        """CISPO step over ``items``; records the training counts in ``bank`` (see :func:`cispo_update`)."""
+    def update(
+        self, items: Sequence[BufferItem], bank: ExperienceBank, step: int
+    ) -> dict[str, float]:
+        """CISPO step over ``items``; records the training counts in ``bank`` (see
+        :func:`cispo_update`)."""
         return cispo_update(self.train, items, bank, step)
 
     # ------------------------------------------------------------------ the worker interface
@@ -443,13 +595,26 @@ class Extractor:
         """
         with self.lock:
             index: dict[tuple[int, ...], int] = {}
-            refs: dict[str, Any] = {k: [None if a is None else index.setdefault(tuple(a), len(index)) for a in v]
-                                    for k, v in self.constraints.items()}
+            refs: dict[str, Any] = {
+                k: [None if a is None else index.setdefault(tuple(a), len(index)) for a in v]
+                for k, v in self.constraints.items()
+            }
             for k, g in self.grammars.items():
                 gk = grammar_key(g)
-                refs.setdefault(gk, {"schema": g.schema, "think_tokens": g.think_tokens, "reasoning_end": g.reasoning_end})
+                refs.setdefault(
+                    gk,
+                    {
+                        "schema": g.schema,
+                        "think_tokens": g.think_tokens,
+                        "reasoning_end": g.reasoning_end,
+                    },
+                )
                 refs[k] = gk
-            return {"version": self.version, "allowed_sets": [list(a) for a in index], "constraints": refs}
+            return {
+                "version": self.version,
+                "allowed_sets": [list(a) for a in index],
+                "constraints": refs,
+            }
 
     def set_state(self, d: dict[str, Any]) -> None:
         """Inverse of :meth:`get_state` (also reads the older form with the sets written inline)."""
@@ -462,13 +627,20 @@ class Extractor:
                 if not isinstance(a, int):
                     return tuple(a)
                 if not 0 <= a < len(sets):
-                    raise ValueError(f"extractor state: a constraint refers to allowed set {a}, "
-                                     f"but the state holds {len(sets)} sets (corrupt checkpoint?)")
+                    raise ValueError(
+                        f"extractor state: a constraint refers to allowed set {a}, "
+                        f"but the state holds {len(sets)} sets (corrupt checkpoint?)"
+                    )
                 return sets[a]
 
             raw = d.get("constraints", {})
-            specs = {k: JsonGrammar(str(v["schema"]), int(v.get("think_tokens", 0)), v.get("reasoning_end"))
-                     for k, v in raw.items() if k.startswith(GRAMMAR_KEY)}
+            specs = {
+                k: JsonGrammar(
+                    str(v["schema"]), int(v.get("think_tokens", 0)), v.get("reasoning_end")
+                )
+                for k, v in raw.items()
+                if k.startswith(GRAMMAR_KEY)
+            }
             grammars: dict[str, JsonGrammar] = {}
             constraints: dict[str, list[tuple[int, ...] | None]] = {}
             for k, v in raw.items():
@@ -476,13 +648,19 @@ class Extractor:
                     continue
                 if isinstance(v, str):
                     if v not in specs:
-                        raise ValueError(f"extractor state: a sample refers to grammar {v!r}, which the state "
-                                         "does not hold (corrupt checkpoint?)")
+                        raise ValueError(
+                            f"extractor state: a sample refers to grammar {v!r}, which the state "
+                            "does not hold (corrupt checkpoint?)"
+                        )
                     grammars[k] = specs[v]
                 else:
                     constraints[k] = [one(a) for a in v]
             # nothing changes on a bad state
-            self.version, self.constraints, self.grammars = int(d.get("version", 0)), constraints, grammars
+            self.version, self.constraints, self.grammars = (
+                int(d.get("version", 0)),
+                constraints,
+                grammars,
+            )
             self._grammar_pool = {g: g for g in grammars.values()}
 
     def close(self) -> None:
@@ -499,8 +677,12 @@ def entry_counts(items: Sequence[BufferItem], bank: ExperienceBank) -> tuple[lis
     return counts, lasts
 
 
-def cispo_update(train: Callable[[Sequence[BufferItem], list[int], list[int], int], dict[str, float]],
-                 items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
+def cispo_update(
+    train: Callable[[Sequence[BufferItem], list[int], list[int], int], dict[str, float]],
+    items: Sequence[BufferItem],
+    bank: ExperienceBank,
+    step: int,
+) -> dict[str, float]:
     """Bank side of an extractor update: read the counts, ``train`` (in process or in the worker),
     then ``bank.record_training`` for every credited entry (the authors' code forgot this)."""
     items = [it for it in items if it.sample.token_ids]

@@ -59,8 +59,11 @@ NO_ACTIONS = "(none)"
 def winning_actions(request: DistillationRequest) -> list[str]:
     """The env actions of ``request``'s episode, in order: search_and_ask turns and actions the env
     refused (``info["invalid_action"]``: they changed nothing) are left out."""
-    return [s.action.strip() for s in request.trajectory.steps
-            if s.kind == "env" and not (isinstance(s.info, dict) and s.info.get("invalid_action"))]
+    return [
+        s.action.strip()
+        for s in request.trajectory.steps
+        if s.kind == "env" and not (isinstance(s.info, dict) and s.info.get("invalid_action"))
+    ]
 
 
 def oracle_entry(request: DistillationRequest) -> str:
@@ -73,7 +76,9 @@ def oracle_entry(request: DistillationRequest) -> str:
     task = request.task.strip()
     if task and task[-1] not in ".!?":
         task += "."
-    return ENTRY_TEMPLATE.format(task=task, actions="\n".join(winning_actions(request)) or NO_ACTIONS).strip()
+    return ENTRY_TEMPLATE.format(
+        task=task, actions="\n".join(winning_actions(request)) or NO_ACTIONS
+    ).strip()
 
 
 def _sample(prompt: str, response: str) -> ExtractorSample:
@@ -90,7 +95,9 @@ class OracleExtractor:
     """Nothing runs in another process."""
     version = 0
 
-    def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
+    def distill(
+        self, requests: Sequence[DistillationRequest]
+    ) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
         """One Add per successful request (its winning actions), one Return per failed one."""
         out: list[tuple[ExtractorSample, list[ExperienceOp]]] = []
         for r in requests:
@@ -98,30 +105,51 @@ class OracleExtractor:
                 text = oracle_entry(r)
                 out.append((_sample(r.task, text), [AddOp(text)]))
             else:
-                out.append((_sample(r.task, ""), [ReturnOp("oracle: the episode failed, nothing to write")]))
+                out.append(
+                    (
+                        _sample(r.task, ""),
+                        [ReturnOp("oracle: the episode failed, nothing to write")],
+                    )
+                )
         return out
 
-    def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
+    def refine(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, ExtractorSample | None]:
         """search_and_ask: the entry as it is (it is already exact)."""
         return entry.text, None
 
-    def reflect(self, category: str, failures: Sequence[DistillationRequest], successes: Sequence[DistillationRequest],
-                max_entries: int = 3) -> tuple[ExtractorSample, list[ExperienceOp]]:
-        """EDGE's reflection: the distinct winning entries of ``successes`` (at most ``max_entries``),
-        or a Return when none of the category's episodes succeeded."""
+    def reflect(
+        self,
+        category: str,
+        failures: Sequence[DistillationRequest],
+        successes: Sequence[DistillationRequest],
+        max_entries: int = 3,
+    ) -> tuple[ExtractorSample, list[ExperienceOp]]:
+        """EDGE's reflection: the distinct winning entries of ``successes`` (at most
+        ``max_entries``), or a Return when none of the category's episodes succeeded."""
         texts = list(dict.fromkeys(oracle_entry(r) for r in successes if r.success))[:max_entries]
         ops: list[ExperienceOp] = [AddOp(t) for t in texts]
-        return _sample(category, "\n".join(texts)), ops or [ReturnOp("oracle: no successful episode to copy")]
+        return _sample(category, "\n".join(texts)), ops or [
+            ReturnOp("oracle: no successful episode to copy")
+        ]
 
     def merge_generate(self, prompts: list[str]) -> list[ExtractorSample]:
-        """A Merge window's answer: keep every entry of the window (its labels, when it carries them)."""
-        return [_sample(str(p), json.dumps({"keep": list(getattr(p, "labels", ()))})) for p in prompts]
+        """A Merge window's answer: keep every entry of the window (its labels, when it
+        carries them)."""
+        return [
+            _sample(str(p), json.dumps({"keep": list(getattr(p, "labels", ()))})) for p in prompts
+        ]
 
-    def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
+    def update(
+        self, items: Sequence[BufferItem], bank: ExperienceBank, step: int
+    ) -> dict[str, float]:
         """Nothing to train (the service does not call it: ``trainable`` is False)."""
         return {"skipped": 1.0}
 
-    def train(self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
+    def train(
+        self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int
+    ) -> dict[str, float]:
         return {"skipped": 1.0}
 
     def count_tokens(self, text: str) -> int:

@@ -12,9 +12,9 @@ releases the GIL for the actor).
 Interface: the same methods as ``Extractor`` — ``distill``, ``refine`` (the manager's
 ``refiner``), ``merge_generate``, ``generate``, ``update(items, bank, step)`` (bank counts read
 and written here, ``train`` in the child), ``save``/``load``, ``get_state``/``set_state``,
-``count_tokens``, ``close`` and ``alive`` — so :class:`~crl_train.service.track.BackgroundTrack` takes
-either. Calls are synchronous request/response over one ``multiprocessing`` pipe, serialised by
-a lock (refinements from the rollout thread and the track's work queue up, as they did on
+``count_tokens``, ``close`` and ``alive`` — so :class:`~crl_train.service.track.BackgroundTrack`
+takes either. Calls are synchronous request/response over one ``multiprocessing`` pipe, serialised
+by a lock (refinements from the rollout thread and the track's work queue up, as they did on
 ``Extractor.lock``).
 
 Failures:
@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 
 
 class ExtractorError(RuntimeError):
-    """A call failed inside the worker (the child's traceback is in the message); the worker goes on."""
+    """A call failed inside the worker (the child's traceback is in the message); the worker
+    goes on."""
 
 
 class ExtractorUnavailable(RuntimeError):
@@ -91,7 +92,8 @@ class ExtractorSpec:
     model: ModelConfig
     """The extractor's model config (``tiny`` or an HF id / path)."""
     texts: tuple[str, ...] | None = None
-    """Tokenizer training texts of the tiny preset (None when loading a checkpoint or a real model)."""
+    """Tokenizer training texts of the tiny preset (None when loading a checkpoint or a
+    real model)."""
     seed: int = 0
     """Seed of the tiny model's init and of torch in the child."""
     checkpoint: str | None = None
@@ -105,16 +107,19 @@ class ExtractorSpec:
     num_threads: int = 1
     """torch intra-op threads of the child (its share of the cores)."""
     cpus: tuple[int, ...] | None = None
-    """Cores the child is pinned to (``os.sched_setaffinity``, before torch starts threads); None = not pinned.
-    See :func:`crl_train.policy.affinity.split_cpus`."""
+    """Cores the child is pinned to (``os.sched_setaffinity``, before torch starts threads); None =
+    not pinned. See :func:`crl_train.policy.affinity.split_cpus`."""
     nice: int = 0
     """Added to the child's scheduling niceness: when cores are oversubscribed the actor's process
     runs first (the extractor is off the critical path; on free cores it changes nothing)."""
 
     def __post_init__(self) -> None:
         if self.options is not None:
-            warnings.warn("ExtractorSpec(options={...}) is deprecated: pass "
-                          "settings=ExtractorSettings(...)", DeprecationWarning, stacklevel=3)
+            warnings.warn(
+                "ExtractorSpec(options={...}) is deprecated: pass settings=ExtractorSettings(...)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             base = self.settings or ExtractorSettings.for_model(self.model)
             object.__setattr__(self, "settings", replace(base, **self.options))
             object.__setattr__(self, "options", None)
@@ -126,34 +131,46 @@ class ExtractorSpec:
 
 
 def extractor_options(spec: ExtractorSpec) -> dict[str, object]:
-    """Deprecated: the Extractor's settings as keyword arguments; use ``spec.extractor_settings``."""
-    warnings.warn("extractor_options(spec) is deprecated: use spec.extractor_settings",
-                  DeprecationWarning, stacklevel=2)
+    """Deprecated: the Extractor's settings as keyword arguments; use
+    ``spec.extractor_settings``."""
+    warnings.warn(
+        "extractor_options(spec) is deprecated: use spec.extractor_settings",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return dataclasses.asdict(spec.extractor_settings)
 
 
 def build_extractor(spec: ExtractorSpec) -> Extractor | OracleExtractor:
-    """π_φ as the spec says (used in the child, and in process for ``experience.extractor_process=false``);
-    the weightless oracle for ``model: oracle``."""
+    """π_φ as the spec says (used in the child, and in process for
+    ``experience.extractor_process=false``); the weightless oracle for ``model: oracle``."""
     if spec.model.kind is ModelKind.ORACLE:
         return OracleExtractor()
     from crl_train.policy.factory import build_policy
 
-    policy = build_policy(spec.model, list(spec.texts) if spec.texts is not None else None, loss_scale="tokens",
-                          seed=spec.seed, checkpoint=Path(spec.checkpoint) if spec.checkpoint else None,
-                          role="extractor")
+    policy = build_policy(
+        spec.model,
+        list(spec.texts) if spec.texts is not None else None,
+        loss_scale="tokens",
+        seed=spec.seed,
+        checkpoint=Path(spec.checkpoint) if spec.checkpoint else None,
+        role="extractor",
+    )
     return Extractor(policy, spec.extractor_settings)
 
 
 # ------------------------------------------------------------------------------------ the child
 
 
-def _train(ext: Extractor, items: list[BufferItem], counts: list[int], lasts: list[int], step: int) -> tuple[dict[str, float], int]:
+def _train(
+    ext: Extractor, items: list[BufferItem], counts: list[int], lasts: list[int], step: int
+) -> tuple[dict[str, float], int]:
     return ext.train(items, counts, lasts, step), ext.version
 
 
 def _get_state(ext: Extractor | OracleExtractor) -> JSONDict:
-    """The extractor's state and this process's generators (π_φ samples with them: a resume draws on)."""
+    """The extractor's state and this process's generators (π_φ samples with them: a resume
+    draws on)."""
     from crl_train.policy import rng_state
 
     return {**ext.get_state(), "rng": rng_state.capture()}
@@ -172,7 +189,9 @@ def _set_state(ext: Extractor | OracleExtractor, d: dict[str, Any]) -> None:
 _HANDLERS: dict[str, Callable[..., object]] = {
     "distill": lambda ext, reqs: ext.distill(reqs),
     "refine": lambda ext, q, entry, ctx: ext.refine(q, entry, ctx),
-    "reflect": lambda ext, category, failures, successes, n: ext.reflect(category, failures, successes, n),
+    "reflect": lambda ext, category, failures, successes, n: ext.reflect(
+        category, failures, successes, n
+    ),
     "generate": lambda ext, prompts, allowed: ext.generate(prompts, allowed),
     "merge_generate": lambda ext, prompts: ext.merge_generate(prompts),
     "train": _train,
@@ -182,13 +201,18 @@ _HANDLERS: dict[str, Callable[..., object]] = {
     "set_state": lambda ext, d: _set_state(ext, d),
     "count_tokens": lambda ext, texts: [ext.count_tokens(t) for t in texts],
     "ping": lambda ext: os.getpid(),
-    "affinity": lambda ext: sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    "affinity": lambda ext: (
+        sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    ),
 }
 
 
 def _serve(conn: Connection, spec: ExtractorSpec) -> None:
-    """Child main loop: build π_φ, then answer ``(op, args)`` with ``("ok", result)`` / ``("error", tb)``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (it checkpoints through us)
+    """Child main loop: build π_φ, then answer ``(op, args)`` with ``("ok", result)`` /
+    ``("error", tb)``."""
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C is the trainer's to handle (it checkpoints through us)
     from crl_train.policy.affinity import pin_process
 
     pin_process(spec.cpus)  # first: threads torch starts later inherit the extractor's cores
@@ -202,7 +226,10 @@ def _serve(conn: Connection, spec: ExtractorSpec) -> None:
     except RuntimeError:  # already set (forkserver inherits a started pool): harmless
         pass
     torch.manual_seed(spec.seed)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [extractor worker] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s [extractor worker] %(name)s: %(message)s",
+    )
     try:
         ext = build_extractor(spec)
     except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it with this traceback
@@ -262,10 +289,19 @@ class ExtractorWorker:
         poll_s: how often a waiting call checks that the child is still alive.
     """
 
-    def __init__(self, spec: ExtractorSpec, *, start_method: str = "spawn", start_timeout: float = 1800.0,
-                 poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        spec: ExtractorSpec,
+        *,
+        start_method: str = "spawn",
+        start_timeout: float = 1800.0,
+        poll_s: float = 0.5,
+    ) -> None:
         if start_method not in ("spawn", "forkserver"):
-            raise ValueError(f"start_method must be 'spawn' or 'forkserver' (fork is unsafe with torch threads), got {start_method!r}")
+            raise ValueError(
+                "start_method must be 'spawn' or 'forkserver' (fork is unsafe with torch "
+                f"threads), got {start_method!r}"
+            )
         self.spec = spec
         self.start_timeout = start_timeout
         self.poll_s = poll_s
@@ -280,7 +316,9 @@ class ExtractorWorker:
         self._token_cache: dict[str, int] = {}
         ctx = mp.get_context(start_method)
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, spec), name="crl-extractor", daemon=True)  # type: ignore[attr-defined]
+        self.process = ctx.Process(
+            target=_serve, args=(child, spec), name="crl-extractor", daemon=True
+        )  # type: ignore[attr-defined]
         self.process.start()
         child.close()  # our copy of the child's end: without closing it a dead child gives no EOF
         self._finalizer = weakref.finalize(self, _shutdown, self.process, self._conn)
@@ -313,7 +351,9 @@ class ExtractorWorker:
         if status == "error":
             if op == "start":
                 self._die(op, f"building the extractor failed:\n{payload}")
-            raise ExtractorError(f"extractor worker: {op!r} failed in the worker process:\n{payload}")
+            raise ExtractorError(
+                f"extractor worker: {op!r} failed in the worker process:\n{payload}"
+            )
         return payload
 
     def _die(self, op: str, why: str | None = None) -> NoReturn:
@@ -327,12 +367,17 @@ class ExtractorWorker:
             code = self.process.exitcode
             self._dead_reason = why or f"process {self.process.pid} exited with code {code}"
             if op == "start" and why is None:  # the classic spawn pitfall, named
-                self._dead_reason += (" before building the extractor; if the main script starts training at import "
-                                      "time, guard it with `if __name__ == '__main__':` (spawn re-imports it), or set "
-                                      "experience.extractor_process=false")
-            log.error("extractor worker died during %r (%s): the run continues WITHOUT extractor model work — "
-                      "distillation, refinement, merges and CISPO updates are skipped and counted",
-                      op, self._dead_reason)
+                self._dead_reason += (
+                    " before building the extractor; if the main script starts training at import "
+                    "time, guard it with `if __name__ == '__main__':` (spawn re-imports it), or "
+                    "set experience.extractor_process=false"
+                )
+            log.error(
+                "extractor worker died during %r (%s): the run continues WITHOUT extractor model "
+                "work — distillation, refinement, merges and CISPO updates are skipped and counted",
+                op,
+                self._dead_reason,
+            )
             _shutdown(self.process, self._conn, timeout=1.0)
 
     def _call(self, op: str, *args: object) -> Any:
@@ -342,7 +387,9 @@ class ExtractorWorker:
             if not self._ready:
                 self._recv("start", self.start_timeout)
                 self._ready = True
-            while self._stale:  # a Ctrl-C left an answer in the pipe: read it so replies stay paired
+            while (
+                self._stale
+            ):  # a Ctrl-C left an answer in the pipe: read it so replies stay paired
                 self._recv(op, None)
                 self._stale -= 1
             try:
@@ -368,34 +415,55 @@ class ExtractorWorker:
         return pid
 
     # ---------------------------------------------------------------- extractor interface
-    def generate(self, prompts: Sequence[str], allowed: Sequence[AllowedRow] | None = None) -> list[ExtractorSample]:
-        out: list[ExtractorSample] = self._call("generate", list(prompts), None if allowed is None else list(allowed))
+    def generate(
+        self, prompts: Sequence[str], allowed: Sequence[AllowedRow] | None = None
+    ) -> list[ExtractorSample]:
+        out: list[ExtractorSample] = self._call(
+            "generate", list(prompts), None if allowed is None else list(allowed)
+        )
         return out
 
-    def distill(self, requests: Sequence[DistillationRequest]) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
-        out: list[tuple[ExtractorSample, list[ExperienceOp]]] = self._call("distill", list(requests))
+    def distill(
+        self, requests: Sequence[DistillationRequest]
+    ) -> list[tuple[ExtractorSample, list[ExperienceOp]]]:
+        out: list[tuple[ExtractorSample, list[ExperienceOp]]] = self._call(
+            "distill", list(requests)
+        )
         return out
 
-    def refine(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, ExtractorSample | None]:
+    def refine(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, ExtractorSample | None]:
         out: tuple[str, ExtractorSample | None] = self._call("refine", query, entry, context)
         return out
 
-    def reflect(self, category: str, failures: Sequence[DistillationRequest], successes: Sequence[DistillationRequest],
-                max_entries: int = 3) -> tuple[ExtractorSample, list[ExperienceOp]]:
-        out: tuple[ExtractorSample, list[ExperienceOp]] = self._call("reflect", category, list(failures),
-                                                                     list(successes), max_entries)
+    def reflect(
+        self,
+        category: str,
+        failures: Sequence[DistillationRequest],
+        successes: Sequence[DistillationRequest],
+        max_entries: int = 3,
+    ) -> tuple[ExtractorSample, list[ExperienceOp]]:
+        out: tuple[ExtractorSample, list[ExperienceOp]] = self._call(
+            "reflect", category, list(failures), list(successes), max_entries
+        )
         return out
 
     def merge_generate(self, prompts: list[str]) -> list[ExtractorSample]:
-        """``merge_bank``'s callback; each ``MergePrompt`` keeps its labels through the pipe (its schema's)."""
+        """``merge_bank``'s callback; each ``MergePrompt`` keeps its labels through the pipe
+        (its schema's)."""
         out: list[ExtractorSample] = self._call("merge_generate", list(prompts))
         return out
 
-    def train(self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int) -> dict[str, float]:
+    def train(
+        self, items: Sequence[BufferItem], counts: Sequence[int], lasts: Sequence[int], step: int
+    ) -> dict[str, float]:
         metrics, self.version = self._call("train", list(items), list(counts), list(lasts), step)
         return dict(metrics)
 
-    def update(self, items: Sequence[BufferItem], bank: ExperienceBank, step: int) -> dict[str, float]:
+    def update(
+        self, items: Sequence[BufferItem], bank: ExperienceBank, step: int
+    ) -> dict[str, float]:
         """CISPO in the child; training counts read from and recorded in ``bank`` here."""
         return cispo_update(self.train, items, bank, step)
 

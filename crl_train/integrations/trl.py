@@ -49,14 +49,20 @@ from crl_train.rollout.contract import (
 try:
     from trl import GRPOTrainer
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("crl_train.integrations.trl needs trl==1.16.0: pip install 'complementary-rl[train]'") from exc
+    raise ImportError(
+        "crl_train.integrations.trl needs trl==1.16.0: pip install 'complementary-rl[train]'"
+    ) from exc
 
 if TYPE_CHECKING:
     from crl_gym.integrations.trl import TRLExperience
 
 logger = logging.getLogger(__name__)
 
-PAPER_SETTINGS: dict[str, Any] = {"loss_type": "grpo", "importance_sampling_level": "sequence", "beta": 0.0}
+PAPER_SETTINGS: dict[str, Any] = {
+    "loss_type": "grpo",
+    "importance_sampling_level": "sequence",
+    "beta": 0.0,
+}
 """``GRPOConfig`` keys for the paper's actor objective: a length-normalised sequence ratio, the
 per-sequence mean the Eq. 5 weights are folded into, no KL term."""
 
@@ -69,7 +75,8 @@ def trl_advantages(
     valid: torch.Tensor | None = None,
     method: ActorSide | None = None,
 ) -> torch.Tensor:
-    """Split-subgroup Â with Eq. 5's weights folded in for a loss that averages over the N sequences.
+    """Split-subgroup Â with Eq. 5's weights folded in for a loss that averages over the
+    N sequences.
 
     Returns ``split_subgroup_advantages(r, g, c, valid) · N · sequence_weights(g, c)`` (weights over
     the valid episodes; an invalid one gets 0), which is the split-subgroup Â itself when every
@@ -100,13 +107,16 @@ def trl_advantages(
         by_condition = method.guided
     scale = torch.zeros(n, dtype=torch.float32)
     if bool(ok.any()):
-        scale[ok] = n * sequence_weights(group_index.cpu()[ok], condition.cpu()[ok] if by_condition else None)
+        scale[ok] = n * sequence_weights(
+            group_index.cpu()[ok], condition.cpu()[ok] if by_condition else None
+        )
     return adv * scale.to(device=adv.device, dtype=adv.dtype)
 
 
 @dataclass(frozen=True)
 class SplitBatch:
-    """One generation batch's split-subgroup inputs and outputs, over every process (``[N]`` each)."""
+    """One generation batch's split-subgroup inputs and outputs, over every process
+    (``[N]`` each)."""
 
     rewards: torch.Tensor
     group_index: torch.Tensor
@@ -116,7 +126,8 @@ class SplitBatch:
 
 
 class ComplementaryGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` whose advantages are Complementary RL's split-subgroup ones (module docstring).
+    """``GRPOTrainer`` whose advantages are Complementary RL's split-subgroup ones
+    (module docstring).
 
     Args:
         *args, **kwargs: ``GRPOTrainer``'s.
@@ -124,15 +135,20 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
             is used when none is given, and its end-step callback is added; evaluation episodes
             (``trainer.evaluate()``) carry ``rollout_step = -1``, which the service never credits.
         method: the method whose actor side decides the conditions and the advantages
-            (``crl_train.methods.make_method(cfg)``, as ``crl-train --method`` builds it: ``grpo`` runs
-            every copy free and pools the group, ``edge`` trains only the groups its gate opens); None
-            is Complementary RL's split-subgroup advantages.
+            (``crl_train.methods.make_method(cfg)``, as ``crl-train --method`` builds it: ``grpo``
+            runs every copy free and pools the group, ``edge`` trains only the groups its gate
+            opens); None is Complementary RL's split-subgroup advantages.
 
     ``last_split`` holds the latest generation batch's :class:`SplitBatch`.
     """
 
-    def __init__(self, *args: Any, experience: TRLExperience | None = None, method: ActorSide | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        experience: TRLExperience | None = None,
+        method: ActorSide | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._crl_session = experience
         self.crl_method = method
         if experience is not None:
@@ -140,16 +156,25 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), experience.callback()]
         super().__init__(*args, **kwargs)
         if self.scale_rewards != "group":
-            raise ValueError(f"split-subgroup advantages normalise inside each half; scale_rewards must be 'group', "
-                             f"got {self.scale_rewards!r}")
+            raise ValueError(
+                "split-subgroup advantages normalise inside each half; scale_rewards must be "
+                f"'group', got {self.scale_rewards!r}"
+            )
         if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError("split-subgroup advantages sum the reward functions first: multi_objective_aggregation "
-                             f"must be 'sum_then_normalize', got {self.multi_objective_aggregation!r}")
+            raise ValueError(
+                "split-subgroup advantages sum the reward functions first: "
+                "multi_objective_aggregation must be 'sum_then_normalize', got "
+                f"{self.multi_objective_aggregation!r}"
+            )
         self.last_split: SplitBatch | None = None
         self._crl_rewards: torch.Tensor | None = None
 
-    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> torch.Tensor:
-        rewards_per_func: torch.Tensor = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+    def _calculate_rewards(
+        self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any
+    ) -> torch.Tensor:
+        rewards_per_func: torch.Tensor = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )
         self._crl_rewards = rewards_per_func  # gathered over processes: [N, reward functions]
         return rewards_per_func
 
@@ -162,11 +187,15 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
         offset = self.accelerator.process_index * len(inputs)
         positions = [(offset + i) % num_generations for i in range(len(inputs))]
         guided = self.crl_method is None or self.crl_method.guided
-        conditions = split_conditions([x.get("experience") for x in inputs], positions, num_generations, guided=guided)
+        conditions = split_conditions(
+            [x.get("experience") for x in inputs], positions, num_generations, guided=guided
+        )
         rows = [{**x, "experience": c} for x, c in zip(inputs, conditions, strict=True)]
         self._crl_rewards = None
         session, open_step = self._crl_session, None
-        if session is not None and mode == "eval":  # held-out episodes: a negative step is never credited
+        if (
+            session is not None and mode == "eval"
+        ):  # held-out episodes: a negative step is never credited
             open_step, session.step = session.step, -1
         try:
             output: dict[str, Any] = super()._generate_and_score_completions(rows)
@@ -174,19 +203,31 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
             if session is not None and open_step is not None:
                 session.step = open_step
         if self._crl_rewards is None:
-            raise RuntimeError("GRPOTrainer computed no rewards for the batch (its _calculate_rewards was not called)")
+            raise RuntimeError(
+                "GRPOTrainer computed no rewards for the batch (its _calculate_rewards was "
+                "not called)"
+            )
         device = self.accelerator.device
         envs = self.environments or []
-        ran = [getattr(env, "condition", c) for env, c in zip(envs, conditions, strict=True)] if envs else conditions
+        ran = (
+            [getattr(env, "condition", c) for env, c in zip(envs, conditions, strict=True)]
+            if envs
+            else conditions
+        )
         local = torch.tensor([CONDITION_IDS[c] for c in ran], dtype=torch.long, device=device)
         condition = self.accelerator.gather(local).cpu()
         per_func = self._crl_rewards.cpu()
         valid = ~torch.isnan(per_func).all(dim=1)
         rewards = (per_func * self.reward_weights.cpu().unsqueeze(0)).nansum(dim=1)
         group_index = torch.arange(rewards.numel()) // num_generations
-        advantages = trl_advantages(rewards, group_index, condition, valid=valid, method=self.crl_method)
+        advantages = trl_advantages(
+            rewards, group_index, condition, valid=valid, method=self.crl_method
+        )
         self.last_split = SplitBatch(rewards, group_index, condition, valid, advantages)
-        part = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
+        part = slice(
+            self.accelerator.process_index * len(inputs),
+            (self.accelerator.process_index + 1) * len(inputs),
+        )
         output["advantages"] = advantages[part].to(device=device, dtype=output["advantages"].dtype)
         logged = self._logs["advantages"]  # TRL's completions table: show the advantages trained on
         for _ in range(min(len(logged), advantages.numel())):
@@ -203,4 +244,10 @@ class ComplementaryGRPOTrainer(GRPOTrainer):
         return output
 
 
-__all__ = ["PAPER_SETTINGS", "ComplementaryGRPOTrainer", "SplitBatch", "split_conditions", "trl_advantages"]
+__all__ = [
+    "PAPER_SETTINGS",
+    "ComplementaryGRPOTrainer",
+    "SplitBatch",
+    "split_conditions",
+    "trl_advantages",
+]

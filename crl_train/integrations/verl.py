@@ -12,8 +12,8 @@
   :class:`ComplementaryTrainer` also reads what each episode reports (``extra_fields``:
   ``crl_group``, ``crl_condition``, ``crl_valid``) for the batch being estimated
   (:func:`batch_outcomes`): then the group is the task, the condition the one the episode ran
-  (a guided row whose search failed, the service down, ran free and is normalised with the free half, as in
-  every other loop), and an episode the env broke gets advantage 0.
+  (a guided row whose search failed, the service down, ran free and is normalised with the free
+  half, as in every other loop), and an episode the env broke gets advantage 0.
 * **Eq. 5's ½ Σ_c 1/K_c.** With both halves of K/2 in every group the paper's per-sequence
   weight times N is 1 (``crl_train.algorithms.sequence_weights``), so Â is trained as is; use
   ``actor_rollout_ref.actor.loss_agg_mode: seq-mean-token-mean`` for the paper's per-sequence mean.
@@ -66,7 +66,8 @@ TRAINER_MODE = "crl_sync"
 
 @dataclass(frozen=True)
 class BatchOutcomes:
-    """What the episodes of the batch being estimated reported, one entry per row, in the batch's order."""
+    """What the episodes of the batch being estimated reported, one entry per row, in the
+    batch's order."""
 
     group: torch.Tensor
     condition: torch.Tensor
@@ -86,15 +87,21 @@ def default_method() -> ActorSide:
 
 
 def method_named(name: str, config_path: str | None = None) -> ActorSide:
-    """The method ``name`` as ``crl-train --method NAME`` builds it (with ``config_path``'s settings)."""
+    """The method ``name`` as ``crl-train --method NAME`` builds it (with
+    ``config_path``'s settings)."""
     from crl_train.config import load_config
     from crl_train.methods import make_method
 
     return make_method(load_config(config_path, [f"method={name}"]))
 
 
-def rows_for(seeds: Sequence[int], method: ActorSide | None = None, *, evaluation: bool = False,
-             **kwargs: Any) -> list[TaskRow]:
+def rows_for(
+    seeds: Sequence[int],
+    method: ActorSide | None = None,
+    *,
+    evaluation: bool = False,
+    **kwargs: Any,
+) -> list[TaskRow]:
     """The dataset rows for ``seeds`` under ``method``: two per task (the contract's
     :func:`~crl_train.rollout.contract.condition_of` over two rows: guided, free) for a guided
     method, one free row per task otherwise. Run each row :func:`rollout_n` times.
@@ -116,17 +123,23 @@ def rollout_n(group_size: int, method: ActorSide | None = None) -> int:
     """
     guided = (method or default_method()).guided
     if guided and (group_size < 2 or group_size % 2):
-        raise ValueError(f"a guided method splits each task's K episodes in halves: K must be even, got {group_size}")
+        raise ValueError(
+            "a guided method splits each task's K episodes in halves: K must be even, got "
+            f"{group_size}"
+        )
     return group_size // 2 if guided else group_size
 
 
 def _codes(index: Sequence[Any]) -> torch.Tensor:
-    """``[N]`` long codes of the distinct values of ``index`` (verl's ``uid`` strings), in first-seen order."""
+    """``[N]`` long codes of the distinct values of ``index`` (verl's ``uid`` strings), in
+    first-seen order."""
     seen: dict[Any, int] = {}
     return torch.tensor([seen.setdefault(u, len(seen)) for u in index], dtype=torch.long)
 
 
-def batch_outcomes(extra_fields: Sequence[Mapping[str, Any] | None], uids: Sequence[Any]) -> BatchOutcomes:
+def batch_outcomes(
+    extra_fields: Sequence[Mapping[str, Any] | None], uids: Sequence[Any]
+) -> BatchOutcomes:
     """Group, condition and validity of each row from what its episode reported (``extra_fields``
     of ``crl_agent``). The group is ``(crl_group, uid)``'s task: rows of one ``crl_group`` share it;
     a row without one (another loop's) is a group of its own ``uid``, free, valid.
@@ -145,17 +158,24 @@ def batch_outcomes(extra_fields: Sequence[Mapping[str, Any] | None], uids: Seque
         keys.append(("task", int(group)) if group is not None else ("uid", uid))
         conditions.append(str(fields.get("crl_condition") or "free"))
         valid.append(bool(fields.get("crl_valid", True)))
-    return BatchOutcomes(_codes(keys), condition_ids(conditions), torch.tensor(valid, dtype=torch.bool))
+    return BatchOutcomes(
+        _codes(keys), condition_ids(conditions), torch.tensor(valid, dtype=torch.bool)
+    )
 
 
 @register_adv_est(ADV_ESTIMATOR)
-def split_subgroup_estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
-                             index: np.ndarray | Sequence[Any] | None = None, config: Any = None,
-                             **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl's estimator interface: ``(advantages, returns)``, each ``[N, T]`` = Â on every response token.
+def split_subgroup_estimator(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | Sequence[Any] | None = None,
+    config: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's estimator interface: ``(advantages, returns)``, each ``[N, T]`` = Â on every
+    response token.
 
-    r = the row's summed token-level reward. Outcomes: those :class:`ComplementaryTrainer` set for the
-    batch (:func:`batch_outcomes`), else one subgroup per ``uid`` under the row's own condition
+    r = the row's summed token-level reward. Outcomes: those :class:`ComplementaryTrainer` set for
+    the batch (:func:`batch_outcomes`), else one subgroup per ``uid`` under the row's own condition
     (module docstring). Â = ``trained_advantages(method, outcomes)``, the method being the
     trainer's (default: Complementary RL's).
 
@@ -169,13 +189,19 @@ def split_subgroup_estimator(token_level_rewards: torch.Tensor, response_mask: t
     batch = _BATCH.get()
     if batch is not None:
         if batch.group.numel() != n:
-            raise ValueError(f"the batch's outcomes have {batch.group.numel()} rows, its rewards {n}")
+            raise ValueError(
+                f"the batch's outcomes have {batch.group.numel()} rows, its rewards {n}"
+            )
         outcomes = Outcomes(scores, batch.group, batch.condition, batch.valid)
     else:
         if index is None:
-            raise ValueError(f"{ADV_ESTIMATOR} needs verl's uid column (index) to find each row's subgroup")
+            raise ValueError(
+                f"{ADV_ESTIMATOR} needs verl's uid column (index) to find each row's subgroup"
+            )
         group = _codes(list(index))
-        outcomes = Outcomes(scores, group, torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool))
+        outcomes = Outcomes(
+            scores, group, torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool)
+        )
     method = _METHOD.get() or default_method()
     adv = trained_advantages(method, outcomes).to(device=response_mask.device, dtype=torch.float32)
     out = adv[:, None] * response_mask.to(torch.float32)
@@ -198,7 +224,9 @@ class ComplementaryTrainer(PPOTrainerSync):
     def crl_method(self) -> ActorSide:
         if getattr(self, "_crl_method", None) is None:
             crl = self._crl()
-            self._crl_method = method_named(str(crl.get("method", "complementary")), crl.get("config"))
+            self._crl_method = method_named(
+                str(crl.get("method", "complementary")), crl.get("config")
+            )
         return self._crl_method
 
     def on_step_end(self) -> None:
@@ -211,8 +239,11 @@ class ComplementaryTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
         import transfer_queue as tq
 
-        # what each episode reported, as verl's own trainer reads extra_fields back (a NonTensorStack of dicts)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
+        # what each episode reported, as verl's own trainer reads extra_fields back (a
+        # NonTensorStack of dicts)
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"]
+        )
         rows = batch_outcomes(data.pop("extra_fields").tolist(), data.pop("uid").tolist())
         token_batch, token_method = _BATCH.set(rows), _METHOD.set(self.crl_method())
         try:
@@ -224,7 +255,8 @@ class ComplementaryTrainer(PPOTrainerSync):
 
 def estimating(rows: BatchOutcomes | None, method: ActorSide | None = None) -> _Estimating:
     """Context manager: :func:`split_subgroup_estimator` reads ``rows`` (and ``method``) inside it,
-    as under :class:`ComplementaryTrainer` (for a caller that runs verl's ``compute_advantage`` itself)."""
+    as under :class:`ComplementaryTrainer` (for a caller that runs verl's
+    ``compute_advantage`` itself)."""
     return _Estimating(rows, method)
 
 
@@ -241,12 +273,24 @@ class _Estimating:
 
 
 def setup_worker() -> None:
-    """Ray's ``worker_process_setup_hook``: registers the estimator, the trainer and ``crl_agent`` in a verl process."""
+    """Ray's ``worker_process_setup_hook``: registers the estimator, the trainer and
+    ``crl_agent`` in a verl process."""
     from crl_gym.integrations.verl.agent_loop import register_loop
 
     register_loop()
 
 
-__all__ = ["ADV_ESTIMATOR", "TRAINER_MODE", "BatchOutcomes", "ComplementaryTrainer", "batch_outcomes",
-           "default_method", "estimating", "method_named", "rollout_n", "rows_for", "setup_worker",
-           "split_subgroup_estimator"]
+__all__ = [
+    "ADV_ESTIMATOR",
+    "TRAINER_MODE",
+    "BatchOutcomes",
+    "ComplementaryTrainer",
+    "batch_outcomes",
+    "default_method",
+    "estimating",
+    "method_named",
+    "rollout_n",
+    "rows_for",
+    "setup_worker",
+    "split_subgroup_estimator",
+]

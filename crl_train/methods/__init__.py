@@ -45,16 +45,30 @@ def declared_metric_fields() -> tuple[str, ...]:
 
 
 def make_method(cfg: TrainConfig) -> Method:
-    """The method ``cfg.method`` names, built for ``cfg`` (:class:`~crl_train.config.ConfigError` when ``cfg``
-    lacks what it needs); unknown names raise ``KeyError`` listing the accepted ones."""
+    """The method ``cfg.method`` names, built for ``cfg`` (:class:`~crl_train.config.ConfigError`
+    when ``cfg`` lacks what it needs); unknown names raise ``KeyError`` listing the
+    accepted ones."""
     method: Method = METHODS.get(cfg.method)(cfg)
     return method
 
 
 def check_method_config(cfg: TrainConfig) -> None:
-    """What :func:`make_method` checks, without making the method (a config loaded for later use)."""
+    """What :func:`make_method` checks, without making the method (a config loaded for
+    later use)."""
     METHODS.get(cfg.method).check_config(cfg)
 
 
-__all__ = ["EDGE_FIELDS", "GATE_FIELDS", "METHODS", "SELF_DISTILL_FIELDS", "ActorTerm", "Method", "MethodBase",
-           "MethodName", "Rollout", "check_method_config", "declared_metric_fields", "make_method"]
+__all__ = [
+    "EDGE_FIELDS",
+    "GATE_FIELDS",
+    "METHODS",
+    "SELF_DISTILL_FIELDS",
+    "ActorTerm",
+    "Method",
+    "MethodBase",
+    "MethodName",
+    "Rollout",
+    "check_method_config",
+    "declared_metric_fields",
+    "make_method",
+]

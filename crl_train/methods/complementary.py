@@ -1,4 +1,5 @@
-"""Complementary RL: split-subgroup GRPO for the actor; the extractor distils and learns with CISPO."""
+"""Complementary RL: split-subgroup GRPO for the actor; the extractor distils and learns
+with CISPO."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The actor-critic gate (paper appendix B.1): the actor judges each retrieved entry before its episode.
+"""The actor-critic gate (paper appendix B.1): the actor judges each retrieved entry before
+its episode.
 
 After ``warmup_steps`` rollout steps have given the actor a success rate per task, every guided
 episode's entry is shown to the actor with the task and that rate, and the actor answers:
@@ -72,20 +73,29 @@ class ActorCriticGate:
             self._outcomes[task].append(1.0 if ok else 0.0)
         self.steps_observed += 1
 
-    def judge(self, tasks: Sequence[str], entries: Sequence[ExperienceRef]) -> tuple[list[Verdict], float]:
+    def judge(
+        self, tasks: Sequence[str], entries: Sequence[ExperienceRef]
+    ) -> tuple[list[Verdict], float]:
         """One verdict per (task, entry), and the seconds the actor took for all of them."""
         if self.steps_observed < self.warmup_steps:
             return [Verdict(WARMUP, e, e.id, None) for e in entries], 0.0
         t0 = time.perf_counter()
-        prompts = [self._chat(GATE_TEMPLATE.format(task=t, success_rate=self._rate_text(t), experience=e.text))
-                   for t, e in zip(tasks, entries, strict=True)]
+        prompts = [
+            self._chat(
+                GATE_TEMPLATE.format(task=t, success_rate=self._rate_text(t), experience=e.text)
+            )
+            for t, e in zip(tasks, entries, strict=True)
+        ]
         with torch.no_grad():
             answers = self.actor.generate(prompts, 8, allowed=[list(GATE_SCORES)] * len(prompts))
         verdicts = [a.text.strip() if a.text.strip() in GATE_SCORES else "reject" for a in answers]
         refine = [i for i, v in enumerate(verdicts) if v == "refine"]
         rewrites: dict[int, str] = {}
         if refine:
-            asks = [self._chat(GATE_REFINE_TEMPLATE.format(task=tasks[i], experience=entries[i].text)) for i in refine]
+            asks = [
+                self._chat(GATE_REFINE_TEMPLATE.format(task=tasks[i], experience=entries[i].text))
+                for i in refine
+            ]
             with torch.no_grad():
                 gens = self.actor.generate(asks, self.rewrite_tokens)
             rewrites = {i: g.text.strip() for i, g in zip(refine, gens, strict=True)}

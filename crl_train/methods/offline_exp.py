@@ -1,4 +1,5 @@
-"""Offline experience: a bank built once before training from ``experience.offline_source``, then frozen."""
+"""Offline experience: a bank built once before training from ``experience.offline_source``,
+then frozen."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ class OfflineExp(MethodBase):
     @classmethod
     def check_config(cls, cfg: TrainConfig) -> None:
         if not cfg.experience.offline_source:
-            raise ConfigError("experience.offline_source must name a trajectories.jsonl or bank .jsonl for method offline_exp")
+            raise ConfigError(
+                "experience.offline_source must name a trajectories.jsonl or bank .jsonl for "
+                "method offline_exp"
+            )
 
     def service_options(self) -> ServiceOptions:
-        return service_options(self.cfg, distill=False, train=False, offline_source=self.cfg.experience.offline_source)
+        return service_options(
+            self.cfg, distill=False, train=False, offline_source=self.cfg.experience.offline_source
+        )

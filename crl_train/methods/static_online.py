@@ -1,4 +1,5 @@
-"""Static online experience: the bank grows from the actor's episodes, the extractor never learns."""
+"""Static online experience: the bank grows from the actor's episodes, the extractor
+never learns."""
 
 from __future__ import annotations
 

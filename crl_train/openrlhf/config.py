@@ -1,4 +1,5 @@
-"""The ``openrlhf:`` section of a cluster preset: GPUs per role and the OpenRLHF knobs our config lacks.
+"""The ``openrlhf:`` section of a cluster preset: GPUs per role and the OpenRLHF knobs our
+config lacks.
 
 A cluster preset (``configs/cluster/*.yaml``) is an ordinary crl-train config plus one
 ``openrlhf:`` section. :func:`load_cluster_config` splits the two, so the crl-train part is
@@ -32,7 +33,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")
 
 @dataclass(frozen=True)
 class OpenRLHFConfig:
-    """Resources and engine knobs of the ``openrlhf`` backend (the rest comes from the crl-train config)."""
+    """Resources and engine knobs of the ``openrlhf`` backend (the rest comes from the
+    crl-train config)."""
 
     ray_address: str = "auto"
     """``ray.init(address=...)``: ``auto`` joins the cluster started with ``ray start`` on this
@@ -40,8 +42,9 @@ class OpenRLHFConfig:
     namespace: str = "crl"
     """Ray namespace of the experience service's named actor."""
     service_name: str | None = None
-    """Name of the detached experience-service actor; None = ``crl-experience-<run directory name>``.
-    A rerun with the same name reuses a service that is still alive (its bank, B_φ and π_φ)."""
+    """Name of the detached experience-service actor; None =
+    ``crl-experience-<run directory name>``. A rerun with the same name reuses a service that is
+    still alive (its bank, B_φ and π_φ)."""
     actor_nodes: int = 1
     """Nodes of the actor's DeepSpeed group (``--actor.num_nodes``)."""
     actor_gpus_per_node: int = 8
@@ -63,11 +66,13 @@ class OpenRLHFConfig:
     """Calls the service actor runs at once: concurrent searches reach the manager together and
     are embedded in one batch (B = ``manager.batch_size``)."""
     embedding_workers: int = 2
-    """Copies of the embedder in the service; the manager's search workers encode on whichever is free."""
+    """Copies of the embedder in the service; the manager's search workers encode on whichever
+    is free."""
     embedder_device: str = "cuda:0"
     """Device of the service's embedders (``cpu`` for the hashing or MiniLM embedder)."""
     env_threads: int = 128
-    """Threads per vLLM engine process that run env.reset / env.step (never on vLLM's event loop)."""
+    """Threads per vLLM engine process that run env.reset / env.step (never on vLLM's
+    event loop)."""
     zero_stage: int = 3
     """DeepSpeed ZeRO stage of the actor (``--ds.zero_stage``)."""
     adam_offload: bool = False
@@ -90,31 +95,52 @@ class OpenRLHFConfig:
     of the flags this project emits; these are the user's responsibility)."""
 
     def __post_init__(self) -> None:
-        for name in ("actor_nodes", "actor_gpus_per_node", "vllm_engines", "vllm_tensor_parallel", "service_cpus",
-                     "max_concurrency", "embedding_workers", "env_threads", "train_micro_batch_size",
-                     "rollout_micro_batch_size"):
+        for name in (
+            "actor_nodes",
+            "actor_gpus_per_node",
+            "vllm_engines",
+            "vllm_tensor_parallel",
+            "service_cpus",
+            "max_concurrency",
+            "embedding_workers",
+            "env_threads",
+            "train_micro_batch_size",
+            "rollout_micro_batch_size",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"openrlhf.{name} must be >= 1, got {getattr(self, name)}")
         if self.service_gpus < 0:
             raise ConfigError(f"openrlhf.service_gpus must be >= 0, got {self.service_gpus}")
         if self.max_concurrency < 2:
-            raise ConfigError(f"openrlhf.max_concurrency must be >= 2 (concurrent searches are batched), "
-                              f"got {self.max_concurrency}")
+            raise ConfigError(
+                f"openrlhf.max_concurrency must be >= 2 (concurrent searches are batched), "
+                f"got {self.max_concurrency}"
+            )
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"openrlhf.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ConfigError(f"openrlhf.vllm_gpu_memory_utilization must be in (0, 1], got "
-                              f"{self.vllm_gpu_memory_utilization}")
+            raise ConfigError(
+                f"openrlhf.vllm_gpu_memory_utilization must be in (0, 1], got "
+                f"{self.vllm_gpu_memory_utilization}"
+            )
         if not _NAME.fullmatch(self.namespace):
-            raise ConfigError(f"openrlhf.namespace {self.namespace!r}: use letters, digits, '_', '-', '.'")
+            raise ConfigError(
+                f"openrlhf.namespace {self.namespace!r}: use letters, digits, '_', '-', '.'"
+            )
         if self.service_name is not None and not _NAME.fullmatch(self.service_name):
-            raise ConfigError(f"openrlhf.service_name {self.service_name!r}: use letters, digits, '_', '-', '.'")
+            raise ConfigError(
+                f"openrlhf.service_name {self.service_name!r}: use letters, digits, '_', '-', '.'"
+            )
         if self.packing_samples and "flash_attention" not in self.attn_implementation:
-            raise ConfigError(f"openrlhf.packing_samples needs a flash attention implementation, got "
-                              f"attn_implementation={self.attn_implementation!r}")
+            raise ConfigError(
+                f"openrlhf.packing_samples needs a flash attention implementation, got "
+                f"attn_implementation={self.attn_implementation!r}"
+            )
         for i, arg in enumerate(self.extra_args):
             if i == 0 and not arg.startswith("--"):
-                raise ConfigError(f"openrlhf.extra_args must start with a flag (--...), got {arg!r}")
+                raise ConfigError(
+                    f"openrlhf.extra_args must start with a flag (--...), got {arg!r}"
+                )
 
     def actor_gpus(self) -> int:
         return self.actor_nodes * self.actor_gpus_per_node
@@ -136,8 +162,9 @@ def split_sections(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return rest, dict(section)
 
 
-def load_cluster_config(path: str | Path | None,
-                        overrides: list[str] | tuple[str, ...] = ()) -> tuple[TrainConfig, OpenRLHFConfig]:
+def load_cluster_config(
+    path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[TrainConfig, OpenRLHFConfig]:
     """A preset (default: the packaged tiny preset, which has no ``openrlhf`` section) and its
     ``--set`` overrides, as the crl-train config and the backend's own section."""
     data = read_yaml(path if path is not None else PACKAGED_CONFIGS / "tiny.yaml")

@@ -24,8 +24,8 @@ concurrently on the engine's event loop and share one label. Here:
 * **Caps are ours.** OpenRLHF overwrites ``sampling_params.max_tokens`` with the remaining
   ``max_length`` budget each turn and has no turn limit; :meth:`AgentExecutor.execute` gives each
   turn at most ``actor.max_new_tokens``, stops at ``env.max_turns`` turns, and ends an episode
-  whose next turn would not fit in ``max_length`` (``--data.max_len`` = ``actor.max_context_tokens``)
-  as a failure, like the ``hf`` backend's runner.
+  whose next turn would not fit in ``max_length`` (``--data.max_len`` =
+  ``actor.max_context_tokens``) as a failure, like the ``hf`` backend's runner.
 * **Nothing raises out of an episode.** An exception in ``step`` would fail the whole
   ``asyncio.gather`` of the engine's batch: env errors end that episode as a failure
   (``crl_valid = 0``: it gets advantage 0) and are logged; a service outage costs guidance, never
@@ -77,10 +77,20 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-EXTRA_LOG_KEYS: tuple[str, ...] = ("crl_guided", "crl_experience", "crl_success", "crl_valid", "crl_turns",
-                                   "crl_search_calls", "crl_turn_cap", "crl_context_truncated", "crl_env_error")
-"""``extra_logs`` of every sample (floats): condition (1 guided), an entry was shown, success, not ended
-by an env error, turns, search_and_ask calls, cut by the turn cap, cut by the context, env error."""
+EXTRA_LOG_KEYS: tuple[str, ...] = (
+    "crl_guided",
+    "crl_experience",
+    "crl_success",
+    "crl_valid",
+    "crl_turns",
+    "crl_search_calls",
+    "crl_turn_cap",
+    "crl_context_truncated",
+    "crl_env_error",
+)
+"""``extra_logs`` of every sample (floats): condition (1 guided), an entry was shown, success, not
+ended by an env error, turns, search_and_ask calls, cut by the turn cap, cut by the context,
+env error."""
 
 # ---------------------------------------------------------------------------------------- runtime
 
@@ -100,15 +110,24 @@ class EpisodeRuntime:
         env_threads: threads that run env calls.
     """
 
-    def __init__(self, cfg: TrainConfig, client: ExperienceClient | None = None, *, env_factory: Callable[[str], Any] | None = None,
-                 tokenizer: PreTrainedTokenizerBase | None = None, env_threads: int = 128) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        client: ExperienceClient | None = None,
+        *,
+        env_factory: Callable[[str], Any] | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        env_threads: int = 128,
+    ) -> None:
         from crl_train.methods import make_method
 
         self.cfg = cfg
         self.method = make_method(cfg)
         self.guided = bool(self.method.guided)
         if self.guided and client is None:
-            raise ValueError(f"method {cfg.method.value!r} uses experience: the runtime needs a service client")
+            raise ValueError(
+                f"method {cfg.method.value!r} uses experience: the runtime needs a service client"
+            )
         self.client = client if self.guided else None
         self.assigner = ConditionAssigner(cfg.env.group_size, self.guided)
         self._raw_env = env_factory
@@ -116,9 +135,12 @@ class EpisodeRuntime:
         self._chats: dict[int, ChatFormatter] = {}
         self._pool: defaultdict[str, list[gym.Env]] = defaultdict(list)
         self._pool_lock = threading.Lock()
-        self.threads = ThreadPoolExecutor(max_workers=max(1, env_threads), thread_name_prefix="crl-env")
+        self.threads = ThreadPoolExecutor(
+            max_workers=max(1, env_threads), thread_name_prefix="crl-env"
+        )
         self.counters: dict[str, int] = dict.fromkeys(
-            ("episodes", "env_errors", "turn_caps", "context_truncations", "submit_failures"), 0)
+            ("episodes", "env_errors", "turn_caps", "context_truncations", "submit_failures"), 0
+        )
 
     @classmethod
     def from_settings(cls, settings: ClusterSettings) -> EpisodeRuntime:
@@ -127,26 +149,37 @@ class EpisodeRuntime:
         from crl_train.service.ray_actor import RayServiceClient
 
         cfg = settings.train_config()
-        client = RayServiceClient(settings.service_name, settings.namespace) if make_method(cfg).guided else None
+        client = (
+            RayServiceClient(settings.service_name, settings.namespace)
+            if make_method(cfg).guided
+            else None
+        )
         return cls(cfg, client, env_threads=settings.env_threads)
 
     # ------------------------------------------------------------------ helpers
     async def run(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """``fn(*args, **kwargs)`` in the env thread pool, awaited (the event loop keeps generating)."""
-        return await asyncio.get_running_loop().run_in_executor(self.threads, partial(fn, *args, **kwargs))
+        """``fn(*args, **kwargs)`` in the env thread pool, awaited (the event loop
+        keeps generating)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.threads, partial(fn, *args, **kwargs)
+        )
 
     def chat(self, tokenizer: PreTrainedTokenizerBase) -> ChatFormatter:
         key = id(tokenizer)
         if key not in self._chats:
             think = self.cfg.actor.enable_thinking
-            self._chats[key] = ChatFormatter(tokenizer, None if think is None else {"enable_thinking": think})
+            self._chats[key] = ChatFormatter(
+                tokenizer, None if think is None else {"enable_thinking": think}
+            )
         return self._chats[key]
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.actor.model, trust_remote_code=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                self.cfg.actor.model, trust_remote_code=True
+            )
         return self.tokenizer
 
     def make_env(self, env_id: str) -> gym.Env:
@@ -157,15 +190,24 @@ class EpisodeRuntime:
             from crl_train.rollout.envs import make_raw_env
 
             env = make_raw_env(self.cfg.env, env_id)
-        if self.client is None:  # a method without experience (the constructor checks the others have one)
+        if (
+            self.client is None
+        ):  # a method without experience (the constructor checks the others have one)
             return env
         from crl_gym.wrappers.experience import ExperienceWrapper
         from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
 
         if self.cfg.experience.search_and_ask:
-            env = SearchAndAskWrapper(env, self.client, max_calls=self.cfg.experience.max_search_calls)
-        return ExperienceWrapper(env, self.client, env_id=env_id, retrieve=self.cfg.experience.retrieve,
-                                 entries_per_episode=self.cfg.experience.entries_per_episode)
+            env = SearchAndAskWrapper(
+                env, self.client, max_calls=self.cfg.experience.max_search_calls
+            )
+        return ExperienceWrapper(
+            env,
+            self.client,
+            env_id=env_id,
+            retrieve=self.cfg.experience.retrieve,
+            entries_per_episode=self.cfg.experience.entries_per_episode,
+        )
 
     def acquire_env(self, env_id: str) -> gym.Env:
         with self._pool_lock:
@@ -192,9 +234,12 @@ class EpisodeRuntime:
         """Deprecated: a cut episode's request is submitted by its env's wrapper (the episode
         driver's ``cut``). Hands ``request`` to the service without blocking the loop (failures
         logged)."""
-        warnings.warn("EpisodeRuntime.submit is deprecated: the episode driver's cut() has the "
-                      "env's wrapper submit a cut episode's request", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "EpisodeRuntime.submit is deprecated: the episode driver's cut() has the "
+            "env's wrapper submit a cut episode's request",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         if self.client is None:
             return
         try:
@@ -224,7 +269,8 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_runtime() -> EpisodeRuntime:
-    """This process's runtime: set by :func:`set_default_runtime`, else built from the launcher's settings."""
+    """This process's runtime: set by :func:`set_default_runtime`, else built from the
+    launcher's settings."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
@@ -235,13 +281,14 @@ def default_runtime() -> EpisodeRuntime:
 
 
 def set_default_runtime(runtime: EpisodeRuntime | None) -> None:
-    """Use ``runtime`` for instances and executors built without one (None: back to the settings)."""
+    """Use ``runtime`` for instances and executors built without one (None: back to
+    the settings)."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         _DEFAULT = runtime
 
 
-# ---------------------------------------------------------------------------------------- one episode
+# -------------------------------------------------------------------------------------- one episode
 
 
 class CRLAgentInstance(AgentInstanceBase):
@@ -253,11 +300,17 @@ class CRLAgentInstance(AgentInstanceBase):
     the runtime's pool in :meth:`reset`.
     """
 
-    def __init__(self, runtime: EpisodeRuntime | None = None, condition: str | None = None,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        runtime: EpisodeRuntime | None = None,
+        condition: str | None = None,
+        tokenizer: Any = None,
+    ) -> None:
         self.runtime = runtime if runtime is not None else default_runtime()
         if condition is not None and condition not in CONDITIONS:
-            raise ValueError(f"condition must be {', '.join(map(repr, CONDITIONS))} or None, got {condition!r}")
+            raise ValueError(
+                f"condition must be {', '.join(map(repr, CONDITIONS))} or None, got {condition!r}"
+            )
         self.condition = condition
         self.tokenizer = tokenizer
         self.task: TaskLabel | None = None
@@ -314,7 +367,8 @@ class CRLAgentInstance(AgentInstanceBase):
 
     # ------------------------------------------------------------------ protocol
     async def reset(self, states: dict[str, Any], **kwargs: object) -> dict[str, Any]:
-        """``{"observation": the chat-rendered first prompt}`` (system prompt + first observation)."""
+        """``{"observation": the chat-rendered first prompt}`` (system prompt +
+        first observation)."""
         rt = self.runtime
         label = states.get("label")
         if self.condition is None:  # OpenRLHF's own executor: decided here, still before any await
@@ -330,12 +384,15 @@ class CRLAgentInstance(AgentInstanceBase):
             first = await rt.run(self.driver.reset, spec)
         except Exception as exc:  # noqa: BLE001 - see the module docstring
             self._fail("reset", exc)
-            text = f"The environment failed to start ({type(exc).__name__}). Answer with any action."
+            text = (
+                f"The environment failed to start ({type(exc).__name__}). Answer with any action."
+            )
             return {"observation": self._render_first(text)}
         return {"observation": self._render_first(first)}
 
     async def step(self, states: dict[str, Any], **kwargs: object) -> dict[str, Any]:
-        """One env turn on the model's ``action_text``: the next user turn as ``environment_feedback``."""
+        """One env turn on the model's ``action_text``: the next user turn as
+        ``environment_feedback``."""
         if self.done or self.driver is None:  # failed at reset: this turn's text is not an action
             return self._result("")
         text = str(states.get("action_text", ""))
@@ -377,8 +434,14 @@ class CRLAgentInstance(AgentInstanceBase):
         self.error = f"{where}: {type(exc).__name__}: {exc}"
         self.runtime.count("env_errors")
         task = self.task or TaskLabel("?", -1)
-        log.warning("episode env=%s seed=%s %s: %s failed and ends as a failure (not trained on): %s",
-                    task.env_id, task.seed, self.condition, where, exc)
+        log.warning(
+            "episode env=%s seed=%s %s: %s failed and ends as a failure (not trained on): %s",
+            task.env_id,
+            task.seed,
+            self.condition,
+            where,
+            exc,
+        )
         self._finish(broken=True)
 
     def _finish(self, *, broken: bool = False) -> None:
@@ -394,24 +457,35 @@ class CRLAgentInstance(AgentInstanceBase):
         return chat.render(plain_messages(first_messages(system, user)))
 
     def extra_logs(self) -> dict[str, float]:
-        return {"crl_guided": float(self.condition == GUIDED_CONDITION), "crl_experience": float(self.experience is not None),
-                "crl_success": float(self.success), "crl_valid": float(self.error is None),
-                "crl_turns": float(self.turns), "crl_search_calls": float(self.search_calls),
-                "crl_turn_cap": float(self.cut_reason == "turn_cap"),
-                "crl_context_truncated": float(self.cut_reason == "context_truncated"),
-                "crl_env_error": float(self.error is not None)}
+        return {
+            "crl_guided": float(self.condition == GUIDED_CONDITION),
+            "crl_experience": float(self.experience is not None),
+            "crl_success": float(self.success),
+            "crl_valid": float(self.error is None),
+            "crl_turns": float(self.turns),
+            "crl_search_calls": float(self.search_calls),
+            "crl_turn_cap": float(self.cut_reason == "turn_cap"),
+            "crl_context_truncated": float(self.cut_reason == "context_truncated"),
+            "crl_env_error": float(self.error is not None),
+        }
 
     def _result(self, feedback: str) -> dict[str, Any]:
         r = 1.0 if self.done and self.success else 0.0
-        return {"rewards": torch.tensor(r), "scores": torch.tensor(r), "environment_feedback": feedback,
-                "done": self.done, "extra_logs": self.extra_logs()}
+        return {
+            "rewards": torch.tensor(r),
+            "scores": torch.tensor(r),
+            "environment_feedback": feedback,
+            "done": self.done,
+            "extra_logs": self.extra_logs(),
+        }
 
 
-# ---------------------------------------------------------------------------------------- the executor
+# ------------------------------------------------------------------------------------- the executor
 
 
 class AgentExecutor(MultiTurnAgentExecutor):
-    """OpenRLHF's agent executor for our envs (``AgentExecutor()`` reads the launcher's settings)."""
+    """OpenRLHF's agent executor for our envs (``AgentExecutor()`` reads the
+    launcher's settings)."""
 
     def __init__(self, runtime: EpisodeRuntime | None = None) -> None:
         super().__init__(CRLAgentInstance)
@@ -423,19 +497,35 @@ class AgentExecutor(MultiTurnAgentExecutor):
             self._runtime = default_runtime()
         return self._runtime
 
-    async def execute(self, prompt: Any, label: Any, sampling_params: Any, max_length: int, hf_tokenizer: Any,
-                      llm_engine: Any, images: Any = None) -> dict[str, Any]:
-        """One episode; returns the dict OpenRLHF's ``MultiTurnAgentExecutor`` returns (same keys)."""
+    async def execute(
+        self,
+        prompt: Any,
+        label: Any,
+        sampling_params: Any,
+        max_length: int,
+        hf_tokenizer: Any,
+        llm_engine: Any,
+        images: Any = None,
+    ) -> dict[str, Any]:
+        """One episode; returns the dict OpenRLHF's ``MultiTurnAgentExecutor`` returns
+        (same keys)."""
         rt = self.runtime
         condition = rt.assigner.assign(label)  # before the first await: the order of the K samples
         inst = CRLAgentInstance(rt, condition=condition, tokenizer=hf_tokenizer)
-        first = (await inst.reset({"observation": prompt, "label": label}, hf_tokenizer=hf_tokenizer))["observation"]
+        first = (
+            await inst.reset({"observation": prompt, "label": label}, hf_tokenizer=hf_tokenizer)
+        )["observation"]
         per_turn = rt.cfg.actor.max_new_tokens
         tokens = _encode(hf_tokenizer, first)
         if len(tokens) > max_length - per_turn:
-            log.warning("first prompt (%d tokens) leaves less than actor.max_new_tokens (%d) of max_length (%d): "
-                        "kept its last tokens", len(tokens), per_turn, max_length)
-            tokens = tokens[-max(1, max_length - per_turn):]
+            log.warning(
+                "first prompt (%d tokens) leaves less than actor.max_new_tokens (%d) of max_length "
+                "(%d): kept its last tokens",
+                len(tokens),
+                per_turn,
+                max_length,
+            )
+            tokens = tokens[-max(1, max_length - per_turn) :]
         eos_ids = _eos_ids(hf_tokenizer)
         want_logprobs = getattr(sampling_params, "logprobs", None) is not None
         logprobs: list[float] | None = [0.0] * len(tokens) if want_logprobs else None
@@ -457,8 +547,15 @@ class AgentExecutor(MultiTurnAgentExecutor):
             if logprobs is not None:
                 logprobs += _action_logprobs(comp, action)
             truncated = comp.finish_reason == "length"
-            result = await inst.step({"observation_text": observation_text, "action_text": comp.text, "label": label,
-                                      "sampling_params": params}, after_eos=bool(action) and action[-1] in eos_ids)
+            result = await inst.step(
+                {
+                    "observation_text": observation_text,
+                    "action_text": comp.text,
+                    "label": label,
+                    "sampling_params": params,
+                },
+                after_eos=bool(action) and action[-1] in eos_ids,
+            )
             observation_text += comp.text
             if result["done"]:
                 break
@@ -471,9 +568,19 @@ class AgentExecutor(MultiTurnAgentExecutor):
             if logprobs is not None:
                 logprobs += [0.0] * len(feedback)
         reward = 1.0 if inst.success else 0.0
-        return {"prompt": prompt, "label": label, "images": images, "mm_train_inputs": None, "reward": reward,
-                "scores": reward, "observation_tokens": tokens, "action_ranges": ranges,
-                "rollout_log_probs": logprobs, "truncated": truncated, "extra_logs": inst.extra_logs()}
+        return {
+            "prompt": prompt,
+            "label": label,
+            "images": images,
+            "mm_train_inputs": None,
+            "reward": reward,
+            "scores": reward,
+            "observation_tokens": tokens,
+            "action_ranges": ranges,
+            "rollout_log_probs": logprobs,
+            "truncated": truncated,
+            "extra_logs": inst.extra_logs(),
+        }
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -488,13 +595,27 @@ def _eos_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
 
 
 def _action_logprobs(comp: Any, action: list[int]) -> list[float]:
-    """The sampled tokens' log-probs of one completion (vLLM: one ``{token: Logprob}`` per position)."""
+    """The sampled tokens' log-probs of one completion (vLLM: one ``{token: Logprob}``
+    per position)."""
     steps = comp.logprobs
     if steps is None or len(steps) != len(action):
-        raise ValueError(f"the engine returned {None if steps is None else len(steps)} log-prob entries for "
-                         f"{len(action)} tokens; was SamplingParams.logprobs set?")
-    return [float(getattr(step[tok], "logprob", step[tok])) for tok, step in zip(action, steps, strict=True)]
+        raise ValueError(
+            f"the engine returned {None if steps is None else len(steps)} log-prob entries for "
+            f"{len(action)} tokens; was SamplingParams.logprobs set?"
+        )
+    return [
+        float(getattr(step[tok], "logprob", step[tok]))
+        for tok, step in zip(action, steps, strict=True)
+    ]
 
 
-__all__ = ["EXTRA_LOG_KEYS", "AgentExecutor", "CRLAgentInstance", "ConditionAssigner", "EpisodeRuntime",
-           "TaskLabel", "default_runtime", "set_default_runtime"]
+__all__ = [
+    "EXTRA_LOG_KEYS",
+    "AgentExecutor",
+    "CRLAgentInstance",
+    "ConditionAssigner",
+    "EpisodeRuntime",
+    "TaskLabel",
+    "default_runtime",
+    "set_default_runtime",
+]

@@ -20,7 +20,9 @@ class OnNode:
     def options(self, **kwargs: object) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        kwargs.setdefault("scheduling_strategy", NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False))
+        kwargs.setdefault(
+            "scheduling_strategy", NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False)
+        )
         return self.actor_cls.options(**kwargs)
 
     def remote(self, *args: object, **kwargs: object) -> Any:

@@ -1,4 +1,5 @@
-"""What the processes OpenRLHF starts need to know about our run, carried in one environment variable.
+"""What the processes OpenRLHF starts need to know about our run, carried in one
+environment variable.
 
 OpenRLHF builds ``AgentExecutor()`` with no arguments inside every vLLM engine actor, and the
 trainer actors from its own parser's arguments: neither can be handed our config. The launcher
@@ -26,7 +27,8 @@ SETTINGS_ENV = "CRL_OPENRLHF_SETTINGS"
 
 
 class SettingsMissing(RuntimeError):
-    """``CRL_OPENRLHF_SETTINGS`` is not set: this process was not started by ``crl-train --backend openrlhf``."""
+    """``CRL_OPENRLHF_SETTINGS`` is not set: this process was not started by
+    ``crl-train --backend openrlhf``."""
 
 
 @dataclass(frozen=True)
@@ -47,25 +49,56 @@ class ClusterSettings:
     """Anything else a later version adds (ignored when unknown)."""
 
     @classmethod
-    def of(cls, cfg: TrainConfig, *, service_name: str, namespace: str, run_dir: str, env_threads: int = 128,
-           **extra: object) -> ClusterSettings:
-        return cls(config_to_dict(cfg), service_name, namespace, str(run_dir), int(env_threads), dict(extra))
+    def of(
+        cls,
+        cfg: TrainConfig,
+        *,
+        service_name: str,
+        namespace: str,
+        run_dir: str,
+        env_threads: int = 128,
+        **extra: object,
+    ) -> ClusterSettings:
+        return cls(
+            config_to_dict(cfg),
+            service_name,
+            namespace,
+            str(run_dir),
+            int(env_threads),
+            dict(extra),
+        )
 
     def train_config(self) -> TrainConfig:
         return config_from_dict(dict(self.config))
 
     def to_json(self) -> str:
-        return json.dumps({"config": self.config, "service_name": self.service_name, "namespace": self.namespace,
-                           "run_dir": self.run_dir, "env_threads": self.env_threads, "extra": self.extra})
+        return json.dumps(
+            {
+                "config": self.config,
+                "service_name": self.service_name,
+                "namespace": self.namespace,
+                "run_dir": self.run_dir,
+                "env_threads": self.env_threads,
+                "extra": self.extra,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ClusterSettings:
         try:
             d = json.loads(text)
-            return cls(dict(d["config"]), str(d["service_name"]), str(d["namespace"]), str(d["run_dir"]),
-                       int(d.get("env_threads", 128)), dict(d.get("extra") or {}))
+            return cls(
+                dict(d["config"]),
+                str(d["service_name"]),
+                str(d["namespace"]),
+                str(d["run_dir"]),
+                int(d.get("env_threads", 128)),
+                dict(d.get("extra") or {}),
+            )
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{SETTINGS_ENV} is not valid settings JSON ({type(exc).__name__}: {exc})") from None
+            raise ValueError(
+                f"{SETTINGS_ENV} is not valid settings JSON ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> ClusterSettings:
@@ -73,8 +106,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> ClusterSettings:
     env = os.environ if environ is None else environ
     text = env.get(SETTINGS_ENV)
     if not text:
-        raise SettingsMissing(f"{SETTINGS_ENV} is not set: start the run with `crl-train --backend openrlhf "
-                              "--config FILE`, which puts it in every Ray process's environment")
+        raise SettingsMissing(
+            f"{SETTINGS_ENV} is not set: start the run with `crl-train --backend openrlhf "
+            "--config FILE`, which puts it in every Ray process's environment"
+        )
     return ClusterSettings.from_json(text)
 
 

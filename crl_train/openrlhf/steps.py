@@ -30,9 +30,19 @@ from crl_train.openrlhf.advantages import GUIDED_KEY
 
 log = logging.getLogger(__name__)
 
-LOGGED_STATS: tuple[str, ...] = ("bank_size", "queue_depth", "distilled", "credited", "extractor_updates",
-                                 "extractor_loss", "extractor_reward", "buffer_size", "merges", "malformed",
-                                 "late_requests")
+LOGGED_STATS: tuple[str, ...] = (
+    "bank_size",
+    "queue_depth",
+    "distilled",
+    "credited",
+    "extractor_updates",
+    "extractor_loss",
+    "extractor_reward",
+    "buffer_size",
+    "merges",
+    "malformed",
+    "late_requests",
+)
 """Service counters added to each step's status as ``crl/<name>``."""
 
 
@@ -43,8 +53,11 @@ class ServiceStepMixin:
     crl_step: int = 0
     crl_checkpoint_every: int = 0
 
-    def crl_setup(self, client: ExperienceClient | None = None, *, checkpoint_every: int | None = None) -> None:
-        """Connect to the service (default: the launcher's settings) and read where its steps are."""
+    def crl_setup(
+        self, client: ExperienceClient | None = None, *, checkpoint_every: int | None = None
+    ) -> None:
+        """Connect to the service (default: the launcher's settings) and read where its
+        steps are."""
         if client is None or checkpoint_every is None:
             from crl_train.openrlhf.settings import load_settings
             from crl_train.service.ray_actor import RayServiceClient
@@ -59,7 +72,9 @@ class ServiceStepMixin:
         try:
             self.crl_step = client.stats().last_ended_step + 1
         except ExperienceUnavailable as exc:
-            log.error("experience service unreachable at start (%s): its steps are counted from 0", exc)
+            log.error(
+                "experience service unreachable at start (%s): its steps are counted from 0", exc
+            )
             self.crl_step = 0
 
     def train_step(self, rollout_samples: Any, global_step: int) -> tuple[dict[str, Any], int]:
@@ -72,7 +87,10 @@ class ServiceStepMixin:
         """End the service's open step (and checkpoint it when due); the metrics to log."""
         client = self.crl_client
         if client is None:
-            raise RuntimeError("ServiceStepMixin.crl_setup was not called: no experience service to end the step on")
+            raise RuntimeError(
+                "ServiceStepMixin.crl_setup was not called: no experience service to end the "
+                "step on"
+            )
         out: dict[str, float] = {"crl/service_step": float(self.crl_step)}
         step, self.crl_step = self.crl_step, self.crl_step + 1
         try:
@@ -88,8 +106,14 @@ class ServiceStepMixin:
             value = stats.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"crl/{key}"] = float(value)
-        checkpoint = getattr(client, "checkpoint", None)  # the Ray face has one; in process, the caller's
-        if checkpoint is not None and self.crl_checkpoint_every and (step + 1) % self.crl_checkpoint_every == 0:
+        checkpoint = getattr(
+            client, "checkpoint", None
+        )  # the Ray face has one; in process, the caller's
+        if (
+            checkpoint is not None
+            and self.crl_checkpoint_every
+            and (step + 1) % self.crl_checkpoint_every == 0
+        ):
             try:
                 checkpoint()
             except ExperienceUnavailable as exc:
@@ -98,7 +122,8 @@ class ServiceStepMixin:
 
 
 def rollout_metrics(samples: Iterable[object] | None) -> dict[str, float]:
-    """Success of the guided and the free episodes of a rollout batch (``info["crl_*"]`` of each sample)."""
+    """Success of the guided and the free episodes of a rollout batch (``info["crl_*"]`` of
+    each sample)."""
     guided: list[float] = []
     success: list[float] = []
     for s in samples or []:

@@ -1,4 +1,5 @@
-"""One dataset row = one task; guided or free decided per sample (OpenRLHF-free, for the launcher too).
+"""One dataset row = one task; guided or free decided per sample (OpenRLHF-free, for the
+launcher too).
 
 The launcher writes one row per task group of the run (``task_seeds`` of each step, the ``hf``
 backend's seeds); the row's label is a :class:`TaskLabel`. All K samples of a row share that label,
@@ -30,7 +31,9 @@ class TaskLabel:
     index: int = 0
 
     def encode(self) -> str:
-        return json.dumps({"env_id": self.env_id, "seed": self.seed, "index": self.index}, sort_keys=True)
+        return json.dumps(
+            {"env_id": self.env_id, "seed": self.seed, "index": self.index}, sort_keys=True
+        )
 
     @classmethod
     def parse(cls, label: Any) -> TaskLabel:
@@ -38,7 +41,9 @@ class TaskLabel:
             d = json.loads(label) if isinstance(label, str) else dict(label)
             return cls(str(d["env_id"]), int(d["seed"]), int(d.get("index", 0)))
         except (ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"label {label!r} is not a task label ({{\"env_id\": ..., \"seed\": ...}}): {exc}") from None
+            raise ValueError(
+                f'label {label!r} is not a task label ({{"env_id": ..., "seed": ...}}): {exc}'
+            ) from None
 
 
 class ConditionAssigner:

@@ -6,17 +6,18 @@ class's ``__ray_actor_class__`` and is decorated itself:
 * :class:`CRLExperienceMaker` = :class:`~crl_train.openrlhf.advantages.SplitSubgroupAdvantageMixin`
   + OpenRLHF's ``RemoteExperienceMaker``; installed by both trainers below in place of the one
   ``BasePPOTrainer.__init__`` made (same arguments).
-* sync mode: :data:`CRLPPOTrainer` (``PPOTrainer`` + :class:`~crl_train.openrlhf.steps.ServiceStepMixin`);
+* sync mode: :data:`CRLPPOTrainer` (``PPOTrainer`` +
+  :class:`~crl_train.openrlhf.steps.ServiceStepMixin`);
 * async mode (``--train.async_enable``): :data:`CRLTrainingActor` (``TrainingActor`` + the same) and
   :data:`CRLPPOTrainerAsync`, whose ``__init__`` builds a :data:`CRLTrainingActor` where
   ``PPOTrainerAsync.__init__`` builds its ``TrainingActor`` (and keeps the sample generator,
   which reads the dataset, on its own node).
 
-The launcher (``crl_train.openrlhf.launcher``) puts :data:`CRLPPOTrainer` / :data:`CRLPPOTrainerAsync`
-in place of ``openrlhf.trainer.ppo_trainer.PPOTrainer`` / ``ppo_trainer_async.PPOTrainerAsync``
-before it runs ``openrlhf.cli.train_ppo_ray`` as ``__main__``; ``train()`` imports them by module
-attribute at call time. Importing this module needs OpenRLHF's CUDA stack (DeepSpeed, vLLM); the
-logic it adds lives in the two mixins, which are tested on CPU.
+The launcher (``crl_train.openrlhf.launcher``) puts :data:`CRLPPOTrainer` /
+:data:`CRLPPOTrainerAsync` in place of ``openrlhf.trainer.ppo_trainer.PPOTrainer`` /
+``ppo_trainer_async.PPOTrainerAsync`` before it runs ``openrlhf.cli.train_ppo_ray`` as ``__main__``;
+``train()`` imports them by module attribute at call time. Importing this module needs OpenRLHF's
+CUDA stack (DeepSpeed, vLLM); the logic it adds lives in the two mixins, which are tested on CPU.
 """
 
 from __future__ import annotations
@@ -39,10 +40,17 @@ class CRLExperienceMaker(SplitSubgroupAdvantageMixin, RemoteExperienceMaker):
 
 
 def install_experience_maker(trainer: Any) -> None:
-    """Replace the maker ``BasePPOTrainer.__init__`` built with a :class:`CRLExperienceMaker` (same arguments)."""
+    """Replace the maker ``BasePPOTrainer.__init__`` built with a :class:`CRLExperienceMaker`
+    (same arguments)."""
     trainer.experience_maker = CRLExperienceMaker(
-        trainer.actor_model_group, trainer.critic_model_group, trainer.reward_model_group,
-        trainer.reference_model_group, trainer.kl_ctl, trainer.strategy, trainer.tokenizer)
+        trainer.actor_model_group,
+        trainer.critic_model_group,
+        trainer.reward_model_group,
+        trainer.reference_model_group,
+        trainer.kl_ctl,
+        trainer.strategy,
+        trainer.tokenizer,
+    )
 
 
 class _CRLPPOTrainer(ServiceStepMixin, PPOTrainer.__ray_actor_class__):
@@ -80,5 +88,10 @@ class _CRLPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
 
 CRLPPOTrainerAsync = ray.remote(_CRLPPOTrainerAsync)
 
-__all__ = ["CRLExperienceMaker", "CRLPPOTrainer", "CRLPPOTrainerAsync", "CRLTrainingActor",
-           "install_experience_maker"]
+__all__ = [
+    "CRLExperienceMaker",
+    "CRLPPOTrainer",
+    "CRLPPOTrainerAsync",
+    "CRLTrainingActor",
+    "install_experience_maker",
+]

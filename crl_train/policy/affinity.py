@@ -38,30 +38,44 @@ class CpuSplit:
 
     def describe(self) -> str:
         if self.actor is None and self.extractor is None:
-            why = f"{len(self.available)} core available" if len(self.available) < 2 else "pinning off"
+            why = (
+                f"{len(self.available)} core available"
+                if len(self.available) < 2
+                else "pinning off"
+            )
             return f"no pinning ({why}: {self.available})"
-        return f"actor (trainer process) cores {self.actor}, extractor (worker process) cores {self.extractor}"
+        return (
+            f"actor (trainer process) cores {self.actor}, extractor (worker process) cores "
+            f"{self.extractor}"
+        )
 
 
 def available_cpus() -> tuple[int, ...]:
-    """The cores this process may run on (all of ``os.cpu_count()`` where affinity is unsupported)."""
+    """The cores this process may run on (all of ``os.cpu_count()`` where affinity
+    is unsupported)."""
     if hasattr(os, "sched_getaffinity"):
         return tuple(sorted(os.sched_getaffinity(0)))
     return tuple(range(os.cpu_count() or 1))
 
 
-def split_cpus(available: Sequence[int], actor_cpus: Sequence[int] | None = None,
-               extractor_cpus: Sequence[int] | None = None, *, pin: bool = True) -> CpuSplit:
+def split_cpus(
+    available: Sequence[int],
+    actor_cpus: Sequence[int] | None = None,
+    extractor_cpus: Sequence[int] | None = None,
+    *,
+    pin: bool = True,
+) -> CpuSplit:
     """The actor's and the extractor's cores.
 
     * ``pin=False`` → nothing pinned;
     * both given → used as they are (they must be available and disjoint);
     * one given → the other gets the rest of ``available`` (an error if nothing is left);
-    * neither → ``available`` split in half, the actor taking ``ceil(n/2)`` (n ≥ 2), nothing pinned for n = 1.
+    * neither → ``available`` split in half, the actor taking ``ceil(n/2)`` (n ≥ 2), nothing pinned
+      for n = 1.
 
     Raises:
-        ValueError: a named core is not available, the two overlap, or one leaves nothing for the other
-            (the message names ``experience.actor_cpus`` / ``experience.extractor_cpus``).
+        ValueError: a named core is not available, the two overlap, or one leaves nothing for the
+            other (the message names ``experience.actor_cpus`` / ``experience.extractor_cpus``).
     """
     avail = tuple(sorted(set(available)))
     if not pin:
@@ -70,21 +84,37 @@ def split_cpus(available: Sequence[int], actor_cpus: Sequence[int] | None = None
     for name, cpus in given.items():
         if cpus is not None:
             if not cpus:
-                raise ValueError(f"experience.{name} is empty (give core numbers, or leave it unset for the default split)")
+                raise ValueError(
+                    f"experience.{name} is empty (give core numbers, or leave it unset for the "
+                    "default split)"
+                )
             missing = sorted(set(cpus) - set(avail))
             if missing:
-                raise ValueError(f"experience.{name}: cores {missing} are not available to this process (available: {avail})")
+                raise ValueError(
+                    f"experience.{name}: cores {missing} are not available to this process "
+                    f"(available: {avail})"
+                )
     if actor_cpus is not None and extractor_cpus is not None:
         both = sorted(set(actor_cpus) & set(extractor_cpus))
         if both:
-            raise ValueError(f"experience.actor_cpus and experience.extractor_cpus share cores {both}: each track needs its own")
+            raise ValueError(
+                f"experience.actor_cpus and experience.extractor_cpus share cores {both}: each "
+                "track needs its own"
+            )
         return CpuSplit(tuple(sorted(set(actor_cpus))), tuple(sorted(set(extractor_cpus))), avail)
     if actor_cpus is not None or extractor_cpus is not None:
-        name, mine = ("actor_cpus", actor_cpus) if actor_cpus is not None else ("extractor_cpus", extractor_cpus)
+        name, mine = (
+            ("actor_cpus", actor_cpus)
+            if actor_cpus is not None
+            else ("extractor_cpus", extractor_cpus)
+        )
         assert mine is not None
         rest = tuple(c for c in avail if c not in set(mine))
         if not rest:
-            raise ValueError(f"experience.{name}={tuple(mine)} leaves no core for the other track (available: {avail})")
+            raise ValueError(
+                f"experience.{name}={tuple(mine)} leaves no core for the other track "
+                f"(available: {avail})"
+            )
         own = tuple(sorted(set(mine)))
         return CpuSplit(own, rest, avail) if name == "actor_cpus" else CpuSplit(rest, own, avail)
     if len(avail) < 2:

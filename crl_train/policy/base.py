@@ -52,9 +52,9 @@ FinishReason = Literal["stop", "length"]
 
 LossFn: TypeAlias = PolicyLossFn
 """``loss_fn(logprobs [B,T], old_logprobs [B,T], advantages [B] or [B,T], mask [B,T], **kw)
--> (scalar loss, metrics)`` (``crl_train.algorithms.registry.PolicyLossFn``); ``kw`` holds the batch's ``group_ids`` / ``condition_ids`` when set,
-every tensor of ``TrainBatch.extra`` and the caller's own keyword arguments. Every loss in
-``crl_train.algorithms.LOSSES`` follows it."""
+-> (scalar loss, metrics)`` (``crl_train.algorithms.registry.PolicyLossFn``); ``kw`` holds the
+batch's ``group_ids`` / ``condition_ids`` when set, every tensor of ``TrainBatch.extra`` and the
+caller's own keyword arguments. Every loss in ``crl_train.algorithms.LOSSES`` follows it."""
 
 LOSS_SCALE_NAMES: tuple[LossScale, ...] = get_args(LossScale)
 
@@ -110,8 +110,8 @@ class OptimConfig:
     micro_batch_size: int = 8
     """Sequences per forward/backward; gradients accumulate over a batch's micro-batches."""
     loss_scale: LossScale = "samples"
-    """Default weighting of a micro-batch loss so the accumulated gradient equals the full-batch one:
-    ``samples`` (n_mb / B: the loss is a mean over sequences), ``tokens`` (mask tokens in the
+    """Default weighting of a micro-batch loss so the accumulated gradient equals the full-batch
+    one: ``samples`` (n_mb / B: the loss is a mean over sequences), ``tokens`` (mask tokens in the
     micro-batch / in the batch: a token-mean loss such as CISPO's) or ``none`` (the loss is a sum
     whose weights were normalised over the full batch by the caller). A ``train_step`` whose loss
     is scaled otherwise passes its own ``loss_scale`` (see :data:`LossScale`)."""
@@ -124,10 +124,13 @@ class OptimConfig:
         if self.grad_clip < 0:
             raise ValueError(f"OptimConfig.grad_clip must be >= 0, got {self.grad_clip}")
         if self.micro_batch_size < 1:
-            raise ValueError(f"OptimConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+            raise ValueError(
+                f"OptimConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}"
+            )
         if self.loss_scale not in LOSS_SCALE_NAMES:
             raise ValueError(
-                f"OptimConfig.loss_scale must be one of 'samples', 'tokens', 'none', got {self.loss_scale!r}"
+                "OptimConfig.loss_scale must be one of 'samples', 'tokens', 'none', got "
+                f"{self.loss_scale!r}"
             )
 
 
@@ -151,17 +154,20 @@ class Generation:
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.token_ids):
             raise ValueError(
-                f"Generation.logprobs has {len(self.logprobs)} entries for {len(self.token_ids)} tokens"
+                f"Generation.logprobs has {len(self.logprobs)} entries for "
+                f"{len(self.token_ids)} tokens"
             )
         if self.allowed is not None and len(self.allowed) != len(self.token_ids):
             raise ValueError(
-                f"Generation.allowed has {len(self.allowed)} entries for {len(self.token_ids)} tokens"
+                f"Generation.allowed has {len(self.allowed)} entries for "
+                f"{len(self.token_ids)} tokens"
             )
 
 
 @dataclass
 class TokenSequence:
-    """A multi-turn token sequence under construction: context (masked) and generations (trained)."""
+    """A multi-turn token sequence under construction: context (masked) and
+    generations (trained)."""
 
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
@@ -225,7 +231,9 @@ class TrainBatch:
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
-            raise ValueError(f"TrainBatch.input_ids must be [B, T], got shape {tuple(self.input_ids.shape)}")
+            raise ValueError(
+                f"TrainBatch.input_ids must be [B, T], got shape {tuple(self.input_ids.shape)}"
+            )
         shape = tuple(self.input_ids.shape)
         for name in ("attention_mask", "loss_mask", "old_logprobs"):
             got = tuple(getattr(self, name).shape)
@@ -233,17 +241,26 @@ class TrainBatch:
                 raise ValueError(f"TrainBatch.{name} has shape {got}, expected {shape}")
         if tuple(self.advantages.shape) not in (shape[:1], shape):
             raise ValueError(
-                f"TrainBatch.advantages has shape {tuple(self.advantages.shape)}, expected {shape[:1]} or {shape}"
+                f"TrainBatch.advantages has shape {tuple(self.advantages.shape)}, expected "
+                f"{shape[:1]} or {shape}"
             )
         for name in ("group_ids", "condition_ids"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape[:1]:
-                raise ValueError(f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape[:1]}")
+                raise ValueError(
+                    f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape[:1]}"
+                )
         for name, value in self.extra.items():
             if value.shape[0] != shape[0]:
-                raise ValueError(f"TrainBatch.extra[{name!r}] has first dim {value.shape[0]}, expected {shape[0]}")
+                raise ValueError(
+                    f"TrainBatch.extra[{name!r}] has first dim {value.shape[0]}, "
+                    f"expected {shape[0]}"
+                )
         if self.constraints is not None and len(self.constraints) != shape[0]:
-            raise ValueError(f"TrainBatch.constraints has {len(self.constraints)} entries for {shape[0]} sequences")
+            raise ValueError(
+                f"TrainBatch.constraints has {len(self.constraints)} entries for "
+                f"{shape[0]} sequences"
+            )
 
     @property
     def batch_size(self) -> int:
@@ -292,7 +309,9 @@ class TrainBatch:
             old_logprobs=old,
             advantages=adv,
             group_ids=None if group_ids is None else torch.as_tensor(group_ids, dtype=torch.long),
-            condition_ids=None if condition_ids is None else torch.as_tensor(condition_ids, dtype=torch.long),
+            condition_ids=None
+            if condition_ids is None
+            else torch.as_tensor(condition_ids, dtype=torch.long),
             constraints=constraints if any(constraints) else None,
             extra={k: torch.as_tensor(v) for k, v in (extra or {}).items()},
         )
@@ -314,10 +333,15 @@ class TrainBatch:
             return x[:, :keep] if x.dim() >= 2 and x.shape[1] == width else x
 
         return TrainBatch(
-            input_ids=self.input_ids[:, :keep], attention_mask=self.attention_mask[:, :keep],
-            loss_mask=self.loss_mask[:, :keep], old_logprobs=self.old_logprobs[:, :keep],
-            advantages=cut(self.advantages), group_ids=self.group_ids, condition_ids=self.condition_ids,
-            constraints=self.constraints, extra={k: cut(v) for k, v in self.extra.items()},
+            input_ids=self.input_ids[:, :keep],
+            attention_mask=self.attention_mask[:, :keep],
+            loss_mask=self.loss_mask[:, :keep],
+            old_logprobs=self.old_logprobs[:, :keep],
+            advantages=cut(self.advantages),
+            group_ids=self.group_ids,
+            condition_ids=self.condition_ids,
+            constraints=self.constraints,
+            extra={k: cut(v) for k, v in self.extra.items()},
         )
 
     def select(self, index: slice | torch.Tensor) -> TrainBatch:
@@ -352,12 +376,15 @@ class LossTerm:
     loss_scale: LossScale | None = None
     """``None``: the policy's ``OptimConfig.loss_scale``."""
     kwargs: Mapping[str, object] = field(default_factory=dict)
-    """The loss's own keyword arguments (``clip_eps``, ``coef`` …: a ``LossParams``'s ``kwargs()``)."""
+    """The loss's own keyword arguments (``clip_eps``, ``coef`` …: a
+    ``LossParams``'s ``kwargs()``)."""
     name: str | None = None
     """Reported as ``loss_<name>`` in the step's metrics (None: not reported on its own)."""
 
     @classmethod
-    def registered(cls, batch: TrainBatch, loss: PolicyLoss, params: LossParams, name: str | None = None) -> LossTerm:
+    def registered(
+        cls, batch: TrainBatch, loss: PolicyLoss, params: LossParams, name: str | None = None
+    ) -> LossTerm:
         """The term of the loss registered as ``loss`` in ``LOSSES``, with its registered scale and
         ``params`` (``TypeError`` when they are not of the class registered with it)."""
         LOSSES.check_params(loss, params)
@@ -402,7 +429,8 @@ class StructuredGenerator(Generator, Protocol):
     structured_outputs: bool
     """JSON-grammar requests are served (an engine may lack the feature at run time)."""
     reasoning_parser: str | None
-    """The engine's reasoning parser: a grammar row of a thinking model starts after ``</think>``."""
+    """The engine's reasoning parser: a grammar row of a thinking model starts
+    after ``</think>``."""
 
 
 @runtime_checkable
@@ -440,7 +468,9 @@ class Policy(Protocol):
         (:func:`recompute_old_logprobs`)."""
         ...
 
-    def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template."""
         ...
 
@@ -463,8 +493,11 @@ class Policy(Protocol):
         """Drop the kept keys/values of ``keys`` (all when None)."""
         ...
 
-    def replay_allowed(self, grammar: JsonGrammar, token_ids: Sequence[int]) -> list[tuple[int, ...] | None]:
-        """Per-token allowed ids of ``token_ids`` sampled under ``grammar`` (training a structured sample)."""
+    def replay_allowed(
+        self, grammar: JsonGrammar, token_ids: Sequence[int]
+    ) -> list[tuple[int, ...] | None]:
+        """Per-token allowed ids of ``token_ids`` sampled under ``grammar`` (training a
+        structured sample)."""
         ...
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -477,25 +510,31 @@ class Policy(Protocol):
         self, batch: TrainBatch, *, k: int | None = None, ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids [B, T, k], logprobs [B, T, k])`` under the current weights (no grad), aligned like
-        :meth:`logprobs`: ``ids`` given, their log-probs; else the policy's own top-``k`` ids at each
-        position. Tempered distribution without constraints; 0 at position 0 and on padding."""
+        :meth:`logprobs`: ``ids`` given, their log-probs; else the policy's own top-``k`` ids at
+        each position. Tempered distribution without constraints; 0 at position 0 and on padding."""
         ...
 
     def train_step(
-        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: object
+        self,
+        batch: TrainBatch,
+        loss_fn: LossFn,
+        *,
+        loss_scale: LossScale | None = None,
+        **loss_kw: object,
     ) -> dict[str, float]:
         """Forward, loss, backward, grad clip, one optimizer step; returns metrics.
 
         ``loss_fn`` is called per micro-batch as :data:`LossFn` says, with ``loss_kw``; each
         micro-batch loss is weighted by ``loss_scale`` (``None``: ``OptimConfig.loss_scale``), so a
-        loss gets the same gradient however the batch is split (a token-mean loss passes ``"tokens"``).
-        The same as :meth:`train_objective` with one term."""
+        loss gets the same gradient however the batch is split (a token-mean loss passes
+        ``"tokens"``). The same as :meth:`train_objective` with one term."""
         ...
 
     def train_objective(self, terms: Sequence[LossTerm]) -> dict[str, float]:
         """One optimizer step on the sum of ``terms`` (e.g. EDGE's RL loss + λ · reverse KL):
-        gradients accumulate term by term and micro-batch by micro-batch, then one clip and one step.
-        Metrics: every term's loss metrics, ``loss`` (the sum) and ``loss_<name>`` per named term."""
+        gradients accumulate term by term and micro-batch by micro-batch, then one clip and one
+        step. Metrics: every term's loss metrics, ``loss`` (the sum) and ``loss_<name>`` per
+        named term."""
         ...
 
     def save(self, directory: str | Path) -> None:
@@ -515,5 +554,7 @@ def recompute_old_logprobs(policy: Policy, batch: TrainBatch) -> bool:
     if policy.sampled_logprobs_exact:
         return False
     with torch.no_grad():
-        batch.old_logprobs = policy.logprobs(batch).detach() * batch.loss_mask.to(batch.old_logprobs.dtype)
+        batch.old_logprobs = policy.logprobs(batch).detach() * batch.loss_mask.to(
+            batch.old_logprobs.dtype
+        )
     return True

@@ -52,20 +52,26 @@ def parse_action(text: str, pattern: str = ACTION_PATTERN) -> str | None:
 class ChatFormatter:
     """Renders messages with ``tokenizer``'s chat template (and extra template kwargs)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, chat_kwargs: Mapping[str, Any] | None = None
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
-                f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat_template; "
-                "use an instruct model or set tokenizer.chat_template"
+                f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no "
+                "chat_template; use an instruct model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
         self.chat_kwargs = dict(chat_kwargs or {})
         self._turn_prefix, self._turn_suffix = self._user_turn_template()
 
-    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> str:
         for i, m in enumerate(messages):
             if "role" not in m or "content" not in m:
-                raise ValueError(f"chat message {i} needs 'role' and 'content' keys, got {sorted(m)}")
+                raise ValueError(
+                    f"chat message {i} needs 'role' and 'content' keys, got {sorted(m)}"
+                )
         return str(
             self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages],
@@ -79,7 +85,9 @@ class ChatFormatter:
         """Ids of already-rendered text (special tokens are parsed, none are added)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def prompt_ids(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=add_generation_prompt))
 
     def _user_turn_template(self) -> tuple[str, str]:
@@ -103,7 +111,7 @@ class ChatFormatter:
         prefix = self._turn_prefix
         eos = self.tokenizer.eos_token
         if after_eos and eos and prefix.startswith(eos):
-            prefix = prefix[len(eos):]
+            prefix = prefix[len(eos) :]
         return prefix + text + self._turn_suffix
 
     def user_turn_ids(self, text: str, *, after_eos: bool = True) -> list[int]:

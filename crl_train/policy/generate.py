@@ -64,7 +64,11 @@ def _last_logits_only(model: PreTrainedModel) -> dict[str, int]:
     """``logits_to_keep=1`` where the model takes it: generation reads only the last position's
     logits, and a prefill's full [n, T, V] logits cost a fifth of a small model's compute (its
     vocabulary projection) and n·T·V floats of memory."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    return (
+        {"logits_to_keep": 1}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters
+        else {}
+    )
 
 
 def _cache_of(out: object) -> Any:
@@ -84,7 +88,8 @@ def _stop_cut(text: str, stops: Sequence[str]) -> str | None:
 
 @dataclass
 class RowKV:
-    """One sequence's cached keys/values: per layer ``(k, v)``, each [kv_heads, len(ids), head_dim]."""
+    """One sequence's cached keys/values: per layer ``(k, v)``, each [kv_heads,
+    len(ids), head_dim]."""
 
     ids: tuple[int, ...]
     layers: list[tuple[torch.Tensor, torch.Tensor]]
@@ -135,20 +140,37 @@ def shared_prefix_len(prompts: Sequence[Sequence[int]], min_tokens: int) -> int:
 
 
 def _prefix_kv(model: PreTrainedModel, prefix: Sequence[int], device: torch.device) -> RowKV:
-    """Keys/values of ``prefix`` from one batch-1 forward pass (what every sharing row starts from)."""
+    """Keys/values of ``prefix`` from one batch-1 forward pass (what every sharing row
+    starts from)."""
     ids = torch.tensor([list(prefix)], dtype=torch.long, device=device)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=True,
-                **_last_logits_only(model))
+    out = model(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(ids.shape[1], device=device)[None],
+        use_cache=True,
+        **_last_logits_only(model),
+    )
     cache = _cache_of(out)
-    return RowKV(tuple(int(t) for t in prefix), [(layer.keys[0], layer.values[0]) for layer in cache.layers])
+    return RowKV(
+        tuple(int(t) for t in prefix), [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+    )
 
 
-def _row_kv(cache: Any, attn: torch.Tensor, prefill_width: int, i: int, ids: tuple[int, ...], fed_new: int) -> RowKV:
-    """Row ``i``'s real positions in ``cache``: its prefill columns, then ``fed_new`` generated tokens."""
-    cols = torch.cat([attn[i, :prefill_width].nonzero().squeeze(-1),
-                      torch.arange(prefill_width, prefill_width + fed_new, device=attn.device)])
-    layers = [(layer.keys[i].index_select(1, cols), layer.values[i].index_select(1, cols)) for layer in cache.layers]
+def _row_kv(
+    cache: Any, attn: torch.Tensor, prefill_width: int, i: int, ids: tuple[int, ...], fed_new: int
+) -> RowKV:
+    """Row ``i``'s real positions in ``cache``: its prefill columns, then ``fed_new``
+    generated tokens."""
+    cols = torch.cat(
+        [
+            attn[i, :prefill_width].nonzero().squeeze(-1),
+            torch.arange(prefill_width, prefill_width + fed_new, device=attn.device),
+        ]
+    )
+    layers = [
+        (layer.keys[i].index_select(1, cols), layer.values[i].index_select(1, cols))
+        for layer in cache.layers
+    ]
     return RowKV(ids, layers)
 
 
@@ -168,23 +190,28 @@ def generate_batch(
     keep_kv: bool = False,
     share_prefix: int = 0,
 ) -> tuple[list[Generation], list[RowKV] | None]:
-    """Sample one response per prompt. Constrained rows follow their trie (or grammar) and end with its EOS.
+    """Sample one response per prompt. Constrained rows follow their trie (or grammar) and end with
+    its EOS.
 
     ``past[i]``: cached keys/values of a prefix of ``prompts[i]`` (see the module docstring; a row
     whose cache is not a prefix of its prompt is encoded in full). ``keep_kv``: also return each
-    row's keys/values of ``prompt + response[:-1]`` (every token fed to the model), for its next turn.
-    ``share_prefix``: when no row has a usable ``past``, encode the prompts' common prefix once if
-    it is at least this many tokens (0 = never; module docstring).
+    row's keys/values of ``prompt + response[:-1]`` (every token fed to the model), for its next
+    turn. ``share_prefix``: when no row has a usable ``past``, encode the prompts' common prefix
+    once if it is at least this many tokens (0 = never; module docstring).
     """
     n = len(prompts)
-    rows_past: list[RowKV | None] = [p if p is not None and p.prefix_of(prompts[i]) else None
-                                     for i, p in enumerate(past or [None] * n)]
+    rows_past: list[RowKV | None] = [
+        p if p is not None and p.prefix_of(prompts[i]) else None
+        for i, p in enumerate(past or [None] * n)
+    ]
     if all(p is None for p in rows_past):
         shared = shared_prefix_len(prompts, share_prefix)
         if shared:
             common = _prefix_kv(model, prompts[0][:shared], device)
             rows_past = [common] * n
-    new_parts = [prompts[i][len(p.ids):] if p is not None else prompts[i] for i, p in enumerate(rows_past)]
+    new_parts = [
+        prompts[i][len(p.ids) :] if p is not None else prompts[i] for i, p in enumerate(rows_past)
+    ]
     width = max(len(p) for p in new_parts)
     ids = torch.full((n, width), pad_token_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
@@ -245,7 +272,9 @@ def generate_batch(
             elif isinstance(trie, GrammarState):
                 trie.advance(tok)
             elif sampling.stop and trie is None:
-                cut = _stop_cut(str(tokenizer.decode(tokens[i], skip_special_tokens=True)), sampling.stop)
+                cut = _stop_cut(
+                    str(tokenizer.decode(tokens[i], skip_special_tokens=True)), sampling.stop
+                )
                 if cut is not None:
                     finish[i], texts[i] = "stop", cut
         last = step == max_new_tokens - 1
@@ -254,8 +283,14 @@ def generate_batch(
         if keep_kv:  # a leaving row's keys/values: every token fed so far (its last one never is)
             for j, i in enumerate(live):
                 if last or finish[i] is not None:
-                    kept[i] = _row_kv(cache, attn, prefill_width, j, tuple(prompts[i]) + tuple(tokens[i][:-1]),
-                                      len(tokens[i]) - 1)
+                    kept[i] = _row_kv(
+                        cache,
+                        attn,
+                        prefill_width,
+                        j,
+                        tuple(prompts[i]) + tuple(tokens[i][:-1]),
+                        len(tokens[i]) - 1,
+                    )
         if last or not stay:
             break  # the last tokens are never fed: nothing reads their keys/values
         if len(stay) < len(live):
@@ -267,8 +302,12 @@ def generate_batch(
         attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype, device=device)], dim=1)
         positions = positions[:, -1:] + 1
         out = model(
-            input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=positions, use_cache=True,
-            **{cache_arg: cache}, **last_only,
+            input_ids=nxt[:, None].to(device),
+            attention_mask=attn,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_arg: cache},
+            **last_only,
         )
 
     rows_kv = None
@@ -281,7 +320,11 @@ def generate_batch(
         text = texts[i]
         if text is None:
             action = trie.action_of(tokens[i]) if trie is not None and finish[i] == "stop" else None
-            text = action if action is not None else str(tokenizer.decode(tokens[i], skip_special_tokens=True))
+            text = (
+                action
+                if action is not None
+                else str(tokenizer.decode(tokens[i], skip_special_tokens=True))
+            )
         gens.append(
             Generation(
                 prompt_ids=prompts[i],

@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_INTERNED = 4096
-"""Distinct allowed sets kept per engine (a real vocabulary's sets are large; the cache is cleared past this)."""
+"""Distinct allowed sets kept per engine (a real vocabulary's sets are large; the cache is
+cleared past this)."""
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,21 @@ class JsonGrammar:
     think_tokens: int = 0
     """Free tokens before the answer (tiny preset): any non-special token, never EOS."""
     reasoning_end: int | None = None
-    """Token id that ends a thinking model's free reasoning (``</think>``); None: the answer starts at once."""
+    """Token id that ends a thinking model's free reasoning (``</think>``); None: the answer
+    starts at once."""
 
     def __post_init__(self) -> None:
         if self.think_tokens < 0:
             raise ValueError(f"JsonGrammar: think_tokens must be >= 0, got {self.think_tokens}")
         if self.think_tokens and self.reasoning_end is not None:
-            raise ValueError("JsonGrammar: think_tokens and reasoning_end are two kinds of reasoning; give one")
+            raise ValueError(
+                "JsonGrammar: think_tokens and reasoning_end are two kinds of reasoning; give one"
+            )
 
     @classmethod
-    def from_schema(cls, schema: Mapping[str, Any], *, think_tokens: int = 0,
-                    reasoning_end: int | None = None) -> JsonGrammar:
+    def from_schema(
+        cls, schema: Mapping[str, Any], *, think_tokens: int = 0, reasoning_end: int | None = None
+    ) -> JsonGrammar:
         return cls(json.dumps(schema, separators=(",", ":")), think_tokens, reasoning_end)
 
     def schema_dict(self) -> JSONDict:
@@ -95,7 +100,9 @@ def _llguidance() -> Any:
         import llguidance.hf
         import llguidance.numpy
     except ImportError as exc:  # pragma: no cover - a declared dependency of the train extra
-        raise ImportError("structured generation needs llguidance: pip install 'complementary-rl[train]'") from exc
+        raise ImportError(
+            "structured generation needs llguidance: pip install 'complementary-rl[train]'"
+        ) from exc
     return llguidance
 
 
@@ -110,17 +117,23 @@ class GrammarEngine:
 
     Args:
         tokenizer: a fast HF tokenizer.
-        vocab_size: width of the model's logits (masks are this long; ids past the tokenizer are never allowed).
-        eos_token_id: the EOS that ends an answer (the tokenizer's; vLLM's guidance backend uses the same).
+        vocab_size: width of the model's logits (masks are this long; ids past the tokenizer are
+            never allowed).
+        eos_token_id: the EOS that ends an answer (the tokenizer's; vLLM's guidance backend uses
+            the same).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, eos_token_id: int) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, eos_token_id: int
+    ) -> None:
         llg = _llguidance()
         self._llg = llg
         self.vocab_size = int(vocab_size)
         self.eos_token_id = int(eos_token_id)
         t0 = time.perf_counter()
-        self.ll_tokenizer = llg.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_id)
+        self.ll_tokenizer = llg.hf.from_tokenizer(
+            tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_id
+        )
         self.tokenizer_s = time.perf_counter() - t0
         """Seconds spent wrapping the tokenizer (once per engine)."""
         self.tokenizer = tokenizer
@@ -162,7 +175,9 @@ class GrammarEngine:
             raise ValueError(f"grammar matcher failed to start: {matcher.get_error()}")
         return GrammarState(self, grammar, matcher)
 
-    def replay(self, grammar: JsonGrammar, token_ids: Sequence[int]) -> list[tuple[int, ...] | None]:
+    def replay(
+        self, grammar: JsonGrammar, token_ids: Sequence[int]
+    ) -> list[tuple[int, ...] | None]:
         """The allowed set of every position of ``token_ids`` sampled under ``grammar`` (None where
         the reasoning was free): the masks of sampling time, recomputed (llguidance is
         deterministic), so training applies exactly the constraint the tokens were drawn under.
@@ -175,9 +190,13 @@ class GrammarEngine:
         for pos, tok in enumerate(token_ids):
             a = state.allowed()
             if a is not None and not (0 <= int(tok) < self.vocab_size and bool(a[1][int(tok)])):
-                raise ValueError(f"replay: token {int(tok)} at position {pos} is not allowed by its grammar")
+                raise ValueError(
+                    f"replay: token {int(tok)} at position {pos} is not allowed by its grammar"
+                )
             out.append(None if a is None else a[0])
-            if pos < len(token_ids) - 1:  # the last token (EOS, or where the budget ended) changes nothing after it
+            if (
+                pos < len(token_ids) - 1
+            ):  # the last token (EOS, or where the budget ended) changes nothing after it
                 state.advance(int(tok))
         return out
 
@@ -191,9 +210,13 @@ class GrammarEngine:
         key = bitmask.tobytes()
         hit = self._sets.get(key)
         if hit is None:
-            bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
+            bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[
+                : self.vocab_size
+            ].astype(bool)
             ids = np.flatnonzero(bits)
-            if ids.size == 0:  # llguidance gives EOS at least (when stopped or in error): never an empty set
+            if (
+                ids.size == 0
+            ):  # llguidance gives EOS at least (when stopped or in error): never an empty set
                 raise ValueError("grammar: the mask allows no token")
             hit = _Interned(tuple(ids.tolist()), torch.from_numpy(bits))
             if len(self._sets) >= MAX_INTERNED:
@@ -254,10 +277,13 @@ class GrammarState:
                 self.reasoned = True
             return
         if not self.matcher.consume_token(int(token)):
-            raise ValueError(f"token {int(token)} is not allowed by the grammar: {self.matcher.get_error()}")
+            raise ValueError(
+                f"token {int(token)} is not allowed by the grammar: {self.matcher.get_error()}"
+            )
 
     def action_of(self, ids: Sequence[int]) -> str | None:
-        """The answer's text once complete (a ``think_tokens`` row: without its reasoning); None before."""
+        """The answer's text once complete (a ``think_tokens`` row: without its reasoning);
+        None before."""
         if not self.accepting:
             return None
         body = [int(i) for i in ids]

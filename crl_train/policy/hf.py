@@ -66,7 +66,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SHARE_PREFIX_TOKENS = 16
-"""Default ``HFPolicy.share_prefix``: a shorter common prefix saves less than its own forward pass costs."""
+"""Default ``HFPolicy.share_prefix``: a shorter common prefix saves less than its own forward
+pass costs."""
 
 
 class HFPolicy(HFTraining):
@@ -86,7 +87,9 @@ class HFPolicy(HFTraining):
     ) -> None:
         self.device = torch.device(device)
         self.model = model
-        module: torch.nn.Module = model  # transformers types PreTrainedModel.to as the unbound Module.to
+        module: torch.nn.Module = (
+            model  # transformers types PreTrainedModel.to as the unbound Module.to
+        )
         module.to(self.device)
         self.model.eval()
         self.tokenizer = tokenizer
@@ -111,7 +114,8 @@ class HFPolicy(HFTraining):
         for all its rows, in generation (``generate.py``) and in training (``shared_forward.py``);
         0 = off. The extractor's prompts share their instructions."""
         self.generator: Generator | None = None
-        """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar requests; see attach_generator."""
+        """Optional fast generator (``VLLMGenerator``) for unconstrained and JSON-grammar
+        requests; see attach_generator."""
         self._grammar_engine: GrammarEngine | None = None
         self.autocast_dtype: torch.dtype | None = None
         """CPU mixed precision: every forward runs under ``torch.autocast("cpu", autocast_dtype)``
@@ -157,7 +161,10 @@ class HFPolicy(HFTraining):
         """Train LoRA adapters (``crl_train.policy.lora``) instead of the full weights from now on;
         before the first update (the optimizer holds the parameters it was created with)."""
         if self.optimizer is not None:
-            raise ValueError(f"{self.name}: enable_lora after the optimizer exists (call it before the first train_step)")
+            raise ValueError(
+                f"{self.name}: enable_lora after the optimizer exists (call it before the "
+                "first train_step)"
+            )
         apply_lora(self.model, spec)
         if self.autocast_dtype is not None:  # the base is frozen now: store it in the compute dtype
             cast_frozen(self.model, self.autocast_dtype)
@@ -176,7 +183,9 @@ class HFPolicy(HFTraining):
             if i is not None and int(i) not in ids:
                 ids.append(int(i))
         if not ids:
-            raise ValueError(f"{self.name}: neither the tokenizer nor the generation config defines an EOS token")
+            raise ValueError(
+                f"{self.name}: neither the tokenizer nor the generation config defines an EOS token"
+            )
         return ids
 
     @classmethod
@@ -203,7 +212,10 @@ class HFPolicy(HFTraining):
         path = str(name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         compute = resolve_dtype(dtype, device)
-        kwargs: dict[str, Any] = {"dtype": _load_dtype(compute, device), "trust_remote_code": trust_remote_code}
+        kwargs: dict[str, Any] = {
+            "dtype": _load_dtype(compute, device),
+            "trust_remote_code": trust_remote_code,
+        }
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -211,24 +223,40 @@ class HFPolicy(HFTraining):
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        policy = cls(model, tokenizer, name=path, device=device, sampling=sampling, optim=optim, chat_kwargs=chat_kwargs)
+        policy = cls(
+            model,
+            tokenizer,
+            name=path,
+            device=device,
+            sampling=sampling,
+            optim=optim,
+            chat_kwargs=chat_kwargs,
+        )
         policy.set_compute_dtype(compute)
         return policy
 
     # ---------------------------------------------------------------- chat and generation
-    def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         return self.chat.prompt_ids(messages, add_generation_prompt=add_generation_prompt)
 
     @property
     def grammar_engine(self) -> GrammarEngine:
-        """llguidance's view of this policy's tokenizer (built on first use, kept: it takes a moment)."""
+        """llguidance's view of this policy's tokenizer (built on first use, kept: it takes
+        a moment)."""
         if self._grammar_engine is None:
             vocab = int(self.model.get_output_embeddings().weight.shape[0])
-            self._grammar_engine = GrammarEngine(self.tokenizer, vocab_size=vocab, eos_token_id=self.eos_token_ids[0])
+            self._grammar_engine = GrammarEngine(
+                self.tokenizer, vocab_size=vocab, eos_token_id=self.eos_token_ids[0]
+            )
         return self._grammar_engine
 
-    def replay_allowed(self, grammar: JsonGrammar, token_ids: Sequence[int]) -> list[tuple[int, ...] | None]:
-        """Per-token allowed sets of ``token_ids`` sampled under ``grammar`` (``GrammarEngine.replay``)."""
+    def replay_allowed(
+        self, grammar: JsonGrammar, token_ids: Sequence[int]
+    ) -> list[tuple[int, ...] | None]:
+        """Per-token allowed sets of ``token_ids`` sampled under ``grammar``
+        (``GrammarEngine.replay``)."""
         return self.grammar_engine.replay(grammar, token_ids)
 
     def _tries(self, allowed: Sequence[AllowedRow] | None, n: int) -> list[RowConstraint | None]:
@@ -270,8 +298,10 @@ class HFPolicy(HFTraining):
         cfg = sampling or self.sampling
         if not math.isclose(cfg.temperature, self.sampling.temperature):
             log.warning(
-                "generate: temperature %s differs from the policy's %s; recomputed log-probs will not match",
-                cfg.temperature, self.sampling.temperature,
+                "generate: temperature %s differs from the policy's %s; recomputed log-probs will "
+                "not match",
+                cfg.temperature,
+                self.sampling.temperature,
             )
         if self.generator is not None and self._generator_serves(allowed):
             return self._generate_on_generator(prompts, max_new_tokens, allowed, cfg)
@@ -285,18 +315,27 @@ class HFPolicy(HFTraining):
         self.model.eval()
         keys = list(cache_keys) if self.prefix_cache and cache_keys is not None else None
         if keys is not None and len(keys) != len(prompts):
-            raise ValueError(f"generate: cache_keys has {len(keys)} entries for {len(prompts)} prompts")
+            raise ValueError(
+                f"generate: cache_keys has {len(keys)} entries for {len(prompts)} prompts"
+            )
         out: list[Generation] = []
         bs = self.generation_batch_size
         for s in range(0, len(prompts), bs):
             chunk = keys[s : s + bs] if keys is not None else None
             with self.compute():
                 gens, kept = generate_batch(
-                    self.model, self.tokenizer, [list(map(int, p)) for p in prompts[s : s + bs]],
-                    tries[s : s + bs], max_new_tokens=max_new_tokens, sampling=cfg,
-                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                    device=self.device, generator=generator,
-                    past=[self._kv.get(k) for k in chunk] if chunk is not None else None, keep_kv=chunk is not None,
+                    self.model,
+                    self.tokenizer,
+                    [list(map(int, p)) for p in prompts[s : s + bs]],
+                    tries[s : s + bs],
+                    max_new_tokens=max_new_tokens,
+                    sampling=cfg,
+                    eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    device=self.device,
+                    generator=generator,
+                    past=[self._kv.get(k) for k in chunk] if chunk is not None else None,
+                    keep_kv=chunk is not None,
                     share_prefix=self.share_prefix,
                 )
             out.extend(gens)
@@ -313,12 +352,23 @@ class HFPolicy(HFTraining):
         gen = self.generator
         if not (isinstance(gen, StructuredGenerator) and gen.structured_outputs):
             return False
-        return all(a is None or (isinstance(a, JsonGrammar) and not a.think_tokens
-                                 and (a.reasoning_end is None or bool(gen.reasoning_parser)))
-                   for a in allowed)
+        return all(
+            a is None
+            or (
+                isinstance(a, JsonGrammar)
+                and not a.think_tokens
+                and (a.reasoning_end is None or bool(gen.reasoning_parser))
+            )
+            for a in allowed
+        )
 
-    def _generate_on_generator(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                               allowed: Sequence[AllowedRow] | None, cfg: SamplingConfig) -> list[Generation]:
+    def _generate_on_generator(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        allowed: Sequence[AllowedRow] | None,
+        cfg: SamplingConfig,
+    ) -> list[Generation]:
         """The generator's answers; a grammar row gets its allowed sets by replay (the engine
         applied the same llguidance masks), so training recomputes its log-probs exactly."""
         assert self.generator is not None
@@ -352,8 +402,8 @@ class HFPolicy(HFTraining):
             "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
         }
-        # with LoRA: model/ holds the frozen base (HF layout) and adapter/ the adapters; the view has
-        # the one method the writer calls (save_pretrained), not a model's type
+        # with LoRA: model/ holds the frozen base (HF layout) and adapter/ the adapters; the
+        # view has the one method the writer calls (save_pretrained), not a model's type
         saved: Pretrained = CheckpointView(self.model) if is_lora(self.model) else self.model
         write_checkpoint(directory, saved, self.tokenizer, state)
 
@@ -372,8 +422,9 @@ class HFPolicy(HFTraining):
         self.model.eval()
 
     @classmethod
-    def from_checkpoint(cls, directory: str | Path, *, device: str = "cpu", dtype: str | torch.dtype | None = None
-                        ) -> HFPolicy:
+    def from_checkpoint(
+        cls, directory: str | Path, *, device: str = "cpu", dtype: str | torch.dtype | None = None
+    ) -> HFPolicy:
         """A policy rebuilt from a :meth:`save` directory (tiny preset included). ``dtype`` None
         computes in the dtype the saved policy computed in (a checkpoint written before that was
         recorded: ``auto``), so a resumed run's numbers are the interrupted run's on any CPU."""
@@ -382,16 +433,25 @@ class HFPolicy(HFTraining):
         state = read_state(directory)
         model_dir = str(Path(directory) / MODEL_DIR)
         tokenizer = load_tokenizer(model_dir)  # as saved: samples replay, prompts encode as before
-        compute = resolve_dtype(state.get("compute_dtype", "auto") if dtype is None else dtype, device)
+        compute = resolve_dtype(
+            state.get("compute_dtype", "auto") if dtype is None else dtype, device
+        )
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_load_dtype(compute, device))
         spec = checkpoint_adapter_spec(directory)
-        if spec is not None:  # the base came from model/; load() fills the adapters and their optimizer state
+        if (
+            spec is not None
+        ):  # the base came from model/; load() fills the adapters and their optimizer state
             apply_lora(model, spec)
         optim = {**state["optim"], "betas": tuple(state["optim"]["betas"])}
         sampling = {**state["sampling"], "stop": tuple(state["sampling"]["stop"])}
         policy = cls(
-            model, tokenizer, name=state["name"], device=device, sampling=SamplingConfig(**sampling),
-            optim=OptimConfig(**optim), chat_kwargs=state["chat_kwargs"],
+            model,
+            tokenizer,
+            name=state["name"],
+            device=device,
+            sampling=SamplingConfig(**sampling),
+            optim=OptimConfig(**optim),
+            chat_kwargs=state["chat_kwargs"],
         )
         policy.set_compute_dtype(compute)
         policy.load(directory)

@@ -3,7 +3,8 @@ without grad), the support log-probs of EDGE's KL, and the AdamW step over micro
 loss's scale (``train_step`` / ``train_objective``).
 
 Log-probs follow :mod:`crl_train.policy.base` (tempered, constraint-masked, top-p excluded); every
-forward runs in :meth:`HFTraining.compute` (CPU autocast or nothing, :mod:`crl_train.policy.precision`).
+forward runs in :meth:`HFTraining.compute` (CPU autocast or nothing,
+:mod:`crl_train.policy.precision`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class HFTraining:
-    """Log-probs and updates of a transformers causal LM; :class:`~crl_train.policy.hf.HFPolicy` owns the state below."""
+    """Log-probs and updates of a transformers causal LM; :class:`~crl_train.policy.hf.HFPolicy`
+    owns the state below."""
 
     name: str
     device: torch.device
@@ -59,14 +61,15 @@ class HFTraining:
         """The context every forward pass of this policy runs in (autocast, or nothing)."""
         return compute_context(self.autocast_dtype)
 
-
     def _logits(self, batch: TrainBatch) -> torch.Tensor:
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         with self.compute():
             return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
-    def _sequence_logprobs(self, batch: TrainBatch, logits: torch.Tensor, offset: int) -> torch.Tensor:
+    def _sequence_logprobs(
+        self, batch: TrainBatch, logits: torch.Tensor, offset: int
+    ) -> torch.Tensor:
         """[b, T] log-probs with grad if enabled; 0 at position 0 and on padding. ``logits`` start
         at position ``offset`` (``_train_forward``): positions up to ``offset`` hold 0 (no loss
         reads them)."""
@@ -79,8 +82,10 @@ class HFTraining:
             # on position p is row p - 1 - offset.
             cons = None
             if batch.constraints is not None and batch.constraints[b]:
-                cons = {p - 1 - offset: a for p, a in batch.constraints[b].items() if p - 1 >= offset}
-            lp = selective_logprobs(logits[b, :-1], ids[b, offset + 1:], temperature, cons)
+                cons = {
+                    p - 1 - offset: a for p, a in batch.constraints[b].items() if p - 1 >= offset
+                }
+            lp = selective_logprobs(logits[b, :-1], ids[b, offset + 1 :], temperature, cons)
             rows.append(torch.cat([lp.new_zeros(offset + 1), lp]))
         lp = torch.stack(rows)
         # where(), not a product: -inf * 0 would be NaN on an off-trie padded position.
@@ -100,8 +105,13 @@ class HFTraining:
         """``(logits, offset)`` of a micro-batch, the prompt prefix its rows share run once
         (``shared_forward.train_logits``)."""
         with self.compute():
-            return train_logits(self.model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
-                                mb.loss_mask, share_min=self.share_prefix)
+            return train_logits(
+                self.model,
+                mb.input_ids.to(self.device),
+                mb.attention_mask.to(self.device),
+                mb.loss_mask,
+                share_min=self.share_prefix,
+            )
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -117,36 +127,58 @@ class HFTraining:
             out[rows, : lp.shape[1]] = lp.float().cpu()
         return out
 
-    def _support(self, batch: TrainBatch, logits: torch.Tensor, k: int | None, ids: torch.Tensor | None,
-                 offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def _support(
+        self,
+        batch: TrainBatch,
+        logits: torch.Tensor,
+        k: int | None,
+        ids: torch.Tensor | None,
+        offset: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids, logprobs)`` ``[b, T, k]`` aligned like ``_sequence_logprobs`` (row t - 1 of the
         logits is position t's distribution, the logits starting at ``offset``); 0 at positions up
         to ``offset`` and on padding."""
-        width = int(ids.shape[-1]) if ids is not None else max(1, min(int(k or 1), logits.shape[-1]))
+        width = (
+            int(ids.shape[-1]) if ids is not None else max(1, min(int(k or 1), logits.shape[-1]))
+        )
         rows_ids, rows_lp = [], []
         for r in range(batch.batch_size):
-            given = None if ids is None else ids[r, offset + 1:].to(logits.device)
+            given = None if ids is None else ids[r, offset + 1 :].to(logits.device)
             i, lp = support_logprobs(logits[r, :-1], self.sampling.temperature, given, width)
             rows_ids.append(torch.cat([i.new_zeros((offset + 1, width)), i]))
             rows_lp.append(torch.cat([lp.new_zeros((offset + 1, width)), lp]))
-        keep = batch.attention_mask.to(logits.device).bool()[..., None]  # padding holds 0, like logprobs
+        keep = batch.attention_mask.to(logits.device).bool()[
+            ..., None
+        ]  # padding holds 0, like logprobs
         out_ids, out_lp = torch.stack(rows_ids), torch.stack(rows_lp)
-        return torch.where(keep, out_ids, torch.zeros_like(out_ids)), torch.where(keep, out_lp, torch.zeros_like(out_lp))
+        return torch.where(keep, out_ids, torch.zeros_like(out_ids)), torch.where(
+            keep, out_lp, torch.zeros_like(out_lp)
+        )
 
     @torch.no_grad()
     def support_logprobs(
         self, batch: TrainBatch, *, k: int | None = None, ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if (k is None) == (ids is None):
-            raise ValueError("support_logprobs takes k (the policy's own top-k) or ids (given ids), not both or neither")
-        if ids is not None and (ids.dim() != 3 or tuple(ids.shape[:2]) != tuple(batch.input_ids.shape)):
-            raise ValueError(f"ids must be [B, T, k] with [B, T]={tuple(batch.input_ids.shape)}, got {tuple(ids.shape)}")
+            raise ValueError(
+                "support_logprobs takes k (the policy's own top-k) or ids (given ids), not both "
+                "or neither"
+            )
+        if ids is not None and (
+            ids.dim() != 3 or tuple(ids.shape[:2]) != tuple(batch.input_ids.shape)
+        ):
+            raise ValueError(
+                f"ids must be [B, T, k] with [B, T]={tuple(batch.input_ids.shape)}, got "
+                f"{tuple(ids.shape)}"
+            )
         self.model.eval()
         mb = self.optim.micro_batch_size
         parts = []
         for s in range(0, batch.batch_size, mb):
             part = batch.select(slice(s, s + mb))
-            parts.append(self._support(part, self._logits(part), k, None if ids is None else ids[s : s + mb]))
+            parts.append(
+                self._support(part, self._logits(part), k, None if ids is None else ids[s : s + mb])
+            )
         return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
 
     def _ensure_optimizer(self) -> torch.optim.Optimizer:
@@ -155,18 +187,29 @@ class HFTraining:
             if not params:
                 raise ValueError(f"{self.name}: no trainable parameters")
             o = self.optim
-            self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+            self.optimizer = torch.optim.AdamW(
+                params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
+            )
         return self.optimizer
 
     def _loss_scale(self, loss_scale: LossScale | None) -> LossScale:
         """``loss_scale``, or the policy's default when ``None``; anything else raises."""
         mode = self.optim.loss_scale if loss_scale is None else loss_scale
         if mode not in LOSS_SCALE_NAMES:
-            raise ValueError(f"loss_scale must be one of {', '.join(map(repr, LOSS_SCALE_NAMES))}, got {mode!r}")
+            raise ValueError(
+                f"loss_scale must be one of {', '.join(map(repr, LOSS_SCALE_NAMES))}, got {mode!r}"
+            )
         return mode
 
-    def _scale(self, mb: TrainBatch, batch: TrainBatch, total_tokens: int, loss_scale: LossScale | None = None) -> float:
-        """The weight of micro-batch ``mb``'s loss in ``batch`` under ``loss_scale`` (default: the policy's)."""
+    def _scale(
+        self,
+        mb: TrainBatch,
+        batch: TrainBatch,
+        total_tokens: int,
+        loss_scale: LossScale | None = None,
+    ) -> float:
+        """The weight of micro-batch ``mb``'s loss in ``batch`` under ``loss_scale`` (default:
+        the policy's)."""
         mode = self._loss_scale(loss_scale)
         if mode == "samples":
             return mb.batch_size / batch.batch_size
@@ -175,7 +218,12 @@ class HFTraining:
         return 1.0
 
     def accumulate_gradients(
-        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: object
+        self,
+        batch: TrainBatch,
+        loss_fn: LossFn,
+        *,
+        loss_scale: LossScale | None = None,
+        **loss_kw: object,
     ) -> tuple[bool, float, dict[str, float]]:
         """Backward over ``batch`` micro-batch by micro-batch, each loss weighted by ``loss_scale``
         (``None``: ``OptimConfig.loss_scale``) so the summed gradient equals the full-batch one.
@@ -201,10 +249,15 @@ class HFTraining:
                 logits, offset = self._train_forward(mb)
                 lp = self._sequence_logprobs(mb, logits, offset)
                 if SUPPORT_IDS in mb.extra:
-                    kw["support_logprobs"] = self._support(mb, logits, None, mb.extra[SUPPORT_IDS], offset)[1]
+                    kw["support_logprobs"] = self._support(
+                        mb, logits, None, mb.extra[SUPPORT_IDS], offset
+                    )[1]
                 loss, m = loss_fn(
-                    lp, mb.old_logprobs.to(self.device), mb.advantages.to(self.device),
-                    mb.loss_mask.to(self.device), **kw,
+                    lp,
+                    mb.old_logprobs.to(self.device),
+                    mb.advantages.to(self.device),
+                    mb.loss_mask.to(self.device),
+                    **kw,
                 )
                 if not torch.isfinite(loss):
                     return False, float("nan"), metrics
@@ -219,7 +272,12 @@ class HFTraining:
         return True, loss_total, metrics
 
     def train_step(
-        self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None, **loss_kw: object
+        self,
+        batch: TrainBatch,
+        loss_fn: LossFn,
+        *,
+        loss_scale: LossScale | None = None,
+        **loss_kw: object,
     ) -> dict[str, float]:
         """One AdamW step over ``batch`` with gradient accumulation over micro-batches.
 
@@ -232,9 +290,9 @@ class HFTraining:
         return self.train_objective([LossTerm(batch, loss_fn, loss_scale, dict(loss_kw))])
 
     def train_objective(self, terms: Sequence[LossTerm]) -> dict[str, float]:
-        """One AdamW step on the sum of ``terms``: each term's micro-batch losses are weighted by its
-        own ``loss_scale`` and their gradients accumulated, then one clip and one step (EDGE's joint
-        objective: the RL loss and λ · the reverse KL of the same update).
+        """One AdamW step on the sum of ``terms``: each term's micro-batch losses are weighted by
+        its own ``loss_scale`` and their gradients accumulated, then one clip and one step (EDGE's
+        joint objective: the RL loss and λ · the reverse KL of the same update).
 
         A term without trained tokens adds nothing; when no term has any, or a loss or the gradient
         norm is not finite, the update is skipped (``skipped`` = 1 in the metrics, counted in
@@ -253,8 +311,9 @@ class HFTraining:
         metrics: dict[str, float] = {}
         loss_total, finite = 0.0, True
         for term, mode in live:
-            finite, term_loss, term_metrics = self.accumulate_gradients(term.batch, term.loss_fn, loss_scale=mode,
-                                                                        **term.kwargs)
+            finite, term_loss, term_metrics = self.accumulate_gradients(
+                term.batch, term.loss_fn, loss_scale=mode, **term.kwargs
+            )
             metrics.update(term_metrics)
             if not finite:
                 break
@@ -270,7 +329,9 @@ class HFTraining:
         if not finite:
             opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
-            log.warning("%s: non-finite loss or gradient at step %d; update skipped", self.name, self.step)
+            log.warning(
+                "%s: non-finite loss or gradient at step %d; update skipped", self.name, self.step
+            )
             return {**metrics, "skipped": 1.0, "grad_norm": grad_norm, "step": float(self.step)}
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -44,13 +44,22 @@ ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_SPEC = "lora.json"
 ADAPTER_NAME = "default"
-DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
 """Every projection of a Llama / Qwen2 block (SmolLM2 and the tiny model are both of these)."""
 
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """Rank, scale and target layers of the adapters; ``rank`` 0 = full fine-tuning (no adapters)."""
+    """Rank, scale and target layers of the adapters; ``rank`` 0 = full fine-tuning
+    (no adapters)."""
 
     rank: int = 0
     alpha: float = 16.0
@@ -87,7 +96,9 @@ def _peft() -> ModuleType:
     try:
         import peft
     except ImportError as exc:
-        raise ImportError("LoRA (lora_rank > 0) needs peft: pip install peft==0.21.2 (make install does)") from exc
+        raise ImportError(
+            "LoRA (lora_rank > 0) needs peft: pip install peft==0.21.2 (make install does)"
+        ) from exc
     return peft
 
 
@@ -110,9 +121,13 @@ def apply_lora(model: Any, spec: LoraSpec) -> Any:
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in spec.targets if t not in present]
     if missing:
-        raise ValueError(f"lora targets {missing} name no module of {type(model).__name__} "
-                         f"(its linear layers include: {sorted(n for n in present if n.endswith('proj'))})")
-    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0)
+        raise ValueError(
+            f"lora targets {missing} name no module of {type(model).__name__} "
+            f"(its linear layers include: {sorted(n for n in present if n.endswith('proj'))})"
+        )
+    config = peft.LoraConfig(
+        r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0
+    )
     peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
@@ -144,7 +159,10 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Only the adapters' tensors (peft's names, adapter name removed)."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME).items()}
+    return {
+        k: v.detach().contiguous()
+        for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME).items()
+    }
 
 
 @torch.no_grad()
@@ -160,7 +178,8 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """What a generator serving ``model`` loads: its merged weights when it has adapters, else its state dict."""
+    """What a generator serving ``model`` loads: its merged weights when it has adapters, else
+    its state dict."""
     return list((merged_state_dict(model) if is_lora(model) else model.state_dict()).items())
 
 
@@ -185,8 +204,11 @@ def read_adapter_spec(directory: str | Path) -> LoraSpec:
         raise ValueError(f"{path}: not a LoRA spec ({type(exc).__name__}: {exc})") from exc
 
 
-def load_adapter(model: torch.nn.Module, directory: str | Path, device: str | torch.device = "cpu") -> None:
-    """Load ``save_adapter``'s tensors into ``model`` (which has the same spec applied), strictly."""
+def load_adapter(
+    model: torch.nn.Module, directory: str | Path, device: str | torch.device = "cpu"
+) -> None:
+    """Load ``save_adapter``'s tensors into ``model`` (which has the same spec
+    applied), strictly."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -195,7 +217,10 @@ def load_adapter(model: torch.nn.Module, directory: str | Path, device: str | to
     expected = set(adapter_state_dict(model))
     if set(sd) != expected:
         extra, lacking = sorted(set(sd) - expected), sorted(expected - set(sd))
-        raise ValueError(f"{path}: adapters do not match the model's (unexpected {extra[:3]}, missing {lacking[:3]})")
+        raise ValueError(
+            f"{path}: adapters do not match the model's (unexpected {extra[:3]}, missing "
+            f"{lacking[:3]})"
+        )
     result: Any = set_peft_model_state_dict(model, sd, adapter_name=ADAPTER_NAME)
     unexpected = [k for k in getattr(result, "unexpected_keys", ()) if "lora_" in k]
     if unexpected:
@@ -222,18 +247,25 @@ def checkpoint_adapter_spec(directory: str | Path) -> LoraSpec | None:
     return read_adapter_spec(d) if d.is_dir() else None
 
 
-def load_checkpoint_weights(model: torch.nn.Module, directory: str | Path, device: str | torch.device) -> None:
+def load_checkpoint_weights(
+    model: torch.nn.Module, directory: str | Path, device: str | torch.device
+) -> None:
     """Load a LoRA checkpoint (``model/`` base, ``adapter/``) into an adapted ``model``, strictly:
-    a base tensor the model lacks, or a base parameter the files lack (tied ``lm_head`` excepted), is an error."""
+    a base tensor the model lacks, or a base parameter the files lack (tied ``lm_head``
+    excepted), is an error."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
     files = sorted((directory / "model").glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{directory / 'model'} holds no *.safetensors weights: not a policy checkpoint")
+        raise FileNotFoundError(
+            f"{directory / 'model'} holds no *.safetensors weights: not a policy checkpoint"
+        )
     spec = checkpoint_adapter_spec(directory)
     if spec is None or lora_spec(model) != spec:
-        raise ValueError(f"{directory}: its adapters ({spec}) are not the model's ({lora_spec(model)})")
+        raise ValueError(
+            f"{directory}: its adapters ({spec}) are not the model's ({lora_spec(model)})"
+        )
     names = {_base_name(k): k for k in model.state_dict() if "lora_" not in k}
     found: dict[str, torch.Tensor] = {}
     for f in files:
@@ -242,13 +274,30 @@ def load_checkpoint_weights(model: torch.nn.Module, directory: str | Path, devic
                 raise ValueError(f"{f}: key {k!r} is not in the model")
             found[names[k]] = v
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    lacking = [b for b, k in names.items() if k not in found and not (tied and b.startswith("lm_head"))]
+    lacking = [
+        b for b, k in names.items() if k not in found and not (tied and b.startswith("lm_head"))
+    ]
     if lacking:
         raise ValueError(f"{directory}: checkpoint lacks base parameters {lacking[:5]}")
     model.load_state_dict(found, strict=False)
     load_adapter(model, directory / ADAPTER_DIR, device)
 
 
-__all__ = ["ADAPTER_DIR", "DEFAULT_TARGETS", "CheckpointView", "LoraSpec", "checkpoint_adapter_spec", "load_checkpoint_weights", "adapter_state_dict", "apply_lora",
-           "base_state_dict", "is_lora", "load_adapter", "lora_spec", "merged_state_dict", "named_weights",
-           "read_adapter_spec", "save_adapter"]
+__all__ = [
+    "ADAPTER_DIR",
+    "DEFAULT_TARGETS",
+    "CheckpointView",
+    "LoraSpec",
+    "checkpoint_adapter_spec",
+    "load_checkpoint_weights",
+    "adapter_state_dict",
+    "apply_lora",
+    "base_state_dict",
+    "is_lora",
+    "load_adapter",
+    "lora_spec",
+    "merged_state_dict",
+    "named_weights",
+    "read_adapter_spec",
+    "save_adapter",
+]

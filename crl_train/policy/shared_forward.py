@@ -53,20 +53,35 @@ def _keeps_logits(model: PreTrainedModel) -> bool:
 
 def _checkpointing(model: PreTrainedModel) -> bool:
     """Whether activation (gradient) checkpointing is on: it drops caches, so nothing is shared."""
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    name = (
+        "is_activation_checkpointing"
+        if hasattr(type(model), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     return bool(getattr(model, name, False))
 
 
 def _expanded_cache(cache: Any, rows: int) -> Any:
-    """A ``DynamicCache`` whose every layer is ``cache``'s batch-1 keys/values viewed ``rows`` times."""
+    """A ``DynamicCache`` whose every layer is ``cache``'s batch-1 keys/values viewed
+    ``rows`` times."""
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=[(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
-                                        for layer in cache.layers])
+    return DynamicCache(
+        ddp_cache_data=[
+            (layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
+            for layer in cache.layers
+        ]
+    )
 
 
-def train_logits(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 loss_mask: torch.Tensor, *, share_min: int) -> tuple[torch.Tensor, int]:
+def train_logits(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    share_min: int,
+) -> tuple[torch.Tensor, int]:
     """``(logits [b, T - offset, V], offset)``: the logits of positions ``offset`` … T − 1 of a
     right-padded micro-batch (``offset``: :func:`trained_offset`), with gradients.
 
@@ -84,16 +99,28 @@ def train_logits(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask
         if shared < share_min:
             shared = 0
     if not shared:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw).logits
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw
+        ).logits
         return logits[:, -keep:], offset
     device = input_ids.device
     prefix = input_ids[:1, :shared]
-    out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
-                **({"logits_to_keep": 1} if kw else {}))
+    out = model(
+        input_ids=prefix,
+        attention_mask=torch.ones_like(prefix),
+        use_cache=True,
+        **({"logits_to_keep": 1} if kw else {}),
+    )
     cache = _expanded_cache(_cache_of(out), b)
     positions = torch.arange(shared, width, device=device)[None].expand(b, -1)
-    logits = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, position_ids=positions,
-                   use_cache=True, **{_cache_arg(model): cache}, **kw).logits
+    logits = model(
+        input_ids=input_ids[:, shared:],
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        **{_cache_arg(model): cache},
+        **kw,
+    ).logits
     return logits[:, -keep:], offset
 
 

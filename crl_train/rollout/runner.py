@@ -1,4 +1,5 @@
-"""Rollouts: K env copies per task with one seed, K/2 guided and K/2 free, one batched generation per turn.
+"""Rollouts: K env copies per task with one seed, K/2 guided and K/2 free, one batched generation
+per turn.
 
 Order of a rollout step (``RolloutRunner.collect``):
 
@@ -67,8 +68,11 @@ log = logging.getLogger(__name__)
 class EntryGate(Protocol):
     """What the runner asks of an entry gate (``crl_train.methods.gate.ActorCriticGate``)."""
 
-    def judge(self, tasks: Sequence[str], entries: Sequence[ExperienceRef]) -> tuple[list[Any], float]:
-        """A verdict per (task, entry) — with ``shown``, ``verdict`` and ``meta()`` — and the seconds taken."""
+    def judge(
+        self, tasks: Sequence[str], entries: Sequence[ExperienceRef]
+    ) -> tuple[list[Any], float]:
+        """A verdict per (task, entry) — with ``shown``, ``verdict`` and ``meta()`` — and the
+        seconds taken."""
         ...
 
     def observe(self, tasks: Sequence[str], successes: Sequence[bool]) -> None:
@@ -126,7 +130,8 @@ class RolloutRunner:
         self.errors = 0
         self.context_truncations = 0
         self.malformed_tool_calls = 0
-        """Cut-off or malformed ``search_and_ask`` calls answered as a tool error (status ``malformed``)."""
+        """Cut-off or malformed ``search_and_ask`` calls answered as a tool error
+        (status ``malformed``)."""
         self.unreadable_answers = 0
         """Answers without an action tag, passed to the env whole
         (:mod:`crl_gym.episode.answer`)."""
@@ -142,8 +147,14 @@ class RolloutRunner:
     def _drivers(self, env_id: str, n: int) -> list[EpisodeDriver]:
         pool = self._pool.setdefault(env_id, [])
         while len(pool) < n:
-            pool.append(EpisodeDriver(self.make_env(env_id), constrained=self.constrained,
-                                      max_turns=self.max_turns, max_obs_chars=self.max_obs_chars))
+            pool.append(
+                EpisodeDriver(
+                    self.make_env(env_id),
+                    constrained=self.constrained,
+                    max_turns=self.max_turns,
+                    max_obs_chars=self.max_obs_chars,
+                )
+            )
         return pool[:n]
 
     def close(self) -> None:
@@ -156,8 +167,9 @@ class RolloutRunner:
         self._pool.clear()
 
     # ----------------------------------------------------------------- collect
-    def collect(self, tasks: Sequence[tuple[str, int]], *, guided: bool = True,
-                step: int = 0) -> list[Episode]:
+    def collect(
+        self, tasks: Sequence[tuple[str, int]], *, guided: bool = True, step: int = 0
+    ) -> list[Episode]:
         """Run one rollout step: ``tasks`` = [(env_id, seed)] groups of K copies each.
 
         ``guided=False`` runs every copy free (GRPO, or evaluation without experience).
@@ -172,9 +184,16 @@ class RolloutRunner:
         for g, (env_id, seed) in enumerate(tasks):
             for c in range(k):
                 driver = pools[env_id][taken[env_id]]
-                episodes.append(Episode(group=g, condition=condition_of(c, k, guided=guided),
-                                        env_id=env_id, seed=seed, driver=driver,
-                                        request_meta={GROUP_COPY: c, GROUP_SIZE: k}))
+                episodes.append(
+                    Episode(
+                        group=g,
+                        condition=condition_of(c, k, guided=guided),
+                        env_id=env_id,
+                        seed=seed,
+                        driver=driver,
+                        request_meta={GROUP_COPY: c, GROUP_SIZE: k},
+                    )
+                )
                 taken[env_id] += 1
         # 1. free copies first: they give the task text of each group
         task_text: dict[int, str] = {}
@@ -200,8 +219,10 @@ class RolloutRunner:
             if id(ep) in judged:
                 ep.request_meta["gate"] = judged[id(ep)].meta()
                 entry = judged[id(ep)].shown
-            self._reset(ep, self._spec(ep, step, entry=entry,
-                                       searched=self.episode_search or id(ep) in judged))
+            self._reset(
+                ep,
+                self._spec(ep, step, entry=entry, searched=self.episode_search or id(ep) in judged),
+            )
         # 3. advance all together
         for ep in episodes:
             ep.info["rollout_step"] = step
@@ -220,19 +241,32 @@ class RolloutRunner:
             self.gate.observe([ep.task for ep in done], [ep.success for ep in done])
         return episodes
 
-    def _spec(self, ep: Episode, step: int, *, entry: ExperienceRef | None = None,
-              searched: bool = False) -> EpisodeSpec:
-        return EpisodeSpec(ep.env_id, ep.seed, ep.condition, rollout_step=step,
-                           meta=dict(ep.request_meta), prefetched=entry, searched=searched)
+    def _spec(
+        self, ep: Episode, step: int, *, entry: ExperienceRef | None = None, searched: bool = False
+    ) -> EpisodeSpec:
+        return EpisodeSpec(
+            ep.env_id,
+            ep.seed,
+            ep.condition,
+            rollout_step=step,
+            meta=dict(ep.request_meta),
+            prefetched=entry,
+            searched=searched,
+        )
 
-    def _judge(self, guided: list[Episode], prefetched: dict[int, ExperienceRef | None],
-               task_text: dict[int, str]) -> dict[int, Any]:
+    def _judge(
+        self,
+        guided: list[Episode],
+        prefetched: dict[int, ExperienceRef | None],
+        task_text: dict[int, str],
+    ) -> dict[int, Any]:
         """The gate's verdict for each guided episode that has an entry (by ``id(episode)``)."""
         pairs = [(ep, e) for ep in guided if (e := prefetched.get(ep.group)) is not None]
         if self.gate is None or not pairs:
             return {}
-        verdicts, seconds = self.gate.judge([task_text.get(ep.group, "") for ep, _ in pairs],
-                                            [e for _, e in pairs])
+        verdicts, seconds = self.gate.judge(
+            [task_text.get(ep.group, "") for ep, _ in pairs], [e for _, e in pairs]
+        )
         out = {}
         for (ep, _), v in zip(pairs, verdicts, strict=True):
             ep.info["gate"] = v.verdict
@@ -261,8 +295,13 @@ class RolloutRunner:
         played = _driver(ep).episode
         ep.info["error"] = played.error if played is not None and played.error else "error"
         ep.done, ep.success = True, False
-        log.warning("episode env=%s seed=%s %s %s and ends as a failure", ep.env_id, ep.seed,
-                    ep.condition, ep.info["error"])
+        log.warning(
+            "episode env=%s seed=%s %s %s and ends as a failure",
+            ep.env_id,
+            ep.seed,
+            ep.condition,
+            ep.info["error"],
+        )
 
     def _allowed(self, ep: Episode) -> list[str] | None:
         if not self.constrained:
@@ -275,10 +314,15 @@ class RolloutRunner:
     def _turn(self, live: list[Episode]) -> None:
         prompts = [ep.sequence.input_ids for ep in live]
         allowed = [self._allowed(ep) for ep in live]
-        # a policy with a prefix cache encodes only each episode's new tokens (keys live until collect ends)
+        # a policy with a prefix cache encodes only each episode's new tokens (keys live until
+        # collect ends)
         keys = [id(ep) for ep in live] if self.policy.prefix_cache else None
-        gens = self.policy.generate(prompts, self.max_new_tokens, allowed=allowed if self.constrained else None,
-                                    cache_keys=keys)
+        gens = self.policy.generate(
+            prompts,
+            self.max_new_tokens,
+            allowed=allowed if self.constrained else None,
+            cache_keys=keys,
+        )
         stepped: list[tuple[Episode, Generation]] = []
         for ep, gen in zip(live, gens, strict=True):
             ep.sequence.append_generation(gen)
@@ -301,8 +345,9 @@ class RolloutRunner:
             ep.num_actions += turn.kind == "env"
             ep.search_calls += turn.kind == "search_and_ask"
             ep.reward += turn.reward
-            ep.steps.append(Step(observation="", action=turn.action, reward=turn.reward,
-                                 kind=turn.kind))
+            ep.steps.append(
+                Step(observation="", action=turn.action, reward=turn.reward, kind=turn.kind)
+            )
             ep.admissible = list(played.admissible)
             stepped.append((ep, gen))
         if self.client is not None:  # the wrappers left the turns' searches to one batch
@@ -341,12 +386,24 @@ class RolloutRunner:
         """Deprecated: the driver ends a cut episode through its wrapper, which submits the request
         (:meth:`crl_gym.episode.EpisodeDriver.cut`). A request for an episode the env did not
         finish (turn cap / context cut), built from the runner's episode."""
-        warnings.warn("RolloutRunner.own_request is deprecated: the episode driver's cut() ends a "
-                      "cut episode and its wrapper submits the request", DeprecationWarning,
-                      stacklevel=2)
-        return cut_request(task=ep.task, steps=ep.steps, outcome=ep.reward, experience=ep.experience,
-                           condition=ep.condition, env_id=ep.env_id, seed=ep.seed, reasons=ep.info,
-                           meta=ep.request_meta, turn_experience=ep.turn_experience)
+        warnings.warn(
+            "RolloutRunner.own_request is deprecated: the episode driver's cut() ends a "
+            "cut episode and its wrapper submits the request",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return cut_request(
+            task=ep.task,
+            steps=ep.steps,
+            outcome=ep.reward,
+            experience=ep.experience,
+            condition=ep.condition,
+            env_id=ep.env_id,
+            seed=ep.seed,
+            reasons=ep.info,
+            meta=ep.request_meta,
+            turn_experience=ep.turn_experience,
+        )
 
 
 def _driver(ep: Episode) -> EpisodeDriver:
@@ -357,14 +414,20 @@ def _driver(ep: Episode) -> EpisodeDriver:
 
 def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:
     """Deprecated: the driver records the entries per-turn retrieval showed."""
-    warnings.warn("crl_train.rollout.runner._note_turn_entry is deprecated: the episode driver "
-                  "records the turns' entries", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "crl_train.rollout.runner._note_turn_entry is deprecated: the episode driver "
+        "records the turns' entries",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     shown = shown_turn_entry(info, turn)
     if shown is not None:
         ep.turn_experience.append(shown)
 
 
-def swap_prompt(ep: Episode, prompt_ids: Sequence[int], *, drop_search_turns: bool = False) -> TokenSequence:
+def swap_prompt(
+    ep: Episode, prompt_ids: Sequence[int], *, drop_search_turns: bool = False
+) -> TokenSequence:
     """``ep``'s own turns behind another first prompt (the same first observation with or without
     the experience), rebuilt from its history (which mirrors its sequence turn by turn).
 

@@ -24,7 +24,8 @@ class ResumeError(RuntimeError):
 
 
 def read_checkpoint_state(d: Path) -> dict[str, Any]:
-    """``d/state.json`` as a dict with a non-negative int ``step``; :class:`ResumeError` naming it otherwise."""
+    """``d/state.json`` as a dict with a non-negative int ``step``; :class:`ResumeError` naming
+    it otherwise."""
     path = d / STATE
     try:
         state = json.loads(path.read_bytes().decode("utf-8"))
@@ -52,23 +53,30 @@ class Checkpoint:
     """The checkpoint a resume loads from, found without changing the run directory."""
 
     path: Path
-    """Its directory: ``checkpoint/``, or ``checkpoint.tmp/`` / ``checkpoint.old/`` after a kill mid-swap."""
+    """Its directory: ``checkpoint/``, or ``checkpoint.tmp/`` / ``checkpoint.old/`` after a
+    kill mid-swap."""
     step: int
     state: dict[str, Any]
     """Its ``state.json``."""
     previous: tuple[tuple[Path, int], ...] = ()
-    """Other complete checkpoints of the run (directory, step), newest first: what to try instead."""
+    """Other complete checkpoints of the run (directory, step), newest first: what to
+    try instead."""
 
     def alternatives(self) -> str:
         """The advice a failed resume gives: the previous checkpoint, and how to use it."""
         run_dir = self.path.parent
         if not self.previous:
-            return (f"No earlier checkpoint is kept in {run_dir}: restore a copy of an earlier checkpoint/ "
-                    f"into it, or start the run afresh in a new directory")
+            return (
+                f"No earlier checkpoint is kept in {run_dir}: restore a copy of an earlier "
+                "checkpoint/ into it, or start the run afresh in a new directory"
+            )
         path, step = self.previous[0]
-        return (f"The previous checkpoint, {path} (step {step}), is complete: resume from it by moving "
-                f"{self.path.name}/ aside and {path.name}/ to {CKPT}/ (e.g. mv {self.path} {run_dir / (CKPT + '.broken')}"
-                f" && mv {path} {run_dir / CKPT}), then run --resume again")
+        return (
+            f"The previous checkpoint, {path} (step {step}), is complete: resume from it by moving "
+            f"{self.path.name}/ aside and {path.name}/ to {CKPT}/ (e.g. mv {self.path} "
+            f"{run_dir / (CKPT + '.broken')} && mv {path} {run_dir / CKPT}), then run "
+            "--resume again"
+        )
 
 
 def find_checkpoint(run_dir: Path) -> Checkpoint | None:
@@ -92,9 +100,15 @@ def find_checkpoint(run_dir: Path) -> Checkpoint | None:
         except ResumeError as exc:
             if n != CKPT:
                 continue  # an interrupted write (tmp) or a leftover: not a checkpoint
-            others = [(run_dir / m, s) for m in names[1:] if (s := _ckpt_step(run_dir / m)) is not None]
-            hint = Checkpoint(final, -1, {}, tuple(sorted(others, key=lambda x: -x[1]))).alternatives()
-            raise ResumeError(f"cannot resume {run_dir}: {exc}. Nothing in {run_dir} was changed. {hint}") from None
+            others = [
+                (run_dir / m, s) for m in names[1:] if (s := _ckpt_step(run_dir / m)) is not None
+            ]
+            hint = Checkpoint(
+                final, -1, {}, tuple(sorted(others, key=lambda x: -x[1]))
+            ).alternatives()
+            raise ResumeError(
+                f"cannot resume {run_dir}: {exc}. Nothing in {run_dir} was changed. {hint}"
+            ) from None
         found.append((int(state["step"]), -i, d, state))
     if not found:
         return None
@@ -109,8 +123,13 @@ def settle_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
     final, tmp, old = run_dir / CKPT, run_dir / TMP, run_dir / OLD
     prev = next((d for d, _ in ckpt.previous if (d / STATE).exists()), None)
     if ckpt.path != final:
-        log.warning("resume: %s (step %d) is the newest complete checkpoint (a kill interrupted the swap); "
-                    "moving it to %s", ckpt.path.name, ckpt.step, final.name)
+        log.warning(
+            "resume: %s (step %d) is the newest complete checkpoint (a kill interrupted the swap); "
+            "moving it to %s",
+            ckpt.path.name,
+            ckpt.step,
+            final.name,
+        )
         if final.exists():
             if prev == final:
                 parked = run_dir / (CKPT + ".prev")

@@ -29,11 +29,18 @@ def save_run_config(cfg: TrainConfig, run_dir: Path, resume_step: int | None) ->
         if before == text:
             return
         old = yaml.safe_load(before) or {}
-        changed = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _diff(old, config_to_dict(cfg))]
+        changed = [
+            f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _diff(old, config_to_dict(cfg))
+        ]
         keep = run_dir / f"config.before_step{resume_step}.yaml"
         keep.write_text(before, encoding="utf-8")
-        log.info("resume at step %d changes the config (%s); config.yaml updated, the previous one is %s",
-                 resume_step, "; ".join(changed) or "formatting only", keep.name)
+        log.info(
+            "resume at step %d changes the config (%s); config.yaml updated, the previous one "
+            "is %s",
+            resume_step,
+            "; ".join(changed) or "formatting only",
+            keep.name,
+        )
     atomic_write_text(path, text)
 
 

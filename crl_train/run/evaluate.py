@@ -55,22 +55,32 @@ Task = tuple[str, int]
 
 def memory_of_modes(modes: Sequence[bool]) -> tuple[str, ...]:
     """The memory modes of the older ``modes`` argument (True: with experience, False: without)."""
-    warnings.warn("evaluate_run(modes=...) / crl-eval --with-exp/--without-exp are deprecated: use "
-                  "memory=('frozen', 'none') / crl-eval --memory frozen|none|online", DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        "evaluate_run(modes=...) / crl-eval --with-exp/--without-exp are deprecated: use "
+        "memory=('frozen', 'none') / crl-eval --memory frozen|none|online",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return tuple("frozen" if m else "none" for m in modes)
 
 
-def evaluate_run(trainer: Trainer, episodes: int, modes: tuple[bool, ...] | None = None, *,
-                 memory: Sequence[str] = DEFAULT_MEMORY) -> JSONDict:
+def evaluate_run(
+    trainer: Trainer,
+    episodes: int,
+    modes: tuple[bool, ...] | None = None,
+    *,
+    memory: Sequence[str] = DEFAULT_MEMORY,
+) -> JSONDict:
     """Held-out episodes of ``trainer``'s actor in each ``memory`` mode; writes eval.json.
 
     Each held-out task is played a group of times, and its episodes mostly agree, so the task is
-    the unit of evidence. Per mode (``result["memory"][mode]``): ``success`` with its Wilson interval
-    at ``effective_episodes`` (episodes / design effect), ``tasks``, ``actions_per_episode`` with its
-    t interval. ``paired``: per pair of modes the mean difference in success over the same tasks
-    (paired t). With ``frozen`` and ``none``: their old keys ``with_experience`` / ``without_experience``,
-    ``experience_gain`` (Newcombe interval) and ``internalisation`` = success none / frozen (bootstrap
-    over tasks). Every interval is 95 %. ``modes`` (deprecated): True/False for frozen/none.
+    the unit of evidence. Per mode (``result["memory"][mode]``): ``success`` with its Wilson
+    interval at ``effective_episodes`` (episodes / design effect), ``tasks``,
+    ``actions_per_episode`` with its t interval. ``paired``: per pair of modes the mean difference
+    in success over the same tasks (paired t). With ``frozen`` and ``none``: their old keys
+    ``with_experience`` / ``without_experience``, ``experience_gain`` (Newcombe interval) and
+    ``internalisation`` = success none / frozen (bootstrap over tasks). Every interval is 95 %.
+    ``modes`` (deprecated): True/False for frozen/none.
     """
     if modes is not None:
         memory = memory_of_modes(modes)
@@ -80,11 +90,17 @@ def evaluate_run(trainer: Trainer, episodes: int, modes: tuple[bool, ...] | None
     cfg: TrainConfig = trainer.cfg
     groups = max(1, -(-episodes // cfg.env.group_size))
     tasks = eval_task_seeds(cfg.env, groups)
-    result: dict[str, Any] = {"episodes_per_mode": groups * cfg.env.group_size, "level": LEVEL, "memory": {},
-                              "skipped": {}}
+    result: dict[str, Any] = {
+        "episodes_per_mode": groups * cfg.env.group_size,
+        "level": LEVEL,
+        "memory": {},
+        "skipped": {},
+    }
     by_mode: dict[str, dict[Task, list[float]]] = {}
     rates: dict[str, Interval] = {}
-    for mode in sorted(dict.fromkeys(memory), key=MEMORY_MODES.index):  # online last: it writes the bank
+    for mode in sorted(
+        dict.fromkeys(memory), key=MEMORY_MODES.index
+    ):  # online last: it writes the bank
         why = _unavailable(trainer, mode)
         if why:
             result["skipped"][mode] = why
@@ -99,19 +115,29 @@ def evaluate_run(trainer: Trainer, episodes: int, modes: tuple[bool, ...] | None
             r = clustered_wilson([o for (env_id, _), o in by_task.items() if env_id == env])
             by_env[env] = {"success": r.value, "success_ci": [r.low, r.high], "episodes": r.n}
         result["memory"][mode] = {
-            "success": rate.value, "success_ci": [rate.low, rate.high],
-            "actions_per_episode": actions.value, "actions_per_episode_ci": [actions.low, actions.high],
-            "episodes": len(eps), "tasks": len(by_task),
-            "effective_episodes": len(eps) / design_effect(list(by_task.values())), "by_env": by_env}
+            "success": rate.value,
+            "success_ci": [rate.low, rate.high],
+            "actions_per_episode": actions.value,
+            "actions_per_episode_ci": [actions.low, actions.high],
+            "episodes": len(eps),
+            "tasks": len(by_task),
+            "effective_episodes": len(eps) / design_effect(list(by_task.values())),
+            "by_env": by_env,
+        }
         if mode in LEGACY_KEYS:
             result[LEGACY_KEYS[mode]] = result["memory"][mode]
-    result["paired"] = [_paired(a, b, by_mode[a], by_mode[b]) for a, b in combinations(
-        [m for m in reversed(MEMORY_MODES) if m in by_mode], 2)]
+    result["paired"] = [
+        _paired(a, b, by_mode[a], by_mode[b])
+        for a, b in combinations([m for m in reversed(MEMORY_MODES) if m in by_mode], 2)
+    ]
     if "frozen" in by_mode and "none" in by_mode:
         ratio = ratio_of_means(_task_means(by_mode["none"]), _task_means(by_mode["frozen"]))
         result["internalisation"] = {"ratio": ratio.value, "ratio_ci": [ratio.low, ratio.high]}
         gain = newcombe_difference(rates["frozen"], rates["none"])
-        result["experience_gain"] = {"difference": gain.value, "difference_ci": [gain.low, gain.high]}
+        result["experience_gain"] = {
+            "difference": gain.value,
+            "difference_ci": [gain.low, gain.high],
+        }
     # held-out episodes of no training step: whatever a mode left queued must not reach the bank
     trainer.c.client.get_requests(10**9)
     (trainer.run_dir / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
@@ -138,12 +164,22 @@ def _play(trainer: Trainer, tasks: list[Task], mode: str) -> list[Episode]:
     runner = trainer.c.runner
     if mode == "none":
         return runner.collect(tasks, guided=False, step=-1)
-    rounds = [tasks] if mode == "frozen" else [
-        tasks[i:i + trainer.cfg.env.tasks_per_step] for i in range(0, len(tasks), trainer.cfg.env.tasks_per_step)]
+    rounds = (
+        [tasks]
+        if mode == "frozen"
+        else [
+            tasks[i : i + trainer.cfg.env.tasks_per_step]
+            for i in range(0, len(tasks), trainer.cfg.env.tasks_per_step)
+        ]
+    )
     out: list[Episode] = []
     for chunk in rounds:
         doubled = [t for t in chunk for _ in range(2)]
-        out += [e for e in runner.collect(doubled, guided=True, step=-1) if e.condition == GUIDED_CONDITION]
+        out += [
+            e
+            for e in runner.collect(doubled, guided=True, step=-1)
+            if e.condition == GUIDED_CONDITION
+        ]
         if mode == "online":
             track = trainer.c.service.track
             assert track is not None  # _unavailable checked it
@@ -164,19 +200,36 @@ def _task_means(by_task: dict[Task, list[float]]) -> list[float]:
 
 
 def _paired(a: str, b: str, da: dict[Task, list[float]], db: dict[Task, list[float]]) -> JSONDict:
-    """Success in mode ``a`` − in mode ``b`` over the tasks both played: mean of the per-task differences."""
+    """Success in mode ``a`` − in mode ``b`` over the tasks both played: mean of the
+    per-task differences."""
     common = [t for t in da if t in db]
-    iv = paired_difference(_task_means({t: da[t] for t in common}), _task_means({t: db[t] for t in common}))
-    return {"a": a, "b": b, "diff": iv.value, "ci95": [iv.low, iv.high], "tasks": len(common), "method": "paired t over tasks"}
+    iv = paired_difference(
+        _task_means({t: da[t] for t in common}), _task_means({t: db[t] for t in common})
+    )
+    return {
+        "a": a,
+        "b": b,
+        "diff": iv.value,
+        "ci95": [iv.low, iv.high],
+        "tasks": len(common),
+        "method": "paired t over tasks",
+    }
 
 
-def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bool, ...] | None = None,
-                 env_factory: Callable[[str], Any] | None = None, *,
-                 memory: Sequence[str] = DEFAULT_MEMORY) -> JSONDict:
-    """``crl-eval``: the run's checkpoint on held-out seeds, with the checkpoint's own bank (``checkpoint/bank``;
-    the run's ``bank/`` for a checkpoint written before checkpoints kept one). The run is left as it
-    was: retrieval counts, online writes, pending requests and the index change on a copy of the
-    bank, deleted afterwards. ``modes`` (deprecated): True/False for frozen/none."""
+def evaluate_dir(
+    cfg: TrainConfig,
+    run_dir: Path,
+    episodes: int,
+    modes: tuple[bool, ...] | None = None,
+    env_factory: Callable[[str], Any] | None = None,
+    *,
+    memory: Sequence[str] = DEFAULT_MEMORY,
+) -> JSONDict:
+    """``crl-eval``: the run's checkpoint on held-out seeds, with the checkpoint's own bank
+    (``checkpoint/bank``; the run's ``bank/`` for a checkpoint written before checkpoints kept one).
+    The run is left as it was: retrieval counts, online writes, pending requests and the index
+    change on a copy of the bank, deleted afterwards. ``modes`` (deprecated): True/False
+    for frozen/none."""
     if modes is not None:
         memory = memory_of_modes(modes)
     source = run_dir / CKPT / "bank"
@@ -186,7 +239,14 @@ def evaluate_dir(cfg: TrainConfig, run_dir: Path, episodes: int, modes: tuple[bo
         bank_copy = Path(tmp) / "bank"
         if source.is_dir():
             shutil.copytree(source, bank_copy, ignore=shutil.ignore_patterns("*.lock"))
-        trainer = Trainer(cfg, run_dir, read_only=True, eval_bank_dir=bank_copy, progress=False, env_factory=env_factory)
+        trainer = Trainer(
+            cfg,
+            run_dir,
+            read_only=True,
+            eval_bank_dir=bank_copy,
+            progress=False,
+            env_factory=env_factory,
+        )
         try:
             result = evaluate_run(trainer, episodes, memory=memory)
         finally:

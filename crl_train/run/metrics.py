@@ -35,11 +35,14 @@ METRIC_FIELDS: tuple[str, ...] = ("step", *ACTOR_FIELDS, *STEP_FIELDS)
 ALL_METRIC_FIELDS: tuple[str, ...] = (*METRIC_FIELDS, *declared_metric_fields())
 """Every key a row may have: :data:`METRIC_FIELDS` and each method's own."""
 
-_UNDECLARED = "are not declared (a method's own keys go in its declared_fields, the service's in its stats)"
+_UNDECLARED = (
+    "are not declared (a method's own keys go in its declared_fields, the service's in its stats)"
+)
 
 
 def metric_fields(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The exact keys of a metrics row: every row's, then a method's own (``Method.metric_fields``)."""
+    """The exact keys of a metrics row: every row's, then a method's own
+    (``Method.metric_fields``)."""
     unknown = sorted(set(extra) - set(ALL_METRIC_FIELDS))
     if unknown:
         raise KeyError(f"metrics keys {unknown} {_UNDECLARED}")
@@ -75,13 +78,21 @@ class MetricsWriter:
             log.warning("TensorBoard disabled: %s", exc)
 
     def write(self, row: dict[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()
+        }
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(clean) + "\n")
         if self.tb is not None:
             step = int(row.get("step", 0))
             for k, v in clean.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None:
+                if (
+                    k != "step"
+                    and isinstance(v, (int, float))
+                    and not isinstance(v, bool)
+                    and v is not None
+                ):
                     self.tb.add_scalar(k, v, step)
             self.tb.flush()
 

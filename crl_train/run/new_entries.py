@@ -10,9 +10,9 @@ After each step the trainer appends one line per entry id above the highest id a
 ``step`` (the entry's ``created_step``: the rollout step of the episode it was distilled from),
 ``id``, ``text``, ``tags``, ``prompt`` (the extractor's prompt, which names the task; ``null``
 for an entry written without one), ``source`` (the task it was distilled from) and ``key`` (what
-retrieval matches it by, ``null`` for its text). With an asynchronous extractor an entry is logged at the first
-step end that finds it, under its own ``created_step``. A resume rolls the bank back to its
-checkpoint, and :func:`trim_new_entries` drops the rows of entries written after it (their ids
+retrieval matches it by, ``null`` for its text). With an asynchronous extractor an entry is logged
+at the first step end that finds it, under its own ``created_step``. A resume rolls the bank back to
+its checkpoint, and :func:`trim_new_entries` drops the rows of entries written after it (their ids
 are issued again by the resumed run).
 
 >>> import tempfile
@@ -47,7 +47,8 @@ NEW_ENTRIES = "new_entries.jsonl"
 
 
 class NewEntryLog:
-    """Appends the bank's entries with ids above the highest one seen to ``run_dir/new_entries.jsonl``."""
+    """Appends the bank's entries with ids above the highest one seen to
+    ``run_dir/new_entries.jsonl``."""
 
     def __init__(self, bank: ExperienceBank, run_dir: Path) -> None:
         self.bank = bank
@@ -65,9 +66,17 @@ class NewEntryLog:
         for e in self.bank.get_many(new):
             if e is None:  # removed between the two reads: nothing left to log
                 continue
-            rows.append({"step": e.created_step, "id": e.id, "text": e.text, "tags": list(e.tags),
-                         "prompt": e.provenance.prompt if e.provenance is not None else None,
-                         "source": e.source, "key": e.key})
+            rows.append(
+                {
+                    "step": e.created_step,
+                    "id": e.id,
+                    "text": e.text,
+                    "tags": list(e.tags),
+                    "prompt": e.provenance.prompt if e.provenance is not None else None,
+                    "source": e.source,
+                    "key": e.key,
+                }
+            )
         self.seen = max(new)
         with self.path.open("a", encoding="utf-8") as f:
             for r in rows:
@@ -104,5 +113,8 @@ def trim_new_entries(run_dir: Path, bank: ExperienceBank) -> int:
     back to); returns how many were dropped."""
     from crl_train.run.trim import truncate_jsonl
 
-    _, dropped = truncate_jsonl(Path(run_dir) / NEW_ENTRIES, lambda r: isinstance(r.get("id"), int) and bank.was_issued(r["id"]))
+    _, dropped = truncate_jsonl(
+        Path(run_dir) / NEW_ENTRIES,
+        lambda r: isinstance(r.get("id"), int) and bank.was_issued(r["id"]),
+    )
     return dropped

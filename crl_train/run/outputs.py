@@ -1,9 +1,13 @@
 """Run-directory outputs, one module per concept; their names are re-exported here.
 
-* :mod:`crl_train.run.columns` — the actor-update, rollout, service and time columns, declared where they are filled
-* :mod:`crl_train.run.metrics` — the metrics schema (``metric_fields``, ``make_row``), ``MetricsWriter``, ``read_metrics``
-* :mod:`crl_train.run.trim` — a resume's trim of the JSONL files (``truncate_jsonl``, ``trim_run_outputs``)
-* :mod:`crl_train.run.checkpoints` — the checkpoint a resume loads (``find_checkpoint``, ``settle_checkpoint``)
+* :mod:`crl_train.run.columns` — the actor-update, rollout, service and time columns, declared where
+  they are filled
+* :mod:`crl_train.run.metrics` — the metrics schema (``metric_fields``, ``make_row``),
+  ``MetricsWriter``, ``read_metrics``
+* :mod:`crl_train.run.trim` — a resume's trim of the JSONL files (``truncate_jsonl``,
+  ``trim_run_outputs``)
+* :mod:`crl_train.run.checkpoints` — the checkpoint a resume loads (``find_checkpoint``,
+  ``settle_checkpoint``)
 * :mod:`crl_train.run.plots` — ``curves.png``
 * :mod:`crl_train.run.config_file` — ``config.yaml`` and the changes of a resume
 
@@ -62,9 +66,36 @@ from crl_train.service.checkpoint import (
 )
 
 __all__ = [
-    "ACTOR_FIELDS", "ALL_METRIC_FIELDS", "CKPT", "EDGE_FIELDS", "GATE_FIELDS", "METRIC_FIELDS", "OLD", "ROLLOUT_FIELDS",
-    "SELF_DISTILL_FIELDS", "SERVICE_FIELDS", "STATE", "STEP_FIELDS", "TIME_FIELDS", "TMP", "Checkpoint", "MetricsWriter",
-    "ResumeError", "_ckpt_step", "atomic_write_text", "begin_checkpoint", "commit_checkpoint", "find_checkpoint",
-    "make_row", "metric_fields", "plot_curves", "read_checkpoint_state", "read_metrics", "resolve_checkpoint",
-    "save_run_config", "settle_checkpoint", "trim_run_outputs", "truncate_jsonl",
+    "ACTOR_FIELDS",
+    "ALL_METRIC_FIELDS",
+    "CKPT",
+    "EDGE_FIELDS",
+    "GATE_FIELDS",
+    "METRIC_FIELDS",
+    "OLD",
+    "ROLLOUT_FIELDS",
+    "SELF_DISTILL_FIELDS",
+    "SERVICE_FIELDS",
+    "STATE",
+    "STEP_FIELDS",
+    "TIME_FIELDS",
+    "TMP",
+    "Checkpoint",
+    "MetricsWriter",
+    "ResumeError",
+    "_ckpt_step",
+    "atomic_write_text",
+    "begin_checkpoint",
+    "commit_checkpoint",
+    "find_checkpoint",
+    "make_row",
+    "metric_fields",
+    "plot_curves",
+    "read_checkpoint_state",
+    "read_metrics",
+    "resolve_checkpoint",
+    "save_run_config",
+    "settle_checkpoint",
+    "trim_run_outputs",
+    "truncate_jsonl",
 ]

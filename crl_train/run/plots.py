@@ -1,4 +1,5 @@
-"""``curves.png``: the main curves of a run, read from its ``metrics.jsonl`` (declared columns only)."""
+"""``curves.png``: the main curves of a run, read from its ``metrics.jsonl`` (declared
+columns only)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from crl_train.run.metrics import read_metrics
 
 
 def plot_curves(run_dir: Path) -> Path | None:
-    """curves.png: success (guided / free / all), actions per episode, bank size, extractor reward."""
+    """curves.png: success (guided / free / all), actions per episode, bank size,
+    extractor reward."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return None

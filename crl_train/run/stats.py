@@ -50,7 +50,13 @@ class Interval:
         return r(self.value), r(self.low), r(self.high)
 
     def to_dict(self) -> dict[str, float | int | str | None]:
-        return {"value": self.value, "low": self.low, "high": self.high, "n": self.n, "method": self.method}
+        return {
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "method": self.method,
+        }
 
     def text(self, digits: int = 3) -> str:
         """``0.625 [0.306, 0.863]`` (or ``n/a``)."""
@@ -67,7 +73,9 @@ def wilson(successes: int, n: int, level: float = LEVEL) -> Interval:
         return Interval(None, None, None, 0, "wilson")
     if not 0 <= successes <= n:
         raise ValueError(f"wilson: successes must be in [0, n={n}], got {successes}")
-    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    ci = stats.binomtest(int(successes), int(n)).proportion_ci(
+        confidence_level=level, method="wilson"
+    )
     return Interval(successes / n, float(ci.low), float(ci.high), n, "wilson")
 
 
@@ -151,7 +159,9 @@ def mean_t(values: Sequence[float], level: float = LEVEL) -> Interval:
         return Interval(None, None, None, 0, "t")
     mean = float(x.mean())
     if x.size == 1 or float(x.std()) == 0.0:
-        return Interval(mean, mean if x.size > 1 else None, mean if x.size > 1 else None, int(x.size), "t")
+        return Interval(
+            mean, mean if x.size > 1 else None, mean if x.size > 1 else None, int(x.size), "t"
+        )
     low, high = stats.t.interval(level, x.size - 1, loc=mean, scale=stats.sem(x))
     return Interval(mean, float(low), float(high), int(x.size), "t")
 
@@ -164,12 +174,19 @@ def paired_difference(a: Sequence[float], b: Sequence[float], level: float = LEV
     return Interval(interval.value, interval.low, interval.high, interval.n, "paired t")
 
 
-def ratio_of_means(numerator: Sequence[float], denominator: Sequence[float], level: float = LEVEL, *,
-                   n_resamples: int = 2000, seed: int = 0) -> Interval:
-    """mean(numerator) / mean(denominator) of two independent samples, percentile bootstrap interval.
+def ratio_of_means(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    level: float = LEVEL,
+    *,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> Interval:
+    """mean(numerator) / mean(denominator) of two independent samples, percentile
+    bootstrap interval.
 
-    Undefined (None) when the denominator's mean is 0; resamples whose denominator is 0 are left out.
-    A sample of one value gives the ratio without an interval.
+    Undefined (None) when the denominator's mean is 0; resamples whose denominator is 0 are left
+    out. A sample of one value gives the ratio without an interval.
     """
     num = np.asarray(numerator, dtype=np.float64)
     den = np.asarray(denominator, dtype=np.float64)
@@ -189,10 +206,18 @@ def ratio_of_means(numerator: Sequence[float], denominator: Sequence[float], lev
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = stats.bootstrap((num, den), ratio, vectorized=True, paired=False, confidence_level=level,
-                              n_resamples=n_resamples, method="percentile", rng=np.random.default_rng(seed))
-    # the percentiles of the resampled ratios that are defined (scipy's own would be NaN as soon as one
-    # resample drew a zero denominator)
+        res = stats.bootstrap(
+            (num, den),
+            ratio,
+            vectorized=True,
+            paired=False,
+            confidence_level=level,
+            n_resamples=n_resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    # the percentiles of the resampled ratios that are defined (scipy's own would be NaN as soon
+    # as one resample drew a zero denominator)
     dist = res.bootstrap_distribution
     dist = dist[np.isfinite(dist)]
     if dist.size == 0:

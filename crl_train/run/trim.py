@@ -44,7 +44,14 @@ def truncate_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[
 def trim_run_outputs(run_dir: Path, step: int) -> dict[str, int]:
     """Resume from checkpoint ``step``: drop the rows of steps the resumed run will write again."""
     _, m = truncate_jsonl(run_dir / "metrics.jsonl", lambda r: int(r.get("step", 0)) <= step)
-    _, t = truncate_jsonl(run_dir / "trajectories.jsonl", lambda r: int(r.get("rollout_step") or 0) <= step)
+    _, t = truncate_jsonl(
+        run_dir / "trajectories.jsonl", lambda r: int(r.get("rollout_step") or 0) <= step
+    )
     if m or t:
-        log.info("resume from step %d: dropped %d metrics rows and %d trajectories of later steps", step, m, t)
+        log.info(
+            "resume from step %d: dropped %d metrics rows and %d trajectories of later steps",
+            step,
+            m,
+            t,
+        )
     return {"metrics": m, "trajectories": t}

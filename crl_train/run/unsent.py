@@ -1,4 +1,5 @@
-"""The run's client-side spill: requests an ``ExperienceWrapper`` could not submit, delivered at the next start.
+"""The run's client-side spill: requests an ``ExperienceWrapper`` could not submit, delivered at the
+next start.
 
 The wrappers of a run append a request their client refused (an outage) to
 ``<run dir>/unsent_requests.jsonl`` (:data:`UNSENT_FILE`), so the bank directory holds one spill
@@ -35,7 +36,8 @@ def unsent_path(run_dir: Path) -> Path:
 
 
 def unsent_paths(run_dir: Path, bank_dir: Path) -> tuple[Path, ...]:
-    """Every place a run's wrappers may have spilled to: the run dir, and the bank dir of older runs."""
+    """Every place a run's wrappers may have spilled to: the run dir, and the bank dir of
+    older runs."""
     return (unsent_path(run_dir), bank_dir / UNSENT_FILE)
 
 
@@ -53,11 +55,17 @@ def deliver_unsent(service: ExperienceService, paths: tuple[Path, ...]) -> int:
             spill.set_aside(path, bad)
             path.unlink()
         except OSError as exc:
-            log.error("%s: cannot deliver the requests it holds (%s); kept for the next start", path, exc)
+            log.error(
+                "%s: cannot deliver the requests it holds (%s); kept for the next start", path, exc
+            )
             continue
         total += n
-        log.info("%s: %d unsent request(s) queued for distillation (not credited)%s", path, n,
-                 f"; {len(bad)} unreadable line(s) moved to {spill.rejected_path(path)}" if bad else "")
+        log.info(
+            "%s: %d unsent request(s) queued for distillation (not credited)%s",
+            path,
+            n,
+            f"; {len(bad)} unreadable line(s) moved to {spill.rejected_path(path)}" if bad else "",
+        )
     return total
 
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 FAULT_ENV = "CRL_KILL_AT"
-"""Test hook: ``<point>:<n>`` SIGKILLs this process the n-th time it reaches ``fault_point(<point>)``
-(``checkpoint-written``: a checkpoint's files and state are in ``checkpoint.tmp/``, nothing renamed;
-``checkpoint-renamed``: between the two renames of the swap, reached from the second checkpoint on;
-``merge-applied``: a Merge committed to the bank, before anything else of its step). Unset, a point costs one lookup."""
+"""Test hook: ``<point>:<n>`` SIGKILLs this process the n-th time it reaches
+``fault_point(<point>)`` (``checkpoint-written``: a checkpoint's files and state are in
+``checkpoint.tmp/``, nothing renamed; ``checkpoint-renamed``: between the two renames of the swap,
+reached from the second checkpoint on; ``merge-applied``: a Merge committed to the bank, before
+anything else of its step). Unset, a point costs one lookup."""
 _fault_hits: dict[str, int] = {}
 
 CKPT = "checkpoint"
@@ -72,7 +73,8 @@ def discard_checkpoint(d: Path) -> None:
 
 def begin_checkpoint(root: Path) -> Path:
     """An empty ``checkpoint.tmp/`` under ``root`` to write the next checkpoint into. The checkpoint
-    before the current one (``checkpoint.old/``) is deleted first, so at most two are on disk at any time."""
+    before the current one (``checkpoint.old/``) is deleted first, so at most two are on disk at
+    any time."""
     tmp = root / TMP
     discard_checkpoint(tmp)
     if (root / CKPT).exists():
@@ -82,11 +84,13 @@ def begin_checkpoint(root: Path) -> Path:
 
 
 def commit_checkpoint(root: Path, tmp: Path, state: dict[str, Any]) -> Path:
-    """Make ``tmp`` (weights already in it) the checkpoint; the current one becomes ``checkpoint.old/``.
+    """Make ``tmp`` (weights already in it) the checkpoint; the current one becomes
+    ``checkpoint.old/``.
 
     ``state.json`` is written last and atomically, so a directory with one is complete. A kill
     between the two renames leaves two complete directories and no ``checkpoint/``, which a
-    resume repairs (:func:`crl_train.run.checkpoints.find_checkpoint`, the service actor's own lookup).
+    resume repairs (:func:`crl_train.run.checkpoints.find_checkpoint`, the service actor's
+    own lookup).
     """
     atomic_write_text(tmp / STATE, json.dumps(state))
     fault_point("checkpoint-written")
@@ -99,5 +103,15 @@ def commit_checkpoint(root: Path, tmp: Path, state: dict[str, Any]) -> Path:
     return final
 
 
-__all__ = ["CKPT", "FAULT_ENV", "OLD", "STATE", "TMP", "atomic_write_text", "begin_checkpoint", "commit_checkpoint",
-           "discard_checkpoint", "fault_point"]
+__all__ = [
+    "CKPT",
+    "FAULT_ENV",
+    "OLD",
+    "STATE",
+    "TMP",
+    "atomic_write_text",
+    "begin_checkpoint",
+    "commit_checkpoint",
+    "discard_checkpoint",
+    "fault_point",
+]

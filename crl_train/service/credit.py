@@ -78,23 +78,44 @@ def step_credits(closed: ClosedStep, *, relative: bool = False) -> list[Credit]:
         if relative:
             everyone = closed.requests
             keys = {k: i for i, k in enumerate(dict.fromkeys((r.env_id, r.seed) for r in everyone))}
-            base = free_baselines(torch.tensor([bool(r.success) for r in everyone]),
-                                  torch.tensor([keys[(r.env_id, r.seed)] for r in everyone]),
-                                  torch.tensor([GUIDED if r.condition == GUIDED_CONDITION else FREE for r in everyone]))
+            base = free_baselines(
+                torch.tensor([bool(r.success) for r in everyone]),
+                torch.tensor([keys[(r.env_id, r.seed)] for r in everyone]),
+                torch.tensor(
+                    [GUIDED if r.condition == GUIDED_CONDITION else FREE for r in everyone]
+                ),
+            )
             by_id = {id(r): float(v) for r, v in zip(everyone, base.tolist(), strict=True)}
             baseline = torch.tensor([by_id[id(r)] for r in guided])
         ids, rbar = entry_rewards(
-            torch.tensor([i for _, i, _ in rows]), torch.tensor([bool(r.success) for r in guided]),
-            torch.tensor([gate_score(r) if judged else 0.0 for r, _, judged in rows], dtype=torch.float64),
+            torch.tensor([i for _, i, _ in rows]),
+            torch.tensor([bool(r.success) for r in guided]),
+            torch.tensor(
+                [gate_score(r) if judged else 0.0 for r, _, judged in rows], dtype=torch.float64
+            ),
             baseline=baseline,
-            bonus=torch.tensor([float(closed.bonus.get(r.request_id, 0.0)) for r in guided], dtype=torch.float64))
-        credits += [Credit(closed.step, float(v), entry_id=int(i)) for i, v in zip(ids.tolist(), rbar.tolist(), strict=True)]
-    refined = [(r, sample) for r in closed.requests for call in r.trajectory.search_calls
-               if call.refined and call.provenance and (sample := ExtractorSample.from_dict(call.provenance)) is not None]
+            bonus=torch.tensor(
+                [float(closed.bonus.get(r.request_id, 0.0)) for r in guided], dtype=torch.float64
+            ),
+        )
+        credits += [
+            Credit(closed.step, float(v), entry_id=int(i))
+            for i, v in zip(ids.tolist(), rbar.tolist(), strict=True)
+        ]
+    refined = [
+        (r, sample)
+        for r in closed.requests
+        for call in r.trajectory.search_calls
+        if call.refined
+        and call.provenance
+        and (sample := ExtractorSample.from_dict(call.provenance)) is not None
+    ]
     if refined:
         rewards = episode_rewards(torch.tensor([bool(r.success) for r, _ in refined]))
-        credits += [Credit(closed.step, float(v), sample=sample)
-                    for (_, sample), v in zip(refined, rewards.tolist(), strict=True)]
+        credits += [
+            Credit(closed.step, float(v), sample=sample)
+            for (_, sample), v in zip(refined, rewards.tolist(), strict=True)
+        ]
     return credits
 
 
@@ -116,7 +137,10 @@ def group_gains(requests: list[DistillationRequest]) -> dict[tuple[str, int | No
     conds: dict[tuple[str, int | None], set[str]] = {}
     for q in requests:
         conds.setdefault((q.env_id, q.seed), set()).add(q.condition)
-    keys = sorted((k for k, c in conds.items() if len(c) == 2), key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+    keys = sorted(
+        (k for k, c in conds.items() if len(c) == 2),
+        key=lambda k: (k[0], -1 if k[1] is None else k[1]),
+    )
     if not keys:
         return {}
     index = {k: i for i, k in enumerate(keys)}
@@ -128,21 +152,29 @@ def group_gains(requests: list[DistillationRequest]) -> dict[tuple[str, int | No
     return {k: float(v) for k, v in zip(keys, gain.tolist(), strict=True)}
 
 
-def utility_updates(closed: ClosedStep, utility_of: dict[int, float], *, momentum: float,
-                    prune_below: float) -> list[UtilityUpdate]:
+def utility_updates(
+    closed: ClosedStep, utility_of: dict[int, float], *, momentum: float, prune_below: float
+) -> list[UtilityUpdate]:
     """U ← β·U + (1 − β)·Δe for each entry that guided a group of the step, with that group's gain
     (an entry that guided two groups gets both updates, in group order).
 
-    ``utility_of`` gives each entry's current utility; entries not in it (deleted meanwhile) are skipped.
+    ``utility_of`` gives each entry's current utility; entries not in it (deleted meanwhile)
+    are skipped.
     """
     current = dict(utility_of)
     touched: list[int] = []
     for key, gain in group_gains(closed.requests).items():
-        used = dict.fromkeys(e.id for r in closed.requests if (r.env_id, r.seed) == key and r.condition == GUIDED_CONDITION
-                             for e in guiding_entries(r))
+        used = dict.fromkeys(
+            e.id
+            for r in closed.requests
+            if (r.env_id, r.seed) == key and r.condition == GUIDED_CONDITION
+            for e in guiding_entries(r)
+        )
         for entry_id in used:
             if entry_id in current:
-                current[entry_id] = float(ema_utility(torch.tensor(current[entry_id]), torch.tensor(gain), momentum))
+                current[entry_id] = float(
+                    ema_utility(torch.tensor(current[entry_id]), torch.tensor(gain), momentum)
+                )
                 touched.append(entry_id)
     return [UtilityUpdate(i, current[i], current[i] < prune_below) for i in dict.fromkeys(touched)]
 
@@ -164,5 +196,10 @@ def reflections(closed: ClosedStep, below: float) -> list[Reflection]:
     for category, reqs in by_category.items():
         wins = [r for r in reqs if r.success]
         if len(wins) / len(reqs) < below and len(wins) < len(reqs):
-            jobs.append((len(wins) / len(reqs), Reflection(closed.step, category, [r for r in reqs if not r.success], wins)))
+            jobs.append(
+                (
+                    len(wins) / len(reqs),
+                    Reflection(closed.step, category, [r for r in reqs if not r.success], wins),
+                )
+            )
     return [job for _, job in sorted(jobs, key=lambda x: (x[0], x[1].category))]

@@ -108,12 +108,21 @@ class ServiceActor:
         embedder_device: where they run.
     """
 
-    def __init__(self, config: dict[str, Any], service_dir: str, *, options: ServiceOptions, embedding_workers: int = 1,
-                 embedder_device: str = "cpu") -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        service_dir: str,
+        *,
+        options: ServiceOptions,
+        embedding_workers: int = 1,
+        embedder_device: str = "cpu",
+    ) -> None:
         from crl_train.config import config_from_dict
         from crl_train.service.build import embedder_of, start_service
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
         cfg = config_from_dict(dict(config))
         self.cfg = cfg
         options = dataclasses.replace(options, asynchronous=True)
@@ -121,14 +130,32 @@ class ServiceActor:
         self.dir.mkdir(parents=True, exist_ok=True)
         found = newest_checkpoint(self.dir)
         state = found[1]["service"] if found is not None else None
-        ext_ckpt = found[0] / "extractor" if found is not None and (found[0] / "extractor").is_dir() else None
+        ext_ckpt = (
+            found[0] / "extractor"
+            if found is not None and (found[0] / "extractor").is_dir()
+            else None
+        )
         self._ckpt_lock = threading.Lock()
-        embedder = EmbedderPool([embedder_of(cfg.experience, embedder_device) for _ in range(max(1, embedding_workers))])
-        self.service = start_service(cfg, options, self.dir / "bank", extractor_checkpoint=ext_ckpt, state=state,
-                                     embedder=embedder)
-        self.service.checkpoint_dir = self.dir  # closing checkpoints B_φ and π_φ, as the HTTP server does
-        log.info("experience service ready in %s (bank %d entries, last ended step %d)", self.dir,
-                 len(self.service.manager.bank), self.service.ledger.last_ended)
+        embedder = EmbedderPool(
+            [embedder_of(cfg.experience, embedder_device) for _ in range(max(1, embedding_workers))]
+        )
+        self.service = start_service(
+            cfg,
+            options,
+            self.dir / "bank",
+            extractor_checkpoint=ext_ckpt,
+            state=state,
+            embedder=embedder,
+        )
+        self.service.checkpoint_dir = (
+            self.dir
+        )  # closing checkpoints B_φ and π_φ, as the HTTP server does
+        log.info(
+            "experience service ready in %s (bank %d entries, last ended step %d)",
+            self.dir,
+            len(self.service.manager.bank),
+            self.service.ledger.last_ended,
+        )
 
     # ------------------------------------------------------------------ the client interface
     def search(self, query: str) -> ExperienceRefDict | None:
@@ -136,7 +163,9 @@ class ServiceActor:
         return ref.to_dict() if ref is not None else None
 
     def search_many(self, queries: list[str]) -> list[ExperienceRefDict | None]:
-        return [r.to_dict() if r is not None else None for r in self.service.search_many(list(queries))]
+        return [
+            r.to_dict() if r is not None else None for r in self.service.search_many(list(queries))
+        ]
 
     def ask(self, query: str, entry: JSONInput, context: str) -> tuple[str, dict[str, Any] | None]:
         ref = ExperienceRef.from_dict(entry, "entry")
@@ -164,7 +193,8 @@ class ServiceActor:
 
     # ------------------------------------------------------------------ the actor's own
     def node_id(self) -> str:
-        """The Ray node this actor runs on (the head node when deployed by :func:`deploy_service`)."""
+        """The Ray node this actor runs on (the head node when deployed by
+        :func:`deploy_service`)."""
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
@@ -172,8 +202,8 @@ class ServiceActor:
     def checkpoint(self) -> JSONDict:
         """Counters, B_φ and π_φ into ``service_dir/checkpoint``, taken between two passes of the
         extractor's loop (:meth:`ExperienceService.save`), by the run's checkpoint writer
-        (``crl_train.service.checkpoint``): written whole beside the current one, ``state.json`` last
-        and fsync'd, the previous one kept as ``checkpoint.old``. A new actor on this directory
+        (``crl_train.service.checkpoint``): written whole beside the current one, ``state.json``
+        last and fsync'd, the previous one kept as ``checkpoint.old``. A new actor on this directory
         resumes from the newest complete one. The bank is not copied and never rolled back: it is
         SQLite on this disk (flushed first), and what its clients were acknowledged stays."""
         with self._ckpt_lock:
@@ -188,7 +218,8 @@ class ServiceActor:
 def newest_checkpoint(service_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The complete service checkpoint with the latest ended step among ``checkpoint/``,
     ``checkpoint.tmp/`` and ``checkpoint.old/`` (a kill between the writer's renames leaves no
-    ``checkpoint/``), with its state; None when there is none. An unreadable one is logged and skipped."""
+    ``checkpoint/``), with its state; None when there is none. An unreadable one is logged
+    and skipped."""
     found: list[tuple[int, int, Path, dict[str, Any]]] = []
     for rank, name in enumerate((CKPT, TMP, OLD)):
         path = service_dir / name / STATE
@@ -209,7 +240,9 @@ def newest_checkpoint(service_dir: Path) -> tuple[Path, dict[str, Any]] | None:
 
 def _plain(d: dict[str, JSONValue]) -> dict[str, JSONValue]:
     """``stats()`` with every value JSON-ready (what every face returns)."""
-    return dict(json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o))))
+    return dict(
+        json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+    )
 
 
 # ---------------------------------------------------------------------------------------- deploy
@@ -225,13 +258,28 @@ def head_node_id() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
-def deploy_service(config: dict[str, Any], service_dir: str | Path, *, options: ServiceOptions, name: str, namespace: str = "crl",
-                   num_gpus: float = 0, num_cpus: float = 1, max_concurrency: int = 64, embedding_workers: int = 1,
-                   embedder_device: str = "cpu", node_id: str | None = None, reuse: bool = True,
-                   max_restarts: int = 3, ready_timeout_s: float = 1800.0, timeout: float = 120.0) -> RayServiceClient:
+def deploy_service(
+    config: dict[str, Any],
+    service_dir: str | Path,
+    *,
+    options: ServiceOptions,
+    name: str,
+    namespace: str = "crl",
+    num_gpus: float = 0,
+    num_cpus: float = 1,
+    max_concurrency: int = 64,
+    embedding_workers: int = 1,
+    embedder_device: str = "cpu",
+    node_id: str | None = None,
+    reuse: bool = True,
+    max_restarts: int = 3,
+    ready_timeout_s: float = 1800.0,
+    timeout: float = 120.0,
+) -> RayServiceClient:
     """Start (or, with ``reuse``, find) the named service actor and wait until it answers.
 
-    ``options`` is the extractor side of the config's method (``make_method(cfg).service_options()``).
+    ``options`` is the extractor side of the config's method
+    (``make_method(cfg).service_options()``).
 
     The actor is detached (it outlives the driver that made it), pinned to ``node_id`` (default:
     the head node, where ``service_dir`` is), and restarted up to ``max_restarts`` times by Ray
@@ -241,20 +289,35 @@ def deploy_service(config: dict[str, Any], service_dir: str | Path, *, options: 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if max_concurrency < 2:
-        raise ValueError(f"max_concurrency must be >= 2 so that concurrent searches batch, got {max_concurrency}")
+        raise ValueError(
+            f"max_concurrency must be >= 2 so that concurrent searches batch, got {max_concurrency}"
+        )
     node = node_id or head_node_id()
     actor_cls = ray.remote(ServiceActor)
     try:
         handle = actor_cls.options(
-            name=name, namespace=namespace, lifetime="detached", get_if_exists=reuse,
-            max_concurrency=max_concurrency, num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+            name=name,
+            namespace=namespace,
+            lifetime="detached",
+            get_if_exists=reuse,
+            max_concurrency=max_concurrency,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            max_restarts=max_restarts,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-        ).remote(dict(config), str(service_dir), options=options, embedding_workers=embedding_workers,
-                 embedder_device=embedder_device)
+        ).remote(
+            dict(config),
+            str(service_dir),
+            options=options,
+            embedding_workers=embedding_workers,
+            embedder_device=embedder_device,
+        )
     except ValueError as exc:  # the name is taken and reuse is off
-        raise RuntimeError(f"an experience service named {name!r} already exists in namespace {namespace!r}: "
-                           f"reuse it (reuse=True) or remove it with ray.kill(ray.get_actor({name!r}, "
-                           f"namespace={namespace!r}))") from exc
+        raise RuntimeError(
+            f"an experience service named {name!r} already exists in namespace {namespace!r}: "
+            f"reuse it (reuse=True) or remove it with ray.kill(ray.get_actor({name!r}, "
+            f"namespace={namespace!r}))"
+        ) from exc
     client = RayServiceClient(name, namespace, timeout=timeout, handle=handle)
     try:
         client.health(timeout=ready_timeout_s)
@@ -267,7 +330,8 @@ def deploy_service(config: dict[str, Any], service_dir: str | Path, *, options: 
 
 
 class RayServiceClient:
-    """An :class:`~crl_gym.clients.ExperienceClient` over the named service actor (see the module docstring).
+    """An :class:`~crl_gym.clients.ExperienceClient` over the named service actor (see the
+    module docstring).
 
     Args:
         name / namespace: the actor's Ray name.
@@ -278,7 +342,9 @@ class RayServiceClient:
     another Ray process, which looks the actor up by name itself.
     """
 
-    def __init__(self, name: str, namespace: str = "crl", *, timeout: float = 120.0, handle: Any = None) -> None:
+    def __init__(
+        self, name: str, namespace: str = "crl", *, timeout: float = 120.0, handle: Any = None
+    ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.name, self.namespace, self.timeout = name, namespace, float(timeout)
@@ -302,13 +368,16 @@ class RayServiceClient:
             try:
                 self._handle = ray.get_actor(self.name, namespace=self.namespace)
             except ValueError as exc:
-                raise ExperienceUnavailable(f"no experience service {self.name!r} in Ray namespace "
-                                            f"{self.namespace!r}: {exc}") from exc
+                raise ExperienceUnavailable(
+                    f"no experience service {self.name!r} in Ray namespace "
+                    f"{self.namespace!r}: {exc}"
+                ) from exc
             self._pid = os.getpid()
             return self._handle
 
     def _ref(self, method: Callable[..., object], /, *args: object, **kwargs: object) -> Any:
-        # the name comes from ServiceActor's own method, so mypy checks the call against its signature
+        # the name comes from ServiceActor's own method, so mypy checks the call against
+        # its signature
         return getattr(self._actor(), method.__name__).remote(*args, **kwargs)
 
     def _failed(self, exc: BaseException) -> BaseException:
@@ -317,19 +386,35 @@ class RayServiceClient:
 
         if isinstance(exc, RayTaskError):
             cause = getattr(exc, "cause", None)
-            return cause if isinstance(cause, Exception) and not isinstance(cause, RayError) else exc
+            return (
+                cause if isinstance(cause, Exception) and not isinstance(cause, RayError) else exc
+            )
         if isinstance(exc, RayActorError):
             self._handle = None  # a restarted actor is looked up again
         if isinstance(exc, (GetTimeoutError, RayError)):
-            return ExperienceUnavailable(f"experience service {self.name!r}: {type(exc).__name__}: {exc}")
+            return ExperienceUnavailable(
+                f"experience service {self.name!r}: {type(exc).__name__}: {exc}"
+            )
         return exc
 
-    def _call(self, method: Callable[Concatenate[ServiceActor, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def _call(
+        self,
+        method: Callable[Concatenate[ServiceActor, P], R],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
         """``method`` of the actor with these arguments, waited for :attr:`timeout` s."""
         return self._call_within(self.timeout, method, *args, **kwargs)
 
-    def _call_within(self, timeout: float, method: Callable[Concatenate[ServiceActor, P], R], /,
-                     *args: P.args, **kwargs: P.kwargs) -> R:
+    def _call_within(
+        self,
+        timeout: float,
+        method: Callable[Concatenate[ServiceActor, P], R],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
         import ray
 
         try:
@@ -338,13 +423,21 @@ class RayServiceClient:
             raise self._failed(exc) from exc
         return result
 
-    async def _acall(self, method: Callable[Concatenate[ServiceActor, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    async def _acall(
+        self,
+        method: Callable[Concatenate[ServiceActor, P], R],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
         ref = self._ref(method, *args, **kwargs)
         try:
             result: R = await asyncio.wait_for(ref, self.timeout)
         except TimeoutError as exc:
-            raise ExperienceUnavailable(f"experience service {self.name!r}: {method.__name__} got no answer within "
-                                        f"{self.timeout} s") from exc
+            raise ExperienceUnavailable(
+                f"experience service {self.name!r}: {method.__name__} got no answer within "
+                f"{self.timeout} s"
+            ) from exc
         except Exception as exc:  # noqa: BLE001 - translated, see _failed
             raise self._failed(exc) from exc
         return result
@@ -358,7 +451,9 @@ class RayServiceClient:
             return []
         return [_ref_of(d) for d in self._call(ServiceActor.search_many, [str(q) for q in queries])]
 
-    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+    def ask(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, dict[str, Any] | None]:
         answer, provenance = self._call(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 
@@ -373,10 +468,14 @@ class RayServiceClient:
         return [DistillationRequest.from_dict(d) for d in out]
 
     def end_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
-        return StepEnded.from_dict(self._call(ServiceActor.end_step, check_step(step), _bonus(bonus)))
+        return StepEnded.from_dict(
+            self._call(ServiceActor.end_step, check_step(step), _bonus(bonus))
+        )
 
     def apply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
-        return OpsApplied.from_dict(self._call(ServiceActor.apply_ops, [op_to_dict(op) for op in ops], step))
+        return OpsApplied.from_dict(
+            self._call(ServiceActor.apply_ops, [op_to_dict(op) for op in ops], step)
+        )
 
     def stats(self) -> ServiceStats:
         return ServiceStats.from_dict(self._call(ServiceActor.stats))
@@ -394,9 +493,14 @@ class RayServiceClient:
     async def asearch_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         if not queries:
             return []
-        return [_ref_of(d) for d in await self._acall(ServiceActor.search_many, [str(q) for q in queries])]
+        return [
+            _ref_of(d)
+            for d in await self._acall(ServiceActor.search_many, [str(q) for q in queries])
+        ]
 
-    async def aask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, dict[str, Any] | None]:
+    async def aask(
+        self, query: str, entry: ExperienceRef, context: str
+    ) -> tuple[str, dict[str, Any] | None]:
         answer, provenance = await self._acall(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 
@@ -404,10 +508,16 @@ class RayServiceClient:
         await self._acall(ServiceActor.submit, _request_dict(request))
 
     async def aend_step(self, step: int, bonus: dict[str, float] | None = None) -> StepEnded:
-        return StepEnded.from_dict(await self._acall(ServiceActor.end_step, check_step(step), _bonus(bonus)))
+        return StepEnded.from_dict(
+            await self._acall(ServiceActor.end_step, check_step(step), _bonus(bonus))
+        )
 
-    async def aapply_ops(self, ops: Sequence[ExperienceOp], *, step: int | None = None) -> OpsApplied:
-        return OpsApplied.from_dict(await self._acall(ServiceActor.apply_ops, [op_to_dict(op) for op in ops], step))
+    async def aapply_ops(
+        self, ops: Sequence[ExperienceOp], *, step: int | None = None
+    ) -> OpsApplied:
+        return OpsApplied.from_dict(
+            await self._acall(ServiceActor.apply_ops, [op_to_dict(op) for op in ops], step)
+        )
 
     async def astats(self) -> ServiceStats:
         return ServiceStats.from_dict(await self._acall(ServiceActor.stats))
@@ -417,7 +527,8 @@ class RayServiceClient:
 
     # ------------------------------------------------------------------ the actor's own
     def checkpoint(self, timeout: float = 3600.0) -> JSONDict:
-        """The service's checkpoint (``ServiceActor.checkpoint``): may take minutes with a real π_φ."""
+        """The service's checkpoint (``ServiceActor.checkpoint``): may take minutes with a
+        real π_φ."""
         return dict(self._call_within(timeout, ServiceActor.checkpoint))
 
     def node_id(self) -> str:
@@ -461,5 +572,12 @@ def _request_dict(request: DistillationRequest) -> RequestDict:
     return request.to_dict()
 
 
-__all__ = ["HEAD_NODE_RESOURCE", "EmbedderPool", "RayServiceClient", "ServiceActor", "deploy_service",
-           "head_node_id", "newest_checkpoint"]
+__all__ = [
+    "HEAD_NODE_RESOURCE",
+    "EmbedderPool",
+    "RayServiceClient",
+    "ServiceActor",
+    "deploy_service",
+    "head_node_id",
+    "newest_checkpoint",
+]

@@ -7,9 +7,10 @@ finished episodes (the wrappers do it) and calls ``end_step(t)`` when rollout st
 
 * ``submit`` records the request in its step (:class:`~crl_gym.experience.service.StepLedger`)
   and queues it for distillation;
-* ``end_step(t)`` credits every entry used in step t with r̄(m) (:func:`~crl_train.service.credit.step_credits`),
-  updates EDGE's utilities and prunes (when the options say so), schedules a Merge every
-  ``merge_every`` steps, and — synchronously — runs the extractor's loop to idle;
+* ``end_step(t)`` credits every entry used in step t with r̄(m)
+  (:func:`~crl_train.service.credit.step_credits`), updates EDGE's utilities and prunes (when the
+  options say so), schedules a Merge every ``merge_every`` steps, and — synchronously — runs the
+  extractor's loop to idle;
 * the :class:`~crl_train.service.track.BackgroundTrack` does the model work: distil → ops → bank,
   credits → B_φ → CISPO, merge.
 
@@ -61,8 +62,9 @@ class EdgeUtility:
 
 @dataclass(frozen=True)
 class EdgeReflection:
-    """EDGE: task categories whose success rate in a step is below ξ make the extractor contrast their
-    failed and successful episodes and write new entries (at most ``max_entries`` per step)."""
+    """EDGE: task categories whose success rate in a step is below ξ make the extractor contrast
+    their failed and successful episodes and write new entries (at most ``max_entries``
+    per step)."""
 
     below: float = 0.5
     """ξ."""
@@ -92,7 +94,8 @@ class ServiceOptions:
     """Refuse new entries this close (cosine) to one in the bank (EDGE's near-duplicate refusal);
     None keeps the manager's own ``manager.dedup_similarity``."""
     seed_bank: bool = True
-    """An empty bank starts with ``experience.seed_entries`` (EDGE: False, its bank starts empty)."""
+    """An empty bank starts with ``experience.seed_entries`` (EDGE: False, its bank
+    starts empty)."""
     entry_reward: EntryReward = AlgoConfig.entry_reward
     """r(m) of a guided episode: ``direct`` (±1 by its success, the paper's choice) or ``relative``
     (minus the mean ±1 of its group's free subgroup, the variant the paper found worse)."""
@@ -118,15 +121,17 @@ class ServiceOptions:
     distill_linger_s: float = ExperienceConfig.distill_linger_s
     """Asynchronously, after the first request wait up to this long for a full batch."""
     distill_fraction: float = ExperienceConfig.distill_fraction
-    """Share of requests distilled, each drawn by :func:`~crl_train.service.track.drawn_for_distillation`
-    (1: all, the paper; ``experience.distill_fraction``). Every request is still credited."""
+    """Share of requests distilled, each drawn by
+    :func:`~crl_train.service.track.drawn_for_distillation` (1: all, the paper;
+    ``experience.distill_fraction``). Every request is still credited."""
     draw_seed: int = 0
     """Salt of that draw (a run's seed)."""
     distill_per_group: int = ExperienceConfig.distill_per_group
-    """Copies of each rollout group distilled, chosen outcome-blind (:func:`~crl_train.service.track.drawn_in_group`;
-    ``experience.distill_per_group``); 0: off."""
+    """Copies of each rollout group distilled, chosen outcome-blind
+    (:func:`~crl_train.service.track.drawn_in_group`; ``experience.distill_per_group``); 0: off."""
     asynchronous: bool = ExperienceConfig.asynchronous
-    """The extractor's loop runs in its own thread; False runs it to idle inside each ``end_step``."""
+    """The extractor's loop runs in its own thread; False runs it to idle inside
+    each ``end_step``."""
 
     def __post_init__(self) -> None:
         check_choices(self, "ServiceOptions")
@@ -136,26 +141,41 @@ class ServiceOptions:
         """The queue, buffer and merge settings of a run's config (a method adds its own choices
         with :func:`dataclasses.replace`)."""
         algo, exp = cfg.algo, cfg.experience
-        return cls(buffer_size=algo.buffer_size, merge_every=algo.merge_every,
-                   merge_token_budget=algo.merge_token_budget, distill_batch=exp.distill_batch,
-                   distill_linger_s=exp.distill_linger_s, asynchronous=exp.asynchronous,
-                   distill_fraction=exp.distill_fraction, draw_seed=cfg.seed,
-                   distill_per_group=exp.distill_per_group, entry_reward=algo.entry_reward,
-                   return_reward=algo.return_reward,
-                   # a user's entries (seed_entries) are pinned unless the config unpins them all
-                   # (the paper's Merge compacts a run's seed entries too:
-                   # manager.pin_user_entries: false)
-                   merge_seeded=not cfg.manager.pin_user_entries)
+        return cls(
+            buffer_size=algo.buffer_size,
+            merge_every=algo.merge_every,
+            merge_token_budget=algo.merge_token_budget,
+            distill_batch=exp.distill_batch,
+            distill_linger_s=exp.distill_linger_s,
+            asynchronous=exp.asynchronous,
+            distill_fraction=exp.distill_fraction,
+            draw_seed=cfg.seed,
+            distill_per_group=exp.distill_per_group,
+            entry_reward=algo.entry_reward,
+            return_reward=algo.return_reward,
+            # a user's entries (seed_entries) are pinned unless the config unpins them all
+            # (the paper's Merge compacts a run's seed entries too:
+            # manager.pin_user_entries: false)
+            merge_seeded=not cfg.manager.pin_user_entries,
+        )
 
 
-STATS_COLUMNS: tuple[str, ...] = ("bank_size", "queue_depth", "extractor_reward", "extractor_updates",
-                                  "extractor_loss", "buffer_size")
-"""Figures :meth:`ExperienceService.stats` computes (not :class:`TrackStats` counters) that every metrics row shows."""
+STATS_COLUMNS: tuple[str, ...] = (
+    "bank_size",
+    "queue_depth",
+    "extractor_reward",
+    "extractor_updates",
+    "extractor_loss",
+    "buffer_size",
+)
+"""Figures :meth:`ExperienceService.stats` computes (not :class:`TrackStats` counters) that every
+metrics row shows."""
 
 
 def row_columns() -> dict[str, str]:
-    """Metrics-row column → key of :meth:`ExperienceService.stats`: :data:`STATS_COLUMNS`, then every
-    :class:`TrackStats` counter marked as a column (under its field name, or the name its mark gives).
+    """Metrics-row column → key of :meth:`ExperienceService.stats`: :data:`STATS_COLUMNS`, then
+    every :class:`TrackStats` counter marked as a column (under its field name, or the name its
+    mark gives).
 
     >>> cols = row_columns()
     >>> cols["bank_size"], cols["distilled"], cols["track_errors"]
@@ -181,7 +201,8 @@ def _items(value: object, what: str) -> list[Any]:
 
 
 def _check_track_state(d: dict[str, Any], what: str) -> None:
-    """The track's part (B_φ, the extractor's step, version and constraints), as ``BackgroundTrack.state`` writes it."""
+    """The track's part (B_φ, the extractor's step, version and constraints), as
+    ``BackgroundTrack.state`` writes it."""
     for i, item in enumerate(_items(d.get("buffer", []), f"{what}.buffer")):
         at = f"{what}.buffer[{i}]"
         item = _object(item, at)
@@ -213,14 +234,18 @@ def _check_track_state(d: dict[str, Any], what: str) -> None:
             if ref is None or isinstance(ref, list):
                 continue  # no constraint, or a set written inline (the older form)
             if check_int(ref, f"{at}[{j}]", low=0) >= len(sets):
-                raise ValueError(f"{at}[{j}] refers to allowed set {ref}, but the state holds {len(sets)} sets")
+                raise ValueError(
+                    f"{at}[{j}] refers to allowed set {ref}, but the state holds {len(sets)} sets"
+                )
 
 
 def check_service_state(d: object, what: str = "service") -> None:
-    """Refuse a malformed :meth:`ExperienceService.state` before any of it is applied: ``ValueError``
-    naming the key (``service.track.buffer[3].reward must be a finite number, got nan``).
+    """Refuse a malformed :meth:`ExperienceService.state` before any of it is applied:
+    ``ValueError`` naming the key (``service.track.buffer[3].reward must be a finite number,
+    got nan``).
 
-    Pure: it needs no service, so a resume checks the checkpoint before it builds (and changes) anything.
+    Pure: it needs no service, so a resume checks the checkpoint before it builds (and
+    changes) anything.
     """
     d = _object(d, what)
     if "last_ended" in d:
@@ -250,7 +275,9 @@ def check_service_state(d: object, what: str = "service") -> None:
             for i, x in enumerate(_items(v, at)):
                 finite_float(x, f"{at}[{i}]")
         elif kind.startswith("dict"):
-            for name, x in _object(v, at).items():  # display only (the last update's metrics): NaN may be true
+            for name, x in _object(
+                v, at
+            ).items():  # display only (the last update's metrics): NaN may be true
                 if isinstance(x, bool) or not isinstance(x, (int, float)):
                     raise ValueError(f"{at}.{name} must be a number, got {x!r}")
 
@@ -276,37 +303,56 @@ class ExperienceService(RetrievalService):
 
     Args:
         manager: the bank's manager (closed with the service).
-        extractor: π_φ in process or behind its worker, the oracle (never trained), or None (then options
-            must say ``extractor=False``).
+        extractor: π_φ in process or behind its worker, the oracle (never trained), or None (then
+            options must say ``extractor=False``).
         options: the method's extractor side.
         last_ended: the last rollout step already ended (resume).
     """
 
     keeps_requests = True
 
-    def __init__(self, manager: ExperienceManager, extractor: AnyExtractor | None,
-                 options: ServiceOptions = ServiceOptions(), *, last_ended: int = -1) -> None:
+    def __init__(
+        self,
+        manager: ExperienceManager,
+        extractor: AnyExtractor | None,
+        options: ServiceOptions = ServiceOptions(),
+        *,
+        last_ended: int = -1,
+    ) -> None:
         if (extractor is None) == options.extractor:
-            raise ValueError(f"ExperienceService: options.extractor={options.extractor} but an extractor was "
-                             f"{'not ' if extractor is None else ''}given")
+            raise ValueError(
+                f"ExperienceService: options.extractor={options.extractor} but an extractor was "
+                f"{'not ' if extractor is None else ''}given"
+            )
         super().__init__(manager, last_ended=last_ended)
         self.options = options
         self.extractor = extractor
-        self.counters.update({"credits": 0, "pruned": 0, "unlogged_credits": 0, "unsaved_utilities": 0})
+        self.counters.update(
+            {"credits": 0, "pruned": 0, "unlogged_credits": 0, "unsaved_utilities": 0}
+        )
         self._resume_clock: float | None = None
         self.checkpoint_dir: Path | None = None
-        """Where :meth:`close` writes a last :meth:`checkpoint` (``crl-experience serve --extractor``)."""
+        """Where :meth:`close` writes a last :meth:`checkpoint`
+        (``crl-experience serve --extractor``)."""
         self.track: BackgroundTrack | None = None
         if extractor is not None:
-            self.track = BackgroundTrack(manager, extractor, buffer_size=options.buffer_size,
-                                         distill_batch=options.distill_batch, distill_linger_s=options.distill_linger_s,
-                                         # a weightless extractor (the oracle) has nothing for CISPO
-                                         train=options.train and extractor.trainable, distill=options.distill,
-                                         merge_token_budget=options.merge_token_budget,
-                                         merge_seeded=options.merge_seeded,
-                                         asynchronous=options.asynchronous, return_reward=options.return_reward,
-                                         distill_fraction=options.distill_fraction, draw_seed=options.draw_seed,
-                                         distill_per_group=options.distill_per_group)
+            self.track = BackgroundTrack(
+                manager,
+                extractor,
+                buffer_size=options.buffer_size,
+                distill_batch=options.distill_batch,
+                distill_linger_s=options.distill_linger_s,
+                # a weightless extractor (the oracle) has nothing for CISPO
+                train=options.train and extractor.trainable,
+                distill=options.distill,
+                merge_token_budget=options.merge_token_budget,
+                merge_seeded=options.merge_seeded,
+                asynchronous=options.asynchronous,
+                return_reward=options.return_reward,
+                distill_fraction=options.distill_fraction,
+                draw_seed=options.draw_seed,
+                distill_per_group=options.distill_per_group,
+            )
             self.track.actor_step = last_ended + 1
             if options.refine:
                 manager.refiner = extractor.refine
@@ -341,7 +387,10 @@ class ExperienceService(RetrievalService):
                 try:
                     self.checkpoint(self.checkpoint_dir)
                 except Exception:  # noqa: BLE001 - closing goes on; the previous checkpoint stays
-                    log.exception("closing: the service checkpoint in %s failed; the previous one stays", self.checkpoint_dir)
+                    log.exception(
+                        "closing: the service checkpoint in %s failed; the previous one stays",
+                        self.checkpoint_dir,
+                    )
         finally:
             try:
                 if self.extractor is not None:
@@ -356,9 +405,14 @@ class ExperienceService(RetrievalService):
             if self.options.edge is not None:
                 try:
                     self._edge_utility(step, self.options.edge)
-                except StorageFault:  # the step is ended: its EDGE update is skipped, counted and logged
+                except (
+                    StorageFault
+                ):  # the step is ended: its EDGE update is skipped, counted and logged
                     self.counters["unsaved_utilities"] += 1
-                    log.exception("step %d: saving EDGE utilities failed (counted in unsaved_utilities)", step.step)
+                    log.exception(
+                        "step %d: saving EDGE utilities failed (counted in unsaved_utilities)",
+                        step.step,
+                    )
             if self.track is None:
                 continue
             if self.options.reflection is not None and self.options.distill:
@@ -368,7 +422,11 @@ class ExperienceService(RetrievalService):
             self.track.credit(credits)
             self._log_credits(step, credits)
             credited += len(credits)
-            if self.options.distill and self.options.merge_every and (step.step + 1) % self.options.merge_every == 0:
+            if (
+                self.options.distill
+                and self.options.merge_every
+                and (step.step + 1) % self.options.merge_every == 0
+            ):
                 self.track.request_merge(step.step)
         self.counters["credits"] += credited
         if self.track is not None:
@@ -385,18 +443,28 @@ class ExperienceService(RetrievalService):
         from crl_train.service.credit import credited_entries
 
         episodes = Counter(i for r in closed.requests for i in credited_entries(r))
-        rows = [(c.entry_id, c.reward, episodes[c.entry_id]) for c in credits if c.entry_id is not None]
+        rows = [
+            (c.entry_id, c.reward, episodes[c.entry_id]) for c in credits if c.entry_id is not None
+        ]
         try:
             self.manager.bank.record_credits(closed.step, rows)
-        except StorageFault:  # B_φ has them already: a full disk costs the log its rows, not the step its end
+        except (
+            StorageFault
+        ):  # B_φ has them already: a full disk costs the log its rows, not the step its end
             self.counters["unlogged_credits"] += len(rows)
-            log.exception("step %d: logging %d credits in the bank failed (counted in unlogged_credits)", closed.step, len(rows))
+            log.exception(
+                "step %d: logging %d credits in the bank failed (counted in unlogged_credits)",
+                closed.step,
+                len(rows),
+            )
 
     def _edge_utility(self, closed: ClosedStep, edge: EdgeUtility) -> None:
         bank = self.manager.bank
         used = {e.id for r in closed.requests for e in guiding_entries(r)}
         current = {i: e.utility for i in used if (e := bank.get(i)) is not None}
-        updates = utility_updates(closed, current, momentum=edge.momentum, prune_below=edge.prune_below)
+        updates = utility_updates(
+            closed, current, momentum=edge.momentum, prune_below=edge.prune_below
+        )
         for u in updates:
             bank.set_utility(u.entry_id, u.utility)
         doomed = [DeleteOp(u.entry_id) for u in updates if u.prune]
@@ -411,15 +479,27 @@ class ExperienceService(RetrievalService):
             return out
         st = self.track.stats
         rewards = st.rewards[-200:]
-        track = {k: v for k, v in dataclasses.asdict(st).items()
-                 if k not in ("rewards", "last_update", "distilled", "credited", "merges")}
+        track = {
+            k: v
+            for k, v in dataclasses.asdict(st).items()
+            if k not in ("rewards", "last_update", "distilled", "credited", "merges")
+        }
         loss = st.last_update.get("loss")
         return dataclasses.replace(
-            out, extractor="alive" if self.extractor is not None and self.extractor.alive else "gone",
-            distilled=st.distilled, credited=st.credited, merges=st.merges, extractor_updates=st.updates,
-            counters={**out.counters, **track, "extractor_loss": None if loss is None else float(loss),
-                      "extractor_reward": sum(rewards) / len(rewards) if rewards else None,
-                      "buffer_size": len(self.track.buffer)})
+            out,
+            extractor="alive" if self.extractor is not None and self.extractor.alive else "gone",
+            distilled=st.distilled,
+            credited=st.credited,
+            merges=st.merges,
+            extractor_updates=st.updates,
+            counters={
+                **out.counters,
+                **track,
+                "extractor_loss": None if loss is None else float(loss),
+                "extractor_reward": sum(rewards) / len(rewards) if rewards else None,
+                "buffer_size": len(self.track.buffer),
+            },
+        )
 
     def health(self) -> Health:
         out = super().health()
@@ -428,18 +508,24 @@ class ExperienceService(RetrievalService):
         return out
 
     def flush(self) -> None:
-        """Bank statistics to SQLite and queued requests to the spill file (a kill after this loses none)."""
+        """Bank statistics to SQLite and queued requests to the spill file (a kill after this
+        loses none)."""
         self.manager.bank.flush()
         self.manager.persist_pending()
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the last ended step, B_φ, the extractor's version and counters,
         the manager's clock (the recency window's time) and the Merge redirections."""
-        out: dict[str, Any] = {"last_ended": self.ledger.last_ended, "counters": dict(self.counters),
-                               "clock": float(self.manager.clock()),
-                               "merged_into": {str(k): v for k, v in self.manager.merged_into.items()}}
+        out: dict[str, Any] = {
+            "last_ended": self.ledger.last_ended,
+            "counters": dict(self.counters),
+            "clock": float(self.manager.clock()),
+            "merged_into": {str(k): v for k, v in self.manager.merged_into.items()},
+        }
         if self.track is not None:
-            out["track"] = self.track.state()  # waits for the track's current pass: buffer and weights agree
+            out["track"] = (
+                self.track.state()
+            )  # waits for the track's current pass: buffer and weights agree
             st = dataclasses.asdict(self.track.stats)
             st["rewards"] = st["rewards"][-200:]  # the extractor_reward window
             out["track_stats"] = st
@@ -450,7 +536,9 @@ class ExperienceService(RetrievalService):
         raises ``ValueError`` naming the key (:func:`check_service_state`) and changes nothing."""
         check_service_state(d)
         self.ledger.last_ended = int(d.get("last_ended", self.ledger.last_ended))
-        if "clock" in d:  # the recency window goes on from the checkpoint's time once the service starts
+        if (
+            "clock" in d
+        ):  # the recency window goes on from the checkpoint's time once the service starts
             self._resume_clock = float(d["clock"])
         if "merged_into" in d:
             self.manager.merged_into = {int(k): int(v) for k, v in d["merged_into"].items()}
@@ -467,16 +555,21 @@ class ExperienceService(RetrievalService):
             else:
                 log.warning("checkpoint counter track.%s is unknown here; ignored", k)
 
-    def save(self, target: Path, previous: Path | None = None, *, bank: bool = True) -> dict[str, Any]:
+    def save(
+        self, target: Path, previous: Path | None = None, *, bank: bool = True
+    ) -> dict[str, Any]:
         """One consistent checkpoint of the service into the new directory ``target``: returns
         :meth:`state`, and writes π_φ (``extractor/``) and, with ``bank``, the bank and the queue
         (``bank/``, :meth:`ExperienceManager.snapshot`), all while the extractor's loop is held
         between passes, so B_φ, the weights, the bank and the queue are of one moment.
-        ``previous``: the last checkpoint's directory (its extractor stands in for a dead worker's)."""
+        ``previous``: the last checkpoint's directory (its extractor stands in for a
+        dead worker's)."""
         lock = self.track.held() if self.track is not None else contextlib.nullcontext()
         with lock:
             state = self.state()
-            self.save_extractor(target / "extractor", None if previous is None else previous / "extractor")
+            self.save_extractor(
+                target / "extractor", None if previous is None else previous / "extractor"
+            )
             if bank:
                 self.manager.bank.flush_stats()
                 self.manager.snapshot(target / "bank")
@@ -487,9 +580,9 @@ class ExperienceService(RetrievalService):
         by the run's checkpoint writer), for a face that serves several trainers (the HTTP server,
         the Ray actor): their bank is never rolled back, what a client was acknowledged stays.
         The bank as it was is kept as the snapshot ``checkpoint-step-N-TIME`` of the bank
-        (:mod:`crl_gym.experience.snapshots`; the latest :data:`CHECKPOINT_SNAPSHOTS` are kept), named
-        in the checkpoint's ``bank_snapshot``: ``crl-experience restore`` pairs the bank with it.
-        Returns the checkpoint's path, last ended step and that snapshot's name."""
+        (:mod:`crl_gym.experience.snapshots`; the latest :data:`CHECKPOINT_SNAPSHOTS` are kept),
+        named in the checkpoint's ``bank_snapshot``: ``crl-experience restore`` pairs the bank with
+        it. Returns the checkpoint's path, last ended step and that snapshot's name."""
         from crl_train.service.checkpoint import CKPT, begin_checkpoint, commit_checkpoint
 
         self.flush()
@@ -501,7 +594,11 @@ class ExperienceService(RetrievalService):
             snapshot = self.snapshot_bank(default_name(prefix)).name
             prune_snapshots(self.manager.bank.path, "checkpoint-step-", CHECKPOINT_SNAPSHOTS)
         final = commit_checkpoint(service_dir, tmp, {"service": state, "bank_snapshot": snapshot})
-        return {"path": str(final), "last_ended": int(state["last_ended"]), "bank_snapshot": snapshot}
+        return {
+            "path": str(final),
+            "last_ended": int(state["last_ended"]),
+            "bank_snapshot": snapshot,
+        }
 
     def restore(self, source: Path) -> None:
         """The bank and the queue become the checkpoint's copies in ``source`` (``bank/`` of
@@ -512,7 +609,8 @@ class ExperienceService(RetrievalService):
 
     def save_extractor(self, target: Path, previous: Path | None = None) -> None:
         """π_φ's weights into ``target`` (through the worker when it runs in a process). A dead
-        worker has nothing to save: ``previous`` (the last checkpoint's extractor) is copied instead."""
+        worker has nothing to save: ``previous`` (the last checkpoint's extractor) is
+        copied instead."""
         if self.extractor is None:
             return
         try:
@@ -520,7 +618,12 @@ class ExperienceService(RetrievalService):
         except ExtractorUnavailable:
             if previous is not None and previous.is_dir():
                 shutil.copytree(previous, target)
-                log.error("extractor worker is gone: the checkpoint keeps the extractor of the previous checkpoint")
+                log.error(
+                    "extractor worker is gone: the checkpoint keeps the extractor of the "
+                    "previous checkpoint"
+                )
             else:
-                log.error("extractor worker is gone and no earlier extractor checkpoint exists: "
-                          "a resume will start a fresh extractor")
+                log.error(
+                    "extractor worker is gone and no earlier extractor checkpoint exists: "
+                    "a resume will start a fresh extractor"
+                )

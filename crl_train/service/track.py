@@ -85,9 +85,11 @@ COLUMN = "metrics_column"
 class TrackStats:
     distilled: int = _column()
     undrawn: int = _column()
-    """Requests left undistilled by the draw (``distill_per_group``, ``distill_fraction`` < 1); still credited."""
+    """Requests left undistilled by the draw (``distill_per_group``, ``distill_fraction`` < 1);
+    still credited."""
     ungrouped: int = 0
-    """Requests ``distill_per_group`` could not place in a group (drawn by ``distill_fraction`` instead)."""
+    """Requests ``distill_per_group`` could not place in a group (drawn by
+    ``distill_fraction`` instead)."""
     distill_batches: int = _column()
     """Generate calls of distillation (distilled / distill_batches = the mean batch)."""
     added: int = _column()
@@ -97,9 +99,11 @@ class TrackStats:
     refused: int = _column()
     """New entries refused as near-duplicates of the bank's (``dedup_similarity``)."""
     stale: int = _column()
-    """Ops on entries that changed after the episode saw them (merged away, pruned): redirected or kept as Adds."""
+    """Ops on entries that changed after the episode saw them (merged away, pruned): redirected
+    or kept as Adds."""
     pinned: int = 0
-    """Update / Delete ops on a user's pinned entry (``crl_gym.experience.pinning``): the Update kept as an Add, the Delete dropped."""
+    """Update / Delete ops on a user's pinned entry (``crl_gym.experience.pinning``): the Update
+    kept as an Add, the Delete dropped."""
     credited: int = _column()
     credited_returns: int = 0
     """Return-only answers put into B_φ with ``return_reward`` (0 unless that option is set)."""
@@ -132,9 +136,9 @@ class TrackStats:
 
 def drawn_for_distillation(request: DistillationRequest, fraction: float, seed: int) -> bool:
     """Whether ``request`` is one of the ``fraction`` of requests the extractor distils: a uniform
-    number from a hash of the request's content (its id and meta left out, so a resumed run draws the
-    same episodes) and ``seed``, below ``fraction``. Identical episodes are drawn together: they would
-    give the extractor the same prompt.
+    number from a hash of the request's content (its id and meta left out, so a resumed run draws
+    the same episodes) and ``seed``, below ``fraction``. Identical episodes are drawn together: they
+    would give the extractor the same prompt.
 
     >>> from crl_gym.protocol import Step, Trajectory
     >>> reqs = [DistillationRequest(task=f"task {i}", trajectory=Trajectory(steps=[Step("o", "east", 0.0)]),
@@ -147,20 +151,22 @@ def drawn_for_distillation(request: DistillationRequest, fraction: float, seed: 
     if fraction >= 1:
         return True
     content = {k: v for k, v in request.to_dict().items() if k not in ("request_id", "meta")}
-    digest = hashlib.blake2b(f"{seed}\n{json.dumps(content, sort_keys=True)}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(
+        f"{seed}\n{json.dumps(content, sort_keys=True)}".encode(), digest_size=8
+    ).digest()
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
 def drawn_in_group(request: DistillationRequest, per_group: int, seed: int) -> bool | None:
-    """Whether ``request`` is one of the ``per_group`` copies of its rollout group that the extractor
-    distils, or None when the request does not carry its place in the group (``meta`` keys
+    """Whether ``request`` is one of the ``per_group`` copies of its rollout group that the
+    extractor distils, or None when the request does not carry its place in the group (``meta`` keys
     :data:`GROUP_COPY` and :data:`GROUP_SIZE`, set by the runner).
 
-    Outcome-blind: the chosen copies depend on the group (env, task seed, rollout step) and ``seed``,
-    never on how an episode went. They are spread evenly over the group from a hashed offset, so
-    with two per group one is guided and one free (the runner's first half is guided), as the
-    paper distils both halves. Every task played gets entries, at ``per_group`` requests per group
-    instead of all of them.
+    Outcome-blind: the chosen copies depend on the group (env, task seed, rollout step) and
+    ``seed``, never on how an episode went. They are spread evenly over the group from a hashed
+    offset, so with two per group one is guided and one free (the runner's first half is guided), as
+    the paper distils both halves. Every task played gets entries, at ``per_group`` requests per
+    group instead of all of them.
 
     >>> from crl_gym.protocol import Step, Trajectory
     >>> def req(copy):
@@ -185,8 +191,8 @@ def drawn_in_group(request: DistillationRequest, per_group: int, seed: int) -> b
 
 
 def is_plain_return(ops: Sequence[ExperienceOp]) -> bool:
-    """Whether an answer's ops are well-formed Returns only ("nothing new"): what ``return_reward`` credits.
-    A malformed answer, which the parser turns into a Return, is not one.
+    """Whether an answer's ops are well-formed Returns only ("nothing new"): what ``return_reward``
+    credits. A malformed answer, which the parser turns into a Return, is not one.
 
     >>> is_plain_return([ReturnOp()]), is_plain_return([ReturnOp(malformed=True)]), is_plain_return([])
     (True, False, False)
@@ -228,12 +234,15 @@ class BackgroundTrack:
         self.asynchronous = asynchronous
         self.num_threads = num_threads
         self.return_reward = return_reward
-        """The reward a Return-only answer enters B_φ with (None: never credited, the paper's rule)."""
+        """The reward a Return-only answer enters B_φ with (None: never credited, the
+        paper's rule)."""
         self.distill_fraction = distill_fraction
-        """The share of requests distilled (:func:`drawn_for_distillation`; 1: all, the paper's rule)."""
+        """The share of requests distilled (:func:`drawn_for_distillation`; 1: all, the
+        paper's rule)."""
         self.draw_seed = draw_seed
         self.distill_per_group = distill_per_group
-        """Copies distilled per rollout group (:func:`drawn_in_group`; 0: off, ``distill_fraction`` decides)."""
+        """Copies distilled per rollout group (:func:`drawn_in_group`; 0: off,
+        ``distill_fraction`` decides)."""
         self.buffer: list[BufferItem] = []
         self.credits: queue.SimpleQueue[Credit] = queue.SimpleQueue()
         self.merge_requests: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -242,7 +251,8 @@ class BackgroundTrack:
         """New entries reflections may still add, per step (EDGE: up to 3 per step)."""
         self.stats = TrackStats()
         self.actor_step = 0
-        """The open rollout step (set by the service): the step of entries from requests without one."""
+        """The open rollout step (set by the service): the step of entries from requests
+        without one."""
         self.ext_step = 0
         self._stop = threading.Event()
         self._busy = threading.RLock()
@@ -251,7 +261,9 @@ class BackgroundTrack:
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
         if self.asynchronous and self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="crl-background-track", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="crl-background-track", daemon=True
+            )
             self._thread.start()
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -287,7 +299,8 @@ class BackgroundTrack:
         self.merge_requests.put(step)
 
     def request_reflections(self, jobs: list[Reflection], budget: int) -> None:
-        """Reflections of one step, worst category first; together they add at most ``budget`` entries."""
+        """Reflections of one step, worst category first; together they add at most
+        ``budget`` entries."""
         if jobs:
             self.reflection_budget[jobs[0].step] = budget
             for job in jobs:
@@ -315,7 +328,10 @@ class BackgroundTrack:
                 self._take_credit(c)
                 worked = True
             if self.train and len(self.buffer) >= self.buffer_size:
-                batch, self.buffer = self.buffer[: self.buffer_size], self.buffer[self.buffer_size :]
+                batch, self.buffer = (
+                    self.buffer[: self.buffer_size],
+                    self.buffer[self.buffer_size :],
+                )
                 try:
                     m = self.extractor.update(batch, self.manager.bank, self.ext_step + 1)
                 except ExtractorUnavailable:
@@ -345,10 +361,10 @@ class BackgroundTrack:
     def _take_requests(self, wait: float) -> list[DistillationRequest]:
         """Up to ``distill_batch`` requests that the draw keeps (:meth:`_drawn`). Asynchronously
         (``wait`` > 0) the batch is filled for up to ``distill_linger_s`` after the first request:
-        episodes end one by one, and one batched generation of 8 costs about what one of 1 does (small
-        models spend it in per-token Python), so distilling them as they trickle in would multiply the
-        extractor's CPU time — taken from the actor's core when cores are shared. Synchronously,
-        everything pending is taken now."""
+        episodes end one by one, and one batched generation of 8 costs about what one of 1 does
+        (small models spend it in per-token Python), so distilling them as they trickle in would
+        multiply the extractor's CPU time — taken from the actor's core when cores are shared.
+        Synchronously, everything pending is taken now."""
         reqs = self._drawn(self.manager.get_requests(self.distill_batch, timeout=wait))
         if wait > 0 and reqs and self.distill_linger_s > 0:
             deadline = time.monotonic() + self.distill_linger_s
@@ -356,21 +372,34 @@ class BackgroundTrack:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                reqs += self._drawn(self.manager.get_requests(self.distill_batch - len(reqs), timeout=min(left, 0.1)))
+                reqs += self._drawn(
+                    self.manager.get_requests(
+                        self.distill_batch - len(reqs), timeout=min(left, 0.1)
+                    )
+                )
         return reqs
 
     def _drawn(self, reqs: list[DistillationRequest]) -> list[DistillationRequest]:
-        """The requests the draw keeps (``distill_per_group``, else ``distill_fraction``); the others
-        are counted as ``undrawn``. A request that does not say its place in its group (a loop that
-        does not record it) is drawn by ``distill_fraction`` and counted as ``ungrouped``."""
+        """The requests the draw keeps (``distill_per_group``, else ``distill_fraction``); the
+        others are counted as ``undrawn``. A request that does not say its place in its group (a
+        loop that does not record it) is drawn by ``distill_fraction`` and counted
+        as ``ungrouped``."""
         kept = []
         for r in reqs:
-            keep = drawn_in_group(r, self.distill_per_group, self.draw_seed) if self.distill_per_group else None
+            keep = (
+                drawn_in_group(r, self.distill_per_group, self.draw_seed)
+                if self.distill_per_group
+                else None
+            )
             if keep is None:
                 if self.distill_per_group:
                     if not self.stats.ungrouped:
-                        log.warning("distill_per_group: a request without its place in its group (meta %r, %r); "
-                                    "such requests are drawn by distill_fraction", GROUP_COPY, GROUP_SIZE)
+                        log.warning(
+                            "distill_per_group: a request without its place in its group (meta %r, "
+                            "%r); such requests are drawn by distill_fraction",
+                            GROUP_COPY,
+                            GROUP_SIZE,
+                        )
                     self.stats.ungrouped += 1
                 keep = drawn_for_distillation(r, self.distill_fraction, self.draw_seed)
             if keep:
@@ -385,13 +414,13 @@ class BackgroundTrack:
                 return
 
     def distill_now(self, reqs: list[DistillationRequest]) -> int:
-        """Distil ``reqs`` in the caller's thread, under the run's draw, into the bank; returns how many
-        were distilled. For held-out evaluation with a live bank (``crl-eval --memory online``): no
-        credit follows, so no sample reaches an update."""
+        """Distil ``reqs`` in the caller's thread, under the run's draw, into the bank; returns how
+        many were distilled. For held-out evaluation with a live bank
+        (``crl-eval --memory online``): no credit follows, so no sample reaches an update."""
         kept = self._drawn(reqs)
         with self._busy:
             for i in range(0, len(kept), self.distill_batch):
-                self._distill(kept[i:i + self.distill_batch])
+                self._distill(kept[i : i + self.distill_batch])
         return len(kept)
 
     def _distill(self, reqs: list[DistillationRequest]) -> None:
@@ -400,7 +429,11 @@ class BackgroundTrack:
         results = self.extractor.distill(reqs)
         self.stats.distill_batches += 1
         for req, (sample, ops) in zip(reqs, results, strict=True):
-            step = self.actor_step if req.rollout_step is None or req.rollout_step < 0 else req.rollout_step
+            step = (
+                self.actor_step
+                if req.rollout_step is None or req.rollout_step < 0
+                else req.rollout_step
+            )
             res = self.manager.apply_ops(ops, sample=sample, step=step, request=req)
             self.stats.distilled += 1
             self.stats.added += len(res.added)
@@ -410,7 +443,12 @@ class BackgroundTrack:
             self.stats.refused += res.refused
             self.stats.stale += res.stale
             self.stats.pinned += res.pinned
-            if self.return_reward is not None and self.train and is_plain_return(ops) and sample.token_ids:
+            if (
+                self.return_reward is not None
+                and self.train
+                and is_plain_return(ops)
+                and sample.token_ids
+            ):
                 self.buffer.append(BufferItem(sample, self.return_reward, None, step))
                 self.stats.credited_returns += 1
 
@@ -453,10 +491,16 @@ class BackgroundTrack:
             self.stats.skipped_merges += 1
             return
         try:
-            report = merge_bank(self.manager.bank, self.manager.embedder, self.extractor.merge_generate,
-                                token_budget=self.merge_token_budget, count_tokens=self.extractor.count_tokens, step=step,
-                                protect=None if self.merge_seeded else is_pinned,
-                                retrieve_by=self.manager.config.retrieve_by)
+            report = merge_bank(
+                self.manager.bank,
+                self.manager.embedder,
+                self.extractor.merge_generate,
+                token_budget=self.merge_token_budget,
+                count_tokens=self.extractor.count_tokens,
+                step=step,
+                protect=None if self.merge_seeded else is_pinned,
+                retrieve_by=self.manager.config.retrieve_by,
+            )
         except ExtractorUnavailable:
             self.stats.skipped_merges += 1
             return
@@ -475,7 +519,8 @@ class BackgroundTrack:
     # ---------------------------------------------------------------- state
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Hold the loop between two passes (a checkpoint: B_φ, the weights and the bank of one moment)."""
+        """Hold the loop between two passes (a checkpoint: B_φ, the weights and the bank of
+        one moment)."""
         with self._busy:
             yield
 
@@ -496,12 +541,17 @@ class BackgroundTrack:
                     break
             for step in merges:  # still to run here; the state keeps them for a resume
                 self.merge_requests.put(step)
-            out: dict[str, Any] = {"buffer": [b.to_dict() for b in self.buffer], "ext_step": self.ext_step,
-                                   "merges": merges}
+            out: dict[str, Any] = {
+                "buffer": [b.to_dict() for b in self.buffer],
+                "ext_step": self.ext_step,
+                "merges": merges,
+            }
             try:
                 out.update(self.extractor.get_state())  # version + constraints of π_φ's samples
             except ExtractorUnavailable:
-                log.error("checkpoint without the extractor's version/constraints: its worker is gone")
+                log.error(
+                    "checkpoint without the extractor's version/constraints: its worker is gone"
+                )
             return out
 
     def load_state(self, d: dict[str, Any]) -> None:
@@ -515,4 +565,6 @@ class BackgroundTrack:
         for step in d.get("merges", []):
             self.merge_requests.put(int(step))
         # "rng": the generators of the extractor's own process (its worker writes and reads them)
-        self.extractor.set_state({k: d[k] for k in ("version", "allowed_sets", "constraints", "rng") if k in d})
+        self.extractor.set_state(
+            {k: d[k] for k in ("version", "allowed_sets", "constraints", "rng") if k in d}
+        )

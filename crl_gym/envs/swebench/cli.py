@@ -1,7 +1,7 @@
 """``crl-swe``: SWE-Bench task tools.
 
-    crl-swe filter --tasks tasks.jsonl --policy agent.py:act --k 16 --low 0 --high 0.8 --out kept.jsonl
-    crl-swe reap [--all]
+crl-swe filter --tasks tasks.jsonl --policy agent.py:act --k 16 --low 0 --high 0.8 --out kept.jsonl
+crl-swe reap [--all]
 """
 
 from __future__ import annotations
@@ -19,20 +19,56 @@ def cli() -> None:
 
 
 @cli.command("filter")
-@click.option("--tasks", "tasks_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="JSONL/JSON file of SWE-bench instances.")
-@click.option("--policy", required=True, help="file.py:name, package.module:name, or a model directory.")
-@click.option("--k", default=16, show_default=True, type=click.IntRange(min=1), help="Attempts per task.")
-@click.option("--low", default=0.0, show_default=True, type=float, help="Keep tasks with rate > low.")
-@click.option("--high", default=0.8, show_default=True, type=float, help="Keep tasks with rate < high.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSONL of the kept instances.")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1), help="Concurrent episodes.")
+@click.option(
+    "--tasks",
+    "tasks_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSONL/JSON file of SWE-bench instances.",
+)
+@click.option(
+    "--policy", required=True, help="file.py:name, package.module:name, or a model directory."
+)
+@click.option(
+    "--k", default=16, show_default=True, type=click.IntRange(min=1), help="Attempts per task."
+)
+@click.option(
+    "--low", default=0.0, show_default=True, type=float, help="Keep tasks with rate > low."
+)
+@click.option(
+    "--high", default=0.8, show_default=True, type=float, help="Keep tasks with rate < high."
+)
+@click.option(
+    "--out", required=True, type=click.Path(dir_okay=False), help="JSONL of the kept instances."
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Concurrent episodes.",
+)
 @click.option("--max-turns", default=50, show_default=True, type=click.IntRange(min=1))
 @click.option("--command-timeout", default=60.0, show_default=True, type=float)
-@click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
-              help="Also write the per-task success rates here (JSON).")
-def filter_cmd(tasks_path: str, policy: str, k: int, low: float, high: float, out: str, workers: int,
-               max_turns: int, command_timeout: float, report_path: str | None) -> None:
+@click.option(
+    "--report",
+    "report_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write the per-task success rates here (JSON).",
+)
+def filter_cmd(
+    tasks_path: str,
+    policy: str,
+    k: int,
+    low: float,
+    high: float,
+    out: str,
+    workers: int,
+    max_turns: int,
+    command_timeout: float,
+    report_path: str | None,
+) -> None:
     """Keep the tasks whose pass@k success rate of POLICY lies in (LOW, HIGH)."""
     from crl_gym.envs.swebench.env import SWEBenchEnv
     from crl_gym.envs.swebench.filter import filter_tasks, load_policy
@@ -58,8 +94,12 @@ def filter_cmd(tasks_path: str, policy: str, k: int, low: float, high: float, ou
 
 
 @cli.command("reap")
-@click.option("--all", "everything", is_flag=True, help="Remove every sandbox container, not only orphans.")
-@click.option("--images", is_flag=True, help="Also remove the per-instance images built from the base image.")
+@click.option(
+    "--all", "everything", is_flag=True, help="Remove every sandbox container, not only orphans."
+)
+@click.option(
+    "--images", is_flag=True, help="Also remove the per-instance images built from the base image."
+)
 def reap_cmd(everything: bool, images: bool) -> None:
     """Remove leftover sandbox containers (label crl.sandbox=1)."""
     from crl_gym.envs.swebench.image import remove_instance_images

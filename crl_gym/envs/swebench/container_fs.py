@@ -89,14 +89,21 @@ main(*sys.argv[1:5])
 """
 """Reads (``read ROOT PATH -``) and writes (``write ROOT PATH STAGED``) of the work tree's files."""
 
-# realpath -m and stat -L -c %F, for a sandbox that runs Python in-process (no program start per call).
+# realpath -m and stat -L -c %F, for a sandbox that runs Python in-process (no program start
+# per call).
 _REALPATH = "import os, sys\nsys.stdout.write(os.path.realpath(sys.argv[1]))\n"
-_KIND = ("import os, stat, sys\ntry:\n    m = os.stat(sys.argv[1]).st_mode\nexcept OSError:\n    sys.exit(1)\n"
-         "sys.stdout.write('file' if stat.S_ISREG(m) else 'dir' if stat.S_ISDIR(m) else 'other')\n")
+_KIND = (
+    "import os, stat, sys\ntry:\n    m = os.stat(sys.argv[1]).st_mode\nexcept OSError:\n    "
+    "sys.exit(1)\nsys.stdout.write('file' if stat.S_ISREG(m) else 'dir' if stat.S_ISDIR(m) "
+    "else 'other')\n"
+)
 
 # -I: no PYTHON* variables, user site or current directory (the agent controls $HOME=/tmp);
 # -S: no site module. Only the root-owned standard library is imported.
-_PYTHON = 'command -v python3 >/dev/null && exec python3 -I -S -c "$0" "$@"; exec /opt/miniconda3/bin/python3 -I -S -c "$0" "$@"'
+_PYTHON = (
+    'command -v python3 >/dev/null && exec python3 -I -S -c "$0" "$@"; exec '
+    '/opt/miniconda3/bin/python3 -I -S -c "$0" "$@"'
+)
 
 
 class _Workdir(Protocol):
@@ -107,7 +114,8 @@ class _Workdir(Protocol):
 
 
 class Sandbox(Protocol):
-    """What :class:`ContainerFS` uses of a sandbox (:class:`~crl_gym.envs.swebench.sandbox.DockerSandbox` has it)."""
+    """What :class:`ContainerFS` uses of a sandbox
+    (:class:`~crl_gym.envs.swebench.sandbox.DockerSandbox` has it)."""
 
     @property
     def config(self) -> _Workdir:
@@ -119,43 +127,61 @@ class Sandbox(Protocol):
         ...
 
     def stage(self, data: bytes) -> str:
-        """Put ``data`` where the agent's uid can read it but nothing of the agent's can change it; the path."""
+        """Put ``data`` where the agent's uid can read it but nothing of the agent's can change
+        it; the path."""
         ...
 
 
 class ContainerFS:
-    """The editor's :class:`~crl_gym.envs.swebench.editor.FileSystem` inside a sandbox (one edit at a time)."""
+    """The editor's :class:`~crl_gym.envs.swebench.editor.FileSystem` inside a sandbox (one edit
+    at a time)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
         self.root = sandbox.config.workdir
 
     def _in_process(self) -> Any:
-        """The sandbox's ``run_python`` when it runs Python without a program start (persistent shell)."""
-        return getattr(self.sandbox, "run_python", None) if getattr(self.sandbox, "persistent", False) else None
+        """The sandbox's ``run_python`` when it runs Python without a program start
+        (persistent shell)."""
+        return (
+            getattr(self.sandbox, "run_python", None)
+            if getattr(self.sandbox, "persistent", False)
+            else None
+        )
 
-    def _ok(self, argv: list[str], *, refusable: bool = False, python: list[str] | None = None) -> bytes:
+    def _ok(
+        self, argv: list[str], *, refusable: bool = False, python: list[str] | None = None
+    ) -> bytes:
         runner = getattr(self.sandbox, "run_python", None)
-        if python is not None and runner is not None:  # in-process in the sandbox's shell: no interpreter start
+        if (
+            python is not None and runner is not None
+        ):  # in-process in the sandbox's shell: no interpreter start
             code, out = runner(FILE_API, python, timeout=30.0)
         else:
             code, out = self.sandbox.run(argv, timeout=30.0)
         if refusable and code == _REFUSED:  # the agent sees why, as for the editor's own path check
             raise ToolCallError(out.decode("utf-8", "replace").strip())
         if code != 0:
-            raise OSError(out.decode("utf-8", "replace").strip() or f"{argv[0]} failed with exit {code}")
+            raise OSError(
+                out.decode("utf-8", "replace").strip() or f"{argv[0]} failed with exit {code}"
+            )
         return out
 
     def _file_api(self, op: str, path: str, staged: str = "-") -> bytes:
-        return self._ok(["sh", "-c", _PYTHON, FILE_API, op, self.root, path, staged], refusable=True,
-                        python=[op, self.root, path, staged])
+        return self._ok(
+            ["sh", "-c", _PYTHON, FILE_API, op, self.root, path, staged],
+            refusable=True,
+            python=[op, self.root, path, staged],
+        )
 
     def realpath(self, path: str) -> str:
         runner = self._in_process()
         if runner is not None:
             code, out = runner(_REALPATH, [path], timeout=30.0)
             if code != 0:
-                raise OSError(out.decode("utf-8", "replace").strip() or f"realpath failed with exit {code}")
+                raise OSError(
+                    out.decode("utf-8", "replace").strip() or f"realpath failed with exit {code}"
+                )
             return str(out.decode())
         return self._ok(["realpath", "-m", "--", path]).decode().strip()
 
@@ -168,7 +194,9 @@ class ContainerFS:
         if code != 0:
             return "missing"
         text = out.decode().strip()
-        return {"regular file": "file", "regular empty file": "file", "directory": "dir"}.get(text, "other")
+        return {"regular file": "file", "regular empty file": "file", "directory": "dir"}.get(
+            text, "other"
+        )
 
     def read_text(self, path: str) -> str:
         return self._file_api("read", path).decode("utf-8", "replace")
@@ -178,5 +206,7 @@ class ContainerFS:
         self._file_api("write", path, self.sandbox.stage(text.encode("utf-8")))
 
     def list_dir(self, path: str, depth: int = 2) -> list[str]:
-        out = self._ok(["find", path, "-mindepth", "1", "-maxdepth", str(depth), "-not", "-path", "*/.*"])
+        out = self._ok(
+            ["find", path, "-mindepth", "1", "-maxdepth", str(depth), "-not", "-path", "*/.*"]
+        )
         return sorted(line for line in out.decode("utf-8", "replace").splitlines() if line)

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 LABEL = "crl.sandbox"
 OWNER_LABEL = "crl.sandbox.owner"
 HOW_TO_START = (
-    "Start a Docker engine first: `sudo dockerd > /tmp/dockerd.log 2>&1 &` (or `bash .ci/docker.sh`, "
-    "which also installs docker.io and builds the base image), then check with `docker info`."
+    "Start a Docker engine first: `sudo dockerd > /tmp/dockerd.log 2>&1 &` (or `bash "
+    ".ci/docker.sh`, which also installs docker.io and builds the base image), then check with "
+    "`docker info`."
 )
 
 _REAPED = False  # reap_once has run in this process
@@ -100,16 +101,30 @@ def reap_once(client: DockerClient) -> None:
             _REAPED = True
 
 
-def tmpfs_volume(target: str, size: str, labels: dict[str, str], owner: tuple[int, int, int] = (0, 0, 0o1777),
-                  noexec: bool = False) -> Any:
-    """An anonymous local volume on a size-capped tmpfs: it lives in memory, never on the host's disk."""
+def tmpfs_volume(
+    target: str,
+    size: str,
+    labels: dict[str, str],
+    owner: tuple[int, int, int] = (0, 0, 0o1777),
+    noexec: bool = False,
+) -> Any:
+    """An anonymous local volume on a size-capped tmpfs: it lives in memory, never on the
+    host's disk."""
     from docker.types import DriverConfig, Mount
 
     uid, gid, mode = owner
-    opts = f"size={size},uid={uid},gid={gid},mode={mode:o},nosuid,nodev" + (",noexec" if noexec else "")
+    opts = f"size={size},uid={uid},gid={gid},mode={mode:o},nosuid,nodev" + (
+        ",noexec" if noexec else ""
+    )
     # no_copy: the engine's own copy of the image's files would land in a tmpfs it unmounts again
-    return Mount(target, None, type="volume", no_copy=True, labels=labels,
-                 driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": opts}))
+    return Mount(
+        target,
+        None,
+        type="volume",
+        no_copy=True,
+        labels=labels,
+        driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": opts}),
+    )
 
 
 def remove_quietly(container: Container) -> None:

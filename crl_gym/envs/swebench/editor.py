@@ -40,6 +40,7 @@ class FileSystem(Protocol):
     def kind(self, path: str) -> str:
         """``"file"``, ``"dir"``, ``"missing"`` or ``"other"``."""
         ...
+
     def read_text(self, path: str) -> str: ...
     def write_text(self, path: str, text: str) -> None: ...
     def list_dir(self, path: str, depth: int = 2) -> list[str]: ...
@@ -101,7 +102,9 @@ class Editor:
         joined = posixpath.normpath(posixpath.join(self.fs.root, path))
         real = self.fs.realpath(joined)
         for candidate in (joined, real):
-            if candidate != self.fs.root and not candidate.startswith(self.fs.root.rstrip("/") + "/"):
+            if candidate != self.fs.root and not candidate.startswith(
+                self.fs.root.rstrip("/") + "/"
+            ):
                 raise ToolCallError(f"Refused: {path!r} is outside the work tree {self.fs.root}.")
         return joined
 
@@ -110,7 +113,9 @@ class Editor:
         """Run one editor command; errors come back as :class:`ToolCallError`."""
         command = params.get("command", "")
         if command not in EDITOR_COMMANDS:
-            raise ToolCallError(f"Unknown editor command {command!r}. Allowed: {', '.join(EDITOR_COMMANDS)}.")
+            raise ToolCallError(
+                f"Unknown editor command {command!r}. Allowed: {', '.join(EDITOR_COMMANDS)}."
+            )
         path = self.resolve(params.get("path", ""))
         kind = self.fs.kind(path)
         if command == "view":
@@ -120,7 +125,9 @@ class Editor:
         if kind == "missing":
             raise ToolCallError(f"The path {path} does not exist.")
         if kind != "file":
-            raise ToolCallError(f"The path {path} is not a regular file; `{command}` works on files only.")
+            raise ToolCallError(
+                f"The path {path} is not a regular file; `{command}` works on files only."
+            )
         if command == "str_replace":
             return self._str_replace(path, params)
         if command == "insert":
@@ -136,7 +143,10 @@ class Editor:
                 raise ToolCallError("view_range is not allowed when path is a directory.")
             entries = self.fs.list_dir(path, depth=2)
             listing = "\n".join(entries)
-            return f"Files and directories up to 2 levels deep in {path}, hidden items excluded:\n{listing}"
+            return (
+                f"Files and directories up to 2 levels deep in {path}, hidden items "
+                f"excluded:\n{listing}"
+            )
         if kind != "file":
             raise ToolCallError(f"The path {path} is not a regular file or directory.")
         text = self.fs.read_text(path)
@@ -149,37 +159,52 @@ class Editor:
                 if len(rng) != 2:
                     raise ValueError
             except (ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
-                raise ToolCallError(f"view_range must be two integers like [3, 10], got {view_range!r}.") from exc
+                raise ToolCallError(
+                    f"view_range must be two integers like [3, 10], got {view_range!r}."
+                ) from exc
             n = len(lines)
             if not 1 <= start <= n:
-                raise ToolCallError(f"Invalid view_range {view_range}: start {start} must be within [1, {n}].")
+                raise ToolCallError(
+                    f"Invalid view_range {view_range}: start {start} must be within [1, {n}]."
+                )
             if end == -1:
                 end = n
             if end < start or end > n:
-                raise ToolCallError(f"Invalid view_range {view_range}: end {end} must be -1 or within [{start}, {n}].")
+                raise ToolCallError(
+                    f"Invalid view_range {view_range}: end {end} must be -1 or within "
+                    f"[{start}, {n}]."
+                )
             lines = lines[start - 1 : end]
         body = _numbered("\n".join(lines), start)
         if len(body) > MAX_VIEW_CHARS:
-            body = body[:MAX_VIEW_CHARS] + "\n[... file too long: use view_range to see the rest ...]"
+            body = (
+                body[:MAX_VIEW_CHARS] + "\n[... file too long: use view_range to see the rest ...]"
+            )
         return f"Here's the result of running `cat -n` on {path}:\n{body}"
 
     def _create(self, path: str, kind: str, params: dict[str, str]) -> str:
         if "file_text" not in params:
             raise ToolCallError("Parameter `file_text` is required for command: create.")
         if kind != "missing":
-            raise ToolCallError(f"File already exists at: {path}. Cannot overwrite files using command `create`.")
+            raise ToolCallError(
+                f"File already exists at: {path}. Cannot overwrite files using command `create`."
+            )
         self.fs.write_text(path, params["file_text"])
         self._history.setdefault(path, []).append("")  # undo of a create empties the file
         return f"File created successfully at: {path}"
 
     def _str_replace(self, path: str, params: dict[str, str]) -> str:
         if "old_str" not in params or params["old_str"] == "":
-            raise ToolCallError("Parameter `old_str` is required (and non-empty) for command: str_replace.")
+            raise ToolCallError(
+                "Parameter `old_str` is required (and non-empty) for command: str_replace."
+            )
         old, new = params["old_str"], params.get("new_str", "")
         text = self.fs.read_text(path)
         count = text.count(old)
         if count == 0:
-            raise ToolCallError(f"No replacement was performed, old_str `{old}` did not appear verbatim in {path}.")
+            raise ToolCallError(
+                f"No replacement was performed, old_str `{old}` did not appear verbatim in {path}."
+            )
         if count > 1:
             lines = [i + 1 for i, line in enumerate(text.split("\n")) if old.split("\n")[0] in line]
             raise ToolCallError(
@@ -200,7 +225,9 @@ class Editor:
         try:
             at = int(params["insert_line"])
         except ValueError as exc:
-            raise ToolCallError(f"insert_line must be an integer, got {params['insert_line']!r}.") from exc
+            raise ToolCallError(
+                f"insert_line must be an integer, got {params['insert_line']!r}."
+            ) from exc
         text = self.fs.read_text(path)
         lines = text.split("\n")
         # A trailing newline leaves an empty last element; it is not a line the agent can see.
@@ -219,7 +246,10 @@ class Editor:
             raise ToolCallError(f"No edit history found for {path}.")
         previous = history.pop()
         self.fs.write_text(path, previous)
-        return f"Last edit to {path} undone successfully. {self._snippet_message(path, previous, 1, previous.count(chr(10)))}"
+        return (
+            f"Last edit to {path} undone successfully. "
+            f"{self._snippet_message(path, previous, 1, previous.count(chr(10)))}"
+        )
 
     def _snippet_message(self, path: str, text: str, first_line: int, extra_lines: int) -> str:
         lines = text.split("\n")
@@ -227,6 +257,6 @@ class Editor:
         end = min(len(lines), first_line + extra_lines + SNIPPET_LINES)
         snippet = _numbered("\n".join(lines[start - 1 : end]), start)
         return (
-            f"The file {path} has been edited. Here's the result of running `cat -n` on a snippet of {path}:\n"
-            f"{snippet}\nReview the changes and make sure they are as expected."
+            f"The file {path} has been edited. Here's the result of running `cat -n` on a snippet "
+            f"of {path}:\n{snippet}\nReview the changes and make sure they are as expected."
         )

@@ -50,7 +50,9 @@ PROMPT = SWEBENCH_TASK_TEMPLATE
 
 def episode_config(base: SandboxConfig, image: ImageChoice) -> SandboxConfig:
     """The limits of an episode's container: ``base`` with the image's own set-up."""
-    return SandboxConfig(**{**base.__dict__, "env_setup": image.env_setup, "chown_workdir": image.chown_workdir})
+    return SandboxConfig(
+        **{**base.__dict__, "env_setup": image.env_setup, "chown_workdir": image.chown_workdir}
+    )
 
 
 def _start_in_background(sandbox: DockerSandbox) -> Future[DockerSandbox]:
@@ -92,7 +94,10 @@ class SWEBenchEnv(TextEnv):
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if tasks is None:
-            raise ValueError("SWEBenchEnv needs tasks: a .jsonl/.json file of SWE-bench instances, a list, or a dataset id")
+            raise ValueError(
+                "SWEBenchEnv needs tasks: a .jsonl/.json file of SWE-bench instances, a list, or a "
+                "dataset id"
+            )
         self.tasks = load_tasks(tasks, split=split, instance_ids=instance_ids)
         if not self.tasks:
             raise ValueError(f"no tasks loaded from {tasks!r}")
@@ -107,14 +112,19 @@ class SWEBenchEnv(TextEnv):
         With a ``pool``, ``submit`` takes a fresh spare from it instead."""
         self._grader: Future[DockerSandbox] | None = None
         self.pool = pool
-        """Where reset takes its container (:class:`~crl_gym.envs.swebench.pool.SandboxPool`: booted ahead,
-        shared by the envs of a batch); ``None`` boots one at each reset."""
+        """Where reset takes its container (:class:`~crl_gym.envs.swebench.pool.SandboxPool`: booted
+        ahead, shared by the envs of a batch); ``None`` boots one at each reset."""
         self.sandbox: DockerSandbox | None = None
         self.editor: Editor | None = None
         self.instance: dict[str, Any] | None = None
         self.image: ImageChoice | None = None
         self._patch = ""
-        self.stats: dict[str, int] = {"episodes": 0, "malformed_calls": 0, "sandbox_errors": 0, "timeouts": 0}
+        self.stats: dict[str, int] = {
+            "episodes": 0,
+            "malformed_calls": 0,
+            "sandbox_errors": 0,
+            "timeouts": 0,
+        }
 
     @property
     def client(self) -> Any:
@@ -123,13 +133,18 @@ class SWEBenchEnv(TextEnv):
         return self._client
 
     # -- episode -------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._close_sandbox()
         options = options or {}
         if "instance_id" in options:
             if options["instance_id"] not in self._by_id:
-                raise KeyError(f"unknown instance_id {options['instance_id']!r}; known: {', '.join(self._by_id)}")
+                raise KeyError(
+                    f"unknown instance_id {options['instance_id']!r}; known: "
+                    f"{', '.join(self._by_id)}"
+                )
             instance = self._by_id[options["instance_id"]]
         elif "index" in options:
             instance = self.tasks[int(options["index"]) % len(self.tasks)]
@@ -142,24 +157,41 @@ class SWEBenchEnv(TextEnv):
             self.sandbox = self.pool.acquire(self.image.name, cfg)
         else:
             self.sandbox = DockerSandbox(self.image.name, cfg, self.client).start()
-        if self.prestart_grading and self.pool is None:  # with a pool, grading takes a spare at submit
-            self._grader = _start_in_background(DockerSandbox(self.image.name, self._grading_config(), self.client))
+        if (
+            self.prestart_grading and self.pool is None
+        ):  # with a pool, grading takes a spare at submit
+            self._grader = _start_in_background(
+                DockerSandbox(self.image.name, self._grading_config(), self.client)
+            )
         self.editor = Editor(self.sandbox.fs)
         self.turn = 0
         self.stats["episodes"] += 1
-        obs = self.prompt_template.format(workdir=cfg.workdir, problem_statement=instance["problem_statement"],
-                                          tool_help=TOOL_FORMAT_HELP)
+        obs = self.prompt_template.format(
+            workdir=cfg.workdir,
+            problem_statement=instance["problem_statement"],
+            tool_help=TOOL_FORMAT_HELP,
+        )
         self._last_obs = self._fit(obs)
-        info = {"task": instance["problem_statement"], "instance_id": instance["instance_id"], "turn": 0,
-                "image": self.image.name, "latency": {"container_start": self.sandbox.start_latency}}
+        info = {
+            "task": instance["problem_statement"],
+            "instance_id": instance["instance_id"],
+            "turn": 0,
+            "image": self.image.name,
+            "latency": {"container_start": self.sandbox.start_latency},
+        }
         return self._last_obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.sandbox is None or self.instance is None:
-            raise RuntimeError("call reset() before step() (the episode has ended or never started)")
+            raise RuntimeError(
+                "call reset() before step() (the episode has ended or never started)"
+            )
         self.turn += 1
-        info: dict[str, Any] = {"task": self.instance["problem_statement"], "instance_id": self.instance["instance_id"],
-                                "turn": self.turn}
+        info: dict[str, Any] = {
+            "task": self.instance["problem_statement"],
+            "instance_id": self.instance["instance_id"],
+            "turn": self.turn,
+        }
         reward, terminated, truncated = 0.0, False, False
         t0 = time.monotonic()
         restarts = self.sandbox.shell_restarts
@@ -174,15 +206,23 @@ class SWEBenchEnv(TextEnv):
                 info["latency"] = {"grading": result.duration}
             elif call.name == "execute_bash":
                 cfg = self.sandbox.config
-                res = self.sandbox.exec(call.params["command"],
-                                        parse_timeout(call.params.get("timeout"), cfg.command_timeout, cfg.max_command_timeout))
-                obs = f"{res.output}\n[exit code: {res.exit_code}]" + (f"\n{res.note}" if res.note else "")
+                res = self.sandbox.exec(
+                    call.params["command"],
+                    parse_timeout(
+                        call.params.get("timeout"), cfg.command_timeout, cfg.max_command_timeout
+                    ),
+                )
+                obs = f"{res.output}\n[exit code: {res.exit_code}]" + (
+                    f"\n{res.note}" if res.note else ""
+                )
                 self.stats["timeouts"] += int(res.timed_out)
                 info["exit_code"], info["timed_out"] = res.exit_code, res.timed_out
             else:
                 assert self.editor is not None
                 obs = self.editor.run(call.params)
-            if self.sandbox is not None:  # the shell was restarted during this call: the agent is told
+            if (
+                self.sandbox is not None
+            ):  # the shell was restarted during this call: the agent is told
                 notices = self.sandbox.take_notices()
                 if notices:
                     obs += "\n" + " ".join(notices)
@@ -190,12 +230,16 @@ class SWEBenchEnv(TextEnv):
                     info["shell_restarted"] = True
         except ToolCallError as exc:
             self.stats["malformed_calls"] += 1
-            obs = f"ERROR: {exc}" + ("\n\n" + TOOL_FORMAT_HELP if "tool call" in str(exc).lower() else "")
+            obs = f"ERROR: {exc}" + (
+                "\n\n" + TOOL_FORMAT_HELP if "tool call" in str(exc).lower() else ""
+            )
             info["error"] = str(exc)
         except EpisodeTimeoutError as exc:
             obs, truncated = f"Episode stopped: {exc}.", True
             info["error"] = str(exc)
-        except Exception as exc:  # the engine failed under us: end the episode, never crash the trainer
+        except (
+            Exception
+        ) as exc:  # the engine failed under us: end the episode, never crash the trainer
             self.stats["sandbox_errors"] += 1
             log.exception("sandbox error in %s", self.instance["instance_id"])
             obs, truncated = f"Episode stopped: sandbox error ({type(exc).__name__}: {exc}).", True
@@ -221,20 +265,33 @@ class SWEBenchEnv(TextEnv):
         done, self.sandbox, self.editor = self.sandbox, None, None
         threading.Thread(target=done.close, name="crl-sandbox-close").start()
         grader, self._grader = self._grader, None
-        ready = self.pool.acquire(self.image.name, self._grading_config()) if self.pool is not None else None
+        ready = (
+            self.pool.acquire(self.image.name, self._grading_config())
+            if self.pool is not None
+            else None
+        )
         if grader is not None:
             try:
                 ready = grader.result()
             except Exception as exc:  # a failed prestart: grade_patch starts one itself
                 log.warning("the prestarted grading container failed (%s); starting another", exc)
-        return grade_patch(self.instance, self._patch, self.image.name, client=self.client,
-                           config=self._grading_config(), timeout=self.grading_timeout, sandbox=ready)
+        return grade_patch(
+            self.instance,
+            self._patch,
+            self.image.name,
+            client=self.client,
+            config=self._grading_config(),
+            timeout=self.grading_timeout,
+            sandbox=ready,
+        )
 
     def _fit(self, text: str) -> str:
         text = to_charset(text)
         if len(text) > MAX_TEXT:
             cut = len(text) - MAX_TEXT + 100
-            text = text[: MAX_TEXT - 100] + f"\n[... observation truncated: {cut} characters cut ...]"
+            text = (
+                text[: MAX_TEXT - 100] + f"\n[... observation truncated: {cut} characters cut ...]"
+            )
         return text
 
     def _close_sandbox(self) -> None:

@@ -35,7 +35,9 @@ AgentFactory = Callable[[], Agent]
 def _import_object(spec: str) -> Any:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
-        raise ValueError(f"policy {spec!r}: expected 'file.py:name', 'package.module:name' or a model directory")
+        raise ValueError(
+            f"policy {spec!r}: expected 'file.py:name', 'package.module:name' or a model directory"
+        )
     if target.endswith(".py"):
         path = Path(target).expanduser().resolve()
         if not path.is_file():
@@ -63,15 +65,18 @@ ModelAgent = Callable[[Path, int], AgentFactory]
 def _registered_model_agent() -> ModelAgent:
     found = sorted(entry_points(group=MODEL_AGENT_GROUP), key=lambda ep: ep.name)
     if not found:
-        raise ImportError(f"loading a model directory needs a model agent in the entry point group "
-                          f"{MODEL_AGENT_GROUP!r}: install complementary-rl with its [train] extra "
-                          "(crl_train registers one), or pass model_agent")
+        raise ImportError(
+            f"loading a model directory needs a model agent in the entry point group "
+            f"{MODEL_AGENT_GROUP!r}: install complementary-rl with its [train] extra "
+            "(crl_train registers one), or pass model_agent"
+        )
     agent: ModelAgent = found[0].load()
     return agent
 
 
-def load_policy(spec: str, *, max_new_tokens: int = 2048,
-                model_agent: ModelAgent | None = None) -> AgentFactory:
+def load_policy(
+    spec: str, *, max_new_tokens: int = 2048, model_agent: ModelAgent | None = None
+) -> AgentFactory:
     """A factory of agents (one fresh agent per episode) from a policy spec (module doc);
     ``model_agent`` loads a model directory (default: the one registered in
     :data:`MODEL_AGENT_GROUP`)."""
@@ -113,8 +118,16 @@ class FilterReport:
     """Episodes that raised (counted as failures), per task."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "low": self.low, "high": self.high, "rates": self.rates, "kept": self.kept,
-                "n_tasks": len(self.rates), "n_kept": len(self.kept), "errors": self.errors}
+        return {
+            "k": self.k,
+            "low": self.low,
+            "high": self.high,
+            "rates": self.rates,
+            "kept": self.kept,
+            "n_tasks": len(self.rates),
+            "n_kept": len(self.kept),
+            "errors": self.errors,
+        }
 
 
 def keep(rate: float, low: float, high: float) -> bool:
@@ -126,8 +139,13 @@ def keep(rate: float, low: float, high: float) -> bool:
     return low < rate < high
 
 
-def pass_rates(make_env: Callable[[], Any], factory: AgentFactory, instance_ids: list[str], k: int,
-               workers: int = 1) -> tuple[dict[str, float], dict[str, int]]:
+def pass_rates(
+    make_env: Callable[[], Any],
+    factory: AgentFactory,
+    instance_ids: list[str],
+    k: int,
+    workers: int = 1,
+) -> tuple[dict[str, float], dict[str, int]]:
     """``k`` attempts per task; success rate = successes / k. Each worker owns one env."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -160,8 +178,16 @@ def pass_rates(make_env: Callable[[], Any], factory: AgentFactory, instance_ids:
     return {iid: wins[iid] / k for iid in instance_ids}, errors
 
 
-def filter_tasks(tasks: list[dict[str, Any]], make_env: Callable[[], Any], factory: AgentFactory, *, k: int = 16,
-                 low: float = 0.0, high: float = 0.8, workers: int = 1) -> tuple[list[dict[str, Any]], FilterReport]:
+def filter_tasks(
+    tasks: list[dict[str, Any]],
+    make_env: Callable[[], Any],
+    factory: AgentFactory,
+    *,
+    k: int = 16,
+    low: float = 0.0,
+    high: float = 0.8,
+    workers: int = 1,
+) -> tuple[list[dict[str, Any]], FilterReport]:
     """The tasks to keep (in input order) and the report."""
     if not 0.0 <= low < high <= 1.0:
         raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")

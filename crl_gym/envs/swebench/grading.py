@@ -62,8 +62,14 @@ class GradeResult:
         return 1.0 if self.resolved else 0.0
 
     def to_info(self, max_log: int = 4000) -> JSONDict:
-        return {"resolved": self.resolved, "reward": self.reward, "reason": self.reason, "report": self.report,
-                "log_tail": self.log[-max_log:], "duration": self.duration}
+        return {
+            "resolved": self.resolved,
+            "reward": self.reward,
+            "reason": self.reason,
+            "report": self.report,
+            "log_tail": self.log[-max_log:],
+            "duration": self.duration,
+        }
 
 
 def patch_files(test_patch: str) -> list[str]:
@@ -107,7 +113,8 @@ def eval_script(instance: dict[str, Any], workdir: str = "/testbed") -> str:
     ]
     if instance.get("test_patch", "").strip():
         lines += [
-            f"git apply -v - <<'{HEREDOC}' || {{ echo '{TESTS_ERROR}: test_patch did not apply'; exit 1; }}",
+            f"git apply -v - <<'{HEREDOC}' || {{ echo '{TESTS_ERROR}: test_patch did not apply'; "
+            "exit 1; }",
             instance["test_patch"].rstrip("\n"),
             HEREDOC,
         ]
@@ -121,12 +128,19 @@ def make_spec(instance: dict[str, Any], image: str) -> TestSpec:
     eval_type = instance.get("eval_type") or (
         EvalType.FAIL_ONLY.value if repo in FAIL_ONLY_REPOS else EvalType.PASS_AND_FAIL.value
     )
-    return make_test_spec({
-        "instance_id": instance["instance_id"], "image": image, "repo": repo,
-        "version": str(instance.get("version", "")), "FAIL_TO_PASS": instance["FAIL_TO_PASS"],
-        "PASS_TO_PASS": instance["PASS_TO_PASS"], "log_parser": log_parser_name(instance),
-        "eval_type": eval_type, "eval_script": eval_script(instance),
-    })
+    return make_test_spec(
+        {
+            "instance_id": instance["instance_id"],
+            "image": image,
+            "repo": repo,
+            "version": str(instance.get("version", "")),
+            "FAIL_TO_PASS": instance["FAIL_TO_PASS"],
+            "PASS_TO_PASS": instance["PASS_TO_PASS"],
+            "log_parser": log_parser_name(instance),
+            "eval_type": eval_type,
+            "eval_script": eval_script(instance),
+        }
+    )
 
 
 def grade_log(spec: TestSpec, log_text: str, patch: str) -> JSONDict:
@@ -134,8 +148,14 @@ def grade_log(spec: TestSpec, log_text: str, patch: str) -> JSONDict:
     with tempfile.TemporaryDirectory(prefix="crl-grade-") as tmp:
         path = Path(tmp) / "test_output.txt"
         path.write_text(log_text)
-        prediction = {"instance_id": spec.instance_id, "model_name_or_path": "crl", "model_patch": patch}
-        return get_eval_report(spec, prediction, str(path), include_tests_status=True)[spec.instance_id]
+        prediction = {
+            "instance_id": spec.instance_id,
+            "model_name_or_path": "crl",
+            "model_patch": patch,
+        }
+        return get_eval_report(spec, prediction, str(path), include_tests_status=True)[
+            spec.instance_id
+        ]
 
 
 def _reason(report: dict[str, Any]) -> str:
@@ -146,20 +166,35 @@ def _reason(report: dict[str, Any]) -> str:
     status = report.get("tests_status", {})
     f2p = status.get("FAIL_TO_PASS", {}).get("failure", [])
     p2p = status.get("PASS_TO_PASS", {}).get("failure", [])
-    return f"not resolved: {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS test(s) failing " + json.dumps(
-        {"FAIL_TO_PASS": f2p[:5], "PASS_TO_PASS": p2p[:5]})
+    return (
+        f"not resolved: {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS test(s) failing "
+        + json.dumps({"FAIL_TO_PASS": f2p[:5], "PASS_TO_PASS": p2p[:5]})
+    )
 
 
 def grading_config(config: SandboxConfig | None, timeout: float) -> SandboxConfig:
     """The limits of a grading container: the episode's, with the grading's own time limit."""
     cfg = config or SandboxConfig()
-    return SandboxConfig(**{**cfg.__dict__, "episode_timeout": timeout + 120.0, "command_timeout": timeout,
-                            "max_command_timeout": timeout})
+    return SandboxConfig(
+        **{
+            **cfg.__dict__,
+            "episode_timeout": timeout + 120.0,
+            "command_timeout": timeout,
+            "max_command_timeout": timeout,
+        }
+    )
 
 
-def grade_patch(instance: dict[str, Any], patch: str, image: str, *, client: DockerClient,
-                config: SandboxConfig | None = None, timeout: float = 900.0,
-                sandbox: DockerSandbox | None = None) -> GradeResult:
+def grade_patch(
+    instance: dict[str, Any],
+    patch: str,
+    image: str,
+    *,
+    client: DockerClient,
+    config: SandboxConfig | None = None,
+    timeout: float = 900.0,
+    sandbox: DockerSandbox | None = None,
+) -> GradeResult:
     """Apply ``patch`` and the test patch in a FRESH container and grade with swebench.
 
     ``sandbox``: a started container of ``image`` that no agent command has touched (the env
@@ -169,7 +204,9 @@ def grade_patch(instance: dict[str, Any], patch: str, image: str, *, client: Doc
     if not patch.strip():
         if sandbox is not None:
             sandbox.close()
-        return GradeResult(False, "empty patch: the work tree has no changes", duration=time.monotonic() - t0)
+        return GradeResult(
+            False, "empty patch: the work tree has no changes", duration=time.monotonic() - t0
+        )
     try:
         spec = make_spec(instance, image)
     except Exception:
@@ -178,7 +215,9 @@ def grade_patch(instance: dict[str, Any], patch: str, image: str, *, client: Doc
         raise
     if sandbox is None:
         sandbox = DockerSandbox(image, grading_config(config, timeout), client).start()
-    sandbox.started_at = time.monotonic()  # its budget counts from the grading, not from its prestart
+    sandbox.started_at = (
+        time.monotonic()
+    )  # its budget counts from the grading, not from its prestart
     with sandbox:
         sandbox.put_file(PATCH_FILE, patch.encode("utf-8"))
         applied, tool_out = False, b""
@@ -190,18 +229,35 @@ def grade_patch(instance: dict[str, Any], patch: str, image: str, *, client: Doc
                 applied = True
                 break
         if not applied:
-            code, _ = sandbox.run(["git", "apply", "--check", "--reverse", PATCH_FILE], timeout=60.0)
+            code, _ = sandbox.run(
+                ["git", "apply", "--check", "--reverse", PATCH_FILE], timeout=60.0
+            )
             applied = code == 0
         if not applied:
             out = tool_out.decode("utf-8", "replace")
-            return GradeResult(False, f"patch does not apply: {out.strip().splitlines()[-1] if out.strip() else 'no output'}",
-                               {"patch_exists": True, "patch_successfully_applied": False, "resolved": False},
-                               out, time.monotonic() - t0)
+            return GradeResult(
+                False,
+                "patch does not apply: "
+                f"{out.strip().splitlines()[-1] if out.strip() else 'no output'}",
+                {"patch_exists": True, "patch_successfully_applied": False, "resolved": False},
+                out,
+                time.monotonic() - t0,
+            )
         sandbox.put_file("/tmp/eval.sh", spec.eval_script.encode("utf-8"), 0o755)
-        code, raw = sandbox.run(["bash", "-c", f"{sandbox.config.env_setup}/bin/bash /tmp/eval.sh 2>&1"], timeout=timeout)
+        code, raw = sandbox.run(
+            ["bash", "-c", f"{sandbox.config.env_setup}/bin/bash /tmp/eval.sh 2>&1"],
+            timeout=timeout,
+        )
     log_text = raw.decode("utf-8", "replace")
     if code is None:
-        return GradeResult(False, f"tests timed out after {timeout:.0f} s", {"patch_successfully_applied": True,
-                                                                             "resolved": False}, log_text, time.monotonic() - t0)
+        return GradeResult(
+            False,
+            f"tests timed out after {timeout:.0f} s",
+            {"patch_successfully_applied": True, "resolved": False},
+            log_text,
+            time.monotonic() - t0,
+        )
     report = grade_log(spec, log_text, patch)
-    return GradeResult(bool(report.get("resolved")), _reason(report), report, log_text, time.monotonic() - t0)
+    return GradeResult(
+        bool(report.get("resolved")), _reason(report), report, log_text, time.monotonic() - t0
+    )

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 BASE_IMAGE = os.environ.get("CRL_SWE_BASE_IMAGE", "crl/swe-base:bookworm-v1")
 INSTANCE_REPO = "crl/swe-instance"
 IMAGE_LABEL = "crl.sandbox.image"
-SWEB_ENV_SETUP = "[ -f /opt/miniconda3/bin/activate ] && . /opt/miniconda3/bin/activate testbed >/dev/null 2>&1; "
+SWEB_ENV_SETUP = (
+    "[ -f /opt/miniconda3/bin/activate ] && . /opt/miniconda3/bin/activate testbed "
+    ">/dev/null 2>&1; "
+)
 _BUILD_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
 
@@ -64,8 +67,9 @@ def ensure_base_image(client: DockerClient, name: str = BASE_IMAGE) -> str:
     """The base image's name, or :class:`ImageError` saying how to build it."""
     if not image_exists(client, name):
         raise ImageError(
-            f"base image {name!r} is missing. Build it (no registry needed) with `bash .ci/docker.sh`: "
-            "debootstrap of Debian bookworm with python3, git and pytest, then `docker import`."
+            f"base image {name!r} is missing. Build it (no registry needed) with `bash "
+            ".ci/docker.sh`: debootstrap of Debian bookworm with python3, git and pytest, then "
+            "`docker import`."
         )
     return name
 
@@ -87,7 +91,10 @@ def _git(args: list[str], cwd: Path) -> str:
 
 def _checkout_at(source: Path, base_commit: str, dest: Path) -> None:
     """A clone of ``source`` at ``base_commit`` whose history ends there."""
-    _git(["clone", "--quiet", "--no-checkout", "--no-hardlinks", str(source), str(dest)], source.parent)
+    _git(
+        ["clone", "--quiet", "--no-checkout", "--no-hardlinks", str(source), str(dest)],
+        source.parent,
+    )
     _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", base_commit], dest)
     for ref in _git(["for-each-ref", "--format=%(refname)"], dest).split():
         _git(["update-ref", "-d", ref], dest)
@@ -115,7 +122,10 @@ def repo_archive(source: str | Path, base_commit: str, uid: int = 1000, gid: int
             roots = [p for p in (work / "src").iterdir()]
             src = roots[0] if len(roots) == 1 and (roots[0] / ".git").exists() else work / "src"
         if not (src / ".git").exists():
-            raise ImageError(f"repository source {source} is not a git checkout (no .git); base_commit cannot be checked out")
+            raise ImageError(
+                f"repository source {source} is not a git checkout (no .git); base_commit cannot "
+                "be checked out"
+            )
         _checkout_at(src, base_commit, work / "testbed")
         buf = io.BytesIO()
 
@@ -133,29 +143,40 @@ def _lock_for(tag: str) -> threading.Lock:
         return _BUILD_LOCKS.setdefault(tag, threading.Lock())
 
 
-def build_instance_image(client: DockerClient, instance: dict[str, Any], source: str | Path, base: str = BASE_IMAGE) -> str:
+def build_instance_image(
+    client: DockerClient, instance: dict[str, Any], source: str | Path, base: str = BASE_IMAGE
+) -> str:
     """Build (or reuse) ``crl/swe-instance:<hash>``: the base image plus the repository."""
     from crl_gym.envs.swebench.sandbox import DockerSandbox, SandboxConfig
 
     ensure_base_image(client, base)
     src = Path(source).expanduser().resolve()
     stamp = src.stat().st_mtime_ns if src.is_file() else _git(["rev-parse", "HEAD"], src).strip()
-    digest = hashlib.sha256(f"{base}|{instance['instance_id']}|{instance['base_commit']}|{src}|{stamp}".encode()).hexdigest()
+    digest = hashlib.sha256(
+        f"{base}|{instance['instance_id']}|{instance['base_commit']}|{src}|{stamp}".encode()
+    ).hexdigest()
     tag = f"{INSTANCE_REPO}:{digest[:16]}"
-    if image_exists(client, tag):  # built already: no lock, so a batch of resets does not queue here
+    if image_exists(
+        client, tag
+    ):  # built already: no lock, so a batch of resets does not queue here
         return tag
     with _lock_for(tag):
         if image_exists(client, tag):
             return tag
         archive = repo_archive(src, str(instance["base_commit"]))
-        # disk_quota off: the repository goes into the writable layer that `commit` keeps (no agent runs here)
+        # disk_quota off: the repository goes into the writable layer that `commit` keeps (no agent
+        # runs here)
         sandbox = DockerSandbox(base, SandboxConfig(disk_quota=False), client).start()
         try:
             sandbox.put_tree("/", archive)
             sandbox.container.commit(
-                repository=INSTANCE_REPO, tag=digest[:16],
-                conf={"Labels": {IMAGE_LABEL: "1", "crl.instance_id": str(instance["instance_id"])},
-                      "WorkingDir": "/testbed", "Cmd": ["/bin/bash"]},
+                repository=INSTANCE_REPO,
+                tag=digest[:16],
+                conf={
+                    "Labels": {IMAGE_LABEL: "1", "crl.instance_id": str(instance["instance_id"])},
+                    "WorkingDir": "/testbed",
+                    "Cmd": ["/bin/bash"],
+                },
             )
         finally:
             sandbox.close()
@@ -170,8 +191,9 @@ def instance_image(client: DockerClient, instance: dict[str, Any]) -> ImageChoic
     source = instance.get("repo_path") or instance.get("repo_tarball")
     if not source:
         raise ImageError(
-            f"instance {instance['instance_id']!r}: no local swebench image ({', '.join(sweb_image_candidates(instance))}) "
-            "and no repository source; add `repo_path` (a git checkout) or `repo_tarball` to the instance"
+            f"instance {instance['instance_id']!r}: no local swebench image "
+            f"({', '.join(sweb_image_candidates(instance))}) and no repository source; add "
+            "`repo_path` (a git checkout) or `repo_tarball` to the instance"
         )
     return ImageChoice(build_instance_image(client, instance, source), "built")
 

@@ -1,4 +1,5 @@
-"""Started sandboxes kept ready for the next episodes, so a reset does not wait for a container's boot.
+"""Started sandboxes kept ready for the next episodes, so a reset does not wait for a
+container's boot.
 
 A container's boot (create, start, the work tree's copy, the shell) costs about 0.3 s on an idle
 machine and several seconds when a batch of episodes boots at once on a loaded one; almost all of
@@ -60,7 +61,8 @@ class SandboxPool:
         """Each boot's own duration (what a reset without the pool would wait), seconds."""
 
     def acquire(self, image: str, config: SandboxConfig) -> DockerSandbox:
-        """A started sandbox: a ready one if the pool has it, else one booted now; refills behind."""
+        """A started sandbox: a ready one if the pool has it, else one booted now;
+        refills behind."""
         key = _key(image, config)
         t0 = time.monotonic()
         with self._cond:
@@ -82,17 +84,28 @@ class SandboxPool:
             self._refill(image, config)
         return sandbox
 
-    def prewarm(self, image: str, config: SandboxConfig, n: int | None = None, *, wait: bool = True,
-                timeout: float = 600.0) -> int:
-        """Boot sandboxes until ``n`` (default ``spares``) are ready or booting; with ``wait``, until ready."""
+    def prewarm(
+        self,
+        image: str,
+        config: SandboxConfig,
+        n: int | None = None,
+        *,
+        wait: bool = True,
+        timeout: float = 600.0,
+    ) -> int:
+        """Boot sandboxes until ``n`` (default ``spares``) are ready or booting; with ``wait``,
+        until ready."""
         key = _key(image, config)
         want = self.spares if n is None else n
         self._refill(image, config, want)
         if wait:
             deadline = time.monotonic() + timeout
             with self._cond:
-                while (len(self._ready.get(key, [])) < want and self._booting.get(key, 0) > 0
-                       and time.monotonic() < deadline):
+                while (
+                    len(self._ready.get(key, [])) < want
+                    and self._booting.get(key, 0) > 0
+                    and time.monotonic() < deadline
+                ):
                     self._cond.wait(deadline - time.monotonic())
         with self._cond:
             return len(self._ready.get(key, []))
@@ -106,7 +119,9 @@ class SandboxPool:
             missing = target - len(self._ready.get(key, [])) - self._booting.get(key, 0)
             self._booting[key] = self._booting.get(key, 0) + max(0, missing)
         for _ in range(max(0, missing)):
-            threading.Thread(target=self._boot, args=(image, config, key), name="crl-sandbox-pool", daemon=True).start()
+            threading.Thread(
+                target=self._boot, args=(image, config, key), name="crl-sandbox-pool", daemon=True
+            ).start()
 
     def _boot(self, image: str, config: SandboxConfig, key: str) -> None:
         sandbox: DockerSandbox | None = None

@@ -23,10 +23,10 @@ episode told. ``shell="exec"`` keeps the former path: ``timeout -k 2 T bash -c C
 host-side deadline kills the agent's processes and, as the last resort, restarts the container
 (its work tree is copied in again from the image).
 
-The engine client, reaping and the tmpfs volumes live in :mod:`~crl_gym.envs.swebench.docker_engine`,
-the editor's file system in :mod:`~crl_gym.envs.swebench.container_fs`, the limits
-(:class:`SandboxConfig`) and a command's result in :mod:`~crl_gym.envs.swebench.sandbox_config`;
-all are re-exported here.
+The engine client, reaping and the tmpfs volumes live in
+:mod:`~crl_gym.envs.swebench.docker_engine`, the editor's file system in
+:mod:`~crl_gym.envs.swebench.container_fs`, the limits (:class:`SandboxConfig`) and a command's
+result in :mod:`~crl_gym.envs.swebench.sandbox_config`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -166,12 +166,22 @@ class DockerSandbox:
         try:
             tree: Iterator[bytes] | None = None
             uid, _, gid = cfg.user.partition(":")
-            agent = (int(uid), int(gid or uid), 0o700) if f"{uid}{gid}".isdigit() else (0, 0, 0o1777)
-            mounts = [tmpfs_volume(STAGE_DIR, cfg.workdir_size, labels, (0, 0, 0o755), noexec=True),
-                      tmpfs_volume(OUT_DIR, f"{cfg.output_file_cap_kb + 1024}k", labels, agent, noexec=True)]
+            agent = (
+                (int(uid), int(gid or uid), 0o700) if f"{uid}{gid}".isdigit() else (0, 0, 0o1777)
+            )
+            mounts = [
+                tmpfs_volume(STAGE_DIR, cfg.workdir_size, labels, (0, 0, 0o755), noexec=True),
+                tmpfs_volume(
+                    OUT_DIR, f"{cfg.output_file_cap_kb + 1024}k", labels, agent, noexec=True
+                ),
+            ]
             if cfg.disk_quota:
                 source, info, tree = self._image_tree(labels)
-                owner = (info.uid, info.gid, info.mode & 0o7777) if info is not None and info.isdir() else (0, 0, 0o1777)
+                owner = (
+                    (info.uid, info.gid, info.mode & 0o7777)
+                    if info is not None and info.isdir()
+                    else (0, 0, 0o1777)
+                )
                 mounts.append(tmpfs_volume(cfg.workdir, cfg.workdir_size, labels, owner))
                 if cfg.workdir.rstrip("/") != "/tmp":
                     mounts.append(tmpfs_volume("/tmp", cfg.tmp_size, labels))
@@ -180,8 +190,9 @@ class DockerSandbox:
                 command=["sleep", "infinity"],
                 name=f"crl-sandbox-{uuid.uuid4().hex[:12]}",
                 labels=labels,
-                # The persistent shell's server is a root exec: Docker gives an exec the capability sets
-                # of the container's main user, none at all when that user is not root.
+                # The persistent shell's server is a root exec: Docker gives an exec the
+                # capability sets of the container's main user, none at all when that user is
+                # not root.
                 user="0:0" if self.persistent else cfg.keeper_user,
                 working_dir=cfg.workdir,
                 environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
@@ -194,11 +205,17 @@ class DockerSandbox:
                 cap_drop=["ALL"],
                 # only for the root-side chown of a root-owned work tree (sweb.eval images);
                 # the agent's non-root uid gets no capabilities at all.
-                # SETUID/SETGID: the persistent shell's server (root) drops each command to the agent's uid.
-                cap_add=["CHOWN", "DAC_READ_SEARCH", "FOWNER"] + (["SETUID", "SETGID"] if self.persistent else []),
+                # SETUID/SETGID: the persistent shell's server (root) drops each command to the
+                # agent's uid.
+                cap_add=["CHOWN", "DAC_READ_SEARCH", "FOWNER"]
+                + (["SETUID", "SETGID"] if self.persistent else []),
                 security_opt=["no-new-privileges"],
-                # no core files (a crash could hand one to the host's core handler) and no logs on the host
-                ulimits=[Ulimit(name="nofile", soft=4096, hard=4096), Ulimit(name="core", soft=0, hard=0)],
+                # no core files (a crash could hand one to the host's core handler) and no logs on
+                # the host
+                ulimits=[
+                    Ulimit(name="nofile", soft=4096, hard=4096),
+                    Ulimit(name="core", soft=0, hard=0),
+                ],
                 log_config=LogConfig(type=LogConfig.types.NONE),
                 read_only=cfg.disk_quota,
                 mounts=mounts,
@@ -208,23 +225,34 @@ class DockerSandbox:
             if tree is not None:
                 self._fill_workdir(tree)
             if cfg.chown_workdir:
-                code, out = self.run(["chown", "-R", cfg.user, cfg.workdir], user="root", timeout=300.0)
+                code, out = self.run(
+                    ["chown", "-R", cfg.user, cfg.workdir], user="root", timeout=300.0
+                )
                 if code != 0:
-                    raise RuntimeError(f"chown of {cfg.workdir} failed: {out.decode('utf-8', 'replace')[:300]}")
+                    raise RuntimeError(
+                        f"chown of {cfg.workdir} failed: {out.decode('utf-8', 'replace')[:300]}"
+                    )
             if self.persistent:
                 self._start_shell()
         except Exception:
             self.close()
             raise
         finally:
-            if source is not None:  # off the start's critical path; a non-daemon thread, so exit waits for it
-                threading.Thread(target=remove_quietly, args=(source,), name="crl-sandbox-src-rm").start()
+            if (
+                source is not None
+            ):  # off the start's critical path; a non-daemon thread, so exit waits for it
+                threading.Thread(
+                    target=remove_quietly, args=(source,), name="crl-sandbox-src-rm"
+                ).start()
         self.started_at = time.monotonic()
         self.start_latency = self.started_at - t0
         return self
 
-    def _image_tree(self, labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
-        """The image's work tree (:func:`~crl_gym.envs.swebench.worktree.image_tree`; the caller removes the container)."""
+    def _image_tree(
+        self, labels: dict[str, str]
+    ) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
+        """The image's work tree (:func:`~crl_gym.envs.swebench.worktree.image_tree`; the caller
+        removes the container)."""
         return image_tree(self.client, self.image, self.config.workdir, labels)
 
     def _fill_workdir(self, tree: Iterator[bytes]) -> None:
@@ -239,13 +267,19 @@ class DockerSandbox:
         self.close()
 
     def _start_shell(self) -> None:
-        """Start the shell's server and stage the commands' prelude (root-side, before any agent command)."""
+        """Start the shell's server and stage the commands' prelude (root-side, before any
+        agent command)."""
         uid, _, gid = self.config.user.partition(":")
-        shell = PersistentShell(self.client, self.container.id, int(uid), int(gid or uid), STAGE_DIR).start()
+        shell = PersistentShell(
+            self.client, self.container.id, int(uid), int(gid or uid), STAGE_DIR
+        ).start()
         setup = self.config.env_setup.strip()
         if setup and not setup.endswith(";"):
             setup += ";"
-        shell.stage(PRELUDE_NAME, _PRELUDE.format(state=STATE_FILE, setup=f"{setup} " if setup else "").encode())
+        shell.stage(
+            PRELUDE_NAME,
+            _PRELUDE.format(state=STATE_FILE, setup=f"{setup} " if setup else "").encode(),
+        )
         self.shell = shell
 
     def _restart_shell(self, why: str) -> str:
@@ -266,17 +300,27 @@ class DockerSandbox:
             log.warning("sandbox: the shell could not be restarted: %s", exc)
             return f"The sandbox's shell stopped ({why}) and could not be restarted yet: {exc}."
         restarted = "the container was restarted" in done
-        return (f"The sandbox's shell stopped ({why}) and was restarted; every process it ran was stopped"
-                + ("; the container was restarted and the work tree reset to the image's." if restarted else
-                   "; exported variables and the working directory are kept."))
+        return (
+            f"The sandbox's shell stopped ({why}) and was restarted; every process it ran "
+            "was stopped"
+            + (
+                "; the container was restarted and the work tree reset to the image's."
+                if restarted
+                else "; exported variables and the working directory are kept."
+            )
+        )
 
     def take_notices(self) -> list[str]:
-        """What happened to the shell since the last call (restarts), for the episode's next observation."""
+        """What happened to the shell since the last call (restarts), for the episode's
+        next observation."""
         out, self._notices = self._notices, []
         return out
 
-    def _shell_request(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], bytes] | None:
-        """One request to the shell under the sandbox's lock; None (and a notice) when the shell died."""
+    def _shell_request(
+        self, req: dict[str, Any], timeout: float
+    ) -> tuple[dict[str, Any], bytes] | None:
+        """One request to the shell under the sandbox's lock; None (and a notice) when the
+        shell died."""
         with self._lock:
             if self.shell is None:
                 if self.container is None:
@@ -307,19 +351,32 @@ class DockerSandbox:
         return self.config.episode_timeout - (time.monotonic() - self.started_at)
 
     # -- running commands ----------------------------------------------------------------
-    def run(self, argv: list[str], *, user: str | None = None, timeout: float = 60.0,
-            environment: dict[str, str] | None = None, workdir: str | None = None) -> tuple[int | None, bytes]:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+        environment: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> tuple[int | None, bytes]:
         """Run a short internal command; ``(exit_code, output)``, exit code None on timeout.
 
         Run as the agent's uid (the default), every process of that uid is killed when it returns.
         """
         if (user or self.config.user).split(":")[0] == self.config.user.split(":")[0]:
             if self.persistent:
-                return self._shell_run({"op": "run", "argv": argv, "env": environment or {}}, timeout, workdir)
+                return self._shell_run(
+                    {"op": "run", "argv": argv, "env": environment or {}}, timeout, workdir
+                )
             argv = ["bash", "-c", _AGENT_RUN, "crl-run", *argv]
-        return self._run(argv, user=user, timeout=timeout, environment=environment, workdir=workdir)[:2]
+        return self._run(
+            argv, user=user, timeout=timeout, environment=environment, workdir=workdir
+        )[:2]
 
-    def run_python(self, source: str, args: list[str], *, timeout: float = 30.0) -> tuple[int | None, bytes]:
+    def run_python(
+        self, source: str, args: list[str], *, timeout: float = 30.0
+    ) -> tuple[int | None, bytes]:
         """Run Python ``source`` as the agent with ``sys.argv[1:] = args``: ``(exit_code, output)``.
 
         The persistent shell runs it in a forked child of its server (no interpreter start);
@@ -329,27 +386,43 @@ class DockerSandbox:
             return self._shell_run({"op": "py", "code": source, "args": args}, timeout, None)
         return self.run(["sh", "-c", _PYTHON, source, *args], timeout=timeout)
 
-    def _shell_run(self, req: dict[str, Any], timeout: float, workdir: str | None) -> tuple[int | None, bytes]:
-        """``run`` / ``run_python`` through the persistent shell; exit code None on timeout or a restart."""
+    def _shell_run(
+        self, req: dict[str, Any], timeout: float, workdir: str | None
+    ) -> tuple[int | None, bytes]:
+        """``run`` / ``run_python`` through the persistent shell; exit code None on timeout or
+        a restart."""
         req = {**req, "cwd": workdir or self.config.workdir, "timeout": timeout, "limit": -1}
         answer = self._shell_request(req, timeout + 15.0)
-        if answer is None:  # internal calls are reads or whole-file writes: one more try on the new shell
+        if (
+            answer is None
+        ):  # internal calls are reads or whole-file writes: one more try on the new shell
             answer = self._shell_request(req, timeout + 15.0)
         if answer is None:
             return None, b""
         head, payload = answer
         return (None if head["timed_out"] else int(head["rc"])), payload
 
-    def _run(self, argv: list[str], *, user: str | None = None, timeout: float = 60.0,
-             environment: dict[str, str] | None = None, workdir: str | None = None) -> tuple[int | None, bytes, str]:
+    def _run(
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+        environment: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> tuple[int | None, bytes, str]:
         """``exec_run`` under a host-side deadline: ``(exit_code, output, note)``."""
         if self.container is None:
             raise RuntimeError("sandbox is not started")
         container = self.container
 
         def call() -> Any:
-            return container.exec_run(argv, user=user or self.config.user, environment=environment,
-                                      workdir=workdir or self.config.workdir)
+            return container.exec_run(
+                argv,
+                user=user or self.config.user,
+                environment=environment,
+                workdir=workdir or self.config.workdir,
+            )
 
         with self._lock:
             finished, res = _call_with_deadline(call, timeout)
@@ -362,76 +435,133 @@ class DockerSandbox:
         cfg = self.config
         remaining = self.remaining_time()
         if remaining <= 0:
-            raise EpisodeTimeoutError(f"episode wall-clock limit of {cfg.episode_timeout:.0f} s reached")
+            raise EpisodeTimeoutError(
+                f"episode wall-clock limit of {cfg.episode_timeout:.0f} s reached"
+            )
         limit = max(1.0, min(timeout or cfg.command_timeout, cfg.max_command_timeout, remaining))
         head = cfg.max_output_chars // 2
         env = {
-            "CRL_CMD": command, "CRL_TIMEOUT": f"{limit:.1f}", "CRL_ID": uuid.uuid4().hex[:8],
-            "CRL_WORKDIR": cfg.workdir, "CRL_SETUP": cfg.env_setup, "CRL_FSIZE_KB": str(cfg.output_file_cap_kb),
+            "CRL_CMD": command,
+            "CRL_TIMEOUT": f"{limit:.1f}",
+            "CRL_ID": uuid.uuid4().hex[:8],
+            "CRL_WORKDIR": cfg.workdir,
+            "CRL_SETUP": cfg.env_setup,
+            "CRL_FSIZE_KB": str(cfg.output_file_cap_kb),
             "CRL_OUTDIR": OUT_DIR,
-            "CRL_LIMIT": str(cfg.max_output_chars), "CRL_HEAD": str(head), "CRL_TAIL": str(cfg.max_output_chars - head),
+            "CRL_LIMIT": str(cfg.max_output_chars),
+            "CRL_HEAD": str(head),
+            "CRL_TAIL": str(cfg.max_output_chars - head),
         }
         if self.persistent:
             return self._shell_exec(command, limit)
         t0 = time.monotonic()
         # Host-side deadline: the in-container `timeout` should fire first; this is the backstop.
-        code, raw, killed = self._run(["bash", "-c", _WRAPPER], timeout=limit + 15.0, environment=env)
+        code, raw, killed = self._run(
+            ["bash", "-c", _WRAPPER], timeout=limit + 15.0, environment=env
+        )
         duration = time.monotonic() - t0
         if code is None:
-            return ExecResult(None, f"The command was stopped after {limit:.0f} s (killed by the sandbox).",
-                              timed_out=True, duration=duration, note=killed)
+            return ExecResult(
+                None,
+                f"The command was stopped after {limit:.0f} s (killed by the sandbox).",
+                timed_out=True,
+                duration=duration,
+                note=killed,
+            )
         first, _, body = raw.partition(b"\n")
         try:
             rc_s, n_s = first.decode().split()
             rc, total = int(rc_s), int(n_s)
         except ValueError:  # the wrapper itself failed (e.g. no process slot left)
-            return ExecResult(code, truncate_output(raw.decode("utf-8", "replace"), cfg.max_output_chars),
-                              duration=duration, note="wrapper failed")
+            return ExecResult(
+                code,
+                truncate_output(raw.decode("utf-8", "replace"), cfg.max_output_chars),
+                duration=duration,
+                note="wrapper failed",
+            )
         text = body.decode("utf-8", "replace")
         if "\x01CRL_CUT\x01" in text:
             shown_head, _, shown_tail = text.partition("\n\x01CRL_CUT\x01\n")
             cut = total - len(shown_head.encode()) - len(shown_tail.encode())
-            text = f"{shown_head}\n[... output truncated: {cut} of {total} bytes cut ...]\n{shown_tail}"
+            text = (
+                f"{shown_head}\n[... output truncated: {cut} of {total} bytes cut "
+                f"...]\n{shown_tail}"
+            )
         notes = []
         timed_out = rc in (124, 137) and duration >= limit - 0.5
         if timed_out:
             notes.append(f"The command timed out after {limit:.0f} s and was killed.")
         if total >= cfg.output_file_cap_kb * 1024 or rc == 153:  # 128 + SIGXFSZ
-            notes.append(f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was stopped there.")
-        return ExecResult(rc, text, timed_out=timed_out, output_bytes=total, duration=duration, note=" ".join(notes))
+            notes.append(
+                f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was "
+                "stopped there."
+            )
+        return ExecResult(
+            rc,
+            text,
+            timed_out=timed_out,
+            output_bytes=total,
+            duration=duration,
+            note=" ".join(notes),
+        )
 
     def _shell_exec(self, command: str, limit: float) -> ExecResult:
         """:meth:`exec` through the persistent shell (same limits, same output format)."""
         cfg = self.config
         head_chars = cfg.max_output_chars // 2
-        req = {"op": "exec", "argv": ["bash", "-c", command], "env": {"BASH_ENV": f"{STAGE_DIR}/{PRELUDE_NAME}"},
-               "cwd": cfg.workdir, "timeout": limit, "fsize": cfg.output_file_cap_kb * 1024,
-               "limit": cfg.max_output_chars, "head": head_chars}
+        req = {
+            "op": "exec",
+            "argv": ["bash", "-c", command],
+            "env": {"BASH_ENV": f"{STAGE_DIR}/{PRELUDE_NAME}"},
+            "cwd": cfg.workdir,
+            "timeout": limit,
+            "fsize": cfg.output_file_cap_kb * 1024,
+            "limit": cfg.max_output_chars,
+            "head": head_chars,
+        }
         t0 = time.monotonic()
         answer = self._shell_request(req, limit + 15.0)  # the host's deadline backs the server's
         duration = time.monotonic() - t0
         if answer is None:
-            return ExecResult(None, "The command's result was lost: the sandbox's shell stopped while it ran.",
-                              duration=duration, note=" ".join(self.take_notices()))
+            return ExecResult(
+                None,
+                "The command's result was lost: the sandbox's shell stopped while it ran.",
+                duration=duration,
+                note=" ".join(self.take_notices()),
+            )
         head, payload = answer
         rc, total, timed_out = int(head["rc"]), int(head["size"]), bool(head["timed_out"])
-        shown_head, shown_tail = payload[:head["head_len"]], payload[head["head_len"]:]
+        shown_head, shown_tail = payload[: head["head_len"]], payload[head["head_len"] :]
         text = shown_head.decode("utf-8", "replace")
         if total > len(payload):
             cut = total - len(payload)
-            text += f"\n[... output truncated: {cut} of {total} bytes cut ...]\n" + shown_tail.decode("utf-8", "replace")
+            text += (
+                f"\n[... output truncated: {cut} of {total} bytes cut ...]\n"
+                + shown_tail.decode("utf-8", "replace")
+            )
         notes = []
         if timed_out:
             notes.append(f"The command timed out after {limit:.0f} s and was killed.")
         if total >= cfg.output_file_cap_kb * 1024 or rc == 153:  # 128 + SIGXFSZ
-            notes.append(f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was stopped there.")
-        return ExecResult(rc, text, timed_out=timed_out, output_bytes=total, duration=duration, note=" ".join(notes))
+            notes.append(
+                f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was "
+                "stopped there."
+            )
+        return ExecResult(
+            rc,
+            text,
+            timed_out=timed_out,
+            output_bytes=total,
+            duration=duration,
+            note=" ".join(notes),
+        )
 
     def _kill_agent_processes(self) -> str:
         """Last-resort kill of everything the agent's uid runs; restart the container if that fails.
 
         Returns what was done, for the agent's note. A restart empties the tmpfs volumes, so the
-        work tree is copied in from the image again: the agent's edits are lost, the episode goes on.
+        work tree is copied in from the image again: the agent's edits are lost, the episode
+        goes on.
         """
         container = self.container
         if container is None:
@@ -445,7 +575,10 @@ class DockerSandbox:
         finished, res = _call_with_deadline(kill_all, 10.0)
         if finished and res is not None and res.exit_code in (0, 1, 137):
             return "host deadline: processes killed"
-        log.warning("sandbox %s: could not kill the agent's processes; restarting the container", container.name)
+        log.warning(
+            "sandbox %s: could not kill the agent's processes; restarting the container",
+            container.name,
+        )
         container.restart(timeout=0)
         if self.config.disk_quota:
             source, _, tree = self._image_tree(dict(container.labels))
@@ -509,10 +642,20 @@ class DockerSandbox:
 
     def diff(self) -> str:
         """``git diff`` of the work tree against HEAD, new files included."""
-        code, out = self.run(["bash", "-c", "git add -A >/dev/null 2>&1; git -c core.fileMode=false diff --cached --no-color HEAD"],
-                             timeout=60.0)
+        code, out = self.run(
+            [
+                "bash",
+                "-c",
+                "git add -A >/dev/null 2>&1; git -c core.fileMode=false diff --cached "
+                "--no-color HEAD",
+            ],
+            timeout=60.0,
+        )
         if code != 0:
-            raise RuntimeError(f"git diff failed in the sandbox (exit {code}): {out.decode('utf-8', 'replace')[:500]}")
+            raise RuntimeError(
+                f"git diff failed in the sandbox (exit {code}): "
+                f"{out.decode('utf-8', 'replace')[:500]}"
+            )
         return out.decode("utf-8", "replace")
 
     @property
@@ -521,6 +664,15 @@ class DockerSandbox:
 
 
 __all__ = [
-    "HOW_TO_START", "LABEL", "OWNER_LABEL", "ContainerFS", "DockerSandbox", "DockerUnavailableError",
-    "EpisodeTimeoutError", "ExecResult", "SandboxConfig", "docker_client", "reap",
+    "HOW_TO_START",
+    "LABEL",
+    "OWNER_LABEL",
+    "ContainerFS",
+    "DockerSandbox",
+    "DockerUnavailableError",
+    "EpisodeTimeoutError",
+    "ExecResult",
+    "SandboxConfig",
+    "docker_client",
+    "reap",
 ]

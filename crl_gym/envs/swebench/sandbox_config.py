@@ -1,4 +1,5 @@
-"""The limits of one episode's sandbox (:class:`SandboxConfig`) and what one command did (:class:`ExecResult`).
+"""The limits of one episode's sandbox (:class:`SandboxConfig`) and what one command did
+(:class:`ExecResult`).
 
 Checked when built, so a :class:`~crl_gym.envs.swebench.sandbox.DockerSandbox` never starts with a
 root agent, a shell it does not know or a size Docker would read otherwise.
@@ -63,12 +64,15 @@ class SandboxConfig:
     with it and kept for the episode (:mod:`~crl_gym.envs.swebench.shell`); each command costs a few
     milliseconds plus its own time, and exported variables and the working directory carry over
     from one command to the next. ``"exec"``: a fresh ``docker exec`` per command (tens to hundreds
-    of milliseconds each, nothing carried over); kept for comparison and for images without Python."""
+    of milliseconds each, nothing carried over); kept for comparison and for images
+    without Python."""
     extra_labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.shell not in SHELL_MODES:
-            raise ValueError(f"SandboxConfig.shell must be one of {', '.join(SHELL_MODES)}, got {self.shell!r}")
+            raise ValueError(
+                f"SandboxConfig.shell must be one of {', '.join(SHELL_MODES)}, got {self.shell!r}"
+            )
         for name in ("user", "keeper_user"):
             if getattr(self, name).split(":")[0] in ("0", "root"):
                 raise ValueError(f"SandboxConfig.{name} must not be root")
@@ -80,12 +84,18 @@ class SandboxConfig:
         if self.pids_limit < 16:
             raise ValueError(f"SandboxConfig.pids_limit must be >= 16, got {self.pids_limit}")
         if self.max_output_chars < 100:
-            raise ValueError(f"SandboxConfig.max_output_chars must be >= 100, got {self.max_output_chars}")
+            raise ValueError(
+                f"SandboxConfig.max_output_chars must be >= 100, got {self.max_output_chars}"
+            )
         for name in ("workdir_size", "tmp_size"):
             if not _SIZE_RE.match(getattr(self, name)):
-                raise ValueError(f"SandboxConfig.{name} must look like 512m or 4g, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"SandboxConfig.{name} must look like 512m or 4g, got {getattr(self, name)!r}"
+                )
         if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", STAGE_DIR):
-            raise ValueError(f"SandboxConfig.workdir must be an absolute directory other than / and {STAGE_DIR}")
+            raise ValueError(
+                f"SandboxConfig.workdir must be an absolute directory other than / and {STAGE_DIR}"
+            )
 
 
 @dataclass

@@ -30,8 +30,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVER_SOURCE = (Path(__file__).parent / "shell_server.py").read_text()
-# The container's Python, as the editor's file API finds it (python3 on PATH, else sweb.eval's conda).
-_PYTHON = 'command -v python3 >/dev/null && exec python3 -I -S -c "$0" "$@"; exec /opt/miniconda3/bin/python3 -I -S -c "$0" "$@"'
+# The container's Python, as the editor's file API finds it (python3 on PATH, else
+# sweb.eval's conda).
+_PYTHON = (
+    'command -v python3 >/dev/null && exec python3 -I -S -c "$0" "$@"; exec '
+    '/opt/miniconda3/bin/python3 -I -S -c "$0" "$@"'
+)
 _MAX_STDERR = 8192
 
 
@@ -42,7 +46,9 @@ class ShellDiedError(RuntimeError):
 class PersistentShell:
     """One server process inside one container, and the socket to it."""
 
-    def __init__(self, client: DockerClient, container_id: str, uid: int, gid: int, stage_dir: str) -> None:
+    def __init__(
+        self, client: DockerClient, container_id: str, uid: int, gid: int, stage_dir: str
+    ) -> None:
         self.client = client
         self.container_id = container_id
         self.uid, self.gid, self.stage_dir = uid, gid, stage_dir
@@ -57,9 +63,16 @@ class PersistentShell:
     # -- life cycle ----------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> PersistentShell:
         api = self.client.api
-        exec_id = api.exec_create(self.container_id, ["sh", "-c", _PYTHON, SERVER_SOURCE, str(self.uid),
-                                                      str(self.gid), self.stage_dir],
-                                  stdin=True, stdout=True, stderr=True, tty=False, user="0", workdir="/")["Id"]
+        exec_id = api.exec_create(
+            self.container_id,
+            ["sh", "-c", _PYTHON, SERVER_SOURCE, str(self.uid), str(self.gid), self.stage_dir],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            user="0",
+            workdir="/",
+        )["Id"]
         raw = api.exec_start(exec_id, socket=True)
         self._raw = raw
         self._sock = getattr(raw, "_sock", raw)
@@ -70,7 +83,8 @@ class PersistentShell:
         return self
 
     def close(self) -> None:
-        """Close the stream; the server sees end-of-file and exits (the container's removal ends it anyway)."""
+        """Close the stream; the server sees end-of-file and exits (the container's removal ends
+        it anyway)."""
         sock, self._sock = self._sock, None
         if sock is not None:
             try:
@@ -114,7 +128,9 @@ class PersistentShell:
 
     def stage(self, name: str, data: bytes, timeout: float = 30.0) -> str:
         """Write ``data`` as root into the staging directory; its path."""
-        head, _ = self.request({"op": "stage", "name": name, "data": base64.b64encode(data).decode()}, timeout)
+        head, _ = self.request(
+            {"op": "stage", "name": name, "data": base64.b64encode(data).decode()}, timeout
+        )
         return str(head["path"])
 
     def _died(self, why: str) -> ShellDiedError:

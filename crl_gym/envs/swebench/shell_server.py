@@ -1,4 +1,5 @@
-"""The in-container end of the persistent shell: a small root process that runs the agent's commands.
+"""The in-container end of the persistent shell: a small root process that runs the
+agent's commands.
 
 This file is NOT imported by the host. :mod:`~crl_gym.envs.swebench.shell` sends its source to the
 container's own Python (``python3 -I -S -c SOURCE UID GID STAGE_DIR``, as root, over one
@@ -67,7 +68,7 @@ def _read_line(fd: int) -> bytes:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class Server:
@@ -83,7 +84,8 @@ class Server:
 
     # -- the agent's processes ------------------------------------------------------------
     def kill_agent(self) -> None:
-        """SIGKILL every process of the agent's uid: kill(-1) with real and effective uid = agent."""
+        """SIGKILL every process of the agent's uid: kill(-1) with real and effective uid
+        = agent."""
         os.setresuid(self.uid, self.uid, 0)
         try:
             for _ in range(2):
@@ -114,7 +116,8 @@ class Server:
         return found
 
     def child(self, req: dict[str, Any], out_fd: int) -> None:
-        """In the forked child: become the agent with the request's limits, then run it. Never returns."""
+        """In the forked child: become the agent with the request's limits, then run it.
+        Never returns."""
         try:
             os.setsid()
             for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
@@ -171,7 +174,8 @@ class Server:
 
     # -- requests -------------------------------------------------------------------------
     def run(self, req: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        """exec / run / py: a child as the agent, its output, its status; every agent process dies after."""
+        """exec / run / py: a child as the agent, its output, its status; every agent process
+        dies after."""
         self.seq += 1
         path = f"{self.stage_dir}/.out-{os.getpid()}-{self.seq}"
         out_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -203,17 +207,24 @@ class Server:
                 shown, head_len = first + os.pread(out_fd, tail, size - tail), len(first)
         finally:
             os.close(out_fd)
-        return {"rc": rc, "timed_out": timed_out, "size": size, "head_len": head_len,
-                "duration": duration}, shown
+        return {
+            "rc": rc,
+            "timed_out": timed_out,
+            "size": size,
+            "head_len": head_len,
+            "duration": duration,
+        }, shown
 
     def stage(self, req: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        """Write a file in the root-only staging directory (the editor's next write, the prelude)."""
+        """Write a file in the root-only staging directory (the editor's next write,
+        the prelude)."""
         name = req["name"]
         if "/" in name or name in ("", ".", ".."):
             raise ValueError(f"bad staging name {name!r}")
         data = base64.b64decode(req["data"])
-        fd = os.open(f"{self.stage_dir}/{name}",
-                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(
+            f"{self.stage_dir}/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644
+        )
         try:
             os.fchmod(fd, 0o644)
             _write_all(fd, data)
@@ -222,8 +233,19 @@ class Server:
         return {"path": f"{self.stage_dir}/{name}"}, b""
 
     def serve(self) -> None:
-        _write_all(1, (json.dumps({"hello": True, "pid": os.getpid(),
-                                   "python": "{}.{}".format(*sys.version_info[:2])}) + "\n").encode())
+        _write_all(
+            1,
+            (
+                json.dumps(
+                    {
+                        "hello": True,
+                        "pid": os.getpid(),
+                        "python": "{}.{}".format(*sys.version_info[:2]),
+                    }
+                )
+                + "\n"
+            ).encode(),
+        )
         while True:
             try:
                 n = int(_read_line(0))

@@ -16,7 +16,15 @@ from typing import Any
 
 from swebench.harness.utils import load_swebench_dataset
 
-REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+REQUIRED = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
 LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 PATH_FIELDS = ("repo_path", "repo_tarball")
 
@@ -34,7 +42,9 @@ def normalize_instance(instance: dict[str, Any], where: str = "instance") -> dic
     (['t::x'], [])
     """
     if not isinstance(instance, dict):
-        raise TaskFormatError(f"{where}: an instance must be a JSON object, got {type(instance).__name__}")
+        raise TaskFormatError(
+            f"{where}: an instance must be a JSON object, got {type(instance).__name__}"
+        )
     missing = [k for k in REQUIRED if k not in instance]
     if missing:
         raise TaskFormatError(f"{where}: missing field(s) {', '.join(missing)}")
@@ -77,8 +87,11 @@ def _check_file(path: Path) -> None:
             normalize_instance(item, f"{path}[{i}]")
 
 
-def load_tasks(source: str | Path | list[dict[str, Any]], split: str = "test",
-               instance_ids: list[str] | None = None) -> list[dict[str, Any]]:
+def load_tasks(
+    source: str | Path | list[dict[str, Any]],
+    split: str = "test",
+    instance_ids: list[str] | None = None,
+) -> list[dict[str, Any]]:
     """Load and check instances from a file, a list, or a hub dataset id."""
     if isinstance(source, list):
         tasks = [normalize_instance(t, f"instance {i}") for i, t in enumerate(source)]
@@ -102,10 +115,13 @@ def load_tasks(source: str | Path | list[dict[str, Any]], split: str = "test",
             raw = load_swebench_dataset(str(source), split=split, instance_ids=instance_ids)
         except Exception as exc:
             raise RuntimeError(
-                f"could not load the dataset {source!r} (split {split!r}) with swebench's loader: {exc}. "
-                "Without a network, pass a local .jsonl file of instances instead."
+                f"could not load the dataset {source!r} (split {split!r}) with swebench's loader: "
+                f"{exc}. Without a network, pass a local .jsonl file of instances instead."
             ) from exc
-    tasks = [normalize_instance(dict(t), f"{source}: {t.get('instance_id', i)}") for i, t in enumerate(raw)]
+    tasks = [
+        normalize_instance(dict(t), f"{source}: {t.get('instance_id', i)}")
+        for i, t in enumerate(raw)
+    ]
     if base_dir is not None:
         for t in tasks:
             for key in PATH_FIELDS:

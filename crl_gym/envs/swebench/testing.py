@@ -25,13 +25,21 @@ if TYPE_CHECKING:
 
 OPS = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n"
 OLD_TESTS = "from calc.ops import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-NEW_TESTS = OLD_TESTS.replace("import add", "import add, mul") + "\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+NEW_TESTS = (
+    OLD_TESTS.replace("import add", "import add, mul")
+    + "\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+)
 TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider tests/test_ops.py"
 
 
 def _git(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "crl", "GIT_AUTHOR_EMAIL": "crl@example.invalid",
-           "GIT_COMMITTER_NAME": "crl", "GIT_COMMITTER_EMAIL": "crl@example.invalid"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "crl",
+        "GIT_AUTHOR_EMAIL": "crl@example.invalid",
+        "GIT_COMMITTER_NAME": "crl",
+        "GIT_COMMITTER_EMAIL": "crl@example.invalid",
+    }
     proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr}")
@@ -60,7 +68,8 @@ def make_demo_instance(root: str | Path, instance_id: str = "calc__calc-1") -> J
         "repo": "crl/calc",
         "base_commit": base,
         "version": "0.1",
-        "problem_statement": "calc.ops.mul returns the sum instead of the product: mul(2, 3) == 5, expected 6.",
+        "problem_statement": "calc.ops.mul returns the sum instead of the product: mul(2, 3) == 5, "
+        "expected 6.",
         "hints_text": "",
         "created_at": "2025-01-01T00:00:00Z",
         "environment_setup_commit": base,
@@ -81,25 +90,42 @@ def _scripted(messages: list[dict[str, str]], script: list[str]) -> str:
 
 def fixing_agent(messages: list[dict[str, str]]) -> str:
     """A scripted agent that fixes the demo bug through the tools, then submits."""
-    return _scripted(messages, [
-        format_tool_call("execute_bash", command="grep -n 'def mul' -A1 calc/ops.py"),
-        format_tool_call("str_replace_editor", command="str_replace", path="/testbed/calc/ops.py",
-                         old_str="def mul(a, b):\n    return a + b", new_str="def mul(a, b):\n    return a * b"),
-        format_tool_call("submit"),
-    ])
+    return _scripted(
+        messages,
+        [
+            format_tool_call("execute_bash", command="grep -n 'def mul' -A1 calc/ops.py"),
+            format_tool_call(
+                "str_replace_editor",
+                command="str_replace",
+                path="/testbed/calc/ops.py",
+                old_str="def mul(a, b):\n    return a + b",
+                new_str="def mul(a, b):\n    return a * b",
+            ),
+            format_tool_call("submit"),
+        ],
+    )
 
 
 def wrong_agent(messages: list[dict[str, str]]) -> str:
     """A scripted agent that submits a wrong fix (it breaks ``add`` and leaves ``mul``)."""
-    return _scripted(messages, [
-        format_tool_call("str_replace_editor", command="str_replace", path="calc/ops.py",
-                         old_str="def add(a, b):\n    return a + b", new_str="def add(a, b):\n    return a - b"),
-        format_tool_call("submit"),
-    ])
+    return _scripted(
+        messages,
+        [
+            format_tool_call(
+                "str_replace_editor",
+                command="str_replace",
+                path="calc/ops.py",
+                old_str="def add(a, b):\n    return a + b",
+                new_str="def add(a, b):\n    return a - b",
+            ),
+            format_tool_call("submit"),
+        ],
+    )
 
 
 def require_docker() -> DockerClient:
-    """A Docker client with the base image, or skip (locally) / fail (``CI`` set) with the reason."""
+    """A Docker client with the base image, or skip (locally) / fail (``CI`` set) with
+    the reason."""
     import pytest
 
     from crl_gym.envs.swebench.image import BASE_IMAGE, ImageError, ensure_base_image

@@ -13,7 +13,8 @@ Tools (parameters marked * are required):
 * ``execute_bash``: ``command``*, ``timeout`` (seconds; capped by the env).
 * ``str_replace_editor``: ``command``* (``view`` | ``create`` | ``str_replace`` | ``insert`` |
   ``undo_edit``), ``path``*, ``file_text`` (create), ``old_str`` / ``new_str`` (str_replace),
-  ``insert_line`` / ``new_str`` (insert), ``view_range`` (view, e.g. ``[3, 10]``; ``-1`` = to the end).
+  ``insert_line`` / ``new_str`` (insert), ``view_range`` (view, e.g. ``[3, 10]``; ``-1`` = to
+  the end).
 * ``submit``: no parameters; ends the episode and grades ``git diff`` of the work tree.
 
 One newline right after ``<parameter=...>`` and one right before ``</parameter>`` are dropped,
@@ -93,10 +94,14 @@ def parse_tool_call(text: str) -> ToolCall:
     matches = list(_FUNCTION_RE.finditer(text))
     if not matches:
         if _OPEN_RE.search(text):
-            raise ToolCallError("Malformed tool call: '<function=...>' is not closed by '</function>'.")
+            raise ToolCallError(
+                "Malformed tool call: '<function=...>' is not closed by '</function>'."
+            )
         raise ToolCallError("No tool call found in your message.")
     if len(matches) > 1 or len(_OPEN_RE.findall(text)) > 1:
-        raise ToolCallError(f"Found {len(_OPEN_RE.findall(text))} tool calls; call exactly one tool per turn.")
+        raise ToolCallError(
+            f"Found {len(_OPEN_RE.findall(text))} tool calls; call exactly one tool per turn."
+        )
     match = matches[0]
     name = match.group(1)
     if name not in TOOLS:
@@ -107,13 +112,17 @@ def parse_tool_call(text: str) -> ToolCall:
         pname, value = pm.group(1), _strip_one_newline(pm.group(2))
         if pname not in TOOLS[name]:
             allowed = ", ".join(TOOLS[name]) or "(none)"
-            raise ToolCallError(f"Unknown parameter {pname!r} for {name}. Allowed parameters: {allowed}.")
+            raise ToolCallError(
+                f"Unknown parameter {pname!r} for {name}. Allowed parameters: {allowed}."
+            )
         if pname in params:
             raise ToolCallError(f"Parameter {pname!r} given twice for {name}.")
         params[pname] = value
     leftover = _PARAM_RE.sub("", body)
     if "<parameter=" in leftover:
-        raise ToolCallError("Malformed parameter: '<parameter=...>' is not closed by '</parameter>'.")
+        raise ToolCallError(
+            "Malformed parameter: '<parameter=...>' is not closed by '</parameter>'."
+        )
     missing = [p for p, required in TOOLS[name].items() if required and p not in params]
     if missing:
         raise ToolCallError(f"Missing required parameter(s) for {name}: {', '.join(missing)}.")
@@ -159,4 +168,7 @@ def truncate_output(text: str, limit: int) -> str:
         return text
     head, tail = limit // 2, limit - limit // 2
     cut = len(text) - head - tail
-    return f"{text[:head]}\n[... output truncated: {cut} of {len(text)} characters cut ...]\n{text[len(text) - tail:]}"
+    return (
+        f"{text[:head]}\n[... output truncated: {cut} of {len(text)} characters cut "
+        f"...]\n{text[len(text) - tail :]}"
+    )

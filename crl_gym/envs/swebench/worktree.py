@@ -46,12 +46,19 @@ def first_member(chunks: Iterator[bytes]) -> tuple[tarfile.TarInfo | None, Itera
     return info, itertools.chain([head], chunks)
 
 
-def _read(client: DockerClient, image: str, workdir: str, labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
+def _read(
+    client: DockerClient, image: str, workdir: str, labels: dict[str, str]
+) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
     """Stream the tree through a created container; ``(container, tree's own entry, stream)``."""
     import docker
 
-    source = client.containers.create(image, command=["true"], labels=labels, network_mode="none",
-                                      name=f"crl-sandbox-src-{uuid.uuid4().hex[:12]}")
+    source = client.containers.create(
+        image,
+        command=["true"],
+        labels=labels,
+        network_mode="none",
+        name=f"crl-sandbox-src-{uuid.uuid4().hex[:12]}",
+    )
     try:
         chunks, _ = source.get_archive(workdir.rstrip("/") + "/.")
     except docker.errors.NotFound:
@@ -60,9 +67,11 @@ def _read(client: DockerClient, image: str, workdir: str, labels: dict[str, str]
     return source, info, tree
 
 
-def image_tree(client: DockerClient, image: str, workdir: str,
-               labels: dict[str, str]) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
-    """``(container to remove or None, the tree's own entry, the tar stream or None)`` for ``image``.
+def image_tree(
+    client: DockerClient, image: str, workdir: str, labels: dict[str, str]
+) -> tuple[Any, tarfile.TarInfo | None, Iterator[bytes] | None]:
+    """``(container to remove or None, the tree's own entry, the tar stream or None)``
+    for ``image``.
 
     The entry gives the tree's owner and mode; no stream when the image has no such directory.
     """

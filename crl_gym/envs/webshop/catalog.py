@@ -59,7 +59,8 @@ def _find(data_dir: Path, pattern: str, required: bool) -> Path | None:
     if not hits:
         if required:
             raise WebShopDataError(
-                f"{data_dir} has no {pattern} file (set {DATA_ENV_VAR} to WebShop's data dir; see {DOCS_SECTION})"
+                f"{data_dir} has no {pattern} file (set {DATA_ENV_VAR} to WebShop's data dir; see "
+                f"{DOCS_SECTION})"
             )
         return None
     return hits[0]
@@ -101,7 +102,9 @@ def process_product(p: dict[str, Any], attrs: dict[str, Any]) -> JSONDict:
     for name, contents in (p.get("customization_options") or {}).items():
         if contents is None:
             continue
-        options[name.lower()] = [str(c["value"]).strip().replace("/", " | ").lower() for c in contents]
+        options[name.lower()] = [
+            str(c["value"]).strip().replace("/", " | ").lower() for c in contents
+        ]
     bullets = p.get("small_description")
     info = attrs.get(p["asin"], {})
     return {
@@ -148,8 +151,13 @@ def _goal(
     }
 
 
-def human_goals(products: list[dict[str, Any]], human: dict[str, Any], prices: dict[str, float],
-                rng: random.Random, skipped: Counter[str]) -> list[dict[str, Any]]:
+def human_goals(
+    products: list[dict[str, Any]],
+    human: dict[str, Any],
+    prices: dict[str, float],
+    rng: random.Random,
+    skipped: Counter[str],
+) -> list[dict[str, Any]]:
     """``get_human_goals``: one goal per human instruction with attributes."""
     goals = []
     for p in products:
@@ -160,12 +168,15 @@ def human_goals(products: list[dict[str, Any]], human: dict[str, Any], prices: d
                 continue
             upper, price_text = _price_upper(prices[p["asin"]], rng)
             text = str(ins["instruction"]).strip(".") + price_text
-            goals.append(_goal(p, text, attributes, list(ins.get("instruction_options") or []), upper))
+            goals.append(
+                _goal(p, text, attributes, list(ins.get("instruction_options") or []), upper)
+            )
     return goals
 
 
-def synthetic_goals(products: list[dict[str, Any]], prices: dict[str, float],
-                    rng: random.Random) -> list[dict[str, Any]]:
+def synthetic_goals(
+    products: list[dict[str, Any]], prices: dict[str, float], rng: random.Random
+) -> list[dict[str, Any]]:
     """``get_synthetic_goals``: every option combination of each templated instruction."""
     goals = []
     for p in products:
@@ -178,7 +189,9 @@ def synthetic_goals(products: list[dict[str, Any]], prices: dict[str, float],
             option_text = ", and ".join(f"{k}: {v}" for k, v in chosen.items())
             option_text = f" with {option_text}" if option_text else ""
             text = f"{p['instruction_text']}{option_text}{price_text}"
-            goals.append(_goal(p, text, p["instruction_attributes"], chosen, upper) | {"name": p["Title"]})
+            goals.append(
+                _goal(p, text, p["instruction_attributes"], chosen, upper) | {"name": p["Title"]}
+            )
     return goals
 
 
@@ -189,8 +202,9 @@ def weight_goals(goals: list[dict[str, Any]]) -> None:
         g["weight"] = sum(1.0 / counts[a] for a in g["attributes"]) / len(g["attributes"])
 
 
-def load_catalog(data_dir: str | Path, *, human: bool = True, seed: int = 0,
-                 num_products: int | None = None) -> Catalog:
+def load_catalog(
+    data_dir: str | Path, *, human: bool = True, seed: int = 0, num_products: int | None = None
+) -> Catalog:
     """Load products and build the goal pool from a WebShop data directory.
 
     Args:
@@ -203,11 +217,15 @@ def load_catalog(data_dir: str | Path, *, human: bool = True, seed: int = 0,
     """
     root = Path(data_dir).expanduser()
     if not root.is_dir():
-        raise WebShopDataError(f"WebShop data dir {root} does not exist (see {DOCS_SECTION}; variable {DATA_ENV_VAR})")
+        raise WebShopDataError(
+            f"WebShop data dir {root} does not exist (see {DOCS_SECTION}; variable {DATA_ENV_VAR})"
+        )
     raw = _read_json(_find(root, "items_shuffle*.json", True))  # type: ignore[arg-type]
     attrs = _read_json(_find(root, "items_ins_v2*.json", True))  # type: ignore[arg-type]
     if not isinstance(raw, list) or not isinstance(attrs, dict):
-        raise WebShopDataError(f"{root}: items_shuffle must be a JSON list and items_ins_v2 a JSON object")
+        raise WebShopDataError(
+            f"{root}: items_shuffle must be a JSON list and items_ins_v2 a JSON object"
+        )
     rng = random.Random(seed)
     skipped: Counter[str] = Counter()
     products: list[dict[str, Any]] = []

@@ -51,7 +51,10 @@ SEARCH_TEMPLATE = WEBSHOP_SEARCH_ACTION
 Split = Literal["all", "train", "eval", "test"]
 # web_agent_site: goals shuffled with seed 233; test = [0, 500), eval = [500, 1500), train = rest
 SPLIT_BOUNDS: dict[str, tuple[int, int | None]] = {
-    "all": (0, None), "test": (0, 500), "eval": (500, 1500), "train": (1500, None),
+    "all": (0, None),
+    "test": (0, 500),
+    "eval": (500, 1500),
+    "train": (1500, None),
 }
 
 
@@ -64,7 +67,8 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
     if not path.is_dir():
         raise WebShopDataError(
             f"WebShop data dir {path} (from data_dir= or {DATA_ENV_VAR}) does not exist; put "
-            f"items_shuffle_1000.json, items_ins_v2_1000.json and items_human_ins.json there. See {DOCS_SECTION}."
+            "items_shuffle_1000.json, items_ins_v2_1000.json and items_human_ins.json there. See "
+            f"{DOCS_SECTION}."
         )
     return path
 
@@ -105,13 +109,17 @@ class WebShopEnv(TextEnv):
         if split not in SPLIT_BOUNDS:
             raise ValueError(f"split must be one of {sorted(SPLIT_BOUNDS)}, got {split!r}")
         self.data_dir = resolve_data_dir(data_dir)
-        self.catalog, self.index = _load(str(self.data_dir), human_goals, catalog_seed, num_products)
+        self.catalog, self.index = _load(
+            str(self.data_dir), human_goals, catalog_seed, num_products
+        )
         goals = list(self.catalog.goals)
         random.Random(233).shuffle(goals)
         lo, hi = SPLIT_BOUNDS[split]
         self.goals = goals[lo:hi]
         if not self.goals:
-            raise WebShopDataError(f"split {split!r} of {self.data_dir} has no goals ({len(goals)} in all)")
+            raise WebShopDataError(
+                f"split {split!r} of {self.data_dir} has no goals ({len(goals)} in all)"
+            )
         w = np.array([g["weight"] for g in self.goals], dtype=np.float64)
         self._weights = w / w.sum()
         self.per_page, self.max_results = results_per_page, max_results
@@ -131,7 +139,9 @@ class WebShopEnv(TextEnv):
     def instruction(self) -> str:
         return str(self.goal.get("instruction_text", ""))
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         idx = (options or {}).get("goal")
         if idx is None:
@@ -159,8 +169,11 @@ class WebShopEnv(TextEnv):
             obs, reward, terminated = self._click(arg.lower())
         else:  # the page does not change; the agent sees the valid actions and the page again
             self._invalid = True
-            obs = self._emit(self.invalid_action_observation(action, self.admissible_actions())
-                             + "\n" + self._page_text)
+            obs = self._emit(
+                self.invalid_action_observation(action, self.admissible_actions())
+                + "\n"
+                + self._page_text
+            )
         truncated = not terminated and self.turn >= self.max_turns
         self._done = terminated or truncated
         return obs, reward, terminated, truncated, self._info()
@@ -173,8 +186,11 @@ class WebShopEnv(TextEnv):
     def _results_page(self, page: int) -> str:
         self._result_page = page
         start = (page - 1) * self.per_page
-        items = [self.catalog.products[i] for i in self._results[start:start + self.per_page]]
-        return self._show(*pages.results_page(self.instruction, items, page, len(self._results), self.per_page), "results")
+        items = [self.catalog.products[i] for i in self._results[start : start + self.per_page]]
+        return self._show(
+            *pages.results_page(self.instruction, items, page, len(self._results), self.per_page),
+            "results",
+        )
 
     def _item_page(self) -> str:
         assert self._item is not None
@@ -198,7 +214,11 @@ class WebShopEnv(TextEnv):
         if button == pages.PREV:
             return self._results_page(self._result_page), 0.0, False
         if button in pages.DETAILS:
-            return self._show(*pages.detail_page(self.instruction, self._item, button), "detail"), 0.0, False
+            return (
+                self._show(*pages.detail_page(self.instruction, self._item, button), "detail"),
+                0.0,
+                False,
+            )
         if button == pages.BUY:
             return self._buy()
         for name, values in self._item["options"].items():  # an option value
@@ -212,12 +232,20 @@ class WebShopEnv(TextEnv):
         asin = self._item["asin"]
         details = get_reward(self._item, self.goal, self.catalog.prices[asin], self._selected)
         self._end = {
-            "purchased": asin, "options": dict(self._selected), "reward_details": asdict(details),
-            "goal": {k: self.goal[k] for k in ("asin", "attributes", "goal_options", "price_upper")},
+            "purchased": asin,
+            "options": dict(self._selected),
+            "reward_details": asdict(details),
+            "goal": {
+                k: self.goal[k] for k in ("asin", "attributes", "goal_options", "price_upper")
+            },
         }
         self._clickables = []
         self._page = "done"
-        return self._emit(pages.done_page(asin, self._selected, details.reward)), details.reward, True
+        return (
+            self._emit(pages.done_page(asin, self._selected, details.reward)),
+            details.reward,
+            True,
+        )
 
     # -- helpers -----------------------------------------------------------------------------
     def _show(self, text: str, clickables: list[str], page: str) -> str:
@@ -230,8 +258,11 @@ class WebShopEnv(TextEnv):
 
     def _info(self) -> JSONDict:
         info: dict[str, Any] = {
-            "task": self.instruction, "admissible_actions": self.admissible_actions(),
-            "turn": self.turn, "page": self._page, "invalid_action": self._invalid,
+            "task": self.instruction,
+            "admissible_actions": self.admissible_actions(),
+            "turn": self.turn,
+            "page": self._page,
+            "invalid_action": self._invalid,
             "success": bool(self._end and self._end["reward_details"]["reward"] >= 1.0 - 1e-9),
         }
         info.update(self._end)

@@ -43,7 +43,9 @@ def results_page(
     return SEP.join(parts), clickables
 
 
-def item_page(instruction: str, product: dict[str, Any], selected: dict[str, str]) -> tuple[str, list[str]]:
+def item_page(
+    instruction: str, product: dict[str, Any], selected: dict[str, str]
+) -> tuple[str, list[str]]:
     parts = [*_head(instruction), "Back to Search", "< Prev"]
     clickables = [BACK, PREV]
     for name, values in product["options"].items():
@@ -53,8 +55,15 @@ def item_page(instruction: str, product: dict[str, Any], selected: dict[str, str
             if v not in clickables:
                 clickables.append(v)
     price = product["price_tag"]
-    parts += [product["Title"], f"Price: {price}", f"Rating: {product.get('Rating', 'N.A.')}",
-              "Description", "Features", "Reviews", "Buy Now"]
+    parts += [
+        product["Title"],
+        f"Price: {price}",
+        f"Rating: {product.get('Rating', 'N.A.')}",
+        "Description",
+        "Features",
+        "Reviews",
+        "Buy Now",
+    ]
     clickables += [*DETAILS, BUY]
     return SEP.join(parts), clickables
 
@@ -66,12 +75,24 @@ def detail_page(instruction: str, product: dict[str, Any], kind: str) -> tuple[s
         body = [b for b in product.get("BulletPoints", []) if b] or ["No features."]
     else:
         reviews = product.get("Reviews") or []
-        body = [f"{r.get('title', '')} {r.get('score', r.get('stars', ''))} {r.get('body', r.get('review', ''))}".strip()
-                for r in reviews if isinstance(r, dict)] or ["No reviews yet."]
+        body = [
+            f"{r.get('title', '')} {r.get('score', r.get('stars', ''))} "
+            f"{r.get('body', r.get('review', ''))}".strip()
+            for r in reviews
+            if isinstance(r, dict)
+        ] or ["No reviews yet."]
     return SEP.join([*_head(instruction), "Back to Search", "< Prev", *body]), [BACK, PREV]
 
 
 def done_page(asin: str, options: dict[str, str], reward: float) -> str:
     chosen = ", ".join(f"{k}: {v}" for k, v in options.items()) or "none"
-    return SEP.join(["Thank you for shopping with us!", "Purchased", asin, f"Options: {chosen}",
-                     "Your score (min 0.0, max 1.0)", f"{reward:.4f}"])
+    return SEP.join(
+        [
+            "Thank you for shopping with us!",
+            "Purchased",
+            asin,
+            f"Options: {chosen}",
+            "Your score (min 0.0, max 1.0)",
+            f"{reward:.4f}",
+        ]
+    )

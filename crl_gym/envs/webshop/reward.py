@@ -26,17 +26,108 @@ from typing import Any
 
 # web_agent_site/engine/normalize.py: an option naming one of these colours is that colour
 COLOR_SET: tuple[str, ...] = (
-    "alabaster", "apricot", "aqua", "ash", "asphalt", "azure", "banana", "beige", "black", "blue",
-    "blush", "bordeaux", "bronze", "brown", "burgundy", "camel", "camo", "caramel", "champagne",
-    "charcoal", "cheetah", "chestnut", "chocolate", "christmas", "coffee", "cognac", "copper",
-    "coral", "cranberry", "cream", "crystal", "dark", "denim", "eggplant", "elephant", "espresso",
-    "fuchsia", "gold", "granite", "grape", "graphite", "grass", "gray", "green", "grey", "heather",
-    "indigo", "ivory", "ivy", "khaki", "lavender", "lemon", "leopard", "light", "lilac", "lime",
-    "magenta", "maroon", "mauve", "merlot", "midnight", "mint", "mocha", "multicolor", "mushroom",
-    "mustard", "natural", "navy", "nude", "olive", "orange", "peach", "pewter", "pink", "plum",
-    "purple", "rainbow", "red", "rose", "royal", "rust", "sand", "sapphire", "seashell", "silver",
-    "skull", "slate", "steel", "stone", "stonewash", "sunflower", "tan", "taupe", "teal", "tiger",
-    "turquoise", "violet", "walnut", "wheat", "white", "wine", "yellow",
+    "alabaster",
+    "apricot",
+    "aqua",
+    "ash",
+    "asphalt",
+    "azure",
+    "banana",
+    "beige",
+    "black",
+    "blue",
+    "blush",
+    "bordeaux",
+    "bronze",
+    "brown",
+    "burgundy",
+    "camel",
+    "camo",
+    "caramel",
+    "champagne",
+    "charcoal",
+    "cheetah",
+    "chestnut",
+    "chocolate",
+    "christmas",
+    "coffee",
+    "cognac",
+    "copper",
+    "coral",
+    "cranberry",
+    "cream",
+    "crystal",
+    "dark",
+    "denim",
+    "eggplant",
+    "elephant",
+    "espresso",
+    "fuchsia",
+    "gold",
+    "granite",
+    "grape",
+    "graphite",
+    "grass",
+    "gray",
+    "green",
+    "grey",
+    "heather",
+    "indigo",
+    "ivory",
+    "ivy",
+    "khaki",
+    "lavender",
+    "lemon",
+    "leopard",
+    "light",
+    "lilac",
+    "lime",
+    "magenta",
+    "maroon",
+    "mauve",
+    "merlot",
+    "midnight",
+    "mint",
+    "mocha",
+    "multicolor",
+    "mushroom",
+    "mustard",
+    "natural",
+    "navy",
+    "nude",
+    "olive",
+    "orange",
+    "peach",
+    "pewter",
+    "pink",
+    "plum",
+    "purple",
+    "rainbow",
+    "red",
+    "rose",
+    "royal",
+    "rust",
+    "sand",
+    "sapphire",
+    "seashell",
+    "silver",
+    "skull",
+    "slate",
+    "steel",
+    "stone",
+    "stonewash",
+    "sunflower",
+    "tan",
+    "taupe",
+    "teal",
+    "tiger",
+    "turquoise",
+    "violet",
+    "walnut",
+    "wheat",
+    "white",
+    "wine",
+    "yellow",
 )
 FUZZY_THRESHOLD = 85  # goal.py: ``score > 85``
 
@@ -123,7 +214,9 @@ class RewardDetails:
 
 
 def type_reward(
-    product: Mapping[str, Any], goal: Mapping[str, Any], nouns: Callable[[str], list[str]] = title_nouns
+    product: Mapping[str, Any],
+    goal: Mapping[str, Any],
+    nouns: Callable[[str], list[str]] = title_nouns,
 ) -> tuple[float, bool, bool, float]:
     """``(r_type, query_match, category_match, title_score)`` as in ``get_type_reward``.
 
@@ -157,7 +250,10 @@ def attribute_matches(product: Mapping[str, Any], goal_attrs: Iterable[str]) -> 
     )
     count = 0
     for g_attr in goal_attrs:
-        if any(token_set_ratio(p_attr, g_attr) > FUZZY_THRESHOLD for p_attr in product.get("Attributes", [])):
+        if any(
+            token_set_ratio(p_attr, g_attr) > FUZZY_THRESHOLD
+            for p_attr in product.get("Attributes", [])
+        ):
             count += 1
         elif any(g_attr in t for t in texts):
             count += 1
@@ -168,7 +264,8 @@ def option_matches(chosen: Iterable[str], goal_options: Iterable[str]) -> int:
     """Goal options matched by a chosen option (colours normalised, token-set ratio > 85)."""
     chosen_n = [normalize_color(o) for o in chosen]
     return sum(
-        any(token_set_ratio(p, normalize_color(g)) > FUZZY_THRESHOLD for p in chosen_n) for g in goal_options
+        any(token_set_ratio(p, normalize_color(g)) > FUZZY_THRESHOLD for p in chosen_n)
+        for g in goal_options
     )
 
 
@@ -185,7 +282,9 @@ def get_reward(
     ``price_upper``, ``query``, ``product_category`` and ``name``.
     """
     goal_options = goal.get("goal_options") or []
-    goal_values = list(goal_options.values()) if isinstance(goal_options, Mapping) else list(goal_options)
+    goal_values = (
+        list(goal_options.values()) if isinstance(goal_options, Mapping) else list(goal_options)
+    )
     attrs = list(goal.get("attributes") or [])
     r_type, query_match, category_match, title_score = type_reward(product, goal, nouns)
     n_att = attribute_matches(product, attrs)
@@ -193,7 +292,14 @@ def get_reward(
     r_price = price <= float(goal.get("price_upper", 1e6))
     total = (n_att + n_opt + int(r_price)) / (len(attrs) + len(goal_values) + 1)
     return RewardDetails(
-        reward=total * r_type, r_type=r_type, num_attr_matches=n_att, num_attrs=len(attrs),
-        num_option_matches=n_opt, num_options=len(goal_values), r_price=r_price,
-        query_match=query_match, category_match=category_match, title_score=title_score,
+        reward=total * r_type,
+        r_type=r_type,
+        num_attr_matches=n_att,
+        num_attrs=len(attrs),
+        num_option_matches=n_opt,
+        num_options=len(goal_values),
+        r_price=r_price,
+        query_match=query_match,
+        category_match=category_match,
+        title_score=title_score,
     )

@@ -25,7 +25,9 @@ def tokenize(text: str) -> list[str]:
 
 def product_document(p: dict[str, Any]) -> str:
     options = " ".join(v for values in p.get("options", {}).values() for v in values)
-    return " ".join([p.get("Title", ""), p.get("Description", ""), " ".join(p.get("BulletPoints", [])), options])
+    return " ".join(
+        [p.get("Title", ""), p.get("Description", ""), " ".join(p.get("BulletPoints", [])), options]
+    )
 
 
 class BM25Index:

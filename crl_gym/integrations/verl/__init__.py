@@ -36,8 +36,10 @@ def verl_required(module: str) -> Iterator[None]:
     try:
         yield
     except ImportError as exc:  # pragma: no cover - exercised only without verl
-        raise ImportError(f"{module} needs {VERL_REQUIREMENT} (pip install 'complementary-rl[verl]'; "
-                          "this project's tests: make install-verl)") from exc
+        raise ImportError(
+            f"{module} needs {VERL_REQUIREMENT} (pip install 'complementary-rl[verl]'; "
+            "this project's tests: make install-verl)"
+        ) from exc
 
 
 __all__ = ["VERL_REQUIREMENT", "verl_required"]

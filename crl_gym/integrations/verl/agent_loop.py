@@ -9,8 +9,9 @@ keyword arguments of :class:`ExperienceAgentLoop`), then awaits ``run(sampling_p
 One episode:
 
 * the env (``crl_gym.envs.make(env_id, **env_kwargs)``: any ``crl/`` id, or a user's text env by id,
-  by ``"module:EnvId-v0"`` or through an entry point) under ``ExperienceWrapper`` (and ``SearchAndAskWrapper`` when
-  ``search_and_ask``) over the process's :func:`~crl_gym.integrations.verl.service.service_client`;
+  by ``"module:EnvId-v0"`` or through an entry point) under ``ExperienceWrapper`` (and
+  ``SearchAndAskWrapper`` when ``search_and_ask``) over the process's
+  :func:`~crl_gym.integrations.verl.service.service_client`;
 * reset with the row's seed as ``extra_info.experience`` says (guided: the wrapper puts the best
   entry in front of the first observation; :mod:`~crl_gym.integrations.verl.rows`), with
   ``rollout_step`` = the row's ``global_steps`` (verl's v1 trainer puts the step in every row), or
@@ -28,12 +29,13 @@ One episode:
 
 ``reward_score`` is 1.0 on success else 0.0 (the paper's R), or the return with ``reward="return"``.
 ``extra_fields`` (per-sample columns of verl's batch): ``crl_condition`` (the condition the
-episode ran: a guided row whose search failed, the service down, ran free), ``crl_entry`` (the shown entry's
-id), ``crl_group``, ``crl_valid`` (False: the env raised; the episode is a failure and gets no
-advantage), ``crl_success``, ``crl_turns``, ``crl_rollout_step``, ``crl_cut`` (``"turns"`` /
+episode ran: a guided row whose search failed, the service down, ran free), ``crl_entry`` (the shown
+entry's id), ``crl_group``, ``crl_valid`` (False: the env raised; the episode is a failure and gets
+no advantage), ``crl_success``, ``crl_turns``, ``crl_rollout_step``, ``crl_cut`` (``"turns"`` /
 ``"context"`` / None), and what the server reported (``min_global_steps`` / ``max_global_steps``:
-the weight versions, which verl's v1 trainer reads). An env error in ``step`` never raises out of ``run`` (it would fail the whole
-``asyncio.gather`` of the worker's batch); one in ``reset`` does (a wrong env id or seed is a set-up error).
+the weight versions, which verl's v1 trainer reads). An env error in ``step`` never raises out of
+``run`` (it would fail the whole ``asyncio.gather`` of the worker's batch); one in ``reset`` does (a
+wrong env id or seed is a set-up error).
 """
 
 from __future__ import annotations
@@ -83,13 +85,18 @@ def parse_action(text: str) -> str:
     ...     parse_action("I think <action>east</action>"), parse_action(" north ")
     ('east', 'north')
     """
-    warnings.warn("crl_gym.integrations.verl.agent_loop.parse_action is deprecated: use "
-                  "crl_gym.episode.read_answer", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "crl_gym.integrations.verl.agent_loop.parse_action is deprecated: use "
+        "crl_gym.episode.read_answer",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return read_answer(text).action
 
 
 def _plain(value: object) -> object:
-    """An OmegaConf node from the YAML as plain Python (hydra passes nested config as DictConfig)."""
+    """An OmegaConf node from the YAML as plain Python (hydra passes nested config
+    as DictConfig)."""
     if isinstance(value, DictConfig | ListConfig):
         return OmegaConf.to_container(value, resolve=True)
     return value
@@ -111,10 +118,20 @@ class ExperienceAgentLoop(AgentLoopBase):
         timeout_s: the client's timeout per call.
     """
 
-    def __init__(self, *args: Any, env_id: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
-                 service_url: str | None = None, token_file: str | None = None, search_and_ask: bool = False,
-                 max_calls: int = 2, max_turns: int = DEFAULT_MAX_TURNS, reward: str = "success",
-                 timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        env_id: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        service_url: str | None = None,
+        token_file: str | None = None,
+        search_and_ask: bool = False,
+        max_calls: int = 2,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        reward: str = "success",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        **kwargs: Any,
+    ) -> None:
         kwargs.pop("name", None)  # the registry entry's own key, passed along by hydra
         super().__init__(*args, **kwargs)
         check_reward(reward)
@@ -136,12 +153,19 @@ class ExperienceAgentLoop(AgentLoopBase):
         """The env of ``env_id`` (else the loop's), under our wrappers."""
         env_id = env_id or self.env_id
         if not env_id:
-            raise ValueError("no env: give env_id in the agent loop's config or extra_info.env_id in the row")
+            raise ValueError(
+                "no env: give env_id in the agent loop's config or extra_info.env_id in the row"
+            )
         # any Gymnasium id, "module:EnvId-v0" and entry points included
         from crl_gym.envs import make
 
-        return wrap(make(env_id, **self.env_kwargs), self.client, search_and_ask=self.search_and_ask,
-                    max_calls=self.max_calls, env_id=env_id)
+        return wrap(
+            make(env_id, **self.env_kwargs),
+            self.client,
+            search_and_ask=self.search_and_ask,
+            max_calls=self.max_calls,
+            env_id=env_id,
+        )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         extra = row_extra(kwargs)
@@ -171,17 +195,27 @@ class ExperienceAgentLoop(AgentLoopBase):
         await asyncio.to_thread(self.client.flush)
         return self._output(episode, extra, spec.rollout_step, metrics)
 
-    async def _play(self, played: VerlEpisode, episode: _Episode, ids: list[int],
-                    sampling_params: dict[str, Any], metrics: dict[str, float]) -> None:
+    async def _play(
+        self,
+        played: VerlEpisode,
+        episode: _Episode,
+        ids: list[int],
+        sampling_params: dict[str, Any],
+        metrics: dict[str, float],
+    ) -> None:
         request_id = uuid4().hex
         while True:
             with simple_timer("generate_sequences", metrics):
-                out = await self.server_manager.generate(request_id=request_id, prompt_ids=ids,
-                                                         sampling_params=sampling_params)
+                out = await self.server_manager.generate(
+                    request_id=request_id, prompt_ids=ids, sampling_params=sampling_params
+                )
             merged, episode.mask, logprobs = await self.ct_merge_assistant_token(
-                ids, list(out.token_ids), episode.mask,
+                ids,
+                list(out.token_ids),
+                episode.mask,
                 episode.logprobs if (episode.logprobs or out.log_probs) else None,
-                assistant_logprobs=list(out.log_probs) if out.log_probs else None)
+                assistant_logprobs=list(out.log_probs) if out.log_probs else None,
+            )
             ids = episode.ids = list(merged.token_ids)
             episode.logprobs = list(logprobs or [])
             episode.server_fields(dict(out.extra_fields or {}))
@@ -190,8 +224,12 @@ class ExperienceAgentLoop(AgentLoopBase):
                 with simple_timer("tool_calls", metrics):
                     previous = await asyncio.to_thread(played.answer, text)
             except Exception as exc:  # noqa: BLE001 - an env error ends this episode, never the batch
-                logger.warning("crl_agent: the env raised on step %d (%s: %s); the episode ends as a failure",
-                               len(played.played.turns), type(exc).__name__, exc)
+                logger.warning(
+                    "crl_agent: the env raised on step %d (%s: %s); the episode ends as a failure",
+                    len(played.played.turns),
+                    type(exc).__name__,
+                    exc,
+                )
                 episode.valid = False
                 return
             if previous is None:  # the env ended it, or the driver's turn cap cut it
@@ -200,7 +238,8 @@ class ExperienceAgentLoop(AgentLoopBase):
                 await asyncio.to_thread(played.cut_context)
                 return
             merged, mask, logprobs = await self.ct_merge_context_msg(
-                previous, list(played.messages), ids, episode.mask, episode.logprobs or None)
+                previous, list(played.messages), ids, episode.mask, episode.logprobs or None
+            )
             if len(mask) >= self.response_length:  # the observation does not fit: stop before it
                 await asyncio.to_thread(played.cut_context)
                 return
@@ -208,13 +247,22 @@ class ExperienceAgentLoop(AgentLoopBase):
             episode.mask = list(mask)
             episode.logprobs = list(logprobs or [])
 
-    def _output(self, episode: _Episode, extra: Mapping[str, Any], step: int | None,
-                metrics: dict[str, float]) -> AgentLoopOutput:
+    def _output(
+        self,
+        episode: _Episode,
+        extra: Mapping[str, Any],
+        step: int | None,
+        metrics: dict[str, float],
+    ) -> AgentLoopOutput:
         n_response = len(episode.mask)
         prompt_ids = episode.ids[: len(episode.ids) - n_response]
-        response_ids = episode.ids[len(episode.ids) - n_response:]
+        response_ids = episode.ids[len(episode.ids) - n_response :]
         cap = self.response_length
-        score = rollout_reward(self.reward, success=episode.success, ret=episode.ret) if episode.valid else 0.0
+        score = (
+            rollout_reward(self.reward, success=episode.success, ret=episode.ret)
+            if episode.valid
+            else 0.0
+        )
         group = extra.get("group")
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
@@ -223,12 +271,20 @@ class ExperienceAgentLoop(AgentLoopBase):
             response_logprobs=episode.logprobs[:cap] if episode.logprobs else None,
             reward_score=score,
             num_turns=2 * episode.turns + 1,
-            metrics=AgentLoopMetrics(**{k: v for k, v in metrics.items() if k in AgentLoopMetrics.model_fields}),
+            metrics=AgentLoopMetrics(
+                **{k: v for k, v in metrics.items() if k in AgentLoopMetrics.model_fields}
+            ),
             extra_fields={
-                **episode.server, "turn_scores": [], "tool_rewards": [],
-                "crl_condition": episode.condition, "crl_entry": episode.entry,
-                "crl_group": None if group is None else int(group), "crl_valid": episode.valid,
-                "crl_success": episode.success, "crl_turns": episode.turns, "crl_rollout_step": step,
+                **episode.server,
+                "turn_scores": [],
+                "tool_rewards": [],
+                "crl_condition": episode.condition,
+                "crl_entry": episode.entry,
+                "crl_group": None if group is None else int(group),
+                "crl_valid": episode.valid,
+                "crl_success": episode.success,
+                "crl_turns": episode.turns,
+                "crl_rollout_step": step,
                 "crl_cut": episode.cut,
             },
         )
@@ -264,11 +320,13 @@ class _Episode:
         self.cut: str | None = None
         self.request: Any = None
         self.server: dict[str, object] = {}
-        """What the inference server reported (``min_global_steps`` / ``max_global_steps``: the weight
-        versions the episode was generated with, which verl's v1 trainer reads for staleness)."""
+        """What the inference server reported (``min_global_steps`` / ``max_global_steps``: the
+        weight versions the episode was generated with, which verl's v1 trainer reads
+        for staleness)."""
 
     def server_fields(self, fields: Mapping[str, object]) -> None:
-        """Keep the first generation's fields, then the latest ``max_global_steps`` (as ``ToolAgentLoop``)."""
+        """Keep the first generation's fields, then the latest ``max_global_steps`` (as
+        ``ToolAgentLoop``)."""
         if not self.server:
             self.server.update(fields)
         elif fields.get("max_global_steps") is not None:

@@ -78,12 +78,23 @@ def task_rows(
     rows: list[TaskRow] = []
     for group, seed in enumerate(seeds):
         for condition in conditions:
-            extra: ExtraInfo = {"index": len(rows), "seed": int(seed), "group": group,
-                                     "experience": condition, "evaluation": bool(evaluation)}
+            extra: ExtraInfo = {
+                "index": len(rows),
+                "seed": int(seed),
+                "group": group,
+                "experience": condition,
+                "evaluation": bool(evaluation),
+            }
             if env_id is not None:
                 extra["env_id"] = env_id
-            rows.append({"data_source": data_source, "agent_name": AGENT_NAME,
-                         "prompt": [{"role": "system", "content": instruction}], "extra_info": extra})
+            rows.append(
+                {
+                    "data_source": data_source,
+                    "agent_name": AGENT_NAME,
+                    "prompt": [{"role": "system", "content": instruction}],
+                    "extra_info": extra,
+                }
+            )
     return rows
 
 

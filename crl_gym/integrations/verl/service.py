@@ -32,13 +32,16 @@ def resolve_url(url: str | None) -> str:
     """``url``, else ``$CRL_EXPERIENCE_URL``; neither is a ``ValueError`` naming both."""
     found = url or os.environ.get(URL_ENV)
     if not found:
-        raise ValueError(f"no experience service: give service_url in the agent loop's (or tool's) config, "
-                         f"or set {URL_ENV}")
+        raise ValueError(
+            f"no experience service: give service_url in the agent loop's (or tool's) config, "
+            f"or set {URL_ENV}"
+        )
     return str(found)
 
 
 def resolve_token(token_file: str | None) -> str | None:
-    """The token in ``token_file`` (stripped; an empty file is an error), else ``$CRL_EXPERIENCE_TOKEN``."""
+    """The token in ``token_file`` (stripped; an empty file is an error), else
+    ``$CRL_EXPERIENCE_TOKEN``."""
     if token_file:
         token = Path(token_file).read_text(encoding="utf-8").strip()
         if not token:
@@ -47,8 +50,9 @@ def resolve_token(token_file: str | None) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
-def service_client(url: str | None, token_file: str | None = None, *,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> RemoteClient:
+def service_client(
+    url: str | None, token_file: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> RemoteClient:
     """This process's client of the service at ``url`` (made on first use, then shared)."""
     key = (resolve_url(url), resolve_token(token_file))
     with _LOCK:

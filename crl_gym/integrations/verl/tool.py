@@ -48,19 +48,26 @@ TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": TOOL_NAME,
-        "description": "Ask the experience bank for advice when stuck; does not take a turn in the environment.",
+        "description": "Ask the experience bank for advice when stuck; does not take a turn in the "
+        "environment.",
         "parameters": {
             "type": "object",
-            "properties": {"query": {"type": "string", "description": "What you are stuck on, in a sentence."}},
+            "properties": {
+                "query": {"type": "string", "description": "What you are stuck on, in a sentence."}
+            },
             "required": ["query"],
         },
     },
 }
 """The tool's OpenAI function schema (the default when the YAML gives none)."""
 CALLS_KEY, ENTRIES_KEY = "crl_search_calls", "crl_search_entries"
-_TEMPLATES = {"answered": SEARCH_AND_ASK_ANSWER_TEMPLATE, "no_entry": SEARCH_AND_ASK_NO_ENTRY_TEMPLATE,
-              "error": SEARCH_AND_ASK_ERROR_TEMPLATE, "over_cap": SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
-              "empty_query": SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE}
+_TEMPLATES = {
+    "answered": SEARCH_AND_ASK_ANSWER_TEMPLATE,
+    "no_entry": SEARCH_AND_ASK_NO_ENTRY_TEMPLATE,
+    "error": SEARCH_AND_ASK_ERROR_TEMPLATE,
+    "over_cap": SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
+    "empty_query": SEARCH_AND_ASK_EMPTY_QUERY_TEMPLATE,
+}
 
 
 class SearchAndAskTool(BaseTool):
@@ -70,17 +77,25 @@ class SearchAndAskTool(BaseTool):
     ``$CRL_EXPERIENCE_TOKEN``), ``max_calls`` (per trajectory, default 2), ``timeout_s``.
     """
 
-    def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
-        super().__init__(config, tool_schema or OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA))
-        self.client = service_client(config.get("service_url"), config.get("token_file"),
-                                     timeout_s=float(config.get("timeout_s", DEFAULT_TIMEOUT_S)))
+    def __init__(
+        self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None = None
+    ) -> None:
+        super().__init__(
+            config, tool_schema or OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA)
+        )
+        self.client = service_client(
+            config.get("service_url"),
+            config.get("token_file"),
+            timeout_s=float(config.get("timeout_s", DEFAULT_TIMEOUT_S)),
+        )
         self.max_calls = int(config.get("max_calls", 2))
         if self.max_calls < 0:
             raise ValueError(f"max_calls must be >= 0, got {self.max_calls}")
         self.error_count = 0
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any],
-                      **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
         query = str(parameters.get("query") or "").strip()[:MAX_QUERY_CHARS]
         agent_data = kwargs.get("agent_data")
         state: dict[str, Any] = agent_data.extra_fields if agent_data is not None else {}
@@ -93,20 +108,38 @@ class SearchAndAskTool(BaseTool):
         else:
             state[CALLS_KEY] = used + 1
             status, call, failure = await asyncio.to_thread(
-                retrieve_and_ask, self.client, query, _situation(agent_data), used)
+                retrieve_and_ask, self.client, query, _situation(agent_data), used
+            )
             if failure is not None:
                 self.error_count += 1
-                logger.warning("search_and_ask %s failed: %s: %s (the trajectory continues)",
-                               failure[0], type(failure[1]).__name__, failure[1])
+                logger.warning(
+                    "search_and_ask %s failed: %s: %s (the trajectory continues)",
+                    failure[0],
+                    type(failure[1]).__name__,
+                    failure[1],
+                )
             if call is not None and call.entry is not None:
                 state.setdefault(ENTRIES_KEY, []).append(call.entry.id)
-        text = _TEMPLATES[status].format(query=query, answer=call.answer if call is not None else "",
-                                         observation="", max_calls=self.max_calls).strip()
-        return ToolResponse(text=text), 0.0, {"status": status, "refined": bool(call is not None and call.refined)}
+        text = (
+            _TEMPLATES[status]
+            .format(
+                query=query,
+                answer=call.answer if call is not None else "",
+                observation="",
+                max_calls=self.max_calls,
+            )
+            .strip()
+        )
+        return (
+            ToolResponse(text=text),
+            0.0,
+            {"status": status, "refined": bool(call is not None and call.refined)},
+        )
 
 
 def _situation(agent_data: object) -> str:
-    """The last message's text: what the agent sees when it asks (the extractor tailors the answer to it)."""
+    """The last message's text: what the agent sees when it asks (the extractor tailors the
+    answer to it)."""
     messages = getattr(agent_data, "messages", None) or []
     for message in reversed(messages):
         content = message.get("content") if isinstance(message, dict) else None
