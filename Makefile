@@ -99,6 +99,7 @@ test-vllm: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check crl_gym crl_train bench scripts tests
+	$(VENV)/bin/ruff format --check crl_gym crl_train
 	$(VENV)/bin/mypy crl_gym crl_train scripts
 
 bench: $(STAMP)

@@ -7,8 +7,10 @@ the service (``--extractor``, from the optional ``crl_train``), where the token 
 how uvicorn runs and stops (SIGINT / SIGTERM close the service, then exit 0).
 
     crl-experience serve --bank DIR --port 8765 [--host H] [--embedder hashing:384]
-        [--extractor tiny|CONFIG.yaml [--merge-seeded]] [--token-file FILE] [--max-body-bytes N] [--persist-interval S]
-    crl-experience ui --bank DIR [--port 8766] [--host H] [--token-file FILE]   (the explorer alone, read-only)
+        [--extractor tiny|CONFIG.yaml [--merge-seeded]] [--token-file FILE]
+        [--max-body-bytes N] [--persist-interval S]
+    crl-experience ui --bank DIR [--port 8766] [--host H] [--token-file FILE]
+        (the explorer alone, read-only)
     crl-experience snapshot BANK [--name N] | list-snapshots BANK | restore BANK N   [--url URL]
     crl-experience quarantine BANK --written-by extractor --steps A:B [--undo]    [--url URL]
 

@@ -15,13 +15,15 @@
 * Texts of ``/search``, ``/ask`` and ``/apply_ops`` bodies hold at most :data:`MAX_TEXT` characters.
 
 >>> from crl_gym.protocol import DistillationRequest, Trajectory
->>> request = DistillationRequest("t" * 10, Trajectory(initial_observation="x" * 100), 0.0, False, None)
+>>> request = DistillationRequest("t" * 10, Trajectory(initial_observation="x" * 100), 0.0,
+...                               False, None)
 >>> request_text_chars(request)
 110
->>> check_request_size(request, max_bytes=64)  # doctest: +ELLIPSIS
+>>> check_request_size(request, max_bytes=64)  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-crl_gym.errors.RequestTooLarge: request ... holds 110 characters of text, more than the body limit of 64 bytes: ...
+crl_gym.errors.RequestTooLarge: request ... holds 110 characters of text,
+    more than the body limit of 64 bytes: ...
 """
 
 from __future__ import annotations

@@ -625,7 +625,8 @@ class BackgroundServer:
     >>> from crl_gym.experience.embedders import HashingEmbedder
     >>> from crl_gym.experience.manager import ExperienceManager
     >>> from crl_gym.clients import RemoteClient
-    >>> service = RetrievalService(ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32)))
+    >>> manager = ExperienceManager(ExperienceBank(None, dim=32), HashingEmbedder(32))
+    >>> service = RetrievalService(manager)
     >>> with BackgroundServer(service, token="s3cret") as server:
     ...     RemoteClient(server.url, token="s3cret").end_step(0).ended
     [0]

@@ -12,7 +12,9 @@ the extractor's prompts are filled with :func:`crl_gym.experience.prompts.fill`,
 braces in the template alone, so those may hold literal JSON. Neither re-reads the substituted
 values, so braces in a task, an observation or an entry are always safe.
 
->>> GATE_TEMPLATE.format(task="Open the door.", success_rate="0.25", experience="Keys open doors.").splitlines()[-1]
+>>> gate = GATE_TEMPLATE.format(task="Open the door.", success_rate="0.25",
+...                             experience="Keys open doors.")
+>>> gate.splitlines()[-1]
 'Before you start: will this experience help you? Answer accept, refine or reject.'
 """
 
@@ -138,19 +140,24 @@ SEARCH_NO_RESULT = 'No stored experience matches "{query}". Continue with your o
 # The extractor: distillation (crl_gym.experience.prompts.build_distillation_prompt)
 # --------------------------------------------------------------------------------------------
 
-ENTRY_CONTRACT = """An entry has at most {max_entry_chars} characters, no double quotes or backslashes, and is either
-- a fact about one task, for when it comes again: the task's name and what won or lost it, such as the winning actions in order; or
+ENTRY_CONTRACT = """An entry has at most {max_entry_chars} characters, no double quotes or \
+backslashes, and is either
+- a fact about one task, for when it comes again: the task's name and what won or lost it, \
+such as the winning actions in order; or
 - a lesson for other tasks too: when X, do Y."""
 """What an entry may record, the same for every method and extractor: a fact about a task that
 will recur, or a transferable lesson (docs/experience.md, "The entry contract");
 ``{max_entry_chars}``."""
 
 DISTILLATION_TEMPLATE = (
-    """You write the experience bank of an agent: before a task it reads the entry that best matches it, and you are rewarded when it then succeeds.
+    """You write the experience bank of an agent: before a task it reads the entry that best \
+matches it, and you are rewarded when it then succeeds.
 """
     + ENTRY_CONTRACT
     + """
-Answer with a JSON list of 1 to {max_ops} operations and nothing else, shaped like [{"op":"add","text":"Task name: the fact or the lesson."}], or [{"op":"return","reason":"nothing new"}] to add nothing.
+Answer with a JSON list of 1 to {max_ops} operations and nothing else, shaped like \
+[{"op":"add","text":"Task name: the fact or the lesson."}], \
+or [{"op":"return","reason":"nothing new"}] to add nothing.
 
 ## Task
 {task}
@@ -273,7 +280,8 @@ advice), and which are vague, wrong or useless. Then answer with one JSON object
 after it, that gives every entry one decision, in the order the entries are listed above, and
 ends with the merged text:
 ```json
-{"E1":"keep","E2":"merge","E3":"merge","E4":"discard","merged":"one entry that says what E2 and E3 said, without losing any distinct advice"}
+{"E1":"keep","E2":"merge","E3":"merge","E4":"discard",\
+"merged":"one entry that says what E2 and E3 said, without losing any distinct advice"}
 ```
 - "keep": the entry stays unchanged.
 - "merge": the entry is replaced, together with every other entry marked merge, by the one text
@@ -285,7 +293,8 @@ marked merge)."""
 """The extractor's prompt for one Merge window of the bank; answer: ``schemas.merge_schema``,
 read by ``parse_merge_decision``."""
 
-SWEBENCH_TASK_TEMPLATE = """You are working in a Linux sandbox on the repository at {workdir} (no network access).
+SWEBENCH_TASK_TEMPLATE = """You are working in a Linux sandbox on the repository at {workdir} \
+(no network access).
 Resolve the following issue by editing the source code (not the tests) so that it is fixed.
 
 <issue>
@@ -303,7 +312,8 @@ REFLECTION_TEMPLATE = (
     """You are the experience extractor of a reinforcement-learning agent.
 The actor keeps failing one kind of task ({category}): it succeeded in {successes} of {episodes}
 episodes of it in the last training step. Compare what went wrong with what worked, and write up to
-{max_entries} new entries for the shared experience bank that would make the actor succeed on this kind of task.
+{max_entries} new entries for the shared experience bank that would make the actor succeed on \
+this kind of task.
 """
     + ENTRY_CONTRACT
     + """

@@ -227,8 +227,9 @@ def _show_config(cfg: TrainConfig, source: Path | None, overrides: tuple[str, ..
     header = "\n".join(
         [
             "Resolved crl-train config",
-            "  from: "
-            f"{source if source is not None else 'the packaged tiny preset (crl_train/configs/tiny.yaml)'}",
+            f"  from: {source}"
+            if source is not None
+            else "  from: the packaged tiny preset (crl_train/configs/tiny.yaml)",
             *([f"  --set {o}" for o in overrides]),
             "Above each key: its documentation, then its type and its dataclass default.",
             "Save this output and pass it back with --config to run exactly this config.",

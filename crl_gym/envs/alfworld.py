@@ -80,7 +80,8 @@ def task_category_of(game_file: Path) -> str:
     """The ALFWorld task type of a game, from its folder's name
     (``<task type>-<object>-<...>-<scene>/<trial>/game.tw-pddl``).
 
-    >>> task_category_of(Path("valid_seen/pick_and_place_simple-Book-None-Desk-301/trial_T1/game.tw-pddl"))
+    >>> task_category_of(
+    ...     Path("valid_seen/pick_and_place_simple-Book-None-Desk-301/trial_T1/game.tw-pddl"))
     'pick_and_place_simple'
     """
     return game_file.parent.parent.name.split("-", 1)[0]

@@ -90,7 +90,8 @@ def holds_secret(
     words are read (prose such as "the right move" is not an action when A < 8); an entry that names
     any other of them, or the right ones in another order, does not hold it.
 
-    >>> holds_secret("Winning actions:\nnorth\nsouth", "Task amber badger: repeat the 2 secret actions of amber badger.",
+    >>> holds_secret("Winning actions:\nnorth\nsouth",
+    ...              "Task amber badger: repeat the 2 secret actions of amber badger.",
     ...              length=2, num_actions=4) == (task_secret(0, 2, 4) == ("north", "south"))
     True
     >>> holds_secret("go north", "a MiniHack room", length=1, num_actions=2) is None

@@ -38,7 +38,8 @@ def same_embedder(a: str, b: str) -> bool:
     """Whether two embedder names denote one model: equal, or equal after the last ``/`` (a hub id
     ``org/name`` and a local copy of it in a directory ``name``).
 
-    >>> same_embedder("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"), same_embedder("hashing:64", "hashing:32")
+    >>> (same_embedder("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"),
+    ...  same_embedder("hashing:64", "hashing:32"))
     (True, False)
     """
     return a == b or a.rstrip("/").rsplit("/", 1)[-1] == b.rstrip("/").rsplit("/", 1)[-1]

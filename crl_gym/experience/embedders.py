@@ -57,7 +57,8 @@ def model_name(model: str | Path) -> str:
     its directory name (``org/name`` for a Hugging Face cache snapshot), never the full path,
     which differs between machines.
 
-    >>> model_name("Qwen/Qwen3-Embedding-0.6B"), model_name("/data/models--BAAI--bge-small-en/snapshots/0a1b")
+    >>> (model_name("Qwen/Qwen3-Embedding-0.6B"),
+    ...  model_name("/data/models--BAAI--bge-small-en/snapshots/0a1b"))
     ('Qwen/Qwen3-Embedding-0.6B', 'BAAI/bge-small-en')
     """
     text = str(model)

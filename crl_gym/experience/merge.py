@@ -24,7 +24,8 @@ Sources changed by a concurrent write since the walk started are left alone (cou
 >>> from crl_gym.experience.embedders import HashingEmbedder
 >>> emb = HashingEmbedder(32); bank = ExperienceBank(None, dim=32)
 >>> ids = [bank.add(t, emb.encode([t])[0]) for t in ("go east", "walk east", "eat")]
->>> gen = lambda ps: ['{"E1": "merge", "E2": "merge", "E3": "keep", "merged": "Head east."}' for _ in ps]
+>>> answer = '{"E1": "merge", "E2": "merge", "E3": "keep", "merged": "Head east."}'
+>>> gen = lambda ps: [answer for _ in ps]
 >>> report = merge_bank(bank, emb, gen, order="id")
 >>> report.ok, sorted(e.text for e in bank)
 (True, ['Head east.', 'eat'])
@@ -165,7 +166,8 @@ def parse_merge_decision(
     "discard": [...]}``). Every label must be known and used at most once; labels not mentioned
     are kept.
 
-    >>> parse_merge_decision('</think>{"E1": "keep", "E2": "discard", "merged": "x"}', ["E1", "E2"]).discard
+    >>> answer = '</think>{"E1": "keep", "E2": "discard", "merged": "x"}'
+    >>> parse_merge_decision(answer, ["E1", "E2"]).discard
     ['E2']
     >>> parse_merge_decision('{"keep": ["E1"], "discard": ["e2"]}', ["E1", "E2"]).discard
     ['E2']

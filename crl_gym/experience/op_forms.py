@@ -5,7 +5,8 @@
 ``{"kind", "text", "id", "tags", "reason"}`` (:func:`ops_from_json`, :func:`ops_from_lines`).
 Nothing is checked against ids, lengths or limits at this stage.
 
->>> [(op["kind"], op["text"], op["tags"]) for op in ops_from_lines("ADD [keys]: Grab the key.\\nRETURN")]
+>>> ops = ops_from_lines("ADD [keys]: Grab the key.\\nRETURN")
+>>> [(op["kind"], op["text"], op["tags"]) for op in ops]
 [('add', 'Grab the key.', ['keys']), ('return', '', [])]
 >>> ops_from_json({"ops": [{"op": "update", "id": 3, "content": "x"}]})
 [{'kind': 'update', 'text': 'x', 'id': 3, 'tags': [], 'reason': ''}]

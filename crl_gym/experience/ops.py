@@ -385,7 +385,8 @@ def parse_ops(
         The ops in answer order. Each malformed op is replaced by
         ``ReturnOp(reason, malformed=True)``; an unparsable answer gives exactly one of those.
 
-    >>> parse_ops("ADD: a\\nADD: b\\nADD: c", max_ops=2, stats=ParseStats())  # doctest: +NORMALIZE_WHITESPACE
+    >>> parse_ops("ADD: a\\nADD: b\\nADD: c", max_ops=2,
+    ...           stats=ParseStats())  # doctest: +NORMALIZE_WHITESPACE
     [AddOp(text='a', tags=(), kind='add'), AddOp(text='b', tags=(), kind='add'),
      ReturnOp(reason='too_many_ops', malformed=True, kind='return')]
     """
@@ -430,7 +431,8 @@ def parse_structured_ops(
     [UpdateOp(id=7, text='Go round.', kind='update')]
     >>> parse_structured_ops('ADD: Go round.', stats=ParseStats())
     [ReturnOp(reason='not_the_schema', malformed=True, kind='return')]
-    >>> parse_structured_ops('[{"op":"add","actions":["east"],"text":"Go round."}]', stats=ParseStats())
+    >>> parse_structured_ops('[{"op":"add","actions":["east"],"text":"Go round."}]',
+    ...                      stats=ParseStats())
     [AddOp(text='Play east. Go round.', tags=(), kind='add')]
     """
     allowed = None if allowed_update_ids is None else frozenset(allowed_update_ids)

@@ -10,7 +10,9 @@ unpinned by its tag :data:`UNPINNED_TAG` (``AddOp(text, tags=("crl:unpinned",))`
 by ``pin_user_entries: false``.
 
 >>> from crl_gym.experience.entry import ExperienceEntry
->>> is_pinned(ExperienceEntry(id=1, text="Mine.")), is_pinned(ExperienceEntry(id=2, text="Edit me.", tags=(UNPINNED_TAG,)))
+>>> mine = ExperienceEntry(id=1, text="Mine.")
+>>> editable = ExperienceEntry(id=2, text="Edit me.", tags=(UNPINNED_TAG,))
+>>> is_pinned(mine), is_pinned(editable)
 (True, False)
 """
 

@@ -206,7 +206,8 @@ def build_distillation_prompt(
     >>> p = build_distillation_prompt(r)
     >>> "reach > {fast}" in p and '"op":"update"' not in p
     True
-    >>> p.startswith(distillation_instructions()) and p.index("reach > {fast}") >= len(distillation_instructions())
+    >>> head = distillation_instructions()
+    >>> p.startswith(head) and p.index("reach > {fast}") >= len(head)
     True
     """
     if max_ops < 1 or max_entry_chars < 1:
@@ -274,8 +275,8 @@ def distillation_slot_actions(request: DistillationRequest) -> tuple[str, ...]:
     >>> from crl_gym.protocol import Trajectory, Step
     >>> steps = [Step("a", "east", 0.0, {"admissible_actions": ["east", "west"]}),
     ...          Step("b", "west", 0.0, {"admissible_actions": ("west", "north", 7)})]
-    >>> r = DistillationRequest(task="t", trajectory=Trajectory(steps=steps), outcome=0.0, success=False,
-    ...                         experience=None)
+    >>> r = DistillationRequest(task="t", trajectory=Trajectory(steps=steps), outcome=0.0,
+    ...                         success=False, experience=None)
     >>> distillation_slot_actions(r)
     ('east', 'west', 'north')
     """
@@ -307,7 +308,8 @@ def build_reflection_prompt(
     as distillation's, ``max_entry_chars`` its schema's bound).
 
     >>> from crl_gym.protocol import Trajectory, Step
-    >>> bad = DistillationRequest(task="pick up the key", trajectory=Trajectory(steps=[Step("a key", "north", 0.0)]),
+    >>> bad = DistillationRequest(task="pick up the key",
+    ...                           trajectory=Trajectory(steps=[Step("a key", "north", 0.0)]),
     ...                           outcome=0.0, success=False, experience=None)
     >>> p = build_reflection_prompt("alfworld/pick", [bad], [])
     >>> "succeeded in 0 of 1" in p and "(none in this step)" in p

@@ -135,7 +135,8 @@ def ops_schema(
     ``"actions"`` field before its ``"text"`` (:func:`slot_schema`); without actions (an env that
     lists none) the schema has no slot.
 
-    >>> s = ops_schema(set(), max_ops=1, max_text=8, max_reason=1, slot_actions=["north", "east"], slot_size=1)
+    >>> s = ops_schema(set(), max_ops=1, max_text=8, max_reason=1, slot_actions=["north", "east"],
+    ...                slot_size=1)
     >>> list(s["prefixItems"][0]["anyOf"][0]["properties"])
     ['op', 'actions', 'text']
     >>> max_answer_chars(s) == len('[{"op":"add","actions":["north"],"text":"abcdefgh"}]')

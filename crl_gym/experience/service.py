@@ -23,10 +23,11 @@ credit the closed steps.
 ...                                    experience=None, rollout_step=0))
 >>> service.end_step(0).requests
 1
->>> service.end_step(0)
+>>> service.end_step(0)  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-crl_gym.experience.service.StepOrderError: end_step(0): step 0 is already ended (steps end once, in increasing order)
+crl_gym.experience.service.StepOrderError: end_step(0): step 0 is already ended
+    (steps end once, in increasing order)
 >>> service.close()
 """
 

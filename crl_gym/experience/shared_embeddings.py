@@ -13,7 +13,8 @@ vector it already has.
 >>> old = ExperienceEntry(id=1, text="go east", embedding=np.array([1.0, 0.0], np.float32))
 >>> shared.load({1: old}) == {}
 True
->>> copy = ExperienceEntry(id=2, text="go east", embedding=np.array([0.9999999, 0.0001], np.float32))
+>>> copy = ExperienceEntry(id=2, text="go east",
+...                        embedding=np.array([0.9999999, 0.0001], np.float32))
 >>> [e.embedding.tolist() for e in shared.share([copy], {1: old}, gone=())]
 [[1.0, 0.0]]
 """

@@ -22,11 +22,13 @@ whose extractor writes one advice many times holds exactly that. A search answer
 matched vector, so the index still finds each copy.
 
 >>> import numpy as np
->>> index = VectorIndex.build(2, {1: np.array([1.0, 0.0], np.float32), 2: np.array([0.0, 1.0], np.float32)})
+>>> index = VectorIndex.build(2, {1: np.array([1.0, 0.0], np.float32),
+...                               2: np.array([0.0, 1.0], np.float32)})
 >>> [[i for i, _ in hits] for hits in index.search(np.array([[0.2, 0.9]], np.float32), k=2)]
 [[2, 1]]
 >>> index.replace([], {3: np.array([0.0, 1.0], np.float32)})  # a copy of 2: no new key
->>> len(index), index.keys, [[i for i, _ in hits] for hits in index.search(np.array([[0.2, 0.9]], np.float32), k=3)]
+>>> found = index.search(np.array([[0.2, 0.9]], np.float32), k=3)
+>>> len(index), index.keys, [[i for i, _ in hits] for hits in found]
 (3, 2, [[2, 3, 1]])
 """
 

@@ -3,7 +3,8 @@ driver (:mod:`crl_gym.episode`, which writes the text the model reads each turn)
 rollout gets (``crl_gym.integrations.trl``'s environments, ``crl_gym.integrations.verl``'s
 ``crl_agent``). Both wrap the env with :func:`crl_gym.wrappers.wrap`.
 
->>> rollout_reward("success", success=True, ret=0.5), rollout_reward("return", success=True, ret=0.5)
+>>> (rollout_reward("success", success=True, ret=0.5),
+...  rollout_reward("return", success=True, ret=0.5))
 (1.0, 0.5)
 """
 

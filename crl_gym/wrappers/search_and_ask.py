@@ -31,7 +31,8 @@ trainer can credit them — wrap in this order: ``ExperienceWrapper(SearchAndAsk
 >>> from crl_gym.experience.manager import ExperienceManager
 >>> from crl_gym.wrappers.examples import CorridorEnv
 >>> emb = HashingEmbedder(64); bank = ExperienceBank(None, dim=64)
->>> _ = bank.add("In a corridor, keep walking east.", emb.encode(["In a corridor, keep walking east."])[0])
+>>> hint = "In a corridor, keep walking east."
+>>> _ = bank.add(hint, emb.encode([hint])[0])
 >>> manager = ExperienceManager(bank, emb)
 >>> env = SearchAndAskWrapper(CorridorEnv(length=2), LocalClient(manager))
 >>> obs, info = env.reset(seed=0)
@@ -121,7 +122,8 @@ def is_malformed_call(action: str) -> bool:
     before it closes (``search_and_ask[`` without a ``]`` after it). Such an action is the model's
     tool call cut by its token budget, never an env action.
 
-    >>> is_malformed_call("search_and"), is_malformed_call("search_and_ask[where is the"), is_malformed_call("search")
+    >>> (is_malformed_call("search_and"), is_malformed_call("search_and_ask[where is the"),
+    ...  is_malformed_call("search"))
     (True, True, False)
     >>> is_malformed_call("search_and_ask[key]"), is_malformed_call("go east")
     (False, False)

@@ -8,9 +8,11 @@ such episode logs one warning per env name and process that says what is counted
 +1 per legal move would otherwise have every positive episode counted as a success, silently.
 Partial credit (a wrong answer scored 0.2) is no success under the threshold.
 
->>> episode_success(None, [0.0, 0.2], 1.0), episode_success(None, [0.0, 1.0], 1.0), episode_success(True, [0.2], 1.0)
+>>> (episode_success(None, [0.0, 0.2], 1.0), episode_success(None, [0.0, 1.0], 1.0),
+...  episode_success(True, [0.2], 1.0))
 (False, True, True)
->>> episode_success(None, [1.0, 1.0], 1.0, rule=lambda rewards, info: info.get("solved", False), last_info={})
+>>> solved = lambda rewards, info: info.get("solved", False)
+>>> episode_success(None, [1.0, 1.0], 1.0, rule=solved, last_info={})
 False
 """
 

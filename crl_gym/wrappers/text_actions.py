@@ -109,7 +109,8 @@ def to_text(value: object) -> str:
     or did.
 
     >>> import numpy as np
-    >>> to_text(np.str_("east")), to_text(b"caf\\xc3\\xa9 \\xff"), to_text(np.int64(3)), to_text(np.array(2.5))
+    >>> (to_text(np.str_("east")), to_text(b"caf\\xc3\\xa9 \\xff"), to_text(np.int64(3)),
+    ...  to_text(np.array(2.5)))
     ('east', 'café \\ufffd', '3', '2.5')
     >>> try:
     ...     to_text(np.zeros((2, 3)))

@@ -15,7 +15,8 @@ gate stays closed (callers skip NaN gains when they update an entry's utility).
 >>> g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]); c = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])
 >>> marginal_gain(r, g, c).tolist()
 [1.0, -1.0]
->>> v = torch.tensor([True, True, True, True, True, False, True, True])  # a teacher of group 1 raised
+>>> # a teacher of group 1 raised
+>>> v = torch.tensor([True, True, True, True, True, False, True, True])
 >>> marginal_gain(torch.tensor([1., 1., 0., 0., 1., 0., 1., 1.]), g, c, valid=v).tolist()
 [1.0, 0.0]
 """

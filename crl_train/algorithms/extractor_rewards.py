@@ -148,7 +148,8 @@ def relative_outcomes(
     >>> relative_outcomes(torch.tensor([True, False, True, False]), torch.tensor([0, 0, 0, 0]),
     ...                   torch.tensor([0, 0, 1, 1])).tolist()
     [1.0, -1.0, 0.0, 0.0]
-    >>> relative_outcomes(torch.tensor([True, False, False]), torch.tensor([0, 0, 0]), torch.tensor([0, 1, 1])).tolist()
+    >>> relative_outcomes(torch.tensor([True, False, False]), torch.tensor([0, 0, 0]),
+    ...                   torch.tensor([0, 1, 1])).tolist()
     [2.0, 0.0, 0.0]
     """
     r = episode_rewards(success, baseline=free_baselines(success, group_index, condition, guided))

@@ -208,7 +208,8 @@ def cispo_sequences_loss(
     Micro-batching: a mean over sequences, ``loss_scale="samples"``.
 
     >>> lp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]], requires_grad=True)
-    >>> loss, _ = cispo_sequences_loss(lp, lp.detach(), torch.tensor([1.0, -1.0]), torch.tensor([[1, 1], [1, 0]]))
+    >>> loss, _ = cispo_sequences_loss(lp, lp.detach(), torch.tensor([1.0, -1.0]),
+    ...                                torch.tensor([[1, 1], [1, 0]]))
     >>> round(loss.item(), 4)  # −((−1 − 1) / 2 · 1 + (−2) / 1 · (−1)) / 2 = −(−1 + 2) / 2
     -0.5
     """

@@ -7,7 +7,8 @@ The counts come from the bank: the trainer calls ``bank.record_training(ids, ste
 every extractor update, so c_train really grows (the reference code never recorded it).
 
 >>> import torch
->>> training_count_weights(torch.tensor([0, 3, 1]), torch.tensor([-1, 2, 9]), step=10, cooldown=2, alpha=0.5).tolist()
+>>> training_count_weights(torch.tensor([0, 3, 1]), torch.tensor([-1, 2, 9]), step=10,
+...                        cooldown=2, alpha=0.5).tolist()
 [1.0, 0.5, 0.0]
 """
 

@@ -110,7 +110,8 @@ def _own_field_docs(cls: type) -> dict[str, str]:
 def field_docs(cls: type) -> dict[str, str]:
     """``{field name: doc}`` of dataclass ``cls``, bases included (a subclass's doc wins).
 
-    >>> field_docs(TrainConfig)["method"].startswith("One of grpo, complementary, static_online, exp_only")
+    >>> doc = field_docs(TrainConfig)["method"]
+    >>> doc.startswith("One of grpo, complementary, static_online, exp_only")
     True
     """
     docs: dict[str, str] = {}

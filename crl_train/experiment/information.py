@@ -31,7 +31,8 @@ def gap_by_part(rows: Sequence[dict[str, Any]], parts: int = PARTS) -> list[floa
     """Mean of success_guided − success_free over each of ``parts`` equal spans of a run's rows
     (None for a span without a row that has both).
 
-    >>> rows = [{"success_guided": g, "success_free": f} for g, f in [(0.5, 0.5), (1.0, 0.5), (1.0, 0.0), (0.5, 0.0)]]
+    >>> pairs = [(0.5, 0.5), (1.0, 0.5), (1.0, 0.0), (0.5, 0.0)]
+    >>> rows = [{"success_guided": g, "success_free": f} for g, f in pairs]
     >>> gap_by_part(rows, parts=2)
     [0.25, 0.75]
     """

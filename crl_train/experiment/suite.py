@@ -15,10 +15,12 @@ overrides (the oracle extractor on a diagnostic env, say). It gets cells on ever
 mixture under its own name and its own row in the report, paired difference to grpo included.
 
 >>> s = suite_from_dict({"name": "demo", "methods": ["grpo", "complementary"], "seeds": [0, 1]})
->>> [c.name for c in cells(s)]
-['grpo/MiniHack-Room-5x5-v0/seed0', 'grpo/MiniHack-Room-5x5-v0/seed1', 'complementary/MiniHack-Room-5x5-v0/seed0', 'complementary/MiniHack-Room-5x5-v0/seed1']
+>>> [c.name for c in cells(s)]  # doctest: +NORMALIZE_WHITESPACE
+['grpo/MiniHack-Room-5x5-v0/seed0', 'grpo/MiniHack-Room-5x5-v0/seed1',
+ 'complementary/MiniHack-Room-5x5-v0/seed0', 'complementary/MiniHack-Room-5x5-v0/seed1']
+>>> oracle = {"method": "static_online", "set": ["extractor.model=oracle"]}
 >>> s = suite_from_dict({"name": "demo", "methods": ["grpo"], "seeds": [0],
-...                      "variants": {"oracle": {"method": "static_online", "set": ["extractor.model=oracle"]}}})
+...                      "variants": {"oracle": oracle}})
 >>> s.rows, [c.name for c in cells(s)]
 (('grpo', 'oracle'), ['grpo/MiniHack-Room-5x5-v0/seed0', 'oracle/MiniHack-Room-5x5-v0/seed0'])
 """

@@ -70,7 +70,8 @@ def oracle_entry(request: DistillationRequest) -> str:
     """The entry the oracle writes for a successful episode.
 
     >>> from crl_gym.protocol import Step, Trajectory
-    >>> oracle_entry(DistillationRequest("Reach the exit", Trajectory([Step("", "east")]), 1.0, True, None))
+    >>> oracle_entry(DistillationRequest("Reach the exit", Trajectory([Step("", "east")]), 1.0,
+    ...                                  True, None))
     'Reach the exit. Winning actions, one per line:\\neast'
     """
     task = request.task.strip()

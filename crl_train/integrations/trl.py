@@ -91,7 +91,8 @@ def trl_advantages(
     >>> torch.allclose(trl_advantages(r, g, c), split_subgroup_advantages(r, g, c))
     True
     >>> # uneven halves: 1 guided (a singleton: Â 0), 2 free (Â ±1) weighted 1/4 each, N = 3
-    >>> a = trl_advantages(torch.tensor([1., 1., 0.]), torch.zeros(3, dtype=torch.long), torch.tensor([0, 1, 1]))
+    >>> a = trl_advantages(torch.tensor([1., 1., 0.]), torch.zeros(3, dtype=torch.long),
+    ...                    torch.tensor([0, 1, 1]))
     >>> [round(x, 4) for x in a.tolist()]
     [0.0, 0.75, -0.75]
     """

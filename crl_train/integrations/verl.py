@@ -145,7 +145,8 @@ def batch_outcomes(
     a row without one (another loop's) is a group of its own ``uid``, free, valid.
 
     >>> out = batch_outcomes([{"crl_group": 0, "crl_condition": "guided", "crl_valid": True},
-    ...                       {"crl_group": 0, "crl_condition": "free", "crl_valid": False}, None], ["a", "b", "c"])
+    ...                       {"crl_group": 0, "crl_condition": "free", "crl_valid": False}, None],
+    ...                      ["a", "b", "c"])
     >>> out.group.tolist(), out.condition.tolist(), out.valid.tolist()
     ([0, 0, 1], [0, 1, 1], [True, False, True])
     """
@@ -180,7 +181,8 @@ def split_subgroup_estimator(
     trainer's (default: Complementary RL's).
 
     >>> r = torch.zeros(4, 3); r[[0, 2], -1] = 1.0
-    >>> adv, _ = split_subgroup_estimator(r, torch.ones(4, 3), np.array(["a", "a", "b", "b"], dtype=object))
+    >>> adv, _ = split_subgroup_estimator(r, torch.ones(4, 3),
+    ...                                   np.array(["a", "a", "b", "b"], dtype=object))
     >>> [round(a, 4) for a in adv[:, 0].tolist()]
     [1.0, -1.0, 1.0, -1.0]
     """

@@ -9,10 +9,15 @@ works like any other override.
 >>> cfg, ocfg = load_cluster_config(None, ["openrlhf.actor_gpus_per_node=4"])
 >>> cfg.method.value, ocfg.actor_gpus_per_node, ocfg.total_gpus()
 ('complementary', 4, 12)
->>> load_cluster_config(None, ["openrlhf.gpus=3"])
+>>> load_cluster_config(None, ["openrlhf.gpus=3"])  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-crl_train.config.io.ConfigError: unknown key 'openrlhf.gpus'; accepted keys: actor_gpus_per_node, actor_nodes, adam_offload, async_train, attn_implementation, embedder_device, embedding_workers, env_threads, extra_args, gradient_checkpointing, max_concurrency, namespace, packing_samples, ray_address, rollout_micro_batch_size, service_cpus, service_gpus, service_name, train_micro_batch_size, vllm_engines, vllm_gpu_memory_utilization, vllm_prefix_caching, vllm_tensor_parallel, zero_stage
+crl_train.config.io.ConfigError: unknown key 'openrlhf.gpus'; accepted keys: actor_gpus_per_node,
+    actor_nodes, adam_offload, async_train, attn_implementation, embedder_device,
+    embedding_workers, env_threads, extra_args, gradient_checkpointing, max_concurrency,
+    namespace, packing_samples, ray_address, rollout_micro_batch_size, service_cpus,
+    service_gpus, service_name, train_micro_batch_size, vllm_engines,
+    vllm_gpu_memory_utilization, vllm_prefix_caching, vllm_tensor_parallel, zero_stage
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ puts it in ``CRL_OPENRLHF_SETTINGS`` (JSON) in the Ray job's ``runtime_env``, so
 the job, on every node, reads the same settings without a shared filesystem.
 
 >>> from crl_train.config import load_config
->>> s = ClusterSettings.of(load_config(None), service_name="svc", namespace="crl", run_dir="/runs/x")
+>>> s = ClusterSettings.of(load_config(None), service_name="svc", namespace="crl",
+...                        run_dir="/runs/x")
 >>> ClusterSettings.from_json(s.to_json()).train_config().env.group_size
 4
 """

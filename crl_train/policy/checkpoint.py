@@ -8,7 +8,8 @@ directory and swapped in, so a crash mid-save leaves the previous checkpoint who
 weights (sizes, safetensors headers, the state's zip directory), so a resume can refuse a bad
 checkpoint, naming the file, before it changes anything.
 
->>> resolve_dtype("auto", "cuda:0"), resolve_dtype("float32", "cpu"), resolve_dtype("float16", "cpu")
+>>> (resolve_dtype("auto", "cuda:0"), resolve_dtype("float32", "cpu"),
+...  resolve_dtype("float16", "cpu"))
 (torch.bfloat16, torch.float32, torch.float16)
 >>> resolve_dtype("auto", "cpu") == (torch.bfloat16 if cpu_bf16_supported() else torch.float32)
 True

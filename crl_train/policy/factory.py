@@ -58,7 +58,8 @@ def choose_engine(mc: ModelConfig) -> Literal["hf", "vllm"]:
     and process cost more than its whole generation) and not a ``constrained`` actor (action tries
     are an hf feature, so every request would go to hf anyway).
 
-    >>> choose_engine(ModelConfig(model="tiny", generator="auto")), choose_engine(ModelConfig(generator="vllm"))
+    >>> (choose_engine(ModelConfig(model="tiny", generator="auto")),
+    ...  choose_engine(ModelConfig(generator="vllm")))
     ('hf', 'vllm')
     """
     if mc.generator != "auto":

@@ -12,7 +12,8 @@ log-probs and the AdamW step, :class:`crl_train.policy.hf_train.HFTraining` (a b
 >>> policy = build_tiny_policy(["go north", "go south"], vocab_size=300, hidden=32, layers=1,
 ...                            heads=2, kv_heads=1, intermediate=64)
 >>> prompt = policy.apply_chat([{"role": "user", "content": "where?"}])
->>> [g.text for g in policy.generate([prompt], 8, allowed=[["go north", "go south"]])][0] in ("go north", "go south")
+>>> gens = policy.generate([prompt], 8, allowed=[["go north", "go south"]])
+>>> [g.text for g in gens][0] in ("go north", "go south")
 True
 """
 

@@ -40,7 +40,8 @@ does not grow with it), or the runner ends long episodes as context-truncated fa
 
 >>> reader = ReaderPolicy(seed=0)
 >>> prompt = reader.apply_chat([{"role": "user", "content":
-...     "Experience from similar tasks (use it if it helps):\\nWinning actions: south then east.\\n\\n"
+...     "Experience from similar tasks (use it if it helps):\\n"
+...     "Winning actions: south then east.\\n\\n"
 ...     "Task: amber badger. Play north or west?"}])
 >>> gen, = reader.generate([prompt], 16, allowed=[["north", "east", "south", "west"]])
 >>> gen.text, sum(gen.logprobs)

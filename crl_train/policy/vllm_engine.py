@@ -40,7 +40,8 @@ Seeds. A ``SamplingConfig.seed`` seeds a stream of per-request seeds (:class:`Re
 the ``hf`` backend seeds one generator advanced by every call: a run is reproducible, and two
 requests — the K copies of one task, or one prompt asked again — still sample independently.
 
->>> chunks = list(weight_chunks([("module.a", torch.zeros(4)), ("b", torch.zeros(4))], max_bytes=16))
+>>> named = [("module.a", torch.zeros(4)), ("b", torch.zeros(4))]
+>>> chunks = list(weight_chunks(named, max_bytes=16))
 >>> [[name for name, _ in c] for c in chunks]
 [['a'], ['b']]
 """

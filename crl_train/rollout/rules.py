@@ -56,8 +56,8 @@ def cut_request(
     """The request of an episode the trainer cut: a failure (``success`` False) whatever its reward,
     ``meta`` with the cut's flags (``reasons``: only the keys of :data:`CUT_REASONS` are kept).
 
-    >>> r = cut_request(task="t", steps=[], outcome=0.0, experience=None, condition=None, env_id="e",
-    ...                 seed=3, reasons={"turn_cap": True, "gate": "x"})
+    >>> r = cut_request(task="t", steps=[], outcome=0.0, experience=None, condition=None,
+    ...                 env_id="e", seed=3, reasons={"turn_cap": True, "gate": "x"})
     >>> r.success, r.condition, r.meta
     (False, 'free', {'turn_cap': True})
     """

@@ -18,7 +18,8 @@ Layout of a run directory::
     metrics.jsonl        one JSON object per logged actor step (see ``metric_fields``)
     tb/                  TensorBoard events
     curves.png           main curves
-    checkpoint/          actor/, extractor/, state.json (state.json written last: it marks a complete checkpoint)
+    checkpoint/          actor/, extractor/, state.json (state.json written last: it marks a
+                         complete checkpoint)
     checkpoint.old/      the previous checkpoint, kept until the next one is being written
     bank/                the experience bank (SQLite + index) and bank.jsonl export
     trajectories.jsonl   every finished episode's distillation request (offline_exp source)

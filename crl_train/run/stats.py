@@ -140,7 +140,8 @@ def newcombe_difference(a: Interval, b: Interval) -> Interval:
     """``a − b`` of two independent rates, from their (Wilson) intervals (Newcombe 1998, method 10):
     low = d − √((a − a_low)² + (b_high − b)²), high = d + √((a_high − a)² + (b − b_low)²).
 
-    >>> newcombe_difference(Interval(0.5, 0.3, 0.7, 20, "wilson"), Interval(0.2, 0.1, 0.4, 20, "wilson")).rounded()
+    >>> newcombe_difference(Interval(0.5, 0.3, 0.7, 20, "wilson"),
+    ...                     Interval(0.2, 0.1, 0.4, 20, "wilson")).rounded()
     (0.3, 0.0172, 0.5236)
     """
     if None in (a.value, a.low, a.high, b.value, b.low, b.high):

@@ -8,9 +8,9 @@ request, so they never enter a reward, a mean or a gain.
 >>> from crl_gym.protocol import DistillationRequest, ExperienceRef, Trajectory
 >>> from crl_gym.experience.service import ClosedStep
 >>> def req(entry, ok, cond="guided"):
+...     ref = ExperienceRef(entry, "x") if entry is not None else None
 ...     return DistillationRequest(task="t", trajectory=Trajectory(), outcome=float(ok), success=ok,
-...                                experience=ExperienceRef(entry, "x") if entry is not None else None,
-...                                condition=cond, env_id="e", seed=0)
+...                                experience=ref, condition=cond, env_id="e", seed=0)
 >>> step = ClosedStep(3, [req(7, True), req(7, False), req(9, True), req(None, False, "free")])
 >>> [(c.entry_id, c.reward) for c in step_credits(step)]
 [(7, 0.0), (9, 1.0)]

@@ -141,8 +141,10 @@ def drawn_for_distillation(request: DistillationRequest, fraction: float, seed: 
     would give the extractor the same prompt.
 
     >>> from crl_gym.protocol import Step, Trajectory
-    >>> reqs = [DistillationRequest(task=f"task {i}", trajectory=Trajectory(steps=[Step("o", "east", 0.0)]),
-    ...                             outcome=0.0, success=False, experience=None) for i in range(1000)]
+    >>> reqs = [DistillationRequest(task=f"task {i}",
+    ...                             trajectory=Trajectory(steps=[Step("o", "east", 0.0)]),
+    ...                             outcome=0.0, success=False, experience=None)
+    ...         for i in range(1000)]
     >>> sum(drawn_for_distillation(r, 0.25, seed=0) for r in reqs)  # about a quarter (sd 14)
     227
     >>> all(drawn_for_distillation(r, 1.0, seed=0) for r in reqs)
@@ -170,14 +172,18 @@ def drawn_in_group(request: DistillationRequest, per_group: int, seed: int) -> b
 
     >>> from crl_gym.protocol import Step, Trajectory
     >>> def req(copy):
-    ...     return DistillationRequest(task="t", trajectory=Trajectory(steps=[Step("o", "east", 0.0)]), outcome=0.0,
-    ...                                success=False, experience=None, env_id="e", seed=3, rollout_step=7,
+    ...     return DistillationRequest(task="t",
+    ...                                trajectory=Trajectory(steps=[Step("o", "east", 0.0)]),
+    ...                                outcome=0.0, success=False, experience=None,
+    ...                                env_id="e", seed=3, rollout_step=7,
     ...                                meta={GROUP_COPY: copy, GROUP_SIZE: 8})
-    >>> sum(drawn_in_group(req(c), 1, seed=0) for c in range(8)), sum(drawn_in_group(req(c), 2, seed=0) for c in range(8))
+    >>> (sum(drawn_in_group(req(c), 1, seed=0) for c in range(8)),
+    ...  sum(drawn_in_group(req(c), 2, seed=0) for c in range(8)))
     (1, 2)
     >>> [c for c in range(8) if drawn_in_group(req(c), 2, seed=0)] in ([c, c + 4] for c in range(4))
     True
-    >>> drawn_in_group(DistillationRequest("t", Trajectory(steps=[]), 0.0, False, None), 1, seed=0) is None
+    >>> lone = DistillationRequest("t", Trajectory(steps=[]), 0.0, False, None)
+    >>> drawn_in_group(lone, 1, seed=0) is None
     True
     """
     copy, size = request.meta.get(GROUP_COPY), request.meta.get(GROUP_SIZE)
@@ -194,7 +200,8 @@ def is_plain_return(ops: Sequence[ExperienceOp]) -> bool:
     """Whether an answer's ops are well-formed Returns only ("nothing new"): what ``return_reward``
     credits. A malformed answer, which the parser turns into a Return, is not one.
 
-    >>> is_plain_return([ReturnOp()]), is_plain_return([ReturnOp(malformed=True)]), is_plain_return([])
+    >>> (is_plain_return([ReturnOp()]), is_plain_return([ReturnOp(malformed=True)]),
+    ...  is_plain_return([]))
     (True, False, False)
     """
     return bool(ops) and all(isinstance(op, ReturnOp) and not op.malformed for op in ops)

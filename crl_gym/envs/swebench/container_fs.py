@@ -27,7 +27,8 @@ STAGE_DIR = "/run/crl-stage"
 
 # Exit codes of FILE_API: 0 done, 1 an OSError (message on stderr), 3 refused (message on stderr).
 _REFUSED = 3
-FILE_API = r"""
+FILE_API = (
+    r"""
 import errno, os, stat, sys
 
 def refuse(msg):
@@ -64,7 +65,8 @@ def main(op, root, path, stage):
             s = os.open(stage, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(s, "rb") as staged:
                 data = staged.read()
-            f = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666, dir_fd=fd)
+            f = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,"""
+    r""" 0o666, dir_fd=fd)
         if not stat.S_ISREG(os.fstat(f).st_mode):
             os.close(f)
             refuse("%r is not a regular file." % path)
@@ -79,7 +81,8 @@ def main(op, root, path, stage):
         os.close(f)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            refuse("%r changed while it was used (a component is now a symlink or not a directory)." % path)
+            refuse("%r changed while it was used (a component is now a symlink or not a"""
+    r""" directory)." % path)
         sys.stderr.write("%s: %s\n" % (path, exc.strerror))
         sys.exit(1)
     finally:
@@ -87,6 +90,7 @@ def main(op, root, path, stage):
 
 main(*sys.argv[1:5])
 """
+)
 """Reads (``read ROOT PATH -``) and writes (``write ROOT PATH STAGED``) of the work tree's files."""
 
 # realpath -m and stat -L -c %F, for a sandbox that runs Python in-process (no program start

@@ -10,7 +10,8 @@ without following symlinks, so a path swapped after this check cannot lead a wri
 >>> tmp = tempfile.TemporaryDirectory()
 >>> ed = Editor(LocalFS(tmp.name))
 >>> _ = ed.run({"command": "create", "path": "a.py", "file_text": "x = 1\\ny = 2\\n"})
->>> print(ed.run({"command": "view", "path": "a.py", "view_range": "[2, 2]"}))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+>>> view = {"command": "view", "path": "a.py", "view_range": "[2, 2]"}
+>>> print(ed.run(view))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
 Here's the result of running `cat -n` on ...a.py:
      2	y = 2
 >>> tmp.cleanup()

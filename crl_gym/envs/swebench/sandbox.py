@@ -85,7 +85,8 @@ PRELUDE_NAME = "prelude.sh"
 # Only the agent's own next command reads what it saved.
 _PRELUDE = """unset BASH_ENV
 if [ -f {state} ]; then . {state} 2>/dev/null; else {setup}:; fi
-__crl_save() {{ {{ declare -p; declare -f; printf 'cd -- %q 2>/dev/null\\n' "$PWD"; }} > {state} 2>/dev/null; }}
+__crl_save() {{ {{ declare -p; declare -f; printf 'cd -- %q 2>/dev/null\\n' "$PWD"; }} \
+> {state} 2>/dev/null; }}
 trap __crl_save EXIT
 """
 
@@ -110,8 +111,10 @@ def _call_with_deadline(fn: Callable[[], _T], seconds: float) -> tuple[bool, _T 
     return True, box.get("result")
 
 
-_WRAPPER = r"""
-exec 2>/dev/null  # the wrapper's own job reports ("File size limit exceeded") stay out of the output
+_WRAPPER = (
+    r"""
+exec 2>/dev/null  # the wrapper's own job reports ("File size limit exceeded") stay out of the"""
+    r""" output
 ulimit -f "$CRL_FSIZE_KB" 2>/dev/null
 out=$CRL_OUTDIR/.crl_out_$CRL_ID
 cd "$CRL_WORKDIR" 2>/dev/null
@@ -126,9 +129,11 @@ rc=$?
 kill -KILL -1 2>/dev/null; kill -KILL -1 2>/dev/null
 n=$(stat -c %s "$out" 2>/dev/null || echo 0)
 printf '%s %s\n' "$rc" "$n"
-if [ "$n" -le "$CRL_LIMIT" ]; then cat "$out"; else head -c "$CRL_HEAD" "$out"; printf '\n\x01CRL_CUT\x01\n'; tail -c "$CRL_TAIL" "$out"; fi
+if [ "$n" -le "$CRL_LIMIT" ]; then cat "$out"; else head -c "$CRL_HEAD" "$out";"""
+    r""" printf '\n\x01CRL_CUT\x01\n'; tail -c "$CRL_TAIL" "$out"; fi
 rm -f "$out"
 """
+)
 
 # The same clean-up after an internal command run as the agent (grading runs the agent's code).
 _AGENT_RUN = '"$@"; rc=$?; kill -KILL -1 2>/dev/null; exit "$rc"'

@@ -37,7 +37,8 @@ def normalize_instance(instance: dict[str, Any], where: str = "instance") -> dic
     """Check the required fields and decode the test lists (JSON strings in the hub data).
 
     >>> inst = normalize_instance({"instance_id": "a__b-1", "repo": "a/b", "base_commit": "abc",
-    ...     "problem_statement": "bug", "test_patch": "", "FAIL_TO_PASS": '["t::x"]', "PASS_TO_PASS": "[]"})
+    ...     "problem_statement": "bug", "test_patch": "", "FAIL_TO_PASS": '["t::x"]',
+    ...     "PASS_TO_PASS": "[]"})
     >>> inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
     (['t::x'], [])
     """

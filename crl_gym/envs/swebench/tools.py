@@ -22,7 +22,8 @@ so multi-line values can sit on their own lines; everything else is kept verbati
 ``str_replace`` unique-match rule is exact). A turn that breaks these rules is not an exception:
 :func:`parse_tool_call` raises :class:`ToolCallError` whose message the env shows the agent.
 
->>> call = parse_tool_call("<function=execute_bash>\\n<parameter=command>ls</parameter>\\n</function>")
+>>> call = parse_tool_call(
+...     "<function=execute_bash>\\n<parameter=command>ls</parameter>\\n</function>")
 >>> call.name, call.params
 ('execute_bash', {'command': 'ls'})
 """
@@ -58,8 +59,12 @@ Call exactly one tool per turn, in this format (free text before the call is all
 <parameter=PARAM_NAME>value</parameter>
 </function>
 Tools:
-- execute_bash: run a bash command in the repository. Parameters: command (required), timeout (seconds, optional).
-- str_replace_editor: view/create/edit files. Parameters: command (required: view | create | str_replace | insert | undo_edit), path (required, inside /testbed), file_text (create), old_str and new_str (str_replace; old_str must match exactly once), insert_line and new_str (insert: new text goes after that line, 0 = top), view_range (view, e.g. [3, 10]; -1 means to the end).
+- execute_bash: run a bash command in the repository. Parameters: command (required), \
+timeout (seconds, optional).
+- str_replace_editor: view/create/edit files. Parameters: command (required: view | create | \
+str_replace | insert | undo_edit), path (required, inside /testbed), file_text (create), old_str \
+and new_str (str_replace; old_str must match exactly once), insert_line and new_str (insert: new \
+text goes after that line, 0 = top), view_range (view, e.g. [3, 10]; -1 means to the end).
 - submit: no parameters; finish and have your changes (git diff of /testbed) graded."""
 
 

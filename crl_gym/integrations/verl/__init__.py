@@ -27,11 +27,12 @@ def verl_required(module: str) -> Iterator[None]:
     """Import verl inside it: an ``ImportError`` becomes one that says ``module`` needs verl and
     how to install it (for this package's modules and ``crl_train.integrations.verl``).
 
-    >>> with verl_required("crl_gym.integrations.verl.example"):
+    >>> with verl_required("crl_gym.integrations.verl.example"):  # doctest: +NORMALIZE_WHITESPACE
     ...     import a_module_that_is_not_installed
     Traceback (most recent call last):
     ...
-    ImportError: crl_gym.integrations.verl.example needs verl==0.9.1 (pip install 'complementary-rl[verl]'; this project's tests: make install-verl)
+    ImportError: crl_gym.integrations.verl.example needs verl==0.9.1
+        (pip install 'complementary-rl[verl]'; this project's tests: make install-verl)
     """
     try:
         yield

@@ -6,10 +6,11 @@ tool object per worker; both reach ``crl-experience serve`` through one :class:`
 The url comes from the loop's or tool's config (``service_url``), else from ``CRL_EXPERIENCE_URL``;
 the token from ``token_file``, else from ``CRL_EXPERIENCE_TOKEN`` (as ``crl-experience serve``).
 
->>> service_client(None)  # doctest: +ELLIPSIS
+>>> service_client(None)  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-ValueError: no experience service: give service_url in the agent loop's (or tool's) config, or set CRL_EXPERIENCE_URL
+ValueError: no experience service: give service_url in the agent loop's (or tool's) config,
+    or set CRL_EXPERIENCE_URL
 """
 
 from __future__ import annotations
