@@ -152,11 +152,11 @@ class RemoteClient:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # "" keeps __init__ from reading the environment: the pickled token (or None) is the one.
-        self.__init__(
+        self.__init__(  # type: ignore[misc]
             state["url"],
             state["timeout"],
             "",
-            max_buffered=state.get("max_buffered", SUBMIT_BUFFER),  # type: ignore[misc]
+            max_buffered=state.get("max_buffered", SUBMIT_BUFFER),
             spill_path=state.get("spill_path"),
             retries=state.get("retries", 5),
             retry_backoff_s=state.get("retry_backoff_s", 0.25),

@@ -316,9 +316,9 @@ class ExtractorWorker:
         self._token_cache: dict[str, int] = {}
         ctx = mp.get_context(start_method)
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(
+        self.process = ctx.Process(  # type: ignore[attr-defined]
             target=_serve, args=(child, spec), name="crl-extractor", daemon=True
-        )  # type: ignore[attr-defined]
+        )
         self.process.start()
         child.close()  # our copy of the child's end: without closing it a dead child gives no EOF
         self._finalizer = weakref.finalize(self, _shutdown, self.process, self._conn)

@@ -238,8 +238,8 @@ class WorkerExtension:
         from safetensors.torch import load_file
 
         weights = load_file(path)
-        self.model_runner.reload_weights(
-            weights_iterator=list(weights.items()),  # type: ignore[attr-defined]
+        self.model_runner.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=list(weights.items()),
             is_checkpoint_format=True,
         )
         return len(weights)
