@@ -11,7 +11,7 @@ crl_gym imports nothing from crl_train, so both packages use these.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 JSONScalar = int | float | str | bool | None
 """One JSON scalar."""
@@ -21,6 +21,12 @@ JSONDict = dict[str, JSONValue]
 """A JSON object of free shape (an env's ``info``, a request's ``meta``)."""
 JSONInput = Mapping[str, object]
 """A decoded JSON object before it is checked: each reader checks the fields it takes."""
+EnvInfo = dict[str, Any]
+"""Gymnasium's ``info`` of ``reset`` / ``step``: free-form by Gymnasium's contract (``gym.Env``
+types it ``dict[str, Any]``, and an override may not narrow it); any env or wrapper may put any
+object in it (a search call, a numpy scalar), so its values are arbitrary on purpose."""
+EnvOptions = dict[str, Any]
+"""Gymnasium's ``options`` of ``reset``: free-form by Gymnasium's contract, read by the env."""
 
 
 class ExperienceRefDict(TypedDict):
@@ -118,6 +124,8 @@ class OpDict(TypedDict):
 
 
 __all__ = [
+    "EnvInfo",
+    "EnvOptions",
     "ExperienceRefDict",
     "GrammarSpec",
     "JSONDict",

@@ -41,6 +41,7 @@ from crl_gym.envs.swebench.tools import (
     parse_timeout,
     parse_tool_call,
 )
+from crl_gym.json_types import EnvInfo, EnvOptions
 from crl_gym.templates import SWEBENCH_TASK_TEMPLATE
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,8 @@ class SWEBenchEnv(TextEnv):
 
     # -- episode -------------------------------------------------------------------------
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         self._close_sandbox()
         options = options or {}
@@ -181,13 +182,13 @@ class SWEBenchEnv(TextEnv):
         }
         return self._last_obs, info
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if self.sandbox is None or self.instance is None:
             raise RuntimeError(
                 "call reset() before step() (the episode has ended or never started)"
             )
         self.turn += 1
-        info: dict[str, Any] = {
+        info: EnvInfo = {
             "task": self.instance["problem_statement"],
             "instance_id": self.instance["instance_id"],
             "turn": self.turn,
