@@ -112,6 +112,32 @@ class SampleDict(TypedDict):
     grammar: GrammarSpec | None
 
 
+class SnapshotInfoDict(TypedDict):
+    """:meth:`crl_gym.experience.snapshots.SnapshotInfo.to_dict` (``POST /snapshot``)."""
+
+    name: str
+    created_at: float
+    entries: int
+    pending: int
+    path: str
+
+
+class RestoredDict(TypedDict):
+    """The answer of ``POST /restore``: the snapshot restored and the one of the state before."""
+
+    restored: str
+    before: SnapshotInfoDict
+    bank_size: int
+
+
+class QuarantinedDict(TypedDict):
+    """The answer of ``POST /quarantine``: the entries hidden (``undo``: brought back)."""
+
+    undo: bool
+    entries: list[int]
+    bank_size: int
+
+
 class OpDict(TypedDict):
     """:func:`crl_gym.protocol.op_to_dict`: one extractor op (``kind`` says which fields it has)."""
 
@@ -133,9 +159,12 @@ __all__ = [
     "JSONScalar",
     "JSONValue",
     "OpDict",
+    "QuarantinedDict",
     "RequestDict",
+    "RestoredDict",
     "SampleDict",
     "SearchCallDict",
+    "SnapshotInfoDict",
     "StepDict",
     "TrajectoryDict",
     "TurnGuidanceDict",

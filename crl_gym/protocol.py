@@ -280,8 +280,9 @@ class SearchCall:
     turn: int = 0
     refined: bool = False
     """True when an extractor rewrote the entry for the query (then the answer is credited)."""
-    provenance: dict[str, Any] | None = None
-    """Extractor sample that produced the refinement: prompt, response, logprobs, version."""
+    provenance: JSONInput | None = None
+    """Extractor sample that produced the refinement: prompt, response, logprobs, version (its
+    :class:`~crl_gym.json_types.SampleDict` form, checked by :meth:`ExtractorSample.from_dict`)."""
 
     def to_dict(self) -> SearchCallDict:
         return {

@@ -167,7 +167,7 @@ class ServiceActor:
             r.to_dict() if r is not None else None for r in self.service.search_many(list(queries))
         ]
 
-    def ask(self, query: str, entry: JSONInput, context: str) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: JSONInput, context: str) -> tuple[str, JSONInput | None]:
         ref = ExperienceRef.from_dict(entry, "entry")
         if ref is None:
             raise ValueError("ask: entry must be an experience object, got null")
@@ -451,9 +451,7 @@ class RayServiceClient:
             return []
         return [_ref_of(d) for d in self._call(ServiceActor.search_many, [str(q) for q in queries])]
 
-    def ask(
-        self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, JSONInput | None]:
         answer, provenance = self._call(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 
@@ -500,7 +498,7 @@ class RayServiceClient:
 
     async def aask(
         self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    ) -> tuple[str, JSONInput | None]:
         answer, provenance = await self._acall(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 
