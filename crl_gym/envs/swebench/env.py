@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from crl_gym.envs.swebench.sandbox import (
     SandboxConfig,
     docker_client,
 )
-from crl_gym.envs.swebench.tasks import load_tasks
+from crl_gym.envs.swebench.tasks import SWEInstance, load_tasks
 from crl_gym.envs.swebench.tools import (
     TOOL_FORMAT_HELP,
     ToolCallError,
@@ -80,7 +81,7 @@ class SWEBenchEnv(TextEnv):
 
     def __init__(
         self,
-        tasks: str | Path | list[dict[str, Any]] | None = None,
+        tasks: str | Path | Sequence[Mapping[str, object]] | None = None,
         *,
         split: str = "test",
         instance_ids: list[str] | None = None,
@@ -117,7 +118,7 @@ class SWEBenchEnv(TextEnv):
         ahead, shared by the envs of a batch); ``None`` boots one at each reset."""
         self.sandbox: DockerSandbox | None = None
         self.editor: Editor | None = None
-        self.instance: dict[str, Any] | None = None
+        self.instance: SWEInstance | None = None
         self.image: ImageChoice | None = None
         self._patch = ""
         self.stats: dict[str, int] = {
