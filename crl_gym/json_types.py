@@ -138,6 +138,16 @@ class QuarantinedDict(TypedDict):
     bank_size: int
 
 
+class FlushReport(TypedDict):
+    """What :meth:`crl_gym.wrappers.ExperienceWrapper.flush_experience` reports (each env copy's
+    entry of ``StepEnded.workers``)."""
+
+    kept: int
+    """Requests still kept by the wrapper's outbox."""
+    undelivered: str | None
+    """The flush error's message, or None."""
+
+
 class OpDict(TypedDict):
     """:func:`crl_gym.protocol.op_to_dict`: one extractor op (``kind`` says which fields it has)."""
 
@@ -153,6 +163,7 @@ __all__ = [
     "EnvInfo",
     "EnvOptions",
     "ExperienceRefDict",
+    "FlushReport",
     "GrammarSpec",
     "JSONDict",
     "JSONInput",

@@ -68,7 +68,7 @@ import logging
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypedDict
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 import gymnasium as gym
 
@@ -79,7 +79,7 @@ from crl_gym.clients.keeping import (
     malformed,
     reraise_misuse,
 )
-from crl_gym.json_types import EnvInfo, EnvOptions
+from crl_gym.json_types import EnvInfo, EnvOptions, FlushReport
 from crl_gym.protocol import (
     CONDITIONS,
     FREE_CONDITION,
@@ -130,15 +130,6 @@ DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
 """How a guided episode's first observation shows the entry (text in :mod:`crl_gym.templates`)."""
 
 _OWN_OPTIONS = ("experience", "prefetched", "rollout_step", "meta")
-
-
-class FlushReport(TypedDict):
-    """What :meth:`ExperienceWrapper.flush_experience` reports."""
-
-    kept: int
-    """Requests still kept by the wrapper's outbox."""
-    undelivered: str | None
-    """The flush error's message, or None."""
 
 
 _malformed = malformed  # the outbox's rule (crl_gym.clients.keeping), under its old name here
