@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar
 
 import numpy as np
 
@@ -329,6 +329,14 @@ def deploy_service(
 # ---------------------------------------------------------------------------------------- client
 
 
+class RayClientState(TypedDict):
+    """What a pickled :class:`RayServiceClient` keeps (the actor handle is looked up again)."""
+
+    name: str
+    namespace: str
+    timeout: float
+
+
 class RayServiceClient:
     """An :class:`~crl_gym.clients.ExperienceClient` over the named service actor (see the
     module docstring).
@@ -352,10 +360,10 @@ class RayServiceClient:
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> JSONDict:
+    def __getstate__(self) -> RayClientState:
         return {"name": self.name, "namespace": self.namespace, "timeout": self.timeout}
 
-    def __setstate__(self, d: dict[str, Any]) -> None:
+    def __setstate__(self, d: RayClientState) -> None:
         self.__init__(d["name"], d["namespace"], timeout=d["timeout"])  # type: ignore[misc]
 
     # ------------------------------------------------------------------ plumbing
