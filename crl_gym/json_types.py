@@ -11,7 +11,7 @@ crl_gym imports nothing from crl_train, so both packages use these.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 JSONScalar = int | float | str | bool | None
 """One JSON scalar."""
@@ -21,6 +21,12 @@ JSONDict = dict[str, JSONValue]
 """A JSON object of free shape (an env's ``info``, a request's ``meta``)."""
 JSONInput = Mapping[str, object]
 """A decoded JSON object before it is checked: each reader checks the fields it takes."""
+EnvInfo = dict[str, Any]
+"""Gymnasium's ``info`` of ``reset`` / ``step``: free-form by Gymnasium's contract (``gym.Env``
+types it ``dict[str, Any]``, and an override may not narrow it); any env or wrapper may put any
+object in it (a search call, a numpy scalar), so its values are arbitrary on purpose."""
+EnvOptions = dict[str, Any]
+"""Gymnasium's ``options`` of ``reset``: free-form by Gymnasium's contract, read by the env."""
 
 
 class ExperienceRefDict(TypedDict):
@@ -106,6 +112,42 @@ class SampleDict(TypedDict):
     grammar: GrammarSpec | None
 
 
+class SnapshotInfoDict(TypedDict):
+    """:meth:`crl_gym.experience.snapshots.SnapshotInfo.to_dict` (``POST /snapshot``)."""
+
+    name: str
+    created_at: float
+    entries: int
+    pending: int
+    path: str
+
+
+class RestoredDict(TypedDict):
+    """The answer of ``POST /restore``: the snapshot restored and the one of the state before."""
+
+    restored: str
+    before: SnapshotInfoDict
+    bank_size: int
+
+
+class QuarantinedDict(TypedDict):
+    """The answer of ``POST /quarantine``: the entries hidden (``undo``: brought back)."""
+
+    undo: bool
+    entries: list[int]
+    bank_size: int
+
+
+class FlushReport(TypedDict):
+    """What :meth:`crl_gym.wrappers.ExperienceWrapper.flush_experience` reports (each env copy's
+    entry of ``StepEnded.workers``)."""
+
+    kept: int
+    """Requests still kept by the wrapper's outbox."""
+    undelivered: str | None
+    """The flush error's message, or None."""
+
+
 class OpDict(TypedDict):
     """:func:`crl_gym.protocol.op_to_dict`: one extractor op (``kind`` says which fields it has)."""
 
@@ -118,16 +160,22 @@ class OpDict(TypedDict):
 
 
 __all__ = [
+    "EnvInfo",
+    "EnvOptions",
     "ExperienceRefDict",
+    "FlushReport",
     "GrammarSpec",
     "JSONDict",
     "JSONInput",
     "JSONScalar",
     "JSONValue",
     "OpDict",
+    "QuarantinedDict",
     "RequestDict",
+    "RestoredDict",
     "SampleDict",
     "SearchCallDict",
+    "SnapshotInfoDict",
     "StepDict",
     "TrajectoryDict",
     "TurnGuidanceDict",

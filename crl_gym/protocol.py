@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, SupportsFloat, SupportsIndex, get_args
 
 from crl_gym.json_types import (
+    EnvInfo,
     ExperienceRefDict,
     GrammarSpec,
     JSONInput,
@@ -234,7 +235,7 @@ class Step:
     """The agent's raw action text."""
     reward: float = 0.0
     """Reward returned by the env for this action (0 for a search_and_ask turn)."""
-    info: dict[str, Any] = field(default_factory=dict)
+    info: EnvInfo = field(default_factory=dict)
     """The env's info dict after the action (kept as a reference while recording)."""
     kind: Literal["env", "search_and_ask"] = "env"
     """``search_and_ask`` when the wrapper intercepted the action and the env was not stepped."""
@@ -280,8 +281,9 @@ class SearchCall:
     turn: int = 0
     refined: bool = False
     """True when an extractor rewrote the entry for the query (then the answer is credited)."""
-    provenance: dict[str, Any] | None = None
-    """Extractor sample that produced the refinement: prompt, response, logprobs, version."""
+    provenance: JSONInput | None = None
+    """Extractor sample that produced the refinement: prompt, response, logprobs, version (its
+    :class:`~crl_gym.json_types.SampleDict` form, checked by :meth:`ExtractorSample.from_dict`)."""
 
     def to_dict(self) -> SearchCallDict:
         return {

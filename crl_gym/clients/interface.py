@@ -3,10 +3,11 @@ token's environment variable and the check of a rollout step both faces make bef
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.service import StepOrderError
+from crl_gym.json_types import JSONInput
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 
 TOKEN_ENV = "CRL_EXPERIENCE_TOKEN"
@@ -27,9 +28,7 @@ class ExperienceClient(Protocol):
         """One :meth:`search` per query, batched (one embedding pass)."""
         ...
 
-    def ask(
-        self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, JSONInput | None]:
         """Refine ``entry`` for the agent's ``query`` in ``context``: ``(answer, provenance)``.
 
         ``provenance`` is the extractor sample (``ExtractorSample.to_dict()``) that produced the

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
+from typing import TYPE_CHECKING, NoReturn, SupportsIndex
 
 from crl_gym.clients.interface import check_step
 from crl_gym.errors import ProcessBoundaryError
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
+from crl_gym.json_types import JSONInput
 from crl_gym.limits import MAX_BODY_BYTES, MAX_TEXT, check_request_size
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, _jsonable
 
@@ -85,9 +86,7 @@ class LocalClient:
     def search_many(self, queries: list[str]) -> list[ExperienceRef | None]:
         return self._svc().search_many(list(queries))
 
-    def ask(
-        self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, JSONInput | None]:
         return self._svc().ask(str(query)[:MAX_TEXT], entry, str(context)[:MAX_TEXT])
 
     def submit(self, request: DistillationRequest) -> None:

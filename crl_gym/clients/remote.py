@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from crl_gym.clients.combiner import Combiner
 from crl_gym.clients.deprecated import submit_count_property
@@ -18,6 +18,7 @@ from crl_gym.clients.interface import TOKEN_ENV, check_step
 from crl_gym.errors import ExperienceAuthError, ExperienceUnavailable, StorageFault
 from crl_gym.experience.results import Health, OpsApplied, ServiceStats, StepEnded
 from crl_gym.experience.service import StepOrderError
+from crl_gym.json_types import JSONInput, QuarantinedDict, RestoredDict, SnapshotInfoDict
 from crl_gym.limits import MAX_BATCH, MAX_BODY_BYTES, MAX_QUERY_CHARS, MAX_TEXT, check_request_size
 from crl_gym.outbox import SUBMIT_BUFFER, Rejected, SubmitCounts, SubmitOutbox, default_spill_path
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef, op_to_dict
@@ -26,6 +27,21 @@ if TYPE_CHECKING:
     import httpx
 
 logger = logging.getLogger(__name__)
+
+
+class RemoteClientState(TypedDict):
+    """What a pickled :class:`RemoteClient` keeps (its sockets, locks and threads are rebuilt);
+    the keyword fields may be missing from a client pickled by an older version."""
+
+    url: str
+    timeout: float
+    token: str | None
+    max_buffered: NotRequired[int]
+    spill_path: NotRequired[Path | None]
+    retries: NotRequired[int]
+    retry_backoff_s: NotRequired[float]
+    max_query_chars: NotRequired[int]
+    max_request_bytes: NotRequired[int]
 
 
 class RemoteClient:
@@ -137,7 +153,7 @@ class RemoteClient:
 
     # The httpx client, the combiner and the outbox hold sockets, locks and a thread: rebuild
     # them after pickling (and after forking).
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> RemoteClientState:
         return {
             "url": self.url,
             "timeout": self.timeout,
@@ -150,7 +166,7 @@ class RemoteClient:
             "max_request_bytes": self.max_request_bytes,
         }
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: RemoteClientState) -> None:
         # "" keeps __init__ from reading the environment: the pickled token (or None) is the one.
         self.__init__(  # type: ignore[misc]
             state["url"],
@@ -295,9 +311,7 @@ class RemoteClient:
             return []
         return self._search_many([str(q)[: self.max_query_chars] for q in queries])
 
-    def ask(
-        self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, JSONInput | None]:
         body = {
             "query": str(query)[:MAX_TEXT],
             "entry": entry.to_dict(),
@@ -382,27 +396,27 @@ class RemoteClient:
         raise AssertionError("unreachable")
 
     # -- bank administration (see docs/service.md) ---------------------------------------------
-    def snapshot_bank(self, name: str | None = None) -> dict[str, Any]:
+    def snapshot_bank(self, name: str | None = None) -> SnapshotInfoDict:
         """Snapshot the server's bank as ``name`` (default: the time); returns the
         snapshot's description."""
-        out: dict[str, Any] = self._call("POST", "/snapshot", {"name": name})
+        out: SnapshotInfoDict = self._call("POST", "/snapshot", {"name": name})
         return out
 
-    def bank_snapshots(self) -> list[dict[str, Any]]:
+    def bank_snapshots(self) -> list[SnapshotInfoDict]:
         """The server's bank snapshots, newest first."""
         return list(self._call("GET", "/snapshots")["snapshots"])
 
-    def restore_bank(self, name: str) -> dict[str, Any]:
+    def restore_bank(self, name: str) -> RestoredDict:
         """Make the server's bank the snapshot ``name`` (the state before is kept as a snapshot)."""
-        out: dict[str, Any] = self._call("POST", "/restore", {"name": name})
+        out: RestoredDict = self._call("POST", "/restore", {"name": name})
         return out
 
     def quarantine(
         self, written_by: str, steps: str = ":", *, undo: bool = False
-    ) -> dict[str, Any]:
+    ) -> QuarantinedDict:
         """Hide (``undo``: bring back) what ``written_by`` wrote at steps ``"A:B"`` on
         the server."""
-        out: dict[str, Any] = self._call(
+        out: QuarantinedDict = self._call(
             "POST", "/quarantine", {"written_by": written_by, "steps": steps, "undo": undo}
         )
         return out

@@ -20,7 +20,7 @@ from typing import Any
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
 from crl_gym.envs.registry import GEM_USAGE, MissingEnvArgumentError
-from crl_gym.json_types import JSONDict
+from crl_gym.json_types import EnvInfo, EnvOptions, JSONDict
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ class GEMEnv(TextEnv):
         """Exceptions raised by the wrapped env's ``step`` (turned into invalid-action turns)."""
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         # GEM seeds Python's and numpy's global RNGs; deriving its seed from ours makes every
         # reset after a seeded one reproducible too
@@ -99,7 +99,7 @@ class GEMEnv(TextEnv):
         self._invalid = False
         return self._emit(str(obs)), self._info(info)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if self._done:
             return (
                 self._emit("The episode is over; call reset()."),
@@ -142,7 +142,7 @@ class GEMEnv(TextEnv):
         self._last_obs = to_charset(obs)[:MAX_TEXT]
         return self._last_obs
 
-    def _info(self, gem_info: dict[str, Any]) -> JSONDict:
+    def _info(self, gem_info: EnvInfo) -> JSONDict:
         info = dict(gem_info or {})
         info.update(
             task=self.task,

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from crl_gym.envs.base import TextEnv, lookup_action, to_charset
+from crl_gym.json_types import EnvInfo, EnvOptions
 
 with warnings.catch_warnings():
     # minihack imports pkg_resources, which warns on import under recent setuptools.
@@ -194,8 +195,8 @@ class MiniHackEnv(TextEnv):
 
     # ------------------------------------------------------------------ gym API
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         if self._nle is None:
             raise RuntimeError("MiniHackEnv is closed")
@@ -208,7 +209,7 @@ class MiniHackEnv(TextEnv):
         self._last_obs = self._state_text
         return self._last_obs, self._info(invalid=False)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if self._nle is None:
             raise RuntimeError("MiniHackEnv is closed")
         if self._done or self._truncated:
@@ -247,7 +248,7 @@ class MiniHackEnv(TextEnv):
         """The task description given to the agent."""
         return self.spec_task.description
 
-    def _info(self, invalid: bool) -> dict[str, Any]:
+    def _info(self, invalid: bool) -> EnvInfo:
         return {
             "task": self.spec_task.description,
             "admissible_actions": self._admissible,

@@ -28,11 +28,11 @@ observation hides the actions taken so far (drawn per observation from the episo
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import numpy as np
 
 from crl_gym.envs.base import TextEnv, lookup_action
+from crl_gym.json_types import EnvInfo, EnvOptions
 
 ACTION_WORDS: tuple[str, ...] = ("north", "east", "south", "west", "up", "down", "left", "right")
 """The action vocabulary; a task with ``num_actions=A`` uses the first A words."""
@@ -168,8 +168,8 @@ class RecallEnv(TextEnv):
         return f"Task {self.name}: repeat the {self.length} secret actions of {self.name}."
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         self.task_index = (
             seed % self.num_tasks
@@ -184,7 +184,7 @@ class RecallEnv(TextEnv):
         self._last_obs = self._observation("")
         return self._last_obs, self._info(False)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if not self.secret:
             raise RuntimeError("call reset() before step()")
         if self._done or self.turn >= self.max_turns:
@@ -231,7 +231,7 @@ class RecallEnv(TextEnv):
             f"per turn; a wrong action ends the episode.\nActions so far: {history}\n{status}"
         )
 
-    def _info(self, invalid: bool) -> dict[str, Any]:
+    def _info(self, invalid: bool) -> EnvInfo:
         return {
             "task": self.task,
             "task_category": self.name,

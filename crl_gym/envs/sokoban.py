@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from crl_gym.envs.base import TextEnv, lookup_action
+from crl_gym.json_types import EnvInfo, EnvOptions
 
 WALL, FLOOR, BOX, TARGET, AGENT, BOX_ON_TARGET, AGENT_ON_TARGET = "W", ".", "A", "C", "@", "*", "+"
 LEGEND = (
@@ -306,8 +306,8 @@ class SokobanEnv(TextEnv):
         self._done = False
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         if options and options.get("level") is not None:
             self.level = Level.parse(str(options["level"]))
@@ -320,7 +320,7 @@ class SokobanEnv(TextEnv):
         self._last_obs = self._observation("Push both boxes onto the targets.")
         return self._last_obs, self._info(False)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if self.level is None:
             raise RuntimeError("call reset() before step()")
         if self._done or self.turn >= self.max_turns:
@@ -351,7 +351,7 @@ class SokobanEnv(TextEnv):
             f"Boxes on targets: {placed}/{len(self.level.targets)}\nMessage: {message}"
         )
 
-    def _info(self, invalid: bool) -> dict[str, Any]:
+    def _info(self, invalid: bool) -> EnvInfo:
         return {
             "task": TASK,
             "admissible_actions": self._admissible,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from crl_gym.envs.base import MAX_TEXT, TextEnv, to_charset
 from crl_gym.envs.registry import TEXTWORLD_USAGE, MissingEnvArgumentError
-from crl_gym.json_types import JSONDict
+from crl_gym.json_types import EnvInfo, EnvOptions, JSONDict
 
 if TYPE_CHECKING:
     import textworld
@@ -156,7 +156,7 @@ class TextWorldEnv(TextEnv):
             old.close()
         return game
 
-    def _pick(self, options: dict[str, Any] | None) -> Path:
+    def _pick(self, options: EnvOptions | None) -> Path:
         choice = (options or {}).get("game")
         if choice is None:
             return self.game_files[int(self.np_random.integers(len(self.game_files)))]
@@ -165,8 +165,8 @@ class TextWorldEnv(TextEnv):
         return Path(choice)
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         self.game_file = self._pick(options)
         self._game = self._get_game(self.game_file)
@@ -184,7 +184,7 @@ class TextWorldEnv(TextEnv):
             return []
         return list(self._state.get("admissible_commands") or [])
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if self._state is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
@@ -220,7 +220,7 @@ class TextWorldEnv(TextEnv):
         return self._last_obs
 
     def _info(self) -> JSONDict:
-        info: dict[str, Any] = {
+        info: EnvInfo = {
             "task": self.task,
             "admissible_actions": self.admissible_actions(),
             "turn": self.turn,

@@ -56,7 +56,7 @@ from crl_gym.experience.bank_files import (
 )
 from crl_gym.experience.entry import ExperienceEntry
 from crl_gym.experience.eviction import EVICTIONS, victims
-from crl_gym.experience.origin import Origin
+from crl_gym.experience.origin import Origin, OriginRecord
 from crl_gym.experience.rwlock import RWLock
 from crl_gym.experience.shared_embeddings import SharedEmbeddings
 from crl_gym.experience.store import BankCorruptError, EntryEvent, SQLiteStore, WriteRecord
@@ -289,7 +289,7 @@ class ExperienceBank(BankCounters):
             src.close()
 
     # -- provenance and quarantine ------------------------------------------------------------
-    def origins(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    def origins(self, ids: Iterable[int]) -> dict[int, OriginRecord]:
         """Who wrote each of ``ids`` and when (:mod:`~crl_gym.experience.origin`): ``{id:
         {written_by, model_step, step, written_at, quarantined}}``; an entry written before the
         bank kept writers is absent."""

@@ -128,7 +128,7 @@ class ExperienceEntry:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ExperienceEntry:
+    def from_dict(cls, d: object) -> ExperienceEntry:
         """Inverse of :meth:`to_dict`; raises ``ValueError``/``KeyError`` naming a bad field."""
         if not isinstance(d, dict):
             raise ValueError(f"an entry must be a JSON object, got {type(d).__name__}")

@@ -26,10 +26,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, TypedDict, get_args
 
 Writer = Literal["user", "extractor", "merge", "import", "unknown"]
 WRITERS: tuple[str, ...] = get_args(Writer)
+
+
+class OriginRecord(TypedDict):
+    """One entry's row of the bank's ``entry_origin`` table (``ExperienceBank.origins``)."""
+
+    written_by: str
+    model_step: int | None
+    step: int
+    """The rollout step of the write."""
+    written_at: float
+    quarantined: bool
 
 
 @dataclass(frozen=True)

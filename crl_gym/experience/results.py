@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar, get_args
 
+from crl_gym.json_types import FlushReport
 from crl_gym.json_types import JSONValue as JSONValue  # its old home
 
 ExtractorStatus = Literal["alive", "gone"]
@@ -124,7 +125,7 @@ class StepEnded(MappingFace):
     ended: list[int]
     requests: int
     credited: int
-    workers: list[dict[str, JSONValue]] | None = None
+    workers: list[FlushReport] | None = None
     """Each env copy's flush report (``{"kept", "undelivered"}``) when the step was ended by
     :func:`crl_gym.wrappers.vector.end_step`; ``None`` otherwise."""
 
@@ -136,7 +137,9 @@ class StepEnded(MappingFace):
             "credited": self.credited,
         }
         if self.workers is not None:
-            out["workers"] = list(self.workers)
+            out["workers"] = [
+                {"kept": w["kept"], "undelivered": w["undelivered"]} for w in self.workers
+            ]
         return out
 
     @classmethod

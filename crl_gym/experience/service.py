@@ -37,7 +37,7 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 from crl_gym.errors import StorageFault
 from crl_gym.experience.manager import ExperienceManager, Refiner
@@ -49,6 +49,7 @@ from crl_gym.experience.snapshots import (
     take_snapshot,
 )
 from crl_gym.experience.write_ids import WriteIds, WriteRecord
+from crl_gym.json_types import JSONInput
 from crl_gym.protocol import DistillationRequest, ExperienceOp, ExperienceRef
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 def ask_manager(
     manager: ExperienceManager, query: str, entry: ExperienceRef, context: str
-) -> tuple[str, dict[str, Any] | None]:
+) -> tuple[str, JSONInput | None]:
     """Shared ``ask`` logic of every face (``RetrievalService.ask`` calls it).
 
     The manager's ``refiner(query, entry, context) -> (text, ExtractorSample | None)`` rewrites
@@ -75,8 +76,7 @@ def ask_manager(
     if not isinstance(text, str) or not text.strip():
         _count_fallback(f"refiner returned an empty answer ({text!r})")
         return entry.text, None
-    # the clients' ``ask`` answers the provenance as a plain mapping (its SampleDict form)
-    return text, (cast("dict[str, Any]", sample.to_dict()) if sample is not None else None)
+    return text, (sample.to_dict() if sample is not None else None)
 
 
 class AskFallbacks(TypedDict):
@@ -243,9 +243,7 @@ class RetrievalService:
             hits[0].ref() if hits else None for hits in self.manager.search_many(list(queries), k=1)
         ]
 
-    def ask(
-        self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, JSONInput | None]:
         return ask_manager(self.manager, query, entry, context)
 
     # ---------------------------------------------------------------- requests and steps

@@ -29,11 +29,11 @@ import json
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from crl_gym.json_types import JSONDict
+from crl_gym.json_types import SnapshotInfoDict
 
 if TYPE_CHECKING:
     from crl_gym.experience.manager import ExperienceManager
@@ -53,8 +53,14 @@ class SnapshotInfo:
     pending: int
     path: str
 
-    def to_dict(self) -> JSONDict:
-        return asdict(self)
+    def to_dict(self) -> SnapshotInfoDict:
+        return {
+            "name": self.name,
+            "created_at": self.created_at,
+            "entries": self.entries,
+            "pending": self.pending,
+            "path": self.path,
+        }
 
 
 def snapshot_dir(bank_dir: Path) -> Path:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from crl_gym.experience.entry import ExperienceEntry
-from crl_gym.experience.origin import Origin
+from crl_gym.experience.origin import Origin, OriginRecord
 from crl_gym.protocol import ExtractorSample
 
 _SCHEMA = """
@@ -514,10 +514,10 @@ class SQLiteStore:
         return out
 
     # -- writers and quarantine --------------------------------------------------------------
-    def origins(self, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    def origins(self, ids: Iterable[int]) -> dict[int, OriginRecord]:
         """``{id: {written_by, model_step, step, written_at, quarantined}}`` of the ids that
         have one."""
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, OriginRecord] = {}
         wanted = [int(i) for i in ids]
         for k in range(0, len(wanted), 500):
             chunk = wanted[k : k + 500]

@@ -12,11 +12,30 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 log = logging.getLogger(__name__)
 TRAJECTORIES = "trajectories.jsonl"
 MAX_TASK_CHARS = 300
+
+
+class EpisodeSummary(TypedDict):
+    """One guided episode of an entry, as ``trajectories.jsonl`` has it (the explorer shows it)."""
+
+    step: int | None
+    """The rollout step (``rollout_step``)."""
+    condition: str | None
+    success: bool
+    outcome: float | None
+    env_id: str | None
+    seed: int | None
+    actions: int
+    """How many steps the trajectory has."""
+    task: str
+    """The task, cut to ``MAX_TASK_CHARS``."""
+    request_id: str | None
+    version: int | None
+    """The version of the entry the episode was shown (``None`` for a gated entry)."""
 
 
 class EpisodeIndex:
@@ -27,13 +46,13 @@ class EpisodeIndex:
         self.path = None if run_dir is None else run_dir / TRAJECTORIES
         self.skipped = 0
         self._key: tuple[int, int] | None = None
-        self._by_entry: dict[int, list[dict[str, Any]]] = {}
+        self._by_entry: dict[int, list[EpisodeSummary]] = {}
         self._lock = threading.Lock()
 
     def available(self) -> bool:
         return self.path is not None and self.path.is_file()
 
-    def for_entry(self, entry_id: int) -> list[dict[str, Any]] | None:
+    def for_entry(self, entry_id: int) -> list[EpisodeSummary] | None:
         """The entry's episodes in file order, or ``None`` when the run kept none (no file)."""
         if self.path is None or not self.path.is_file():
             return None
@@ -45,7 +64,7 @@ class EpisodeIndex:
             return list(self._by_entry.get(int(entry_id), []))
 
     def _read(self, path: Path) -> None:
-        by_entry: dict[int, list[dict[str, Any]]] = {}
+        by_entry: dict[int, list[EpisodeSummary]] = {}
         skipped = 0
         with path.open(encoding="utf-8", errors="replace") as f:
             for line in f:

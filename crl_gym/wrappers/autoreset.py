@@ -25,9 +25,10 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from crl_gym.json_types import EnvOptions
 
 CARRIED_OPTIONS = ("experience", "rollout_step", "meta")
 """The wrapper's own reset options an autoreset episode keeps."""
@@ -48,17 +49,17 @@ class AutoresetCarry:
     """The seed and the carried options of one explicit reset, and how many episodes followed it."""
 
     seed: int | None
-    options: dict[str, Any] | None
+    options: EnvOptions | None
     episodes: int = 0
 
     @classmethod
-    def after(cls, seed: int | None, options: dict[str, Any] | None) -> AutoresetCarry:
+    def after(cls, seed: int | None, options: EnvOptions | None) -> AutoresetCarry:
         """The carry of an explicit ``reset(seed=seed, options=options)`` (options
         already checked)."""
         kept = {k: options[k] for k in CARRIED_OPTIONS if k in options} if options else {}
         return cls(seed, kept or None)
 
-    def next_episode(self) -> tuple[int | None, dict[str, Any] | None]:
+    def next_episode(self) -> tuple[int | None, EnvOptions | None]:
         """``(seed, options)`` of the next autoreset episode."""
         self.episodes += 1
         seed = None if self.seed is None else episode_seed(self.seed, self.episodes)

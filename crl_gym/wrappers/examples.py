@@ -13,10 +13,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from crl_gym.envs.base import TextEnv
-from crl_gym.json_types import JSONDict
+from crl_gym.json_types import EnvInfo, EnvOptions, JSONDict
 
 
 class CorridorEnv(TextEnv):
@@ -48,15 +46,15 @@ class CorridorEnv(TextEnv):
         return {"task": self.task, "admissible_actions": list(self.ACTIONS), "turn": self.turn}
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         self.pos = 0
         self.turn = 0
         self._last_obs = self._describe()
         return self._last_obs, self._info()
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         self.turn += 1
         act = str(action).strip().lower()
         if act == "east":

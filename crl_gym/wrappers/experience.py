@@ -68,7 +68,7 @@ import logging
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypedDict
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 import gymnasium as gym
 
@@ -79,6 +79,7 @@ from crl_gym.clients.keeping import (
     malformed,
     reraise_misuse,
 )
+from crl_gym.json_types import EnvInfo, EnvOptions, FlushReport
 from crl_gym.protocol import (
     CONDITIONS,
     FREE_CONDITION,
@@ -129,15 +130,6 @@ DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
 """How a guided episode's first observation shows the entry (text in :mod:`crl_gym.templates`)."""
 
 _OWN_OPTIONS = ("experience", "prefetched", "rollout_step", "meta")
-
-
-class FlushReport(TypedDict):
-    """What :meth:`ExperienceWrapper.flush_experience` reports."""
-
-    kept: int
-    """Requests still kept by the wrapper's outbox."""
-    undelivered: str | None
-    """The flush error's message, or None."""
 
 
 _malformed = malformed  # the outbox's rule (crl_gym.clients.keeping), under its old name here
@@ -375,8 +367,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     # ------------------------------------------------------------------ reset
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[Any, EnvInfo]:
         if self._check_process is not None:
             self._check_process()
         autoreset = seed is None and options is None  # how a vector env resets a finished copy
@@ -491,7 +483,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return condition, prefetched, has_prefetched, rollout_step, env_options
 
     # ------------------------------------------------------------------- step
-    def step(self, action: object) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+    def step(self, action: object) -> tuple[Any, SupportsFloat, bool, bool, EnvInfo]:
         obs, reward, terminated, truncated, info = out = self.env.step(action)
         records = self._records
         if records is not None:  # None: no episode open (step after the end without reset)
@@ -565,7 +557,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         request: DistillationRequest | None = info["distillation_request"]
         return request
 
-    def _finish(self, info: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, info: EnvInfo) -> EnvInfo:
         records = self._records or [self._initial_obs]
         self._records = None
         declared = info.get("success")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -270,5 +271,5 @@ class RecordedRequest(DistillationRequest):
         with _BUILD_LOCK:
             return dict(self.__dict__)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: Mapping[str, object]) -> None:
         self.__dict__.update(state)

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 import gymnasium as gym
 from gymnasium import spaces
 
+from crl_gym.json_types import EnvInfo, EnvOptions
 from crl_gym.protocol import SearchCall
 from crl_gym.templates import (
     SEARCH_AND_ASK_ANSWER_TEMPLATE,
@@ -251,15 +252,15 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             inner = inner.env
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[Any, EnvInfo]:
         obs, info = self.env.reset(seed=seed, options=options)
         self.calls_used = 0
         self._turn = 0
         self._last = (obs, 0.0, False, False, info)
         return obs, info
 
-    def step(self, action: object) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+    def step(self, action: object) -> tuple[Any, SupportsFloat, bool, bool, EnvInfo]:
         if isinstance(action, str) and self._marker in action:
             if self._marker:
                 query = first_query(action)
@@ -275,7 +276,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._turn += 1
         return out
 
-    def _malformed(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def _malformed(self, action: str) -> tuple[Any, float, bool, bool, EnvInfo]:
         """A cut-off call: a tool error (the env is not stepped, no call is used), counted,
         logged once."""
         self.malformed_count += 1
@@ -304,7 +305,7 @@ class SearchAndAskWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def _last_obs(self) -> object:
         return self._last[0]
 
-    def _search_and_ask(self, query: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def _search_and_ask(self, query: str) -> tuple[Any, float, bool, bool, EnvInfo]:
         turn = self._turn
         self._turn += 1
         self._call_error = None

@@ -24,12 +24,14 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from crl_gym.json_types import EnvInfo
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_SUCCESS_REWARD = 1.0
 """Return at or above which an episode without ``info["success"]`` counts as a success."""
 
-SuccessRule = Callable[[list[float], dict[str, Any]], bool]
+SuccessRule = Callable[[list[float], EnvInfo], bool]
 """``rule(rewards, last_info) -> bool``: a user's own success rule for an env without
 ``info["success"]``."""
 
@@ -43,7 +45,7 @@ def episode_success(
     success_reward: float,
     *,
     rule: SuccessRule | None = None,
-    last_info: dict[str, Any] | None = None,
+    last_info: EnvInfo | None = None,
 ) -> bool:
     """``bool(declared)`` when the env declared it, else ``rule(rewards, last_info)`` when given,
     else ``sum(rewards) >= success_reward`` (a reward that is not a finite number counts as no
@@ -60,7 +62,7 @@ def episode_success(
     return math.isfinite(total) and total >= success_reward
 
 
-def ended_success(info: dict[str, Any], rewards: list[float], env_name: str) -> bool:
+def ended_success(info: EnvInfo, rewards: list[float], env_name: str) -> bool:
     """The success of an episode that just ended with ``info`` (its last step's): the wrapper's
     request's ``success`` when there is one (the env's word or its declared rule), else
     ``info["success"]``, else the default rule (``return >= 1.0``, warned once per ``env_name``).

@@ -31,6 +31,7 @@ import gymnasium as gym
 
 from crl_gym.clients import ExperienceClient
 from crl_gym.experience.results import StepEnded
+from crl_gym.json_types import FlushReport
 
 
 @runtime_checkable
@@ -43,7 +44,7 @@ class CallsEachCopy(Protocol):
 
 def flush_workers(
     envs: CallsEachCopy | Iterable[gym.Env], timeout: float | None = None
-) -> list[dict[str, Any]]:
+) -> list[FlushReport]:
     """Run ``flush_experience(timeout)`` in every copy (in its own process for an
     ``AsyncVectorEnv``); one ``{"kept", "undelivered"}`` report per copy."""
     if isinstance(envs, CallsEachCopy):

@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import torch
 
@@ -64,7 +64,7 @@ from crl_gym.experience.schemas import (
     ops_schema,
     refinement_schema,
 )
-from crl_gym.json_types import GrammarSpec, JSONDict
+from crl_gym.json_types import GrammarSpec, JSONDict, SampleDict
 from crl_gym.protocol import (
     AddOp,
     DistillationRequest,
@@ -139,6 +139,16 @@ def reasoning_end_token(policy: Policy) -> int | None:
     return int(tid) if thinks else None
 
 
+class BufferItemDict(TypedDict):
+    """:meth:`BufferItem.to_dict` (a track's ``buffer`` in a service checkpoint)."""
+
+    sample: SampleDict
+    reward: float
+    entry_id: int | None
+    step: NotRequired[int]
+    """Missing from a checkpoint written before the buffer kept steps (read as 0)."""
+
+
 @dataclass
 class BufferItem:
     """One rewarded sample of B_φ."""
@@ -148,7 +158,7 @@ class BufferItem:
     entry_id: int | None
     step: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BufferItemDict:
         return {
             "sample": self.sample.to_dict(),
             "reward": self.reward,
@@ -157,7 +167,7 @@ class BufferItem:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BufferItem:
+    def from_dict(cls, d: BufferItemDict) -> BufferItem:
         sample = ExtractorSample.from_dict(d["sample"])
         assert sample is not None
         return cls(sample, float(d["reward"]), d.get("entry_id"), int(d.get("step", 0)))

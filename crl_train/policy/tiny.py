@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from crl_gym.json_types import EnvInfo
+
 from .base import OptimConfig, SamplingConfig
 
 if TYPE_CHECKING:
@@ -168,7 +170,7 @@ def gather_env_texts(
     return texts
 
 
-def _info_texts(obs: object, info: dict[str, Any]) -> list[str]:
+def _info_texts(obs: object, info: EnvInfo) -> list[str]:
     out = [str(obs)]
     if info.get("task"):
         out.append(str(info["task"]))

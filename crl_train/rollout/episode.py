@@ -5,8 +5,9 @@ and :mod:`crl_train.rollout.runner` (which builds it) do not import each other."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from crl_gym.json_types import EnvInfo
 from crl_gym.protocol import Condition, DistillationRequest, ExperienceRef, Step, TurnGuidance
 from crl_train.policy.base import Generation, TokenSequence
 
@@ -39,7 +40,7 @@ class Episode:
     num_actions: int = 0
     experience: ExperienceRef | None = None
     request: DistillationRequest | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: EnvInfo = field(default_factory=dict)
     done: bool = False
     prompt_ids: list[int] = field(default_factory=list)
     history: list[Turn] = field(default_factory=list)

@@ -45,6 +45,7 @@ from crl_gym.episode import (
     search_entries,
     search_turns,
 )
+from crl_gym.json_types import EnvInfo
 from crl_gym.protocol import (
     FREE_CONDITION,
     GROUP_COPY,
@@ -412,7 +413,7 @@ def _driver(ep: Episode) -> EpisodeDriver:
     return ep.driver
 
 
-def _note_turn_entry(ep: Episode, info: dict[str, Any], turn: int) -> None:
+def _note_turn_entry(ep: Episode, info: EnvInfo, turn: int) -> None:
     """Deprecated: the driver records the entries per-turn retrieval showed."""
     warnings.warn(
         "crl_train.rollout.runner._note_turn_entry is deprecated: the episode driver "

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar
 
 import numpy as np
 
@@ -167,7 +167,7 @@ class ServiceActor:
             r.to_dict() if r is not None else None for r in self.service.search_many(list(queries))
         ]
 
-    def ask(self, query: str, entry: JSONInput, context: str) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: JSONInput, context: str) -> tuple[str, JSONInput | None]:
         ref = ExperienceRef.from_dict(entry, "entry")
         if ref is None:
             raise ValueError("ask: entry must be an experience object, got null")
@@ -329,6 +329,14 @@ def deploy_service(
 # ---------------------------------------------------------------------------------------- client
 
 
+class RayClientState(TypedDict):
+    """What a pickled :class:`RayServiceClient` keeps (the actor handle is looked up again)."""
+
+    name: str
+    namespace: str
+    timeout: float
+
+
 class RayServiceClient:
     """An :class:`~crl_gym.clients.ExperienceClient` over the named service actor (see the
     module docstring).
@@ -352,10 +360,10 @@ class RayServiceClient:
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> JSONDict:
+    def __getstate__(self) -> RayClientState:
         return {"name": self.name, "namespace": self.namespace, "timeout": self.timeout}
 
-    def __setstate__(self, d: dict[str, Any]) -> None:
+    def __setstate__(self, d: RayClientState) -> None:
         self.__init__(d["name"], d["namespace"], timeout=d["timeout"])  # type: ignore[misc]
 
     # ------------------------------------------------------------------ plumbing
@@ -451,9 +459,7 @@ class RayServiceClient:
             return []
         return [_ref_of(d) for d in self._call(ServiceActor.search_many, [str(q) for q in queries])]
 
-    def ask(
-        self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    def ask(self, query: str, entry: ExperienceRef, context: str) -> tuple[str, JSONInput | None]:
         answer, provenance = self._call(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 
@@ -500,7 +506,7 @@ class RayServiceClient:
 
     async def aask(
         self, query: str, entry: ExperienceRef, context: str
-    ) -> tuple[str, dict[str, Any] | None]:
+    ) -> tuple[str, JSONInput | None]:
         answer, provenance = await self._acall(ServiceActor.ask, query, entry.to_dict(), context)
         return str(answer), provenance
 

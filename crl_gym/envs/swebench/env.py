@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -34,13 +35,14 @@ from crl_gym.envs.swebench.sandbox import (
     SandboxConfig,
     docker_client,
 )
-from crl_gym.envs.swebench.tasks import load_tasks
+from crl_gym.envs.swebench.tasks import SWEInstance, load_tasks
 from crl_gym.envs.swebench.tools import (
     TOOL_FORMAT_HELP,
     ToolCallError,
     parse_timeout,
     parse_tool_call,
 )
+from crl_gym.json_types import EnvInfo, EnvOptions
 from crl_gym.templates import SWEBENCH_TASK_TEMPLATE
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ class SWEBenchEnv(TextEnv):
 
     def __init__(
         self,
-        tasks: str | Path | list[dict[str, Any]] | None = None,
+        tasks: str | Path | Sequence[Mapping[str, object]] | None = None,
         *,
         split: str = "test",
         instance_ids: list[str] | None = None,
@@ -116,7 +118,7 @@ class SWEBenchEnv(TextEnv):
         ahead, shared by the envs of a batch); ``None`` boots one at each reset."""
         self.sandbox: DockerSandbox | None = None
         self.editor: Editor | None = None
-        self.instance: dict[str, Any] | None = None
+        self.instance: SWEInstance | None = None
         self.image: ImageChoice | None = None
         self._patch = ""
         self.stats: dict[str, int] = {
@@ -134,8 +136,8 @@ class SWEBenchEnv(TextEnv):
 
     # -- episode -------------------------------------------------------------------------
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         self._close_sandbox()
         options = options or {}
@@ -181,13 +183,13 @@ class SWEBenchEnv(TextEnv):
         }
         return self._last_obs, info
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if self.sandbox is None or self.instance is None:
             raise RuntimeError(
                 "call reset() before step() (the episode has ended or never started)"
             )
         self.turn += 1
-        info: dict[str, Any] = {
+        info: EnvInfo = {
             "task": self.instance["problem_statement"],
             "instance_id": self.instance["instance_id"],
             "turn": self.turn,

@@ -23,7 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crl_gym.envs.swebench.tasks import SWEInstance
+    from crl_gym.json_types import EnvInfo
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,7 @@ def load_policy(
     return lambda: obj
 
 
-def run_episode(env: Any, agent: Agent, instance_id: str) -> tuple[bool, dict[str, Any]]:
+def run_episode(env: Any, agent: Agent, instance_id: str) -> tuple[bool, EnvInfo]:
     """One episode of ``agent`` on ``instance_id``; ``(success, last info)``."""
     obs, info = env.reset(options={"instance_id": instance_id})
     messages: Messages = [{"role": "user", "content": obs}]
@@ -179,7 +183,7 @@ def pass_rates(
 
 
 def filter_tasks(
-    tasks: list[dict[str, Any]],
+    tasks: list[SWEInstance],
     make_env: Callable[[], Any],
     factory: AgentFactory,
     *,
@@ -187,7 +191,7 @@ def filter_tasks(
     low: float = 0.0,
     high: float = 0.8,
     workers: int = 1,
-) -> tuple[list[dict[str, Any]], FilterReport]:
+) -> tuple[list[SWEInstance], FilterReport]:
     """The tasks to keep (in input order) and the report."""
     if not 0.0 <= low < high <= 1.0:
         raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")

@@ -39,6 +39,8 @@ from crl_gym.json_types import JSONDict
 if TYPE_CHECKING:
     from docker import DockerClient
 
+    from crl_gym.envs.swebench.tasks import SWEInstance
+
 PATCH_FILE = "/tmp/patch.diff"
 HEREDOC = "EOF_114329324912"  # swebench's own heredoc delimiter for test patches
 _DIFF_FILE_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
@@ -81,7 +83,7 @@ def patch_files(test_patch: str) -> list[str]:
     return list(dict.fromkeys(m.group(2) for m in _DIFF_FILE_RE.finditer(test_patch)))
 
 
-def log_parser_name(instance: dict[str, Any]) -> str:
+def log_parser_name(instance: SWEInstance) -> str:
     """The swebench log parser for an instance: its own, its repo's, or the pytest parser."""
     name = instance.get("log_parser")
     if not name and instance.get("repo") in MAP_REPO_TO_PARSER_PY:
@@ -92,7 +94,7 @@ def log_parser_name(instance: dict[str, Any]) -> str:
     return str(name)
 
 
-def eval_script(instance: dict[str, Any], workdir: str = "/testbed") -> str:
+def eval_script(instance: SWEInstance, workdir: str = "/testbed") -> str:
     """The bash script that applies ``test_patch`` and runs the instance's tests."""
     if instance.get("eval_script"):
         return str(instance["eval_script"])
@@ -122,7 +124,7 @@ def eval_script(instance: dict[str, Any], workdir: str = "/testbed") -> str:
     return "\n".join(lines) + "\n"
 
 
-def make_spec(instance: dict[str, Any], image: str) -> TestSpec:
+def make_spec(instance: SWEInstance, image: str) -> TestSpec:
     """swebench's ``TestSpec`` for an instance (built with ``make_test_spec``)."""
     repo = str(instance.get("repo", ""))
     eval_type = instance.get("eval_type") or (
@@ -186,7 +188,7 @@ def grading_config(config: SandboxConfig | None, timeout: float) -> SandboxConfi
 
 
 def grade_patch(
-    instance: dict[str, Any],
+    instance: SWEInstance,
     patch: str,
     image: str,
     *,

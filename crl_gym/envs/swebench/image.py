@@ -21,10 +21,12 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from docker import DockerClient
+
+    from crl_gym.envs.swebench.tasks import SWEInstance
 
 # Keep in step with .ci/docker.sh (tests/test_swebench_sandbox.py checks they agree).
 BASE_IMAGE = os.environ.get("CRL_SWE_BASE_IMAGE", "crl/swe-base:bookworm-v1")
@@ -74,7 +76,7 @@ def ensure_base_image(client: DockerClient, name: str = BASE_IMAGE) -> str:
     return name
 
 
-def sweb_image_candidates(instance: dict[str, Any]) -> list[str]:
+def sweb_image_candidates(instance: SWEInstance) -> list[str]:
     """Names swebench gives the instance's evaluation image, most specific first."""
     iid = str(instance["instance_id"])
     key = f"sweb.eval.x86_64.{iid}:latest".lower()
@@ -144,7 +146,7 @@ def _lock_for(tag: str) -> threading.Lock:
 
 
 def build_instance_image(
-    client: DockerClient, instance: dict[str, Any], source: str | Path, base: str = BASE_IMAGE
+    client: DockerClient, instance: SWEInstance, source: str | Path, base: str = BASE_IMAGE
 ) -> str:
     """Build (or reuse) ``crl/swe-instance:<hash>``: the base image plus the repository."""
     from crl_gym.envs.swebench.sandbox import DockerSandbox, SandboxConfig
@@ -183,7 +185,7 @@ def build_instance_image(
     return tag
 
 
-def instance_image(client: DockerClient, instance: dict[str, Any]) -> ImageChoice:
+def instance_image(client: DockerClient, instance: SWEInstance) -> ImageChoice:
     """The image an instance's episode and grading containers start from (see module doc)."""
     for name in sweb_image_candidates(instance):
         if image_exists(client, name):

@@ -11,8 +11,9 @@ three optional keys for instances without a swebench image: ``repo_path`` / ``re
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from swebench.harness.utils import load_swebench_dataset
 
@@ -29,11 +30,36 @@ LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 PATH_FIELDS = ("repo_path", "repo_tarball")
 
 
+class SWEInstance(TypedDict):
+    """One checked SWE-bench instance (:func:`normalize_instance`): the fields this package reads.
+    An instance keeps every other field its source has (``hints_text``, ``created_at``, ...)."""
+
+    instance_id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    test_patch: str
+    FAIL_TO_PASS: list[str]
+    """Test ids, decoded from the JSON string of the hub data."""
+    PASS_TO_PASS: list[str]
+    version: NotRequired[str]
+    patch: NotRequired[str]
+    image: NotRequired[str]
+    """A prebuilt image to run the instance in (before swebench's own image names)."""
+    repo_path: NotRequired[str]
+    """A git checkout of the repository (relative paths resolved against the task file)."""
+    repo_tarball: NotRequired[str]
+    test_cmd: NotRequired[str]
+    eval_script: NotRequired[str]
+    log_parser: NotRequired[str]
+    eval_type: NotRequired[str]
+
+
 class TaskFormatError(ValueError):
     """An instance is missing a field or has one of the wrong type; the message says where."""
 
 
-def normalize_instance(instance: dict[str, Any], where: str = "instance") -> dict[str, Any]:
+def normalize_instance(instance: object, where: str = "instance") -> SWEInstance:
     """Check the required fields and decode the test lists (JSON strings in the hub data).
 
     >>> inst = normalize_instance({"instance_id": "a__b-1", "repo": "a/b", "base_commit": "abc",
@@ -63,7 +89,7 @@ def normalize_instance(instance: dict[str, Any], where: str = "instance") -> dic
     for key in ("instance_id", "repo", "base_commit", "problem_statement", "test_patch"):
         if not isinstance(out[key], str):
             raise TaskFormatError(f"{where}: field {key} must be a string")
-    return out
+    return cast("SWEInstance", out)  # the fields SWEInstance requires are checked above
 
 
 def _check_file(path: Path) -> None:
@@ -89,12 +115,12 @@ def _check_file(path: Path) -> None:
 
 
 def load_tasks(
-    source: str | Path | list[dict[str, Any]],
+    source: str | Path | Sequence[Mapping[str, object]],
     split: str = "test",
     instance_ids: list[str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[SWEInstance]:
     """Load and check instances from a file, a list, or a hub dataset id."""
-    if isinstance(source, list):
+    if not isinstance(source, (str, Path)):
         tasks = [normalize_instance(t, f"instance {i}") for i, t in enumerate(source)]
         if instance_ids:
             wanted = set(instance_ids)
@@ -125,13 +151,20 @@ def load_tasks(
     ]
     if base_dir is not None:
         for t in tasks:
-            for key in PATH_FIELDS:
-                if t.get(key) and not Path(t[key]).expanduser().is_absolute():
-                    t[key] = str(base_dir / t[key])
+            if t.get("repo_path"):
+                t["repo_path"] = _against(base_dir, t["repo_path"])
+            if t.get("repo_tarball"):
+                t["repo_tarball"] = _against(base_dir, t["repo_tarball"])
     return tasks
 
 
-def write_tasks(tasks: list[dict[str, Any]], path: str | Path) -> None:
+def _against(base_dir: Path, path: str) -> str:
+    """A relative path of a task file (one of :data:`PATH_FIELDS`) against the file's directory;
+    an absolute one as it is."""
+    return path if Path(path).expanduser().is_absolute() else str(base_dir / path)
+
+
+def write_tasks(tasks: Sequence[SWEInstance], path: str | Path) -> None:
     """Write instances as JSONL (the format :func:`load_tasks` reads)."""
     with Path(path).open("w", encoding="utf-8") as f:
         for t in tasks:

@@ -22,12 +22,11 @@ import logging
 import random
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
-
-from crl_gym.json_types import JSONDict
+from typing import Any, NotRequired, TypedDict
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +41,62 @@ class WebShopDataError(FileNotFoundError):
     """The WebShop data directory or one of its files is missing or malformed."""
 
 
+class Product(TypedDict):
+    """One product in WebShop's processed form (``load_products`` of ``engine.py``)."""
+
+    asin: str
+    name: str
+    Title: str
+    Description: str
+    BulletPoints: list[str]
+    category: str
+    query: str
+    product_category: str
+    pricing: list[float]
+    """One price, or the low and high end of a range."""
+    price_tag: str
+    options: dict[str, list[str]]
+    """Option name (lower case) -> its values."""
+    Attributes: list[str]
+    instruction_text: str | None
+    """The templated instruction of ``items_ins_v2`` (``None`` where it has none)."""
+    instruction_attributes: list[str] | None
+    Reviews: list[object]
+    """As the data file has them (dicts with ``title`` / ``score`` / ``body``, read leniently)."""
+    Rating: float | str
+
+
+class Goal(TypedDict):
+    """One goal of the pool (``goal.py``): the product to find, with the attributes, options and
+    price cap its instruction asks for."""
+
+    asin: str
+    category: str
+    query: str
+    name: str
+    product_category: str
+    instruction_text: str
+    attributes: list[str]
+    price_upper: float
+    goal_options: list[str] | dict[str, str]
+    """A human goal's option values, or a synthetic goal's option name -> value."""
+    weight: NotRequired[float]
+    """``mean(1 / count(att))`` over the attributes, set by :func:`weight_goals`."""
+
+
+RawRecord = Mapping[str, Any]
+"""A record of WebShop's data files as parsed, not checked (a malformed product is skipped on the
+``KeyError`` / ``TypeError`` its processing raises)."""
+
+
 @dataclass
 class Catalog:
     """Processed products, their sampled prices and the weighted goal pool."""
 
-    products: list[dict[str, Any]]
-    by_asin: dict[str, dict[str, Any]]
+    products: list[Product]
+    by_asin: dict[str, Product]
     prices: dict[str, float]
-    goals: list[dict[str, Any]]
+    goals: list[Goal]
     skipped: Counter[str] = field(default_factory=Counter)
     """Why products or instructions were dropped (``duplicate_asin``, ``bad_asin``, ...)."""
 
@@ -95,7 +142,7 @@ def parse_pricing(pricing: object) -> tuple[list[float], str]:
     return values[:2], f"${values[0]} to ${values[1]}"
 
 
-def process_product(p: dict[str, Any], attrs: dict[str, Any]) -> JSONDict:
+def process_product(p: RawRecord, attrs: RawRecord) -> Product:
     """One raw product (items_shuffle schema) in WebShop's processed form."""
     pricing, price_tag = parse_pricing(p.get("pricing"))
     options: dict[str, list[str]] = {}
@@ -136,8 +183,12 @@ def _price_upper(price: float, rng: random.Random) -> tuple[float, str]:
 
 
 def _goal(
-    p: dict[str, Any], text: str, attributes: list[str], options: object, upper: float
-) -> JSONDict:
+    p: Product,
+    text: str,
+    attributes: list[str],
+    options: list[str] | dict[str, str],
+    upper: float,
+) -> Goal:
     return {
         "asin": p["asin"],
         "category": p["category"],
@@ -152,12 +203,12 @@ def _goal(
 
 
 def human_goals(
-    products: list[dict[str, Any]],
-    human: dict[str, Any],
+    products: list[Product],
+    human: RawRecord,
     prices: dict[str, float],
     rng: random.Random,
     skipped: Counter[str],
-) -> list[dict[str, Any]]:
+) -> list[Goal]:
     """``get_human_goals``: one goal per human instruction with attributes."""
     goals = []
     for p in products:
@@ -175,12 +226,13 @@ def human_goals(
 
 
 def synthetic_goals(
-    products: list[dict[str, Any]], prices: dict[str, float], rng: random.Random
-) -> list[dict[str, Any]]:
+    products: list[Product], prices: dict[str, float], rng: random.Random
+) -> list[Goal]:
     """``get_synthetic_goals``: every option combination of each templated instruction."""
     goals = []
     for p in products:
-        if not p.get("instruction_text") or not p.get("instruction_attributes"):
+        attributes = p.get("instruction_attributes")
+        if not p.get("instruction_text") or not attributes:
             continue
         upper, price_text = _price_upper(prices[p["asin"]], rng)
         names = sorted(p["options"])
@@ -189,13 +241,11 @@ def synthetic_goals(
             option_text = ", and ".join(f"{k}: {v}" for k, v in chosen.items())
             option_text = f" with {option_text}" if option_text else ""
             text = f"{p['instruction_text']}{option_text}{price_text}"
-            goals.append(
-                _goal(p, text, p["instruction_attributes"], chosen, upper) | {"name": p["Title"]}
-            )
+            goals.append(_goal(p, text, attributes, chosen, upper) | {"name": p["Title"]})
     return goals
 
 
-def weight_goals(goals: list[dict[str, Any]]) -> None:
+def weight_goals(goals: list[Goal]) -> None:
     """Set ``goal["weight"] = mean(1 / count(att))``: rare attributes are drawn more often."""
     counts = Counter(att for g in goals for att in g["attributes"])
     for g in goals:
@@ -228,7 +278,7 @@ def load_catalog(
         )
     rng = random.Random(seed)
     skipped: Counter[str] = Counter()
-    products: list[dict[str, Any]] = []
+    products: list[Product] = []
     seen: set[str] = set()
     for i, p in enumerate(raw[:num_products] if num_products else raw):
         asin = str(p.get("asin", "nan")) if isinstance(p, dict) else "nan"

@@ -27,7 +27,7 @@ import random
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -38,12 +38,14 @@ from crl_gym.envs.webshop.catalog import (
     DOCS_SECTION,
     SHIPPED_DATA,
     Catalog,
+    Goal,
+    Product,
     WebShopDataError,
     load_catalog,
 )
 from crl_gym.envs.webshop.reward import get_reward
 from crl_gym.envs.webshop.search import BM25Index, product_document
-from crl_gym.json_types import JSONDict
+from crl_gym.json_types import EnvInfo, EnvOptions, JSONDict
 from crl_gym.templates import WEBSHOP_SEARCH_ACTION
 
 ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
@@ -123,25 +125,26 @@ class WebShopEnv(TextEnv):
         w = np.array([g["weight"] for g in self.goals], dtype=np.float64)
         self._weights = w / w.sum()
         self.per_page, self.max_results = results_per_page, max_results
-        self.goal: dict[str, Any] = {}
+        self.goal: Goal | None = None
         self._page = "search"
         self._page_text = ""
         self._clickables: list[str] = []
         self._results: list[int] = []
         self._result_page = 1
-        self._item: dict[str, Any] | None = None
+        self._item: Product | None = None
         self._selected: dict[str, str] = {}
         self._done = True
         self._invalid = False
-        self._end: dict[str, Any] = {}
+        self._end: EnvInfo = {}
+        """The purchase's part of ``info`` (empty until one)."""
 
     @property
     def instruction(self) -> str:
-        return str(self.goal.get("instruction_text", ""))
+        return self.goal["instruction_text"] if self.goal is not None else ""
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, *, seed: int | None = None, options: EnvOptions | None = None
+    ) -> tuple[str, EnvInfo]:
         super().reset(seed=seed)
         idx = (options or {}).get("goal")
         if idx is None:
@@ -156,7 +159,7 @@ class WebShopEnv(TextEnv):
         listed = [SEARCH_TEMPLATE] if self._page == "search" else []
         return listed + [f"click[{c}]" for c in self._clickables]
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, EnvInfo]:
         if self._done:
             return self._emit("The episode is over; call reset()."), 0.0, True, False, self._info()
         self.turn += 1
@@ -229,14 +232,19 @@ class WebShopEnv(TextEnv):
 
     def _buy(self) -> tuple[str, float, bool]:
         assert self._item is not None
+        goal = self.goal
+        assert goal is not None
         asin = self._item["asin"]
-        details = get_reward(self._item, self.goal, self.catalog.prices[asin], self._selected)
+        details = get_reward(self._item, goal, self.catalog.prices[asin], self._selected)
         self._end = {
             "purchased": asin,
             "options": dict(self._selected),
             "reward_details": asdict(details),
             "goal": {
-                k: self.goal[k] for k in ("asin", "attributes", "goal_options", "price_upper")
+                "asin": goal["asin"],
+                "attributes": goal["attributes"],
+                "goal_options": goal["goal_options"],
+                "price_upper": goal["price_upper"],
             },
         }
         self._clickables = []
@@ -257,7 +265,7 @@ class WebShopEnv(TextEnv):
         return self._last_obs
 
     def _info(self) -> JSONDict:
-        info: dict[str, Any] = {
+        info: EnvInfo = {
             "task": self.instruction,
             "admissible_actions": self.admissible_actions(),
             "turn": self.turn,

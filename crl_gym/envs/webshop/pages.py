@@ -6,7 +6,10 @@ that ``click[...]`` accepts on that page.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crl_gym.envs.webshop.catalog import Product
 
 SEP = " [SEP] "
 BACK = "back to search"
@@ -25,7 +28,7 @@ def search_page(instruction: str) -> tuple[str, list[str]]:
 
 
 def results_page(
-    instruction: str, items: list[dict[str, Any]], page: int, total: int, per_page: int
+    instruction: str, items: list[Product], page: int, total: int, per_page: int
 ) -> tuple[str, list[str]]:
     parts = [*_head(instruction), "Back to Search", f"Page {page} (Total results: {total})"]
     clickables = [BACK]
@@ -44,7 +47,7 @@ def results_page(
 
 
 def item_page(
-    instruction: str, product: dict[str, Any], selected: dict[str, str]
+    instruction: str, product: Product, selected: dict[str, str]
 ) -> tuple[str, list[str]]:
     parts = [*_head(instruction), "Back to Search", "< Prev"]
     clickables = [BACK, PREV]
@@ -68,7 +71,7 @@ def item_page(
     return SEP.join(parts), clickables
 
 
-def detail_page(instruction: str, product: dict[str, Any], kind: str) -> tuple[str, list[str]]:
+def detail_page(instruction: str, product: Product, kind: str) -> tuple[str, list[str]]:
     if kind == "description":
         body = [product.get("Description") or "No description."]
     elif kind == "features":

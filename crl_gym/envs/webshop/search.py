@@ -14,7 +14,10 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crl_gym.envs.webshop.catalog import Product
 
 _TOKEN = re.compile(r"[0-9a-z]+")
 
@@ -23,7 +26,7 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-def product_document(p: dict[str, Any]) -> str:
+def product_document(p: Product) -> str:
     options = " ".join(v for values in p.get("options", {}).values() for v in values)
     return " ".join(
         [p.get("Title", ""), p.get("Description", ""), " ".join(p.get("BulletPoints", [])), options]
