@@ -16,37 +16,19 @@ True
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+# the one answer parser is the episode driver's; re-exported under its old place
+from crl_gym.episode.answer import ACTION_PATTERN as ACTION_PATTERN
+from crl_gym.episode.answer import parse_action as parse_action
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-ACTION_PATTERN = r"<action>(.*?)</action>"
-"""Default ReAct action tag: the action is the text inside the last ``<action>…</action>``."""
 
 _USER_MARK = "\u2063USERMARK\u2063"  # invisible separators: never produced by a template
 _ASSISTANT_MARK = "\u2063ASSISTANTMARK\u2063"
-
-
-def parse_action(text: str, pattern: str = ACTION_PATTERN) -> str | None:
-    """The stripped content of the last match of ``pattern`` (group 1, else the whole match).
-
-    Reasoning inside ``<think>…</think>`` is ignored when the text closes it, so a thinking
-    model's drafts do not count as its action. Returns None when nothing matches.
-    """
-    try:
-        regex = re.compile(pattern, re.DOTALL)
-    except re.error as exc:
-        raise ValueError(f"parse_action: invalid pattern {pattern!r}: {exc}") from exc
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
-    matches = list(regex.finditer(text))
-    if not matches:
-        return None
-    last = matches[-1]
-    return (last.group(1) if regex.groups else last.group(0)).strip()
 
 
 class ChatFormatter:
