@@ -12,6 +12,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from crl_gym.clients import ExperienceUnavailable, LocalClient
+from crl_gym.clients.keeping import KeepingClient
 from crl_gym.experience.bank import ExperienceBank
 from crl_gym.experience.embedders import HashingEmbedder
 from crl_gym.experience.manager import ExperienceManager
@@ -230,7 +231,7 @@ def test_client_down_spills_requests_to_a_file(manager: Any, tmp_path: Any) -> N
     client = CountingClient(LocalClient(manager))
     client.down = True
     spill = tmp_path / "spill" / "pending_requests.jsonl"
-    env = ExperienceWrapper(CorridorEnv(length=1), client, spill_path=spill)
+    env = ExperienceWrapper(CorridorEnv(length=1), KeepingClient(client, spill_path=spill))
     ids = []
     for seed in range(2):
         env.reset(seed=seed, options={"experience": "guided"})
@@ -238,6 +239,28 @@ def test_client_down_spills_requests_to_a_file(manager: Any, tmp_path: Any) -> N
     lines = spill.read_text().splitlines()
     assert [DistillationRequest.from_dict(json.loads(x)).request_id for x in lines] == ids
     assert len(env.unsent) == 0
+
+
+def test_spill_path_on_the_wrapper_still_works_deprecated(manager: Any, tmp_path: Any) -> None:
+    client = CountingClient(LocalClient(manager))
+    client.down = True
+    spill = tmp_path / "old.jsonl"
+    with pytest.warns(DeprecationWarning, match="KeepingClient"):
+        env = ExperienceWrapper(CorridorEnv(length=1), client, spill_path=spill, max_unsent=3)
+    env.reset(seed=0, options={"experience": "guided"})
+    request = env.step("east")[4]["distillation_request"]
+    assert env.spill_path == spill and env.max_unsent == 3
+    [line] = spill.read_text().splitlines()
+    assert DistillationRequest.from_json(line).request_id == request.request_id
+
+
+def test_a_keeping_client_is_the_outbox_and_its_client_searches(manager: Any) -> None:
+    client = CountingClient(LocalClient(manager))
+    keeping = KeepingClient(client, max_unsent=2)
+    env = ExperienceWrapper(CorridorEnv(length=1), keeping)
+    assert env.outbox is keeping and env.client is client and env.max_unsent == 2
+    with pytest.raises(ValueError, match="belong to the KeepingClient"):
+        ExperienceWrapper(CorridorEnv(length=1), keeping, max_unsent=5)
 
 
 def test_bad_arguments_are_named() -> None:
@@ -535,7 +558,7 @@ def test_numpy_values_are_spilled_as_text_while_the_client_is_down(manager: Any,
     client = CountingClient(LocalClient(manager))
     client.down = True
     spill = tmp_path / "unsent.jsonl"
-    env = ExperienceWrapper(AnyAction(CorridorEnv(length=1)), client, spill_path=spill)
+    env = ExperienceWrapper(AnyAction(CorridorEnv(length=1)), KeepingClient(client, spill_path=spill))
     env.reset(seed=0)
     env.step(np.float32(0.5))
     [line] = spill.read_text().splitlines()

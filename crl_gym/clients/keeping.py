@@ -28,7 +28,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from crl_gym import spill
 from crl_gym.errors import ProcessBoundaryError
@@ -51,6 +51,9 @@ class Submitter(Protocol):
     """What a :class:`KeepingClient` needs of the client it keeps for."""
 
     def submit(self, request: DistillationRequest) -> None: ...
+
+
+C = TypeVar("C", bound=Submitter)
 
 
 def reraise_misuse(exc: BaseException) -> None:
@@ -80,8 +83,12 @@ class Offered:
     still_unsent: int = 0
 
 
-class KeepingClient:
+class KeepingClient(Generic[C]):
     """Submits through ``client`` and keeps what it could not take (module docstring).
+
+    Give one to :class:`~crl_gym.wrappers.ExperienceWrapper` as its client to choose where the
+    wrapper's undelivered requests go (``ExperienceWrapper(env, KeepingClient(client,
+    spill_path=...))``); the wrapper searches through ``client`` and submits through this.
 
     Args:
         client: anything with ``submit(request)`` (an :class:`~crl_gym.clients.ExperienceClient`).
@@ -91,7 +98,7 @@ class KeepingClient:
 
     def __init__(
         self,
-        client: Submitter,
+        client: C,
         *,
         spill_path: str | Path | None = None,
         max_unsent: int = DEFAULT_MAX_UNSENT,

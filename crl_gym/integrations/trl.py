@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import gymnasium as gym
 
+from crl_gym.clients.keeping import KeepingClient
 from crl_gym.clients.run_steps import RunSteps
 from crl_gym.episode import Answer, EpisodeDriver, EpisodeSpec, condition_of
 from crl_gym.experience.results import StepEnded
@@ -276,10 +277,9 @@ class ExperienceEnv:
         self._session = session
         self._wrapper = wrap(
             session.make_env(),
-            session.client,
+            KeepingClient(session.client, spill_path=session.spill_path),
             search_and_ask=session.search_and_ask,
             max_calls=session.max_calls,
-            spill_path=session.spill_path,
         )
         self._driver = EpisodeDriver(self._wrapper, tools=True)
         self._open = False

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import gymnasium as gym
 
+from crl_gym.clients.keeping import KeepingClient
 from crl_gym.wrappers.experience import DEFAULT_TEMPLATE, ExperienceWrapper
 from crl_gym.wrappers.search_and_ask import DEFAULT_PATTERN, SearchAndAskWrapper
 from crl_gym.wrappers.success import SuccessRule
@@ -27,8 +28,8 @@ class ExperienceOptions(TypedDict, total=False):
     task_key: str
     default_condition: str
     env_id: str | None
-    spill_path: str | Path | None
-    max_unsent: int
+    spill_path: str | Path | None  # deprecated: a KeepingClient as the client
+    max_unsent: int | None  # deprecated: a KeepingClient as the client
     success_reward: float | None
     success_rule: SuccessRule | None
     max_entry_chars: int
@@ -36,7 +37,7 @@ class ExperienceOptions(TypedDict, total=False):
 
 def wrap(
     env: gym.Env,
-    client: ExperienceClient,
+    client: ExperienceClient | KeepingClient[ExperienceClient],
     *,
     search_and_ask: bool = True,
     max_calls: int = 2,
@@ -45,7 +46,9 @@ def wrap(
     """``ExperienceWrapper(SearchAndAskWrapper(env, client, max_calls), client,
     **experience_kwargs)``.
 
-    The recorder goes outside so that it sees (and records) every ``search_and_ask`` turn.
+    The recorder goes outside so that it sees (and records) every ``search_and_ask`` turn. A
+    :class:`~crl_gym.clients.keeping.KeepingClient` as ``client`` is the recorder's outbox; the
+    tool asks the client inside it.
 
     >>> from crl_gym.wrappers.examples import CorridorEnv
     >>> class NoBank:  # any object with the ExperienceClient methods will do
@@ -58,7 +61,8 @@ def wrap(
     >>> env.step("east")[4]["distillation_request"].success
     True
     """
-    inner = SearchAndAskWrapper(env, client, max_calls=max_calls) if search_and_ask else env
+    asker = client.client if isinstance(client, KeepingClient) else client
+    inner = SearchAndAskWrapper(env, asker, max_calls=max_calls) if search_and_ask else env
     return ExperienceWrapper(inner, client, **experience_kwargs)
 
 

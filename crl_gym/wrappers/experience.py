@@ -35,14 +35,16 @@ other objects, the request is refused: nothing is submitted, ``info["distillatio
 is ``None`` and ``info["experience_error"]`` names the turn and the value.
 
 The wrapper injects experience and emits requests; it does not deliver them. Each request goes to
-its outbox, a :class:`~crl_gym.clients.keeping.KeepingClient` over the client (``spill_path`` and
-``max_unsent`` configure it), the one place besides ``RemoteClient``'s own outbox that retries,
-keeps or spills a request: a request the client rejects as malformed (``TypeError`` /
-``ValueError``, see :data:`MALFORMED_ERRORS`) is dropped, never retried; an outage
-(``ExperienceUnavailable``, a transport error) keeps it for a later retry. The wrapper reports
-what happened (``rejected_count``, ``error_count``, ``info["experience_error"]``). (A
-``RemoteClient``'s submit only buffers, so it never raises for an outage: the client retries and
-spills to its own file, see :class:`~crl_gym.clients.RemoteClient`.)
+its outbox, a :class:`~crl_gym.clients.keeping.KeepingClient` over the client (pass your own,
+``KeepingClient(client, spill_path=..., max_unsent=...)``, as the client to choose where
+undelivered requests go; by default they are kept in memory), the one place besides
+``RemoteClient``'s own outbox that retries, keeps or spills a request: a request the client
+rejects as malformed (``TypeError`` / ``ValueError``, see :data:`MALFORMED_ERRORS`) is dropped,
+never retried; an outage (``ExperienceUnavailable``, a transport error) keeps it for a later
+retry. The wrapper reports what happened (``rejected_count``, ``error_count``,
+``info["experience_error"]``). (A ``RemoteClient``'s submit only buffers, so it never raises for
+an outage: the client retries and spills to its own file, see
+:class:`~crl_gym.clients.RemoteClient`.)
 
 >>> from crl_gym.clients import LocalClient
 >>> from crl_gym.experience.bank import ExperienceBank
@@ -65,6 +67,7 @@ spills to its own file, see :class:`~crl_gym.clients.RemoteClient`.)
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,6 +76,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 import gymnasium as gym
 
 from crl_gym.clients.keeping import (
+    DEFAULT_MAX_UNSENT,
     MALFORMED_ERRORS,
     KeepingClient,
     Offered,
@@ -123,6 +127,9 @@ from crl_gym.wrappers.turn_retrieval import (
 
 if TYPE_CHECKING:
     from crl_gym.clients import ExperienceClient
+
+    Client = ExperienceClient | KeepingClient[ExperienceClient]
+    """What the wrapper takes as its client: a bare one, or one with its own outbox."""
 
 logger = logging.getLogger(__name__)
 
@@ -186,12 +193,44 @@ __all__ = [
 ]
 
 
+def _outbox(
+    client: Client,
+    spill_path: str | Path | None,
+    max_unsent: int | None,
+) -> KeepingClient[ExperienceClient]:
+    """The wrapper's outbox: the ``KeepingClient`` it was given, else one over ``client`` (built
+    from the deprecated ``spill_path`` / ``max_unsent`` when they are given)."""
+    if spill_path is not None or max_unsent is not None:
+        if isinstance(client, KeepingClient):
+            raise ValueError(
+                "spill_path and max_unsent belong to the KeepingClient given as the client; "
+                "do not also give them to ExperienceWrapper"
+            )
+        warnings.warn(
+            "ExperienceWrapper(spill_path=..., max_unsent=...) is deprecated: pass "
+            "KeepingClient(client, spill_path=..., max_unsent=...) as the client",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    if isinstance(client, KeepingClient):
+        return client
+    return KeepingClient(
+        client,
+        spill_path=spill_path,
+        max_unsent=DEFAULT_MAX_UNSENT if max_unsent is None else max_unsent,
+    )
+
+
 class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Make a text env experience-augmented (see the module docstring).
 
     Args:
         env: any Gymnasium env with text observations (``str``) and text actions.
-        client: an :class:`~crl_gym.clients.ExperienceClient` (``LocalClient`` / ``RemoteClient``).
+        client: an :class:`~crl_gym.clients.ExperienceClient` (``LocalClient`` / ``RemoteClient``),
+            or a :class:`~crl_gym.clients.keeping.KeepingClient` over one: the wrapper searches
+            through its ``client`` and hands requests to it (its ``spill_path`` and
+            ``max_unsent`` say where undelivered requests are kept). A bare client gets a
+            ``KeepingClient`` that keeps them in memory.
         template: format string for the guided first observation (``{experience}``,
             ``{observation}``).
         task_key: info key holding the task text; the first observation is used when absent.
@@ -200,9 +239,8 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             copy with ``set_attr("default_condition", [...])``); a bare ``reset()`` keeps the last
             explicit one's.
         env_id: recorded in each request (defaults to the env spec's id, else the env's class name).
-        spill_path: JSONL file where requests the client could not take are appended (in
-            addition to being retried at the next episode end); ``None`` keeps them in memory.
-        max_unsent: most requests kept in memory for retry (older ones are spilled or logged).
+        spill_path: deprecated: ``KeepingClient(client, spill_path=...)`` as the client.
+        max_unsent: deprecated: ``KeepingClient(client, max_unsent=...)`` as the client.
         success_reward: without ``info["success"]`` on the last step, an episode is a success
             when its return reaches this (see :mod:`crl_gym.wrappers.success`). None: 1.0, and the
             first episode without ``info["success"]`` logs a warning saying so (once per env).
@@ -235,13 +273,13 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def __init__(
         self,
         env: gym.Env,
-        client: ExperienceClient | Shared[ExperienceClient],
+        client: Client | Shared[Client],
         template: str = DEFAULT_TEMPLATE,
         task_key: str = "task",
         default_condition: str = FREE_CONDITION,
         env_id: str | None = None,
         spill_path: str | Path | None = None,
-        max_unsent: int = 10_000,
+        max_unsent: int | None = None,
         success_reward: float | None = None,
         max_entry_chars: int = DEFAULT_MAX_ENTRY_CHARS,
         retrieve: str = "episode",
@@ -279,9 +317,10 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             raise ValueError(
                 f"default_condition must be one of {CONDITIONS}, got {default_condition!r}"
             )
-        if max_unsent < 1:
-            raise ValueError(f"max_unsent must be >= 1, got {max_unsent}")
-        self.client = unshare(client)
+        outbox = _outbox(
+            client.obj if isinstance(client, Shared) else client, spill_path, max_unsent
+        )
+        self.client = outbox.client
         # a LocalClient used in a worker process raises here, at the first reset (not hours later)
         self._check_process = getattr(self.client, "check_process", None)
         self.retrieve = check_retrieve(retrieve)
@@ -318,7 +357,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.success_rule = success_rule
         # a rule the user declared (threshold or callable) is applied without a warning
         self._rule_declared = success_reward is not None or success_rule is not None
-        self.outbox = KeepingClient(self.client, spill_path=spill_path, max_unsent=max_unsent)
+        self.outbox = outbox
         """Where the episodes' requests go: it retries, keeps and spills what the client could
         not take (:class:`~crl_gym.clients.keeping.KeepingClient`); the wrapper only reports it."""
         self.error_count = 0
