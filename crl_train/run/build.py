@@ -240,6 +240,7 @@ def _env_maker(
         return raw_env
 
     def make_env(env_id: str) -> gym.Env:
+        from crl_gym.clients.keeping import KeepingClient
         from crl_gym.wrappers.experience import ExperienceWrapper
         from crl_gym.wrappers.search_and_ask import SearchAndAskWrapper
 
@@ -248,9 +249,8 @@ def _env_maker(
             env = SearchAndAskWrapper(env, client, max_calls=ex.max_search_calls)
         return ExperienceWrapper(
             env,
-            client,
+            KeepingClient(client, spill_path=unsent),
             env_id=env_id,
-            spill_path=unsent,
             retrieve=ex.retrieve,
             warmup_steps=ex.warmup_steps,
             entries_per_episode=ex.entries_per_episode,
