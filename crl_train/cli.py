@@ -388,7 +388,16 @@ def evaluate_dir(
     help="Run each cell as a Ray task with the suite's resources: 'local' or a cluster address.",
 )
 @click.option("--no-progress", is_flag=True, default=False, help="Hide the progress bar.")
-def experiment(suite_path: Path, out: Path, ray_address: str | None, no_progress: bool) -> None:
+@click.option(
+    "--report-only",
+    is_flag=True,
+    default=False,
+    help="Run nothing: write report.md and summary.json from the cells already finished under "
+    "--out (a suite in progress, or a report re-made by newer code).",
+)
+def experiment(
+    suite_path: Path, out: Path, ray_address: str | None, no_progress: bool, report_only: bool
+) -> None:
     """Run a grid of crl-train runs and write report.md with 95 % intervals over seeds.
 
     Safe to interrupt: run the same command again and finished cells are kept, a cell with a
@@ -397,12 +406,20 @@ def experiment(suite_path: Path, out: Path, ray_address: str | None, no_progress
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from crl_train.experiment.report import write_report
-    from crl_train.experiment.suite import load_suite, run_suite
+    from crl_train.experiment.suite import finished_records, load_suite, run_suite
 
     try:
         suite = load_suite(suite_path)
     except ConfigError as exc:
         raise click.UsageError(f"{suite_path}: {exc}") from None
+    if report_only:
+        records = finished_records(suite, out)
+        if not records:
+            raise click.UsageError(f"--report-only: no finished cell of {suite.name} under {out}")
+        click.echo(
+            json.dumps({"report": str(write_report(suite, out, records)), "cells": len(records)})
+        )
+        return
     _setup_logging(out)
     records = run_suite(suite, out, ray_address=ray_address, progress=not no_progress)
     click.echo(

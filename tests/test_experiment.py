@@ -63,6 +63,7 @@ def test_a_half_finished_cell_resumes_from_its_checkpoint(tmp_path: Path) -> Non
     steps = [json.loads(x)["step"] for x in (cell_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]  # step 0 kept, step 1 trained once
     assert record["resumed_from"] == [0]  # the second start continued after step 0's checkpoint
+    assert record["commit"]  # the code it ran at, named in the report's provenance
     assert record["eval"]["without_experience"]["episodes"] >= 4 and (cell_dir / CELL_FILE).is_file()
     mtime = (cell_dir / CELL_FILE).stat().st_mtime_ns
     assert run_cell(suite, cell, tmp_path, env_factory=corridor) == record  # finished: read back, not rerun
@@ -84,12 +85,18 @@ def test_the_cells_table_says_which_cells_resumed_and_their_last_counters(tmp_pa
         d = record_dir(tmp_path, r)
         d.mkdir(parents=True)
         (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows[int(r["seed"])]))
-    table = cells_table([fresh, resumed, older], tmp_path)
-    assert "| cell | steps | resumed | extractor updates | track errors |" in table[4]
+    (record_dir(tmp_path, resumed) / "config.yaml").write_text("algo:\n  buffer_size: 8\n")
+    grpo = {"method": "grpo", "seed": 0, "envs": ["corridor"], "steps": 3, "resumed_from": []}
+    record_dir(tmp_path, grpo).mkdir(parents=True)  # no extractor track: its counter is None
+    (record_dir(tmp_path, grpo) / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "extractor_updates": 0, "track_errors": None, "step_time_s": 1.0}) + "\n")
+    table = cells_table([fresh, resumed, older, grpo], tmp_path)
+    assert "| cell | steps | resumed | extractor updates (samples) | track errors |" in table[4]
     # the last row's counters, read by name: 2 and 1, not the first row's 1 and 0
-    assert table[6] == "| complementary seed 0 | 3 | no | 2 | 1 | 0 | 5 | 4 |"
-    assert table[7] == "| complementary seed 1 | 3 | after step 4, 9 | 7 | 3 | 0 | 2 | 4 |"
+    assert table[6] == "| complementary seed 0 | 3 | no | 2 | 1 | 0 | 5 | 4 |"  # no config: no samples
+    assert table[7] == "| complementary seed 1 | 3 | after step 4, 9 | 7 (56) | 3 | 0 | 2 | 4 |"  # 7 x B_phi 8
     assert table[8] == "| complementary seed 2 | 3 | not recorded | not recorded | not recorded | 0 | 6 | 1 |"
+    assert table[9] == "| grpo seed 0 | 3 | no | 0 | n/a | 0 | n/a | 1 |"
 
 
 @pytest.mark.slow
@@ -111,6 +118,10 @@ def test_crl_experiment_is_interrupted_resumed_and_reports(tmp_path: Path) -> No
     proc.wait(timeout=60)
     kept = first_cell.read_text()
     assert not (out / "report.md").exists()
+    partial = subprocess.run([*cmd, "--report-only"], capture_output=True, text=True, env=env, timeout=300)
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    assert json.loads(partial.stdout.strip().splitlines()[-1])["cells"] == 1  # what has finished, nothing run
+    assert "| grpo seed 0 |" in (out / "report.md").read_text() and first_cell.read_text() == kept
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert first_cell.read_text() == kept  # the finished cell was not run again
@@ -118,7 +129,8 @@ def test_crl_experiment_is_interrupted_resumed_and_reports(tmp_path: Path) -> No
     report = (out / "report.md").read_text()
     assert "## Final success" in report and "| MiniHack-Room-5x5-v0 | complementary | 2 |" in report.replace(
         "crl/MiniHack-Room-5x5-v0", "MiniHack-Room-5x5-v0")
-    assert "commit:" in report and "## The final bank" in report
+    assert "* cells run at `" in report and "* report written at `" in report
+    assert "## The final bank" in report
     for png in ("success.png", "success_guided_free.png", "actions.png", "bank_size.png"):
         assert (out / png).stat().st_size > 0
     assert json.loads(done.stdout.strip().splitlines()[-1])["cells"] == 4

@@ -57,3 +57,37 @@ def test_right_entries_per_request_counts_entries_holding_the_secret(tmp_path: P
     (cell / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert right_entries_per_request(cell, 10) == pytest.approx(2 / 10)
     assert right_entries_per_request(cell, 10, last_part_only=True) == pytest.approx(1 / 6)
+
+
+def test_the_report_shows_each_comparison_with_its_interval() -> None:
+    from crl_train.experiment.summary import comparisons_table
+
+    rows = [{"a": "complementary", "b": "grpo", "metric": "heldout_success", "memory": "frozen",
+             "diff": 0.3, "ci95": [-0.971, 1.571], "n_seeds": 2},
+            {"a": "complementary", "b": "static_online", "metric": "right_entries_per_request",
+             "memory": None, "diff": -0.05, "ci95": [None, None], "n_seeds": 1}]
+    table = comparisons_table(rows)
+    assert "| complementary − grpo | heldout_success | frozen | +0.300 [-0.971, +1.571] | 2 |" in table
+    assert "| complementary − static_online | right_entries_per_request | — | -0.050 [n/a, n/a] | 1 |" in table
+    assert comparisons_table([]) == []
+
+
+def test_the_report_gives_right_entries_per_request_per_method(tmp_path: Path) -> None:
+    from crl_gym.envs.recall import task_name, task_secret
+    from crl_train.experiment.summary import right_entries_table
+
+    records = []
+    for seed, distilled in ((0, 10), (1, 5)):  # one right entry each: 1/10 and 1/5
+        cell = tmp_path / "cells" / "static_online" / "Recall-v0" / f"seed{seed}"
+        cell.mkdir(parents=True)
+        (cell / "config.yaml").write_text("env:\n  kwargs: {num_tasks: 4, length: 1, num_actions: 2, secret_seed: 0}\n")
+        task = f"Task {task_name(1)}: repeat the 1 secret actions of {task_name(1)}."
+        entry = {"step": 9, "id": 1, "text": f"Play {task_secret(1, 1, 2, 0)[0]}.", "prompt": task}
+        (cell / "new_entries.jsonl").write_text(json.dumps(entry) + "\n")
+        (cell / "metrics.jsonl").write_text(json.dumps({"step": 9, "distilled": distilled}) + "\n")
+        records.append({"method": "static_online", "seed": seed, "envs": ["crl/Recall-v0"],
+                        "steps": 10, "eval": {}})
+    table = right_entries_table(records, ["grpo", "static_online"], tmp_path)
+    # mean 0.15; sd of (0.1, 0.2) 0.0707, se 0.05, t(0.975, 1) 12.706 -> [-0.485, 0.785]
+    assert "| static_online | 2 | 0.150 [-0.485, 0.785] | 0.150 [-0.485, 0.785] |" in table
+    assert not any(line.startswith("| grpo") for line in table)

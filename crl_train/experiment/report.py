@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,8 +31,14 @@ from crl_train.experiment.fifths import (
     part_of,
 )
 from crl_train.experiment.information import gap_table, secret_table
+from crl_train.experiment.provenance import provenance
 from crl_train.experiment.suite import CellRecord, Suite, record_dir
-from crl_train.experiment.summary import write_summary
+from crl_train.experiment.summary import (
+    comparisons,
+    comparisons_table,
+    right_entries_table,
+    write_summary,
+)
 from crl_train.run.stats import LEVEL, Interval, mean_t, paired_difference, ratio_of_means
 
 CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -296,9 +300,9 @@ def new_entries_sample(cell_dir: Path, steps: int, *, recall: bool, per_part: in
 
 
 def cells_table(records: Sequence[CellRecord], out: Path) -> list[str]:
-    """Per cell: steps, whether it was resumed, the extractor's CISPO updates and the background
-    track's failed passes at its last metrics row (read by column name), entries written, final
-    bank, training time."""
+    """Per cell: steps, whether it was resumed, the extractor's CISPO updates (and the samples they
+    trained on: updates × ``algo.buffer_size``) and the background track's failed passes at its
+    last metrics row (read by column name), entries written, final bank, training time."""
     from crl_train.run.metrics import read_metrics
     from crl_train.run.new_entries import read_new_entries
 
@@ -307,12 +311,13 @@ def cells_table(records: Sequence[CellRecord], out: Path) -> list[str]:
         "",
         "Resumed: the checkpoint step(s) a cell's later starts continued from (no: one start). "
         "Extractor updates: CISPO steps of the extractor over the run (0 for a frozen or "
-        "weightless extractor); track errors: passes of the extractor's background track that "
+        "weightless extractor), and the samples they trained on (updates × B_φ, the cell's "
+        "`algo.buffer_size`); track errors: passes of the extractor's background track that "
         "raised; both from the cell's last metrics row. Entries written: lines of the cell's "
         '`new_entries.jsonl`. "not recorded": the run\'s data has no such field.',
         "",
-        "| cell | steps | resumed | extractor updates | track errors | entries written | final "
-        "bank | training time (s) |",
+        "| cell | steps | resumed | extractor updates (samples) | track errors | entries written "
+        "| final bank | training time (s) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
@@ -322,7 +327,7 @@ def cells_table(records: Sequence[CellRecord], out: Path) -> list[str]:
         seconds = sum(float(x.get("step_time_s") or 0.0) for x in rows)
         lines.append(
             f"| {r['method']} seed {r['seed']} | {r.get('steps', 'n/a')} | {_resumed(r)} | "
-            f"{_column(last, 'extractor_updates')} | {_column(last, 'track_errors')} | "
+            f"{_updates(last, d)} | {_column(last, 'track_errors')} | "
             f"{len(read_new_entries(d))} | {last.get('bank_size', 'n/a')} | {seconds:.0f} |"
         )
     return [*lines, ""]
@@ -336,10 +341,22 @@ def _resumed(record: CellRecord) -> str:
 
 
 def _column(row: dict[str, Any], name: str) -> str:
-    """A metrics row's column by name; a row without it (an older run) did not record it."""
-    if not row:
+    """A metrics row's column by name; a row without it (an older run) did not record it, a
+    ``None`` in it (a run without an extractor track) is n/a."""
+    if not row or row.get(name, "") is None:
         return "n/a"
     return str(row[name]) if name in row else "not recorded"
+
+
+def _updates(row: dict[str, Any], cell_dir: Path) -> str:
+    """``updates (updates × B_φ)``, B_φ read from the cell's ``config.yaml``."""
+    updates = _column(row, "extractor_updates")
+    cfg = cell_dir / "config.yaml"
+    if not updates.isdigit() or not cfg.exists():
+        return updates
+    algo = (yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}).get("algo") or {}
+    size = algo.get("buffer_size")
+    return f"{updates} ({int(updates) * int(size)})" if isinstance(size, int) else updates
 
 
 def _bank_sizes(cell_dir: Path) -> str:
@@ -354,36 +371,11 @@ def _bank_sizes(cell_dir: Path) -> str:
     return ", ".join(f"step {r['step']}: {r.get('bank_size')}" for r in shown) if rows else "n/a"
 
 
-def provenance() -> list[str]:
-    """The exact commit and the machine."""
-    import torch
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                cwd=Path(__file__).resolve().parent,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "HEAD") or "unknown (not a git checkout)"
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return [
-        f"* commit: `{commit}`{' (with uncommitted changes)' if dirty else ''}",
-        f"* machine: {platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} "
-        f"CPUs, torch {torch.__version__}, GPU: {gpu}",
-    ]
-
-
 def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path:
     """``OUT/report.md``, its PNGs and ``OUT/summary.json`` (:mod:`crl_train.experiment.summary`)
     from the cells' records."""
     plots = _curves(records, out)
+    compared = comparisons(records, out, suite.pairs)
     variants = "".join(
         f" + reference line {n} ({v.method} with {', '.join(v.set) or 'no overrides'})"
         for n, v in suite.variants.items()
@@ -399,6 +391,7 @@ def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path
         "",
         *_reading(suite),
         *_headline(records, out, suite.pairs),
+        *comparisons_table(compared),
         "## Final success",
         "",
         f"Mean over seeds with a {int(LEVEL * 100)} % t interval; Δ = the method's success without "
@@ -410,6 +403,7 @@ def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path
         "",
         *gap_table(records, suite.rows, out),
         *secret_table(records, suite.rows, out),
+        *right_entries_table(records, suite.rows, out),
         *fifths_tables(records, suite.rows, out, suite.pairs),
         *cells_table(records, out),
         "## Learning curves",
@@ -435,7 +429,7 @@ def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path
     lines += [
         "## Provenance",
         "",
-        *provenance(),
+        *provenance(records),
         "",
         "The suite:",
         "",
@@ -459,7 +453,7 @@ def write_report(suite: Suite, out: Path, records: Sequence[CellRecord]) -> Path
                     "</details>",
                     "",
                 ]
-    write_summary(out, records, suite.pairs)
+    write_summary(out, records, suite.pairs, compared)
     path = out / "report.md"
     tmp = out / f"report.md.{os.getpid()}.tmp"  # two processes sharing --out may both write it
     tmp.write_text("\n".join(lines), encoding="utf-8")

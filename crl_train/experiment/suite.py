@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
 from crl_train.config.io import build_dataclass, read_yaml
 from crl_train.config.names import MethodName
+from crl_train.experiment.provenance import code_commit
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,9 @@ class CellRecord(TypedDict):
     """The run's ``eval.json`` (:func:`crl_train.run.evaluate.evaluate_run`)."""
     resumed_from: list[int]
     """The checkpoint steps its starts resumed from ([]: it ran in one go)."""
+    commit: NotRequired[str]
+    """The code's commit when the cell finished (:func:`~crl_train.experiment.provenance.
+    code_commit`); absent in an older cell.json."""
 
 
 def record_dir(out: Path, record: CellRecord) -> Path:
@@ -267,6 +271,17 @@ def cell_config(suite: Suite, cell: Cell) -> TrainConfig:
 
 def is_finished(cell_dir: Path) -> bool:
     return (cell_dir / CELL_FILE).is_file()
+
+
+def finished_records(suite: Suite, out: Path) -> list[CellRecord]:
+    """The ``cell.json`` of every cell of ``suite`` finished under ``out``, in the suite's order
+    (what ``crl-experiment --report-only`` reports on)."""
+    records: list[CellRecord] = []
+    for cell in cells(suite):
+        path = out / "cells" / cell.name / CELL_FILE
+        if path.is_file():
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+    return records
 
 
 def resumed_from(cell_dir: Path) -> list[int]:
@@ -338,6 +353,7 @@ def run_cell(
         "run_method": cfg.method,
         "eval": result,
         "resumed_from": resumed_from(cell_dir),
+        "commit": code_commit(),
     }
     tmp = cell_dir / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")

@@ -23,7 +23,7 @@ from typing import Any
 
 from crl_train.experiment.fifths import PARTS, is_recall, new_entry_verdicts, part_of
 from crl_train.experiment.suite import CellRecord, record_dir
-from crl_train.run.stats import paired_difference
+from crl_train.run.stats import LEVEL, mean_t, paired_difference
 
 MEMORY_ORDER = ("frozen", "none", "online")
 
@@ -138,15 +138,86 @@ def comparisons(
     return out_rows
 
 
+def right_entries_table(
+    records: Sequence[CellRecord], methods: Sequence[str], out: Path
+) -> list[str]:
+    """Markdown: per method with an extractor (Recall suites), right entries per request over the
+    run and over its last fifth, mean over seeds with a t interval."""
+    if not is_recall(records):
+        return []
+    lines = []
+    for m in methods:
+        cells = [r for r in records if r["method"] == m]
+        whole, last = (
+            [
+                v
+                for r in cells
+                if (
+                    v := right_entries_per_request(
+                        record_dir(out, r), int(r["steps"]), last_part_only=part
+                    )
+                )
+                is not None
+            ]
+            for part in (False, True)
+        )
+        if whole:
+            lines.append(f"| {m} | {len(whole)} | {mean_t(whole).text()} | {mean_t(last).text()} |")
+    if not lines:
+        return []
+    return [
+        "## Right entries per request",
+        "",
+        "New entries that hold their task's secret (`new_entries.jsonl`, "
+        "`crl_gym.envs.recall.holds_secret`) per distillation request (`distilled`), over the "
+        f"whole run and over its last fifth; mean over seeds ({int(LEVEL * 100)} % t interval). "
+        "This is what the actor can gain from the extractor: the share of entries that are right "
+        "can rise while fewer are written.",
+        "",
+        "| method | seeds | whole run | last fifth |",
+        "| --- | --- | --- | --- |",
+        *lines,
+        "",
+    ]
+
+
+def comparisons_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown: the paired comparisons of ``summary.json``, one row each."""
+    if not rows:
+        return []
+    body = [
+        f"| {r['a']} − {r['b']} | {r['metric']} | {r['memory'] or '—'} | {r['diff']:+.3f} "
+        f"[{_num(r['ci95'][0])}, {_num(r['ci95'][1])}] | {r['n_seeds']} |"
+        for r in rows
+    ]
+    return [
+        "## Paired comparisons (summary.json)",
+        "",
+        "Mean difference over the seeds both rows have (seed s against seed s), "
+        f"{int(LEVEL * 100)} % paired t interval; memory: the bank each row's held-out episodes "
+        "read (a row without a bank is evaluated with none).",
+        "",
+        "| contrast | metric | memory | difference | seeds |",
+        "| --- | --- | --- | --- | --- |",
+        *body,
+        "",
+    ]
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.3f}"
+
+
 def write_summary(
-    out: Path, records: Sequence[CellRecord], contrasts: Sequence[tuple[str, str]]
+    out: Path,
+    records: Sequence[CellRecord],
+    contrasts: Sequence[tuple[str, str]],
+    rows: Sequence[dict[str, Any]] | None = None,
 ) -> Path:
-    """``OUT/summary.json`` (written atomically)."""
+    """``OUT/summary.json`` (written atomically); ``rows``: :func:`comparisons` already made."""
     path = out / "summary.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps({"comparisons": comparisons(records, out, contrasts)}, indent=1),
-        encoding="utf-8",
-    )
+    made = comparisons(records, out, contrasts) if rows is None else rows
+    tmp.write_text(json.dumps({"comparisons": list(made)}, indent=1), encoding="utf-8")
     tmp.replace(path)
     return path
