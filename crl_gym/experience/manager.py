@@ -477,9 +477,8 @@ class ExperienceManager:
             self.embedder.encode(embedded) if embedded else np.zeros((0, self.bank.dim), np.float32)
         )
         tag = (request.env_id,) if request is not None and request.env_id else ()
-        pin = (
-            sample is not None and self.config.pin_user_entries
-        )  # the extractor's ops, not a user's
+        # the extractor's ops (with a sample), not a user's, stay off pinned entries
+        pin = sample is not None and self.config.pin_user_entries
         with self.bank.lock.write():
             adds, updates, deletes, vi = [], [], [], 0
             for op in ops:
@@ -490,44 +489,22 @@ class ExperienceManager:
                     )
                     vi += 1
                 elif isinstance(op, UpdateOp):
-                    vi += 1
+                    i, vi = vi, vi + 1
+                    # what the advice becomes when it cannot rewrite its entry
+                    as_add = PendingAdd(op.text, vecs[i], step, tag, sample, sources[i], keys[i])
                     target = self._current_id(op.id)
-                    if pin and self._pinned(
-                        target
-                    ):  # the user's entry stays; the advice goes beside it
+                    if pin and self._pinned(target):  # the user's entry stays; advice goes beside
                         res.pinned += 1
-                        adds.append(
-                            PendingAdd(
-                                op.text,
-                                vecs[vi - 1],
-                                step,
-                                tag,
-                                sample,
-                                sources[vi - 1],
-                                keys[vi - 1],
-                            )
-                        )
+                        adds.append(as_add)
                     elif target in self.bank and target not in deletes:
-                        updates.append(
-                            PendingUpdate(target, op.text, vecs[vi - 1], sample, keys[vi - 1])
-                        )
+                        updates.append(PendingUpdate(target, op.text, vecs[i], sample, keys[i]))
                         res.updated.append(target)
                         res.stale += target != op.id
                     elif op.id in self.merged_into or self._gone(op.id):
                         # the entry went (merged into one that went too, discarded, pruned)
                         # after the episode saw it: its advice is kept as a new entry
                         res.stale += 1
-                        adds.append(
-                            PendingAdd(
-                                op.text,
-                                vecs[vi - 1],
-                                step,
-                                tag,
-                                sample,
-                                sources[vi - 1],
-                                keys[vi - 1],
-                            )
-                        )
+                        adds.append(as_add)
                     else:
                         self._unknown(res, "update", op.id)
                 elif isinstance(op, DeleteOp):
