@@ -492,23 +492,8 @@ class DockerSandbox:
                 f"{shown_head}\n[... output truncated: {cut} of {total} bytes cut "
                 f"...]\n{shown_tail}"
             )
-        notes = []
         timed_out = rc in (124, 137) and duration >= limit - 0.5
-        if timed_out:
-            notes.append(f"The command timed out after {limit:.0f} s and was killed.")
-        if total >= cfg.output_file_cap_kb * 1024 or rc == 153:  # 128 + SIGXFSZ
-            notes.append(
-                f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was "
-                "stopped there."
-            )
-        return ExecResult(
-            rc,
-            text,
-            timed_out=timed_out,
-            output_bytes=total,
-            duration=duration,
-            note=" ".join(notes),
-        )
+        return _exec_result(rc, text, total, duration, limit, timed_out, cfg.output_file_cap_kb)
 
     def _shell_exec(self, command: str, limit: float) -> ExecResult:
         """:meth:`exec` through the persistent shell (same limits, same output format)."""
@@ -544,22 +529,7 @@ class DockerSandbox:
                 f"\n[... output truncated: {cut} of {total} bytes cut ...]\n"
                 + shown_tail.decode("utf-8", "replace")
             )
-        notes = []
-        if timed_out:
-            notes.append(f"The command timed out after {limit:.0f} s and was killed.")
-        if total >= cfg.output_file_cap_kb * 1024 or rc == 153:  # 128 + SIGXFSZ
-            notes.append(
-                f"Output reached the {cfg.output_file_cap_kb} KiB cap; the command was "
-                "stopped there."
-            )
-        return ExecResult(
-            rc,
-            text,
-            timed_out=timed_out,
-            output_bytes=total,
-            duration=duration,
-            note=" ".join(notes),
-        )
+        return _exec_result(rc, text, total, duration, limit, timed_out, cfg.output_file_cap_kb)
 
     def _kill_agent_processes(self) -> str:
         """Last-resort kill of everything the agent's uid runs; restart the container if that fails.
@@ -666,6 +636,27 @@ class DockerSandbox:
     @property
     def fs(self) -> ContainerFS:
         return ContainerFS(self)
+
+
+def _exec_result(
+    rc: int,
+    text: str,
+    total: int,
+    duration: float,
+    limit: float,
+    timed_out: bool,
+    cap_kb: int,
+) -> ExecResult:
+    """A finished command's result, with the notes the agent reads: killed at the time limit, or
+    stopped at the output cap (``rc`` 153 = 128 + SIGXFSZ)."""
+    notes = []
+    if timed_out:
+        notes.append(f"The command timed out after {limit:.0f} s and was killed.")
+    if total >= cap_kb * 1024 or rc == 153:
+        notes.append(f"Output reached the {cap_kb} KiB cap; the command was stopped there.")
+    return ExecResult(
+        rc, text, timed_out=timed_out, output_bytes=total, duration=duration, note=" ".join(notes)
+    )
 
 
 __all__ = [
