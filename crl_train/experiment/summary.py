@@ -147,20 +147,13 @@ def right_entries_table(
         return []
     lines = []
     for m in methods:
-        cells = [r for r in records if r["method"] == m]
-        whole, last = (
-            [
-                v
-                for r in cells
-                if (
-                    v := right_entries_per_request(
-                        record_dir(out, r), int(r["steps"]), last_part_only=part
-                    )
-                )
-                is not None
-            ]
-            for part in (False, True)
-        )
+        cells = [(record_dir(out, r), int(r["steps"])) for r in records if r["method"] == m]
+        whole = [v for d, n in cells if (v := right_entries_per_request(d, n)) is not None]
+        last = [
+            v
+            for d, n in cells
+            if (v := right_entries_per_request(d, n, last_part_only=True)) is not None
+        ]
         if whole:
             lines.append(f"| {m} | {len(whole)} | {mean_t(whole).text()} | {mean_t(last).text()} |")
     if not lines:
