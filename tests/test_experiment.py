@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from crl_gym.wrappers.examples import CorridorEnv
 from crl_train.config import ConfigError
+from crl_train.experiment.provenance import PACKAGES
 from crl_train.experiment.suite import CELL_FILE, Cell, cells, load_suite, run_cell, suite_from_dict
 
 SMALL = ["train.steps=2", "env.tasks_per_step=1", "env.group_size=4", "env.max_turns=4", "env.kwargs={max_turns: 4}",
@@ -64,6 +66,7 @@ def test_a_half_finished_cell_resumes_from_its_checkpoint(tmp_path: Path) -> Non
     assert steps == [0, 1]  # step 0 kept, step 1 trained once
     assert record["resumed_from"] == [0]  # the second start continued after step 0's checkpoint
     assert record["commit"]  # the code it ran at, named in the report's provenance
+    assert record["packages"]["torch"] == torch.__version__ and set(record["packages"]) == set(PACKAGES)
     assert record["eval"]["without_experience"]["episodes"] >= 4 and (cell_dir / CELL_FILE).is_file()
     mtime = (cell_dir / CELL_FILE).stat().st_mtime_ns
     assert run_cell(suite, cell, tmp_path, env_factory=corridor) == record  # finished: read back, not rerun
@@ -130,6 +133,7 @@ def test_crl_experiment_is_interrupted_resumed_and_reports(tmp_path: Path) -> No
     assert "## Final success" in report and "| MiniHack-Room-5x5-v0 | complementary | 2 |" in report.replace(
         "crl/MiniHack-Room-5x5-v0", "MiniHack-Room-5x5-v0")
     assert "* cells run at `" in report and "* report written at `" in report
+    assert f"* cells run with torch {torch.__version__}, transformers " in report
     assert "## The final bank" in report
     for png in ("success.png", "success_guided_free.png", "actions.png", "bank_size.png"):
         assert (out / png).stat().st_size > 0
@@ -214,3 +218,17 @@ def test_curve_points_average_each_run_over_a_window_of_steps_then_the_seeds() -
     one = band([run_a], "x", window=5)
     assert one == ([2.0], [0.6], [0.6], [0.6])  # one run: no interval, the band is the line
     assert [curve_window(n) for n in (0, 24, 49, 50, 250, 1000)] == [1, 1, 1, 2, 10, 40]
+
+
+def test_provenance_groups_the_cells_by_commit_and_by_package_set() -> None:
+    from crl_train.experiment.provenance import provenance
+
+    new = {"method": "complementary", "seed": 0, "commit": "abc", "packages": {"torch": "2.13.0", "transformers": "5.25.0"}}
+    older = {"method": "grpo", "seed": 3}  # a cell.json written before commits and packages were recorded
+    bumped = {**new, "seed": 1, "packages": {"torch": "2.13.0", "transformers": "5.26.0"}}
+    lines = provenance([new, older, bumped])  # type: ignore[list-item]
+    assert "* cells run at `abc`: 2 (complementary 0, complementary 1)" in lines
+    assert "* cells whose commit is not recorded (an older cell.json): 1 (grpo 3)" in lines
+    assert "* cells run with torch 2.13.0, transformers 5.25.0: 1 (complementary 0)" in lines
+    assert "* cells run with torch 2.13.0, transformers 5.26.0: 1 (complementary 1)" in lines
+    assert "* cells whose packages are not recorded (an older cell.json): 1 (grpo 3)" in lines

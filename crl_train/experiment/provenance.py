@@ -1,9 +1,10 @@
-"""Where a suite's numbers come from: the commit each cell ran at, the one that wrote the report,
-and the machine.
+"""Where a suite's numbers come from: the commit and the packages each cell ran with, the commit
+that wrote the report, and the machine.
 
-A cell records :func:`code_commit` in its ``cell.json`` when it finishes, so a report written
-later by newer code (``crl-experiment --report-only``) still names the code that produced each
-cell.
+A cell records :func:`code_commit` and :func:`package_versions` in its ``cell.json`` when it
+finishes, so a report written later by newer code (``crl-experiment --report-only``) or in a fresh
+environment still names what produced each cell: a suite that spans several sessions may see a
+dependency resolve to a newer release between them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,8 +43,28 @@ def code_commit() -> str:
     return commit + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+PACKAGES = ("torch", "transformers", "peft", "sentence-transformers", "usearch", "numpy")
+"""The installed packages whose release can change a cell's numbers."""
+
+
+def package_versions() -> dict[str, str]:
+    """``{name: version}`` of :data:`PACKAGES`, ``"absent"`` for one that is not installed."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def _packages_line(packages: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in packages.items())
+
+
 def provenance(records: Sequence[CellRecord] = ()) -> list[str]:
-    """Markdown bullets: the commit(s) the cells ran at, the report's commit, the machine."""
+    """Markdown bullets: the commit(s) and package sets the cells ran with, the report's commit, the
+    machine."""
     import torch
 
     ran: dict[str, list[str]] = {}
@@ -56,9 +78,21 @@ def provenance(records: Sequence[CellRecord] = ()) -> list[str]:
         f"({', '.join(names)})"
         for commit, names in sorted(ran.items())
     ]
+    ran_with: dict[str, list[str]] = {}
+    for r in records:
+        key = _packages_line(r["packages"]) if "packages" in r else "not recorded"
+        ran_with.setdefault(key, []).append(f"{r['method']} {r['seed']}")
+    packages = [
+        f"* cells run with {line}: {len(names)} ({', '.join(names)})"
+        if line != "not recorded"
+        else f"* cells whose packages are not recorded (an older cell.json): {len(names)} "
+        f"({', '.join(names)})"
+        for line, names in sorted(ran_with.items())
+    ]
     return [
         *cells,
+        *packages,
         f"* report written at `{code_commit()}`",
         f"* machine: {platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} "
-        f"CPUs, torch {torch.__version__}, GPU: {gpu}",
+        f"CPUs, GPU: {gpu}; installed now: {_packages_line(package_versions())}",
     ]

@@ -41,7 +41,7 @@ from typing import Any, NotRequired, TypedDict
 from crl_train.config import METHOD_NAMES, ConfigError, TrainConfig, load_config
 from crl_train.config.io import build_dataclass, read_yaml
 from crl_train.config.names import MethodName
-from crl_train.experiment.provenance import code_commit
+from crl_train.experiment.provenance import code_commit, package_versions
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,9 @@ class CellRecord(TypedDict):
     commit: NotRequired[str]
     """The code's commit when the cell finished (:func:`~crl_train.experiment.provenance.
     code_commit`); absent in an older cell.json."""
+    packages: NotRequired[dict[str, str]]
+    """The versions of the packages that can change its numbers (:func:`~crl_train.experiment.
+    provenance.package_versions`); absent in an older cell.json."""
 
 
 def record_dir(out: Path, record: CellRecord) -> Path:
@@ -354,6 +357,7 @@ def run_cell(
         "eval": result,
         "resumed_from": resumed_from(cell_dir),
         "commit": code_commit(),
+        "packages": package_versions(),
     }
     tmp = cell_dir / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
