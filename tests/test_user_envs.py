@@ -20,7 +20,7 @@ from crl_gym.experience.manager import ExperienceManager
 from crl_gym.protocol import AddOp, DistillationRequest, Trajectory
 from crl_gym.server import BackgroundServer
 from crl_gym.wrappers import ExperienceWrapper, SearchAndAskWrapper
-from crl_gym.wrappers.experience import require_gym_env
+from crl_gym.wrappers.accepted_envs import require_gym_env
 
 TIP = "Halve the range with each guess: café, Größe, 数字 — and always answer with one number."
 EMB = HashingEmbedder(64)

@@ -15,7 +15,7 @@ for every episode of a rollout at once — submits it and returns it under
 ``success`` is the last step's ``info["success"]``, else the declared ``success_rule`` or
 ``return >= success_reward`` (:mod:`crl_gym.wrappers.success`; undeclared, it warns once per
 env). An env with a non-text observation or action space is refused when the wrapper is built
-(:func:`~crl_gym.wrappers.text_spaces.require_text_spaces`).
+(:mod:`crl_gym.wrappers.accepted_envs`).
 
 Reset options of the wrapper's own (the others reach the env): ``"experience"`` (``"guided"`` /
 ``"free"``), ``"prefetched"`` (an ``ExperienceRef``, its dict, or ``None``) and
@@ -80,7 +80,6 @@ from crl_gym.clients.keeping import (
     MALFORMED_ERRORS,
     KeepingClient,
     Offered,
-    malformed,
     reraise_misuse,
 )
 from crl_gym.json_types import EnvInfo, EnvOptions, FlushReport
@@ -93,6 +92,7 @@ from crl_gym.protocol import (
     TurnGuidance,
 )
 from crl_gym.templates import GUIDED_OBSERVATION_TEMPLATE
+from crl_gym.wrappers.accepted_envs import require_gym_env, require_text_spaces
 from crl_gym.wrappers.autoreset import AutoresetCarry
 from crl_gym.wrappers.recording import SEARCH_INFO_KEY, RecordedRequest, text_record
 from crl_gym.wrappers.success import (
@@ -108,14 +108,7 @@ from crl_gym.wrappers.text_actions import (
     to_text,
     unshare,
 )
-from crl_gym.wrappers.text_spaces import (
-    DEFAULT_MAX_ENTRY_CHARS,
-    OWN_ENV_DOC,
-    EntryFitter,
-    gem_adaptable,
-    guided_space,
-    require_text_spaces,
-)
+from crl_gym.wrappers.text_spaces import DEFAULT_MAX_ENTRY_CHARS, EntryFitter, guided_space
 from crl_gym.wrappers.turn_retrieval import (
     TURN_OBSERVATION_TEMPLATE,
     TurnRetrieval,
@@ -137,50 +130,6 @@ DEFAULT_TEMPLATE = GUIDED_OBSERVATION_TEMPLATE
 """How a guided episode's first observation shows the entry (text in :mod:`crl_gym.templates`)."""
 
 _OWN_OPTIONS = ("experience", "prefetched", "rollout_step", "meta")
-
-
-_malformed = malformed  # the outbox's rule (crl_gym.clients.keeping), under its old name here
-_reraise_misuse = reraise_misuse
-
-
-def require_gym_env(env: object, wrapper: str) -> None:
-    """Refuse anything but a ``gymnasium.Env`` with a ``TypeError`` that names the adapter to use
-    (gymnasium's own check is an ``assert`` that names none, and vanishes under ``python -O``)."""
-    if isinstance(env, gym.Env):
-        return
-    kind = type(env)
-    name = f"{kind.__module__}.{kind.__qualname__}"
-    root = (kind.__module__ or "").split(".")[0]
-    gem = "crl_gym.envs.gem_adapter.GEMEnv(env=obj)"
-    if isinstance(env, str):
-        hint = f"make the env first: {wrapper}(crl_gym.envs.make({env!r}), client)"
-    elif isinstance(env, gym.vector.VectorEnv):
-        hint = "wrap each copy inside the vector env (in its env_fns), not the vector env itself"
-    elif root == "textworld":
-        hint = (
-            "build it from its game files instead: "
-            "crl_gym.envs.textworld_env.TextWorldEnv(game_files) or "
-            "crl_gym.envs.make('crl/TextWorld-v0', game_files=...)"
-        )
-    elif root == "gem":
-        hint = f"adapt it with {gem}, or make it by id: crl_gym.envs.make('crl/GEM-v0', env_id=...)"
-    elif root == "gym":
-        hint = (
-            f"it is an env of the old 'gym' package: convert it with shimmy "
-            f"(gymnasium.make('GymV26Environment-v0', env=obj)), or adapt it with {gem}"
-        )
-    elif gem_adaptable(env):
-        hint = (
-            "if its reset(seed=...) returns (obs, info) and step(action) returns (obs, reward, "
-            f"terminated, truncated, info) with text, adapt it with {gem}; otherwise write a small "
-            f"gymnasium.Env adapter ({OWN_ENV_DOC})"
-        )
-    else:
-        hint = (
-            "write a small gymnasium.Env adapter with text observations and actions around it "
-            f"({OWN_ENV_DOC})"
-        )
-    raise TypeError(f"{wrapper} wraps a gymnasium.Env, got {name}; {hint}")
 
 
 __all__ = [
@@ -457,7 +406,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                         self.client, self._task, self.entries_per_episode
                     )
                 except Exception as exc:  # noqa: BLE001 - a down client must not cost the episode
-                    _reraise_misuse(exc)
+                    reraise_misuse(exc)
                     self._note_error("search", exc)
                     condition = FREE_CONDITION  # nothing was shown: the episode really is free
         self._condition = condition
@@ -719,7 +668,7 @@ class ExperienceWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         try:
             self.client.flush(timeout)
         except Exception as exc:  # noqa: BLE001 - reported to the caller, who decides
-            _reraise_misuse(exc)
+            reraise_misuse(exc)
             logger.error("experience: flush failed: %s: %s", type(exc).__name__, exc)
             return {"kept": kept, "undelivered": f"{type(exc).__name__}: {exc}"}
         return {"kept": kept, "undelivered": None}

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 import gymnasium as gym
 from gymnasium import spaces
 
+from crl_gym.clients.keeping import reraise_misuse
 from crl_gym.json_types import EnvInfo, EnvOptions
 from crl_gym.protocol import SearchCall
 from crl_gym.templates import (
@@ -66,9 +67,8 @@ from crl_gym.templates import (
     SEARCH_AND_ASK_NO_ENTRY_TEMPLATE,
     SEARCH_AND_ASK_OVER_CAP_TEMPLATE,
 )
-from crl_gym.wrappers.experience import _reraise_misuse, require_gym_env
+from crl_gym.wrappers.accepted_envs import require_gym_env, require_text_spaces
 from crl_gym.wrappers.text_actions import Shared, TextFitter, check_template, unshare
-from crl_gym.wrappers.text_spaces import require_text_spaces
 
 if TYPE_CHECKING:
     from crl_gym.clients import ExperienceClient
@@ -389,7 +389,7 @@ def retrieve_and_ask(
     try:
         entry = client.search(query)
     except Exception as exc:  # noqa: BLE001 - a down client costs the answer, not the episode
-        _reraise_misuse(exc)
+        reraise_misuse(exc)
         return "error", None, ("search", exc)
     if entry is None:
         return "no_entry", None, None
@@ -397,7 +397,7 @@ def retrieve_and_ask(
     try:
         answer, provenance = client.ask(query, entry, situation)
     except Exception as exc:  # noqa: BLE001 - the raw entry is still a useful answer
-        _reraise_misuse(exc)
+        reraise_misuse(exc)
         failure = ("ask", exc)
         answer, provenance = entry.text, None
     refined = provenance is not None or answer != entry.text
