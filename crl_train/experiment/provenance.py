@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,33 +62,37 @@ def _packages_line(packages: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in packages.items())
 
 
+def _grouped(
+    records: Sequence[CellRecord], label: Callable[[CellRecord], str | None], what: str
+) -> list[str]:
+    """One bullet per ``label`` the cells share, then one for the cells an older cell.json labels
+    None (``what``: what it does not record, e.g. "commit is")."""
+    groups: dict[str | None, list[str]] = {}
+    for r in records:
+        groups.setdefault(label(r), []).append(f"{r['method']} {r['seed']}")
+    return [
+        f"* cells {key}: {len(names)} ({', '.join(names)})"
+        if key is not None
+        else f"* cells whose {what} not recorded (an older cell.json): {len(names)} "
+        f"({', '.join(names)})"
+        for key, names in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))
+    ]
+
+
 def provenance(records: Sequence[CellRecord] = ()) -> list[str]:
     """Markdown bullets: the commit(s) and package sets the cells ran with, the report's commit, the
     machine."""
     import torch
 
-    ran: dict[str, list[str]] = {}
-    for r in records:
-        ran.setdefault(r.get("commit", "not recorded"), []).append(f"{r['method']} {r['seed']}")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    cells = [
-        f"* cells run at `{commit}`: {len(names)} ({', '.join(names)})"
-        if commit != "not recorded"
-        else f"* cells whose commit is not recorded (an older cell.json): {len(names)} "
-        f"({', '.join(names)})"
-        for commit, names in sorted(ran.items())
-    ]
-    ran_with: dict[str, list[str]] = {}
-    for r in records:
-        key = _packages_line(r["packages"]) if "packages" in r else "not recorded"
-        ran_with.setdefault(key, []).append(f"{r['method']} {r['seed']}")
-    packages = [
-        f"* cells run with {line}: {len(names)} ({', '.join(names)})"
-        if line != "not recorded"
-        else f"* cells whose packages are not recorded (an older cell.json): {len(names)} "
-        f"({', '.join(names)})"
-        for line, names in sorted(ran_with.items())
-    ]
+    cells = _grouped(
+        records, lambda r: f"run at `{r['commit']}`" if "commit" in r else None, "commit is"
+    )
+    packages = _grouped(
+        records,
+        lambda r: f"run with {_packages_line(r['packages'])}" if "packages" in r else None,
+        "packages are",
+    )
     return [
         *cells,
         *packages,
